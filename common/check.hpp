@@ -1,0 +1,32 @@
+// check.hpp: argument checks that fail with a readable message.
+//
+//   BIGBATCH_CHECK(a.rank() == 2, "gemm: A must be a matrix, got ", a.describe());
+//
+// throws std::invalid_argument("gemm: A must be a matrix, got f32[3] on cpu (...)")
+// so that a user who passes the wrong tensor learns which one and why.
+#pragma once
+
+#include <sstream>
+#include <stdexcept>
+#include <string>
+
+namespace bigbatch::detail {
+
+template <class... Parts>
+std::string concat(const Parts&... parts) {
+  std::ostringstream out;
+  (out << ... << parts);
+  return out.str();
+}
+
+[[noreturn]] inline void fail_check(const std::string& message) {
+  throw std::invalid_argument(message);
+}
+
+}  // namespace bigbatch::detail
+
+#define BIGBATCH_CHECK(condition, ...)                                          \
+  do {                                                                          \
+    if (!(condition)) ::bigbatch::detail::fail_check(::bigbatch::detail::concat( \
+        __VA_ARGS__));                                                          \
+  } while (false)

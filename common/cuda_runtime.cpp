@@ -1,0 +1,112 @@
+#include "common/cuda_runtime.hpp"
+
+#include <stdexcept>
+#include <string>
+
+#if BIGBATCH_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+namespace bigbatch::cuda_rt {
+
+#if BIGBATCH_HAVE_CUDA
+
+namespace {
+
+void throw_on_error(cudaError_t status, const char* what) {
+  if (status != cudaSuccess) {
+    throw std::runtime_error(std::string("CUDA error in ") + what + ": " +
+                             cudaGetErrorString(status));
+  }
+}
+
+}  // namespace
+
+bool compiled() { return true; }
+
+bool available(std::string* why_not) {
+  int count = 0;
+  const cudaError_t status = cudaGetDeviceCount(&count);
+  if (status != cudaSuccess || count == 0) {
+    if (why_not != nullptr) {
+      *why_not = status != cudaSuccess
+                     ? std::string("no usable CUDA device: ") + cudaGetErrorString(status)
+                     : std::string("no CUDA device present");
+    }
+    cudaGetLastError();  // clear the sticky error left by the failed query
+    return false;
+  }
+  return true;
+}
+
+void* device_malloc(std::size_t bytes) {
+  void* pointer = nullptr;
+  if (cudaMalloc(&pointer, bytes) != cudaSuccess) {
+    cudaGetLastError();
+    return nullptr;
+  }
+  return pointer;
+}
+
+void device_free(void* pointer) noexcept { cudaFree(pointer); }
+
+void memcpy(void* dst, const void* src, std::size_t bytes, CopyKind kind) {
+  const cudaMemcpyKind k = kind == CopyKind::host_to_device   ? cudaMemcpyHostToDevice
+                           : kind == CopyKind::device_to_host ? cudaMemcpyDeviceToHost
+                                                              : cudaMemcpyDeviceToDevice;
+  throw_on_error(cudaMemcpy(dst, src, bytes, k), "cudaMemcpy");
+}
+
+void memset_zero(void* dst, std::size_t bytes) {
+  throw_on_error(cudaMemset(dst, 0, bytes), "cudaMemset");
+}
+
+void synchronize() { throw_on_error(cudaDeviceSynchronize(), "cudaDeviceSynchronize"); }
+
+MemInfo mem_info() {
+  MemInfo info;
+  throw_on_error(cudaMemGetInfo(&info.free_bytes, &info.total_bytes), "cudaMemGetInfo");
+  return info;
+}
+
+std::string device_name() {
+  int device = 0;
+  throw_on_error(cudaGetDevice(&device), "cudaGetDevice");
+  cudaDeviceProp properties{};
+  throw_on_error(cudaGetDeviceProperties(&properties, device), "cudaGetDeviceProperties");
+  return properties.name;
+}
+
+void check_last_launch(const char* what) {
+  throw_on_error(cudaGetLastError(), what);
+#ifndef NDEBUG
+  throw_on_error(cudaDeviceSynchronize(), what);
+#endif
+}
+
+#else  // built without CUDA
+
+namespace {
+[[noreturn]] void not_built() {
+  throw std::runtime_error("this build of bigbatch has no CUDA backend (configure with nvcc "
+                           "on PATH and BIGBATCH_CUDA=ON)");
+}
+}  // namespace
+
+bool compiled() { return false; }
+bool available(std::string* why_not) {
+  if (why_not != nullptr) *why_not = "bigbatch was built without the CUDA backend";
+  return false;
+}
+void* device_malloc(std::size_t) { not_built(); }
+void device_free(void*) noexcept {}
+void memcpy(void*, const void*, std::size_t, CopyKind) { not_built(); }
+void memset_zero(void*, std::size_t) { not_built(); }
+void synchronize() { not_built(); }
+MemInfo mem_info() { not_built(); }
+std::string device_name() { not_built(); }
+void check_last_launch(const char*) { not_built(); }
+
+#endif
+
+}  // namespace bigbatch::cuda_rt

@@ -1,0 +1,36 @@
+// cuda_runtime.hpp: the few CUDA runtime calls common/ needs, behind a plain C++ API.
+//
+// The project builds with or without the CUDA toolkit. Without it (or without a GPU)
+// cuda_available() is false and says why; the other functions then throw.
+#pragma once
+
+#include <cstddef>
+#include <string>
+
+namespace bigbatch::cuda_rt {
+
+/// True when the build includes the CUDA backend.
+bool compiled();
+/// True when the CUDA backend is compiled in and at least one device answers.
+/// Otherwise false, with the reason in *why_not (if given).
+bool available(std::string* why_not = nullptr);
+
+enum class CopyKind { host_to_device, device_to_host, device_to_device };
+
+void* device_malloc(std::size_t bytes);  ///< nullptr when the device is full
+void device_free(void* pointer) noexcept;
+void memcpy(void* dst, const void* src, std::size_t bytes, CopyKind kind);
+void memset_zero(void* dst, std::size_t bytes);
+void synchronize();
+
+struct MemInfo {
+  std::size_t free_bytes = 0;
+  std::size_t total_bytes = 0;
+};
+MemInfo mem_info();
+std::string device_name();
+
+/// Throws std::runtime_error naming `what` when the last launch failed (after a sync).
+void check_last_launch(const char* what);
+
+}  // namespace bigbatch::cuda_rt

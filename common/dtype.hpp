@@ -1,0 +1,57 @@
+// dtype.hpp: the element types a Tensor can hold.
+//
+//   f32  IEEE binary32: activations, gradients, master weights, losses
+//   f16  IEEE binary16: the mixed-precision working copy (_Float16 on the CPU,
+//        __half on the GPU; both round to nearest even and keep subnormals)
+//   f64  IEEE binary64: only on the CPU, for oracles in the tests
+//   i32  int32: class labels
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+
+namespace bigbatch {
+
+enum class DType : std::uint8_t { f32, f16, f64, i32 };
+
+constexpr std::size_t dtype_size(DType t) {
+  switch (t) {
+    case DType::f32: return 4;
+    case DType::f16: return 2;
+    case DType::f64: return 8;
+    case DType::i32: return 4;
+  }
+  return 0;
+}
+
+constexpr std::string_view dtype_name(DType t) {
+  switch (t) {
+    case DType::f32: return "f32";
+    case DType::f16: return "f16";
+    case DType::f64: return "f64";
+    case DType::i32: return "i32";
+  }
+  return "?";
+}
+
+constexpr bool is_floating(DType t) { return t != DType::i32; }
+
+/// Maps a C++ element type to its DType. Specialised here for the portable types;
+/// common/half.hpp adds _Float16 (CPU) and kernels/cuda_common.cuh adds __half (GPU).
+template <class T>
+struct DTypeOf;
+template <>
+struct DTypeOf<float> {
+  static constexpr DType value = DType::f32;
+};
+template <>
+struct DTypeOf<double> {
+  static constexpr DType value = DType::f64;
+};
+template <>
+struct DTypeOf<std::int32_t> {
+  static constexpr DType value = DType::i32;
+};
+
+}  // namespace bigbatch

@@ -1,0 +1,157 @@
+#include "common/memory.hpp"
+
+#include <cstdlib>
+#include <map>
+#include <memory>
+#include <new>
+#include <sstream>
+
+#include "common/cuda_runtime.hpp"
+#include "common/format.hpp"
+
+namespace bigbatch {
+namespace {
+
+constexpr std::size_t kCpuAlignment = 64;
+
+std::size_t index_of(MemoryCategory c) { return static_cast<std::size_t>(c); }
+
+}  // namespace
+
+void* TrackingAllocator::allocate(std::size_t bytes, MemoryCategory category) {
+  if (bytes == 0) return nullptr;
+  std::lock_guard lock(mutex_);
+  if (cap_ && (bytes > *cap_ || stats_.live_total > *cap_ - bytes)) {
+    std::ostringstream message;
+    message << "out of memory on " << device_.name() << ": cannot allocate "
+            << format_bytes(bytes) << " (" << bytes << " bytes) of "
+            << category_name(category) << "; the device is capped at " << format_bytes(*cap_)
+            << " and " << format_bytes(stats_.live_total) << " are live ("
+            << describe_live_locked() << ")";
+    throw OutOfMemoryError(message.str(), bytes, category);
+  }
+  void* pointer = nullptr;
+  if (device_.is_cpu()) {
+    const std::size_t rounded = (bytes + kCpuAlignment - 1) / kCpuAlignment * kCpuAlignment;
+    pointer = std::aligned_alloc(kCpuAlignment, rounded);
+  } else {
+    pointer = cuda_rt::device_malloc(bytes);
+  }
+  if (pointer == nullptr) {
+    std::ostringstream message;
+    message << "out of memory on " << device_.name() << ": the device refused "
+            << format_bytes(bytes) << " (" << bytes << " bytes) of " << category_name(category)
+            << " with " << format_bytes(stats_.live_total) << " live ("
+            << describe_live_locked() << ")";
+    if (device_.is_cuda()) {
+      const auto info = cuda_rt::mem_info();
+      message << "; cudaMemGetInfo: " << format_bytes(info.free_bytes) << " free of "
+              << format_bytes(info.total_bytes);
+    }
+    throw OutOfMemoryError(message.str(), bytes, category);
+  }
+  const std::size_t c = index_of(category);
+  stats_.live[c] += bytes;
+  stats_.live_total += bytes;
+  stats_.allocation_count += 1;
+  if (stats_.live[c] > stats_.peak[c]) stats_.peak[c] = stats_.live[c];
+  if (stats_.live_total > stats_.peak_total) {
+    stats_.peak_total = stats_.live_total;
+    stats_.at_peak = stats_.live;
+  }
+  return pointer;
+}
+
+void TrackingAllocator::deallocate(void* pointer, std::size_t bytes,
+                                   MemoryCategory category) noexcept {
+  if (pointer == nullptr) return;
+  if (device_.is_cpu()) {
+    std::free(pointer);
+  } else {
+    cuda_rt::device_free(pointer);
+  }
+  std::lock_guard lock(mutex_);
+  stats_.live[index_of(category)] -= bytes;
+  stats_.live_total -= bytes;
+}
+
+MemoryStats TrackingAllocator::stats() const {
+  std::lock_guard lock(mutex_);
+  return stats_;
+}
+
+void TrackingAllocator::reset_peak() {
+  std::lock_guard lock(mutex_);
+  stats_.peak = stats_.live;
+  stats_.peak_total = stats_.live_total;
+  stats_.at_peak = stats_.live;
+}
+
+void TrackingAllocator::set_cap(std::optional<std::size_t> cap) {
+  std::lock_guard lock(mutex_);
+  cap_ = cap;
+}
+
+std::optional<std::size_t> TrackingAllocator::cap() const {
+  std::lock_guard lock(mutex_);
+  return cap_;
+}
+
+std::string TrackingAllocator::describe_live_locked() const {
+  std::ostringstream out;
+  bool first = true;
+  for (std::size_t c = 0; c < kNumMemoryCategories; ++c) {
+    if (stats_.live[c] == 0) continue;
+    out << (first ? "" : ", ") << category_name(static_cast<MemoryCategory>(c)) << " "
+        << format_bytes(stats_.live[c]);
+    first = false;
+  }
+  if (first) out << "nothing";
+  return out.str();
+}
+
+std::string TrackingAllocator::report() const {
+  const MemoryStats s = stats();
+  std::ostringstream out;
+  out << "memory on " << device_.name();
+  if (const auto c = cap()) out << " (capped at " << format_bytes(*c) << ")";
+  out << "\n";
+  char line[160];
+  std::snprintf(line, sizeof line, "  %-16s %14s %14s %14s\n", "category", "live", "peak",
+                "at total peak");
+  out << line;
+  for (std::size_t c = 0; c < kNumMemoryCategories; ++c) {
+    std::snprintf(line, sizeof line, "  %-16s %14s %14s %14s\n",
+                  std::string(category_name(static_cast<MemoryCategory>(c))).c_str(),
+                  format_bytes(s.live[c]).c_str(), format_bytes(s.peak[c]).c_str(),
+                  format_bytes(s.at_peak[c]).c_str());
+    out << line;
+  }
+  std::snprintf(line, sizeof line, "  %-16s %14s %14s\n", "total", format_bytes(s.live_total).c_str(),
+                format_bytes(s.peak_total).c_str());
+  out << line;
+  if (device_.is_cuda()) {
+    const auto info = cuda_rt::mem_info();
+    out << "  cudaMemGetInfo: " << format_bytes(info.free_bytes) << " free of "
+        << format_bytes(info.total_bytes) << "\n";
+  }
+  return out.str();
+}
+
+TrackingAllocator& allocator_for(Device device) {
+  static std::mutex mutex;
+  static std::map<std::pair<int, int>, std::unique_ptr<TrackingAllocator>> allocators;
+  std::lock_guard lock(mutex);
+  auto& slot = allocators[{static_cast<int>(device.type), device.index}];
+  if (!slot) slot = std::make_unique<TrackingAllocator>(device);
+  return *slot;
+}
+
+ScopedMemoryCap::ScopedMemoryCap(Device device, std::optional<std::size_t> cap)
+    : allocator_(allocator_for(device)), previous_(allocator_.cap()) {
+  allocator_.set_cap(cap);
+}
+
+ScopedMemoryCap::~ScopedMemoryCap() { allocator_.set_cap(previous_); }
+
+}  // namespace bigbatch

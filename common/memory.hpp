@@ -1,0 +1,124 @@
+// memory.hpp: the tracking allocator. Memory is counted, not guessed.
+//
+// Every byte a tensor owns comes from the TrackingAllocator of its device and is
+// tagged with a MemoryCategory. The allocator keeps, per category and in total, the
+// bytes live now and the most that were ever live at once (the peak), plus the
+// category breakdown at the moment of the total peak: "what a step needs".
+//
+// A cap makes a small device out of a large one: with the cap at 2 GiB, a request
+// that would take the live total past 2 GiB throws OutOfMemoryError, whose message
+// names the request, the cap and the live bytes by category, exactly where a 2 GiB
+// GPU would have failed. Counts are the bytes requested (no rounding, no allocator
+// overhead), so a predicted peak can be checked against the measured one to the byte.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <mutex>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+
+#include "common/device.hpp"
+
+namespace bigbatch {
+
+enum class MemoryCategory : std::uint8_t {
+  parameters,       ///< weights the forward pass reads (fp32, or the fp16 working copy)
+  master_weights,   ///< fp32 copy of the weights under mixed precision
+  gradients,        ///< parameter gradients
+  optimizer_state,  ///< momentum, Adam moments
+  activations,      ///< what the forward pass saves for the backward pass
+  checkpoints,      ///< activations kept at checkpoint boundaries (recompute)
+  workspace,        ///< temporaries that die within an op or a step
+  data,             ///< input batches and labels
+};
+
+inline constexpr std::size_t kNumMemoryCategories = 8;
+
+constexpr std::string_view category_name(MemoryCategory c) {
+  constexpr std::array<std::string_view, kNumMemoryCategories> names = {
+      "parameters", "master_weights", "gradients", "optimizer_state",
+      "activations", "checkpoints", "workspace", "data"};
+  return names[static_cast<std::size_t>(c)];
+}
+
+/// A snapshot of the allocator's books.
+struct MemoryStats {
+  using PerCategory = std::array<std::size_t, kNumMemoryCategories>;
+  PerCategory live{};     ///< bytes allocated and not yet freed, by category
+  PerCategory peak{};     ///< the most bytes ever live in each category on its own
+  PerCategory at_peak{};  ///< the live bytes by category when the total peaked
+  std::size_t live_total = 0;
+  std::size_t peak_total = 0;
+  std::size_t allocation_count = 0;  ///< allocations made since construction
+
+  std::size_t live_of(MemoryCategory c) const { return live[static_cast<std::size_t>(c)]; }
+  std::size_t peak_of(MemoryCategory c) const { return peak[static_cast<std::size_t>(c)]; }
+  std::size_t at_peak_of(MemoryCategory c) const { return at_peak[static_cast<std::size_t>(c)]; }
+};
+
+/// Thrown when a request would take a device past its cap (or the real device is full).
+class OutOfMemoryError : public std::runtime_error {
+ public:
+  OutOfMemoryError(const std::string& message, std::size_t requested, MemoryCategory category)
+      : std::runtime_error(message), requested_(requested), category_(category) {}
+  std::size_t requested() const { return requested_; }
+  MemoryCategory category() const { return category_; }
+
+ private:
+  std::size_t requested_;
+  MemoryCategory category_;
+};
+
+class TrackingAllocator {
+ public:
+  explicit TrackingAllocator(Device device) : device_(device) {}
+  TrackingAllocator(const TrackingAllocator&) = delete;
+  TrackingAllocator& operator=(const TrackingAllocator&) = delete;
+
+  /// Returns `bytes` bytes (64-byte aligned on the CPU), or nullptr for 0 bytes.
+  /// Throws OutOfMemoryError past the cap or when the device itself is full.
+  void* allocate(std::size_t bytes, MemoryCategory category);
+  /// Returns memory obtained from allocate() with the same size and category.
+  void deallocate(void* pointer, std::size_t bytes, MemoryCategory category) noexcept;
+
+  MemoryStats stats() const;
+  /// Starts a new peak measurement: peaks become what is live now.
+  void reset_peak();
+  /// Limits the live total to `cap` bytes; std::nullopt removes the limit.
+  void set_cap(std::optional<std::size_t> cap);
+  std::optional<std::size_t> cap() const;
+  Device device() const { return device_; }
+
+  /// A table of live and peak bytes by category; on CUDA also what cudaMemGetInfo saw.
+  std::string report() const;
+
+ private:
+  std::string describe_live_locked() const;
+
+  Device device_;
+  mutable std::mutex mutex_;
+  MemoryStats stats_;
+  std::optional<std::size_t> cap_;
+};
+
+/// The process-wide allocator of a device (one per device, created on first use).
+TrackingAllocator& allocator_for(Device device);
+
+/// Sets a cap for the lifetime of the object and restores the previous one after.
+class ScopedMemoryCap {
+ public:
+  ScopedMemoryCap(Device device, std::optional<std::size_t> cap);
+  ~ScopedMemoryCap();
+  ScopedMemoryCap(const ScopedMemoryCap&) = delete;
+  ScopedMemoryCap& operator=(const ScopedMemoryCap&) = delete;
+
+ private:
+  TrackingAllocator& allocator_;
+  std::optional<std::size_t> previous_;
+};
+
+}  // namespace bigbatch

@@ -1,0 +1,60 @@
+// dispatch.hpp: what every op's dispatcher needs: argument checks with readable
+// errors, and the call into the CUDA backend (or a clear error where it is not built).
+//
+// Every op family declares its API three times in its header: bigbatch::op (checks
+// the arguments, then dispatches on the tensors' device), bigbatch::cpu::op (the CPU
+// reference) and bigbatch::cuda::op (the CUDA implementation, compiled from the .cu).
+// Tensors are handles: an op writes through the `const Tensor&` of an output.
+#pragma once
+
+#include <initializer_list>
+#include <stdexcept>
+#include <string>
+
+#include "common/check.hpp"
+#include "common/tensor.hpp"
+
+namespace bigbatch::detail {
+
+[[noreturn]] inline void throw_no_cuda(const char* op) {
+  throw std::runtime_error(std::string(op) +
+                           ": this build has no CUDA backend (reconfigure with nvcc available)");
+}
+
+/// Every tensor lives on the same device as the first; returns that device.
+inline Device common_device(const char* op, std::initializer_list<const Tensor*> tensors) {
+  const Device device = (*tensors.begin())->device();
+  for (const Tensor* t : tensors) {
+    BIGBATCH_CHECK(t->device() == device, op, ": all tensors must be on one device, got ",
+                   (*tensors.begin())->describe(), " and ", t->describe());
+  }
+  return device;
+}
+
+inline void check_dtype(const char* op, const char* name, const Tensor& t, DType expected) {
+  BIGBATCH_CHECK(t.dtype() == expected, op, ": ", name, " must be ", dtype_name(expected),
+                 ", got ", t.describe());
+}
+
+inline void check_shape(const char* op, const char* name, const Tensor& t, const Shape& expected) {
+  BIGBATCH_CHECK(t.shape() == expected, op, ": ", name, " must have shape ",
+                 shape_string(expected), ", got ", t.describe());
+}
+
+inline void check_rank(const char* op, const char* name, const Tensor& t, int rank) {
+  BIGBATCH_CHECK(t.rank() == rank, op, ": ", name, " must have rank ", rank, ", got ",
+                 t.describe());
+}
+
+}  // namespace bigbatch::detail
+
+/// In a dispatcher: `if (device.is_cuda()) BIGBATCH_RUN_CUDA("op", cuda::op(args));`
+#if BIGBATCH_HAVE_CUDA
+#define BIGBATCH_RUN_CUDA(op_name, call) \
+  do {                                   \
+    call;                                \
+    return;                              \
+  } while (false)
+#else
+#define BIGBATCH_RUN_CUDA(op_name, call) ::bigbatch::detail::throw_no_cuda(op_name)
+#endif

@@ -1,0 +1,126 @@
+// The tracking allocator: exact bytes by category, peaks, the cap and its message.
+#include <gtest/gtest.h>
+
+#include "common/format.hpp"
+#include "common/memory.hpp"
+#include "common/tensor.hpp"
+#include "tests/harness.hpp"
+
+namespace bigbatch {
+namespace {
+
+using testing::DeviceTest;
+
+TEST_P(DeviceTest, AllocatorCountsExactBytesByCategory) {
+  TrackingAllocator& allocator = allocator_for(device());
+  const MemoryStats before = allocator.stats();
+  allocator.reset_peak();
+  {
+    Tensor weights({3, 5}, DType::f32, device(), MemoryCategory::parameters);     // 60 B
+    Tensor grads({3, 5}, DType::f32, device(), MemoryCategory::gradients);        // 60 B
+    Tensor half({7}, DType::f16, device(), MemoryCategory::activations);          // 14 B
+    const MemoryStats during = allocator.stats();
+    EXPECT_EQ(during.live_of(MemoryCategory::parameters) - before.live_of(MemoryCategory::parameters), 60u);
+    EXPECT_EQ(during.live_of(MemoryCategory::gradients) - before.live_of(MemoryCategory::gradients), 60u);
+    EXPECT_EQ(during.live_of(MemoryCategory::activations) - before.live_of(MemoryCategory::activations), 14u);
+    EXPECT_EQ(during.live_total - before.live_total, 134u);
+    {
+      Tensor scratch({100}, DType::f32, device(), MemoryCategory::workspace);  // 400 B
+      EXPECT_EQ(allocator.stats().live_total - before.live_total, 534u);
+    }
+    const MemoryStats after_scratch = allocator.stats();
+    EXPECT_EQ(after_scratch.live_total - before.live_total, 134u);
+    EXPECT_EQ(after_scratch.peak_total - before.live_total, 534u);
+    EXPECT_EQ(after_scratch.at_peak_of(MemoryCategory::workspace) -
+                  before.live_of(MemoryCategory::workspace), 400u);
+    EXPECT_EQ(after_scratch.at_peak_of(MemoryCategory::parameters) -
+                  before.live_of(MemoryCategory::parameters), 60u);
+  }
+  EXPECT_EQ(allocator.stats().live_total, before.live_total);
+}
+
+TEST_P(DeviceTest, ViewsShareStorageAndAllocateNothing) {
+  TrackingAllocator& allocator = allocator_for(device());
+  Tensor batch = Tensor::zeros({10, 4}, DType::f32, device(), MemoryCategory::data);
+  const std::size_t live = allocator.stats().live_total;
+  const std::size_t count = allocator.stats().allocation_count;
+  Tensor micro = batch.rows(3, 7);
+  EXPECT_EQ(micro.shape(), (Shape{4, 4}));
+  EXPECT_EQ(allocator.stats().live_total, live);
+  EXPECT_EQ(allocator.stats().allocation_count, count);
+  fill(micro, 2.0);
+  const auto values = batch.to_vector<float>();
+  for (int i = 0; i < 40; ++i) EXPECT_EQ(values[i], (i >= 12 && i < 28) ? 2.0f : 0.0f) << i;
+  EXPECT_THROW(batch.rows(5, 11), std::invalid_argument);
+  EXPECT_THROW(batch.reshaped({3, 13}), std::invalid_argument);
+  EXPECT_EQ(batch.reshaped({40}).numel(), 40);
+}
+
+TEST_P(DeviceTest, CapThrowsWithAClearMessage) {
+  TrackingAllocator& allocator = allocator_for(device());
+  const std::size_t live = allocator.stats().live_total;
+  ScopedMemoryCap cap(device(), live + 1000);
+  Tensor weights({100}, DType::f32, device(), MemoryCategory::parameters);  // 400 B fits
+  Tensor grads({150}, DType::f32, device(), MemoryCategory::gradients);     // 600 B: exactly full
+  try {
+    Tensor one_more({1}, DType::f16, device(), MemoryCategory::activations);
+    FAIL() << "allocation past the cap succeeded";
+  } catch (const OutOfMemoryError& error) {
+    const std::string message = error.what();
+    EXPECT_EQ(error.requested(), 2u);
+    EXPECT_EQ(error.category(), MemoryCategory::activations);
+    EXPECT_NE(message.find("cannot allocate 2 B"), std::string::npos) << message;
+    EXPECT_NE(message.find("activations"), std::string::npos) << message;
+    EXPECT_NE(message.find("capped at " + format_bytes(live + 1000)), std::string::npos) << message;
+    EXPECT_NE(message.find("parameters"), std::string::npos) << message;
+    EXPECT_NE(message.find("gradients"), std::string::npos) << message;
+  }
+  EXPECT_EQ(allocator.stats().live_total, live + 1000) << "a refused request changed the books";
+}
+
+TEST_P(DeviceTest, ScopedCapRestoresThePreviousCap) {
+  TrackingAllocator& allocator = allocator_for(device());
+  EXPECT_FALSE(allocator.cap().has_value());
+  {
+    ScopedMemoryCap outer(device(), 1u << 30);
+    {
+      ScopedMemoryCap inner(device(), 1u << 20);
+      EXPECT_EQ(allocator.cap(), std::optional<std::size_t>(1u << 20));
+    }
+    EXPECT_EQ(allocator.cap(), std::optional<std::size_t>(1u << 30));
+  }
+  EXPECT_FALSE(allocator.cap().has_value());
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, DeviceTest, ::testing::ValuesIn(testing::all_devices()),
+                         testing::device_test_name);
+
+TEST(Format, BytesForPeople) {
+  EXPECT_EQ(format_bytes(0), "0 B");
+  EXPECT_EQ(format_bytes(1023), "1023 B");
+  EXPECT_EQ(format_bytes(1536), "1.50 KiB");
+  EXPECT_EQ(format_bytes(std::size_t{2} << 30), "2.00 GiB");
+}
+
+TEST(Format, BytesFromPeople) {
+  EXPECT_EQ(parse_bytes("1024"), 1024u);
+  EXPECT_EQ(parse_bytes("2GiB"), std::size_t{2} << 30);
+  EXPECT_EQ(parse_bytes("1.5 KiB"), 1536u);
+  EXPECT_EQ(parse_bytes("300MB"), 300000000u);
+  EXPECT_EQ(parse_bytes("64kib"), 65536u);
+  EXPECT_THROW(parse_bytes("two gigs"), std::invalid_argument);
+  EXPECT_THROW(parse_bytes("-1GiB"), std::invalid_argument);
+  EXPECT_THROW(parse_bytes("1.3B"), std::invalid_argument);
+  EXPECT_THROW(parse_bytes("5 parsecs"), std::invalid_argument);
+}
+
+TEST(DeviceName, ParsesAndRejects) {
+  EXPECT_EQ(parse_device("cpu"), Device::cpu());
+  EXPECT_EQ(parse_device("cuda"), Device::cuda(0));
+  EXPECT_EQ(parse_device("cuda:1"), Device::cuda(1));
+  EXPECT_THROW(parse_device("gpu"), std::invalid_argument);
+  EXPECT_THROW(parse_device("cuda:"), std::invalid_argument);
+}
+
+}  // namespace
+}  // namespace bigbatch
