@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# On a machine with a GPU: configure with CUDA, build, run every test (CUDA included) and
+# every benchmark, and write logs and JSON under OUTDIR.
+#
+# Usage: scripts/gpu-check.sh OUTDIR
+#   BIGBATCH_DEPS_PREFIX  a folder made by scripts/stage-gpu-deps.sh, for a machine that
+#                         cannot install GoogleTest, Google Benchmark or zlib itself
+#   BIGBATCH_BENCH_FILTER a --benchmark_filter regex (default: all benchmarks)
+#
+# Writes: OUTDIR/configure.log, build.log, ctest.log, ctest-junit.xml, nvidia-smi.txt,
+#         bench_kernels.json (Google Benchmark JSON) and bench_kernels.log.
+# Exits non-zero when the build fails, a test fails, or a CUDA test was skipped (on a GPU
+# machine a skip means the GPU was not usable, which this script exists to catch).
+set -uo pipefail
+out="${1:?usage: scripts/gpu-check.sh OUTDIR}"
+cd "$(dirname "$0")/.."
+mkdir -p "$out"
+out="$(cd "$out" && pwd)"
+build=build-gpu
+[ -x /usr/local/cuda/bin/nvcc ] && export PATH="/usr/local/cuda/bin:$PATH"
+
+nvidia-smi > "$out/nvidia-smi.txt" 2>&1 || echo "nvidia-smi failed" >> "$out/nvidia-smi.txt"
+
+configure=(cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DBIGBATCH_CUDA=ON)
+if [ -n "${BIGBATCH_DEPS_PREFIX:-}" ]; then
+  deps="$(cd "$BIGBATCH_DEPS_PREFIX" && pwd)"
+  configure+=(-DCMAKE_PREFIX_PATH="$deps" -DZLIB_ROOT="$deps"
+              -DZLIB_LIBRARY="$deps/lib/x86_64-linux-gnu/libz.a" -DZLIB_INCLUDE_DIR="$deps/include")
+  export LD_LIBRARY_PATH="$deps/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}"
+fi
+command -v ninja >/dev/null && configure+=(-G Ninja)
+
+echo "== configure"
+"${configure[@]}" > "$out/configure.log" 2>&1 || { tail -30 "$out/configure.log"; exit 1; }
+grep -A14 'bigbatch .* configuration' "$out/configure.log"
+
+echo "== build"
+cmake --build "$build" -j "$(nproc)" > "$out/build.log" 2>&1 || { tail -40 "$out/build.log"; exit 1; }
+
+echo "== test"
+(cd "$build" && ctest --output-on-failure -j 4 --output-junit "$out/ctest-junit.xml") \
+  > "$out/ctest.log" 2>&1
+test_status=$?
+tail -5 "$out/ctest.log"
+skipped=$(grep -c 'Skipped' "$out/ctest.log" || true)
+if [ "$skipped" -gt 0 ]; then
+  echo "!! $skipped tests were skipped on a GPU machine:"
+  grep 'Skipped' "$out/ctest.log" | head -20
+  test_status=1
+fi
+
+echo "== benchmarks"
+"$build/bench/bench_kernels" --benchmark_filter="${BIGBATCH_BENCH_FILTER:-.}" \
+  --benchmark_out="$out/bench_kernels.json" --benchmark_out_format=json \
+  --benchmark_min_time=0.2 > "$out/bench_kernels.log" 2>&1
+bench_status=$?
+grep -E 'cuda|CUDA' "$out/bench_kernels.log" | head -40
+
+echo "== summary: tests exit $test_status, benchmarks exit $bench_status"
+[ "$test_status" -eq 0 ] && [ "$bench_status" -eq 0 ]
