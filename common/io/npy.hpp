@@ -28,10 +28,10 @@ namespace bigbatch {
 /// One array as it sits in a .npy file: the dtype exactly as NumPy spells it, the
 /// shape, and the elements' raw little-endian bytes in row-major order.
 struct NpyArray {
-  std::string dtype;                 ///< e.g. "<f4", "<i8", "|u1"
-  std::vector<std::int64_t> shape;   ///< empty for a 0-d array (a scalar)
-  bool fortran_order = false;        ///< always false for arrays read or written here
-  std::vector<unsigned char> data;   ///< numel() * itemsize() bytes
+  std::string dtype;                ///< e.g. "<f4", "<i8", "|u1"
+  std::vector<std::int64_t> shape;  ///< empty for a 0-d array (a scalar)
+  bool fortran_order = false;       ///< always false for arrays read or written here
+  std::vector<unsigned char> data;  ///< numel() * itemsize() bytes
 
   std::int64_t numel() const;
   /// 'f' floating, 'i' signed integer, 'u' unsigned integer, 'b' bool, 'c' complex.

@@ -1,0 +1,43 @@
+#include "common/data/dataset.hpp"
+
+#include <algorithm>
+
+namespace bigbatch {
+
+Dataset slice(const Dataset& dataset, std::int64_t begin, std::int64_t end) {
+  return {dataset.features.rows(begin, end), dataset.labels.rows(begin, end), dataset.num_classes,
+          dataset.name};
+}
+
+void gather_rows(const Dataset& dataset, const std::vector<std::int64_t>& indices,
+                 const Tensor& features_out, const Tensor& labels_out) {
+  const auto batch = static_cast<std::int64_t>(indices.size());
+  const std::int64_t width = dataset.feature_dim();
+  const Shape features_shape = {batch, width}, labels_shape = {batch};
+  BIGBATCH_CHECK(features_out.dtype() == DType::f32 && features_out.shape() == features_shape,
+                 "gather_rows: features_out must be f32", shape_string(features_shape), ", got ",
+                 features_out.describe());
+  BIGBATCH_CHECK(labels_out.dtype() == DType::i32 && labels_out.shape() == labels_shape,
+                 "gather_rows: labels_out must be i32", shape_string(labels_shape), ", got ",
+                 labels_out.describe());
+  const bool on_host = features_out.device().is_cpu() && labels_out.device().is_cpu();
+  const Tensor features = on_host ? features_out : Tensor(features_shape, DType::f32);
+  const Tensor labels = on_host ? labels_out : Tensor(labels_shape, DType::i32);
+  const float* source_features = dataset.features.data<float>();
+  const std::int32_t* source_labels = dataset.labels.data<std::int32_t>();
+  float* gathered_features = features.data<float>();
+  std::int32_t* gathered_labels = labels.data<std::int32_t>();
+  for (std::int64_t b = 0; b < batch; ++b) {
+    const std::int64_t row = indices[static_cast<std::size_t>(b)];
+    BIGBATCH_CHECK(0 <= row && row < dataset.size(), "gather_rows: index ", row,
+                   " out of range for ", dataset.name, " with ", dataset.size(), " samples");
+    std::copy_n(source_features + row * width, width, gathered_features + b * width);
+    gathered_labels[b] = source_labels[row];
+  }
+  if (!on_host) {  // a Tensor copy shares storage: copying into it writes the output
+    Tensor(features_out).copy_from(features);
+    Tensor(labels_out).copy_from(labels);
+  }
+}
+
+}  // namespace bigbatch

@@ -1,0 +1,94 @@
+// dataset.hpp: the data sources every chapter trains on.
+//
+// A Dataset is a classification data set held on the host: features f32 [N, D] and
+// labels i32 [N] in 0..num_classes-1, both in MemoryCategory::data. Three sources:
+//
+//   load_fashion_mnist   the Fashion-MNIST idx files of the Debian package
+//                        dataset-fashion-mnist (60000 train / 10000 test images of
+//                        28x28 pixels, 10 classes), pixels scaled to [0, 1]
+//   load_npy_dataset     a user's data set as two NumPy .npy files
+//   make_synthetic       a deterministic data set labelled by a fixed random teacher
+//                        network; needs no files, the same bytes on every machine
+//
+// Batches: slice() gives a view of consecutive samples (no copy, the way a
+// micro-batch is carved out of a batch); gather_rows() copies samples picked by index
+// (a shuffled batch) into preallocated tensors on the CPU or a GPU.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/tensor.hpp"
+
+namespace bigbatch {
+
+struct Dataset {
+  Tensor features;               ///< f32 [N, D] on the CPU, MemoryCategory::data
+  Tensor labels;                 ///< i32 [N] on the CPU, MemoryCategory::data
+  std::int64_t num_classes = 0;  ///< labels lie in [0, num_classes)
+  std::string name;              ///< e.g. "fashion-mnist/train"
+
+  std::int64_t size() const { return features.dim(0); }         ///< N
+  std::int64_t feature_dim() const { return features.dim(1); }  ///< D
+};
+
+// ---- Fashion-MNIST --------------------------------------------------------------------
+
+enum class FashionMnistSplit { train, test };
+
+/// Where the idx files are looked for: the environment variable
+/// BIGBATCH_FASHION_MNIST_DIR when set and not empty, else the folder configured at
+/// build time (CMake's BIGBATCH_FASHION_MNIST_DIR, /usr/share/datasets/fashion-mnist).
+std::string default_fashion_mnist_directory();
+
+/// True when all four idx files (train and t10k, images and labels) exist in `directory`.
+bool fashion_mnist_available(const std::string& directory = default_fashion_mnist_directory());
+
+/// Reads train-{images-idx3,labels-idx1}-ubyte.gz (60000 samples) or
+/// t10k-{images-idx3,labels-idx1}-ubyte.gz (10000) from `directory`: features
+/// [N, 784] with pixel byte b stored as static_cast<float>(b) / 255.0f, labels 0..9.
+/// Throws std::runtime_error naming the file when it is missing (and the package that
+/// provides it), truncated, corrupt, or not an idx file of the expected kind.
+Dataset load_fashion_mnist(FashionMnistSplit split,
+                           const std::string& directory = default_fashion_mnist_directory());
+
+// ---- .npy -----------------------------------------------------------------------------
+
+/// A data set from two .npy files. Features: float32 or float64 (converted to f32),
+/// shape [N, D], or [N, d1, d2, ...] flattened to [N, d1*d2*...], or [N] read as
+/// [N, 1]. Labels: any integer dtype, shape [N], values >= 0 and within int32;
+/// num_classes = max label + 1. Throws std::runtime_error naming the file at fault.
+Dataset load_npy_dataset(const std::string& features_path, const std::string& labels_path);
+
+// ---- synthetic ------------------------------------------------------------------------
+
+struct SyntheticOptions {
+  std::int64_t samples = 60000;
+  std::int64_t features = 784;
+  std::int64_t classes = 10;
+  std::int64_t teacher_hidden = 64;  ///< width of the teacher's hidden layer
+  std::uint64_t seed = 1234;
+};
+
+/// A data set labelled by a fixed random teacher network (see synthetic.cpp):
+/// x uniform on [-1, 1) per feature, label = argmax of a one-hidden-layer tanh MLP.
+/// Every value is a function of (seed, sample index, feature index) through the
+/// counter-based RNG, so sample i is the same whatever `samples` is, and the same
+/// options give the same bytes on every machine.
+Dataset make_synthetic(const SyntheticOptions& options = {});
+
+// ---- batches --------------------------------------------------------------------------
+
+/// Samples [begin, end) as views of `dataset` (no copy).
+Dataset slice(const Dataset& dataset, std::int64_t begin, std::int64_t end);
+
+/// Copies the samples at `indices` (in that order, repeats allowed) into
+/// features_out f32 [B, D] and labels_out i32 [B], B = indices.size(), on any device:
+///   features_out[b, :] = dataset.features[indices[b], :]     (overwrite)
+///   labels_out[b]      = dataset.labels[indices[b]]          (overwrite)
+/// On CUDA the rows are gathered on the host and copied over in one transfer each.
+void gather_rows(const Dataset& dataset, const std::vector<std::int64_t>& indices,
+                 const Tensor& features_out, const Tensor& labels_out);
+
+}  // namespace bigbatch

@@ -1,0 +1,509 @@
+// Tensor files: NumPy .npy and safetensors, written and read back, checked byte for
+// byte against what NumPy and the safetensors reference implementation write, and
+// every malformed file refused with a message that names the file and the problem.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <initializer_list>
+#include <iterator>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "common/io/npy.hpp"
+#include "common/io/safetensors.hpp"
+#include "tests/harness.hpp"
+
+namespace bigbatch {
+namespace {
+
+// ---- helpers --------------------------------------------------------------------------
+
+// A path under the test temporary folder, unique to this process and test, removed
+// (with a leftover ".tmp" sibling) when the object dies.
+class TemporaryPath {
+ public:
+  explicit TemporaryPath(const std::string& suffix) {
+    const auto* test = ::testing::UnitTest::GetInstance()->current_test_info();
+    path_ = ::testing::TempDir() + "bigbatch_io_" + std::to_string(::getpid()) + "_" +
+            test->name() + "_" + suffix;
+  }
+  ~TemporaryPath() {
+    std::error_code ignored;
+    std::filesystem::remove_all(path_, ignored);
+    std::filesystem::remove_all(path_ + ".tmp", ignored);
+  }
+  TemporaryPath(const TemporaryPath&) = delete;
+  TemporaryPath& operator=(const TemporaryPath&) = delete;
+  const std::string& str() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+void write_file(const std::string& path, const std::string& bytes) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  ASSERT_TRUE(out.good()) << "cannot write " << path;
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+// The message of the exception `action` throws, or "" when it throws none.
+template <class Action>
+std::string error_of(Action&& action) {
+  try {
+    action();
+  } catch (const std::exception& error) {
+    return error.what();
+  }
+  return "";
+}
+
+// Passes when `message` is an error message containing every one of `parts`.
+::testing::AssertionResult mentions(const std::string& message,
+                                    std::initializer_list<std::string> parts) {
+  if (message.empty()) return ::testing::AssertionFailure() << "no exception was thrown";
+  for (const std::string& part : parts) {
+    if (message.find(part) == std::string::npos) {
+      return ::testing::AssertionFailure() << "\"" << part << "\" not in: " << message;
+    }
+  }
+  return ::testing::AssertionSuccess();
+}
+
+std::string bytes_of(const Tensor& tensor) {
+  const Tensor host = tensor.to(Device::cpu());
+  const auto* data = static_cast<const char*>(host.raw_data());
+  return data == nullptr ? std::string() : std::string(data, host.nbytes());
+}
+
+std::string little_endian_floats(std::initializer_list<float> values) {
+  std::string bytes;
+  for (const float value : values) bytes.append(reinterpret_cast<const char*>(&value), 4);
+  return bytes;
+}
+
+// A tensor with varied bits: random values plus, for floating dtypes, signed zero,
+// infinity, a subnormal and a NaN in the first elements.
+Tensor varied_tensor(const Shape& shape, DType dtype, std::uint64_t seed) {
+  const bool integer = dtype == DType::i32;
+  std::vector<double> values =
+      testing::random_values(shape_numel(shape), seed, integer ? -1e6 : -4.0, integer ? 1e6 : 4.0);
+  if (!integer) {
+    const double specials[] = {-0.0, std::numeric_limits<double>::infinity(), 0x1p-20,
+                               std::nan("")};
+    for (std::size_t i = 0; i < values.size() && i < std::size(specials); ++i) {
+      values[i] = specials[i];
+    }
+  }
+  return testing::make_tensor(values, shape, dtype, Device::cpu());
+}
+
+const std::vector<DType> kAllDTypes = {DType::f32, DType::f64, DType::i32, DType::f16};
+const std::vector<Shape> kShapes = {{}, {1}, {7}, {2, 3, 4}, {1025, 3}, {0}, {3, 0, 2}};
+
+// ---- .npy -----------------------------------------------------------------------------
+
+// Exactly what NumPy 2.4 writes for np.save(f, np.arange(6, dtype='<f4').reshape(2, 3) * 0.5):
+// version 1.0, header length 118, the dict padded with spaces and ended by '\n' so
+// that the data starts at byte 128.
+std::string numpy_written_f32_2x3() {
+  const std::string dict = "{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }";
+  return std::string("\x93NUMPY\x01\x00\x76\x00", 10) + dict +
+         std::string(118 - 1 - dict.size(), ' ') + "\n" +
+         little_endian_floats({0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 2.5f});
+}
+
+TEST(Npy, RoundTripsEveryDtypeAndShapeBitForBit) {
+  TemporaryPath path("array.npy");
+  for (const DType dtype : kAllDTypes) {
+    for (const Shape& shape : kShapes) {
+      SCOPED_TRACE(std::string(dtype_name(dtype)) + shape_string(shape));
+      const Tensor original = varied_tensor(shape, dtype, 11);
+      write_npy(path.str(), original);
+      // The data starts at a multiple of 64 bytes, as NumPy aligns it.
+      EXPECT_EQ((std::filesystem::file_size(path.str()) - original.nbytes()) % 64, 0u);
+
+      const NpyArray array = read_npy(path.str());
+      const char* expected_dtype = dtype == DType::f32   ? "<f4"
+                                   : dtype == DType::f64 ? "<f8"
+                                   : dtype == DType::i32 ? "<i4"
+                                                         : "<f2";
+      EXPECT_EQ(array.dtype, expected_dtype);
+      EXPECT_EQ(array.shape, shape);
+      EXPECT_FALSE(array.fortran_order);
+      EXPECT_EQ(std::string(array.data.begin(), array.data.end()), bytes_of(original));
+
+      const Tensor loaded = npy_to_tensor(array, MemoryCategory::parameters, path.str());
+      EXPECT_EQ(loaded.category(), MemoryCategory::parameters);
+      EXPECT_TRUE(testing::bitwise_equal(loaded, original));
+    }
+  }
+}
+
+TEST(Npy, ReadsWhatNumPyWrites) {
+  TemporaryPath path("numpy.npy");
+  write_file(path.str(), numpy_written_f32_2x3());
+  const NpyArray array = read_npy(path.str());
+  EXPECT_EQ(array.dtype, "<f4");
+  EXPECT_EQ(array.shape, (std::vector<std::int64_t>{2, 3}));
+  const Tensor tensor = npy_to_tensor(array);
+  EXPECT_EQ(tensor.to_vector<float>(), (std::vector<float>{0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 2.5f}));
+}
+
+TEST(Npy, WritesWhatNumPyWrites) {
+  TemporaryPath path("ours.npy");
+  write_npy(path.str(),
+            Tensor::from_vector(std::vector<float>{0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 2.5f}, {2, 3}));
+  EXPECT_EQ(read_file(path.str()), numpy_written_f32_2x3());
+}
+
+TEST(Npy, ReadsVersions2And3AndOtherSpellingsOfTheHeader) {
+  TemporaryPath path("variants.npy");
+  const std::string data = "\x01\x02\xfa";
+  // Version 2.0: a 4-byte header length. Keys in another order, double quotes, no
+  // trailing comma, Python 2's long integers.
+  const std::string v2_header = "{\"shape\": (3L,), 'fortran_order': False, 'descr': '|u1'}\n";
+  write_file(path.str(), std::string("\x93NUMPY\x02\x00", 8) +
+                             std::string(1, static_cast<char>(v2_header.size())) +
+                             std::string("\x00\x00\x00", 3) + v2_header + data);
+  NpyArray array = read_npy(path.str());
+  EXPECT_EQ(array.dtype, "|u1");
+  EXPECT_EQ(array.shape, (std::vector<std::int64_t>{3}));
+  EXPECT_EQ(std::string(array.data.begin(), array.data.end()), data);
+
+  // Version 3.0 (UTF-8 header), a 0-d array, '=' (native, little-endian here) order,
+  // and trailing bytes after the array, which numpy.load ignores too.
+  const std::string v3_header = "{'descr': '=i2', 'fortran_order': False, 'shape': (), }   \n";
+  write_file(path.str(), std::string("\x93NUMPY\x03\x00", 8) +
+                             std::string(1, static_cast<char>(v3_header.size())) +
+                             std::string("\x00\x00\x00", 3) + v3_header + "\xff\x7f" + "extra");
+  array = read_npy(path.str());
+  EXPECT_EQ(array.dtype, "<i2");
+  EXPECT_TRUE(array.shape.empty());
+  EXPECT_EQ(array.numel(), 1);
+  EXPECT_EQ(std::string(array.data.begin(), array.data.end()), "\xff\x7f");
+}
+
+TEST(Npy, RefusesMalformedFilesNamingFileAndProblem) {
+  TemporaryPath path("bad.npy");
+  const auto v1_file = [](const std::string& dict, const std::string& data) {
+    std::string header = dict + "\n";
+    return std::string("\x93NUMPY\x01\x00", 8) + static_cast<char>(header.size()) + '\0' + header +
+           data;
+  };
+  const auto error_reading = [&](const std::string& bytes) {
+    write_file(path.str(), bytes);
+    return error_of([&] { read_npy(path.str()); });
+  };
+  const std::string eight_bytes(8, '\0');
+
+  EXPECT_TRUE(
+      mentions(error_reading(v1_file("{'descr': '<f4', 'fortran_order': True, 'shape': (2,), }",
+                                     eight_bytes)),
+               {path.str(), "Fortran"}));
+  EXPECT_TRUE(
+      mentions(error_reading(v1_file("{'descr': '>f4', 'fortran_order': False, 'shape': (2,), }",
+                                     eight_bytes)),
+               {path.str(), "big-endian"}));
+  EXPECT_TRUE(
+      mentions(error_reading(v1_file("{'descr': '<f4', 'fortran_order': False, 'shape': (3,), }",
+                                     eight_bytes)),
+               {path.str(), "truncated", "12 bytes"}));
+  EXPECT_TRUE(mentions(error_reading(numpy_written_f32_2x3().substr(0, 40)),
+                       {path.str(), "truncated", "header"}));
+  EXPECT_TRUE(mentions(error_reading("\x93NUM"), {path.str(), "truncated"}));
+  EXPECT_TRUE(mentions(error_reading("PK\x03\x04 not an npy file"), {path.str(), "not a .npy"}));
+  EXPECT_TRUE(mentions(error_reading(std::string("\x93NUMPY\x04\x00\x00\x00", 10)),
+                       {path.str(), "version 4.0"}));
+  EXPECT_TRUE(mentions(error_reading(v1_file("{'descr': [('x', '<f4')], 'fortran_order': False, "
+                                             "'shape': (2,), }",
+                                             eight_bytes)),
+                       {path.str(), "structured"}));
+  EXPECT_TRUE(
+      mentions(error_reading(v1_file("{'descr': '|O', 'fortran_order': False, 'shape': (1,), }",
+                                     eight_bytes)),
+               {path.str(), "object"}));
+  EXPECT_TRUE(mentions(error_reading(v1_file("{'descr': '<f4', 'shape': (2,), }", eight_bytes)),
+                       {path.str(), "fortran_order"}));
+  EXPECT_TRUE(mentions(error_reading(v1_file(
+                           "{'descr': '<f4', 'fortran_order': False, 'shape': (2,) ", eight_bytes)),
+                       {path.str(), "malformed"}));
+  EXPECT_TRUE(
+      mentions(error_reading(v1_file("{'descr': '<f4', 'fortran_order': False, 'shape': (-2,), }",
+                                     eight_bytes)),
+               {path.str(), "non-negative"}));
+  EXPECT_TRUE(mentions(error_of([] { read_npy("/nonexistent/folder/x.npy"); }),
+                       {"/nonexistent/folder/x.npy", "cannot open"}));
+}
+
+TEST(Npy, KeepsOtherDtypesAsBytesButMakesTensorsOnlyOfTensorDtypes) {
+  TemporaryPath path("int64.npy");
+  NpyArray labels{"<i8", {2}, false, {}};
+  const std::int64_t values[] = {5, -7};
+  labels.data.assign(reinterpret_cast<const unsigned char*>(values),
+                     reinterpret_cast<const unsigned char*>(values) + sizeof values);
+  write_npy(path.str(), labels);
+  const NpyArray array = read_npy(path.str());
+  EXPECT_EQ(array.dtype, "<i8");
+  EXPECT_EQ(array.kind(), 'i');
+  EXPECT_EQ(array.itemsize(), 8u);
+  EXPECT_EQ(array.data, labels.data);
+  EXPECT_TRUE(mentions(error_of([&] { npy_to_tensor(array, MemoryCategory::data, path.str()); }),
+                       {path.str(), "<i8"}));
+
+  NpyArray wrong_size{"<f4", {3}, false, std::vector<unsigned char>(8)};
+  EXPECT_TRUE(mentions(error_of([&] { write_npy(path.str(), wrong_size); }), {"12 bytes"}));
+}
+
+// ---- safetensors ----------------------------------------------------------------------
+
+// A safetensors file: the little-endian header length, `header` padded with spaces
+// to a multiple of 8, then `buffer`.
+std::string safetensors_file(std::string header, const std::string& buffer) {
+  header.append((8 - header.size() % 8) % 8, ' ');
+  std::string bytes(8, '\0');
+  for (int i = 0; i < 8; ++i) bytes[i] = static_cast<char>((header.size() >> (8 * i)) & 0xFF);
+  return bytes + header + buffer;
+}
+
+const std::string kSixFloats = little_endian_floats({0, 1, 2, 3, 4, 5});
+
+TEST(Safetensors, WritesTheReferenceImplementationsBytes) {
+  // The byte strings the reference implementation's own tests expect
+  // (huggingface/safetensors, safetensors/src/tensor.rs: test_serialization,
+  // test_serialization_forced_alignement, test_empty).
+  TemporaryPath path("reference.safetensors");
+  const auto written = [&](const std::vector<std::pair<std::string, Tensor>>& tensors,
+                           const std::map<std::string, std::string>& metadata = {}) {
+    save_safetensors(path.str(), tensors, metadata);
+    return read_file(path.str());
+  };
+  const std::vector<float> values = {0, 1, 2, 3, 4, 5};
+
+  const std::string header = R"({"attn.0":{"dtype":"F32","shape":[1,2,3],"data_offsets":[0,24]}})";
+  ASSERT_EQ(header.size(), 64u);  // a multiple of 8: no padding
+  EXPECT_EQ(written({{"attn.0", Tensor::from_vector(values, {1, 2, 3})}}),
+            std::string("\x40\0\0\0\0\0\0\0", 8) + header + kSixFloats);
+
+  const std::string padded = R"({"attn0":{"dtype":"F32","shape":[1,1,2,3],"data_offsets":[0,24]}})";
+  ASSERT_EQ(padded.size(), 65u);  // padded with 7 spaces to 72
+  EXPECT_EQ(written({{"attn0", Tensor::from_vector(values, {1, 1, 2, 3})}}),
+            std::string("\x48\0\0\0\0\0\0\0", 8) + padded + std::string(7, ' ') + kSixFloats);
+
+  EXPECT_EQ(written({}), std::string("\x08\0\0\0\0\0\0\0{}      ", 16));
+  EXPECT_EQ(written({}, {{"framework", "pt"}}), std::string("\x28\0\0\0\0\0\0\0", 8) +
+                                                    R"({"__metadata__":{"framework":"pt"}})" +
+                                                    std::string(5, ' '));
+}
+
+TEST(Safetensors, ReadsAHandWrittenFile) {
+  TemporaryPath path("hand.safetensors");
+  // Tensors listed out of offset order, whitespace, escapes, an empty tensor, metadata.
+  const std::string header =
+      "{\n  \"b\\u00e9ta\": {\"dtype\": \"I32\", \"shape\": [2], \"data_offsets\": [24, 32]},\n"
+      "  \"__metadata__\": {\"format\": \"pt\", \"note\": \"a \\\"quoted\\\" \\ud83d\\ude00\"},\n"
+      "  \"alpha\": {\"dtype\": \"F32\", \"shape\": [2, 3], \"data_offsets\": [0, 24]},\n"
+      "  \"empty\": {\"dtype\": \"F16\", \"shape\": [0, 4], \"data_offsets\": [32, 32]}\n}";
+  const std::int32_t ints[] = {-3, 70000};
+  write_file(
+      path.str(),
+      safetensors_file(header, kSixFloats + std::string(reinterpret_cast<const char*>(ints), 8)));
+  const auto tensors = load_safetensors(path.str());
+  ASSERT_EQ(tensors.size(), 3u);
+  EXPECT_EQ(tensors.at("alpha").shape(), (Shape{2, 3}));
+  EXPECT_EQ(tensors.at("alpha").to_vector<float>(), (std::vector<float>{0, 1, 2, 3, 4, 5}));
+  EXPECT_EQ(tensors.at("alpha").category(), MemoryCategory::parameters);
+  EXPECT_EQ(tensors.at("b\xc3\xa9ta").to_vector<std::int32_t>(),
+            (std::vector<std::int32_t>{-3, 70000}));
+  EXPECT_EQ(tensors.at("empty").dtype(), DType::f16);
+  EXPECT_EQ(tensors.at("empty").shape(), (Shape{0, 4}));
+  const auto metadata = load_safetensors_metadata(path.str());
+  EXPECT_EQ(metadata, (std::map<std::string, std::string>{
+                          {"format", "pt"}, {"note", "a \"quoted\" \xf0\x9f\x98\x80"}}));
+}
+
+TEST(Safetensors, RoundTripsTensorsAndMetadata) {
+  TemporaryPath path("round.safetensors");
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  int seed = 0;
+  for (const DType dtype : kAllDTypes) {
+    for (const Shape& shape : kShapes) {
+      tensors.emplace_back(std::string(dtype_name(dtype)) + shape_string(shape),
+                           varied_tensor(shape, dtype, ++seed));
+    }
+  }
+  tensors.emplace_back("needs \"escaping\"\\\n\t\x01 and \xc3\xbcnicode",
+                       varied_tensor({3}, DType::f32, 99));
+  const std::map<std::string, std::string> metadata = {
+      {"step", "1200"}, {"loss scale", "65536"}, {"quote\"", "line\nbreak\x1f"}};
+  save_safetensors(path.str(), tensors, metadata);
+  EXPECT_FALSE(std::filesystem::exists(path.str() + ".tmp"));
+
+  // The header length is a multiple of 8 and every tensor starts at a multiple of
+  // its element size (the writer orders larger elements first).
+  const std::string file = read_file(path.str());
+  std::uint64_t header_length = 0;
+  std::memcpy(&header_length, file.data(), 8);
+  EXPECT_EQ(header_length % 8, 0u);
+
+  const auto loaded = load_safetensors(path.str(), MemoryCategory::checkpoints);
+  ASSERT_EQ(loaded.size(), tensors.size());
+  for (const auto& [name, tensor] : tensors) {
+    SCOPED_TRACE(name);
+    ASSERT_EQ(loaded.count(name), 1u);
+    EXPECT_EQ(loaded.at(name).category(), MemoryCategory::checkpoints);
+    EXPECT_TRUE(testing::bitwise_equal(loaded.at(name), tensor));
+  }
+  EXPECT_EQ(load_safetensors_metadata(path.str()), metadata);
+}
+
+TEST(Safetensors, LaysTensorsOutByElementSizeThenName) {
+  TemporaryPath path("layout.safetensors");
+  save_safetensors(path.str(), {{"z_half", varied_tensor({3}, DType::f16, 1)},
+                                {"a_half", varied_tensor({1}, DType::f16, 2)},
+                                {"m_double", varied_tensor({2}, DType::f64, 3)},
+                                {"b_float", varied_tensor({1}, DType::f32, 4)}});
+  const std::string file = read_file(path.str());
+  const std::string header = file.substr(8, file.size() - 8 - (16 + 4 + 2 + 6));
+  const auto at = [&](const std::string& text) { return header.find(text); };
+  EXPECT_LT(at("m_double"), at("b_float"));
+  EXPECT_LT(at("b_float"), at("a_half"));
+  EXPECT_LT(at("a_half"), at("z_half"));
+  EXPECT_NE(at(R"("m_double":{"dtype":"F64","shape":[2],"data_offsets":[0,16]})"),
+            std::string::npos);
+  EXPECT_NE(at(R"("b_float":{"dtype":"F32","shape":[1],"data_offsets":[16,20]})"),
+            std::string::npos);
+  EXPECT_NE(at(R"("a_half":{"dtype":"F16","shape":[1],"data_offsets":[20,22]})"),
+            std::string::npos);
+  EXPECT_NE(at(R"("z_half":{"dtype":"F16","shape":[3],"data_offsets":[22,28]})"),
+            std::string::npos);
+}
+
+TEST(Safetensors, RefusesBrokenFilesNamingTheRule) {
+  TemporaryPath path("broken.safetensors");
+  const auto error_loading = [&](const std::string& bytes) {
+    write_file(path.str(), bytes);
+    return error_of([&] { load_safetensors(path.str()); });
+  };
+  const auto entry = [](const std::string& name, const std::string& dtype, const std::string& shape,
+                        int begin, int end) {
+    return "\"" + name + "\":{\"dtype\":\"" + dtype + "\",\"shape\":" + shape +
+           ",\"data_offsets\":[" + std::to_string(begin) + "," + std::to_string(end) + "]}";
+  };
+  const std::string twelve(12, '\0');
+
+  EXPECT_TRUE(mentions(error_loading(safetensors_file("{" + entry("a", "F32", "[2]", 0, 8) + "," +
+                                                          entry("b", "F32", "[2]", 4, 12) + "}",
+                                                      twelve)),
+                       {path.str(), "\"b\"", "overlaps", "\"a\""}));
+  EXPECT_TRUE(mentions(error_loading(safetensors_file("{" + entry("a", "F32", "[4]", 0, 16) + "}",
+                                                      std::string(8, '\0'))),
+                       {path.str(), "\"a\"", "out of range"}));
+  EXPECT_TRUE(mentions(error_loading(safetensors_file("{" + entry("a", "F32", "[1]", 0, 4) + "," +
+                                                          entry("b", "F32", "[1]", 8, 12) + "}",
+                                                      twelve)),
+                       {path.str(), "gap", "[4, 8)"}));
+  EXPECT_TRUE(mentions(error_loading(safetensors_file("{" + entry("a", "F32", "[1]", 0, 4) + "}",
+                                                      std::string(8, '\0'))),
+                       {path.str(), "cover only 4 of the 8"}));
+  EXPECT_TRUE(mentions(error_loading(safetensors_file("{" + entry("a", "F32", "[3]", 0, 8) + "}",
+                                                      std::string(8, '\0'))),
+                       {path.str(), "needs 12 bytes"}));
+  EXPECT_TRUE(mentions(error_loading(safetensors_file("{" + entry("a", "F32", "[2]", 8, 4) + "}",
+                                                      std::string(8, '\0'))),
+                       {path.str(), "ends before it begins"}));
+  EXPECT_TRUE(mentions(error_loading(safetensors_file("{" + entry("a", "Q7", "[2]", 0, 8) + "}",
+                                                      std::string(8, '\0'))),
+                       {path.str(), "unknown dtype \"Q7\""}));
+  EXPECT_TRUE(mentions(error_loading(safetensors_file("{" + entry("a", "F32", "[2.5]", 0, 8) + "}",
+                                                      std::string(8, '\0'))),
+                       {path.str(), "integers"}));
+  EXPECT_TRUE(mentions(error_loading(safetensors_file("{" + entry("a", "F32", "[1]", 0, 4) + "," +
+                                                          entry("a", "F32", "[1]", 4, 8) + "}",
+                                                      std::string(8, '\0'))),
+                       {path.str(), "duplicate key \"a\""}));
+  EXPECT_TRUE(mentions(error_loading(safetensors_file("{\"a\":{\"dtype\":\"F32\"}}", "")),
+                       {path.str(), "\"a\"", "needs"}));
+  EXPECT_TRUE(
+      mentions(error_loading(safetensors_file("{\"a\" 1}", "")), {path.str(), "malformed"}));
+  EXPECT_TRUE(mentions(error_loading(safetensors_file("[1, 2]", "")), {path.str(), "'{'"}));
+  EXPECT_TRUE(mentions(error_loading(safetensors_file("{\"__metadata__\":{\"k\":1}}", "")),
+                       {path.str(), "must be a string"}));
+  EXPECT_TRUE(mentions(error_loading(safetensors_file("{\"\xff\":1}", "")), {path.str(), "UTF-8"}));
+
+  // Truncations: inside the length, inside the header, inside the buffer.
+  save_safetensors(path.str(), {{"w", varied_tensor({4, 5}, DType::f32, 7)}});
+  const std::string valid = read_file(path.str());
+  EXPECT_TRUE(mentions(error_loading(valid.substr(0, 5)), {path.str(), "truncated"}));
+  EXPECT_TRUE(mentions(error_loading(valid.substr(0, 20)), {path.str(), "truncated"}));
+  EXPECT_TRUE(mentions(error_loading(valid.substr(0, valid.size() - 1)),
+                       {path.str(), "\"w\"", "out of range"}));
+  EXPECT_TRUE(mentions(error_loading(valid + "x"), {path.str(), "cover only"}));
+  std::string huge_header = valid;
+  huge_header[5] = '\x01';  // header length 2^40
+  EXPECT_TRUE(mentions(error_loading(huge_header), {path.str(), "100 MB"}));
+  EXPECT_TRUE(mentions(error_of([] { load_safetensors("/nonexistent/w.safetensors"); }),
+                       {"/nonexistent/w.safetensors", "cannot open"}));
+}
+
+TEST(Safetensors, ValidatesButRefusesToLoadDtypesWithoutATensorType) {
+  TemporaryPath path("bf16.safetensors");
+  write_file(
+      path.str(),
+      safetensors_file(
+          R"({"__metadata__":{"format":"pt"},"w":{"dtype":"BF16","shape":[2],"data_offsets":[0,4]}})",
+          std::string(4, '\0')));
+  EXPECT_EQ(load_safetensors_metadata(path.str()),
+            (std::map<std::string, std::string>{{"format", "pt"}}));
+  EXPECT_TRUE(
+      mentions(error_of([&] { load_safetensors(path.str()); }), {path.str(), "\"w\"", "BF16"}));
+}
+
+TEST(Safetensors, AFailedSaveLeavesThePreviousFileIntact) {
+  TemporaryPath path("atomic.safetensors");
+  const Tensor weights = varied_tensor({3, 2}, DType::f32, 5);
+  save_safetensors(path.str(), {{"w", weights}}, {{"step", "1"}});
+  const std::string before = read_file(path.str());
+
+  // Refused before anything is written: duplicate names, a reserved or empty name.
+  EXPECT_TRUE(mentions(error_of([&] {
+                         save_safetensors(path.str(), {{"w", weights}, {"w", weights}});
+                       }),
+                       {"two tensors are named \"w\""}));
+  EXPECT_THROW(save_safetensors(path.str(), {{"__metadata__", weights}}), std::invalid_argument);
+  EXPECT_THROW(save_safetensors(path.str(), {{"", weights}}), std::invalid_argument);
+  EXPECT_THROW(save_safetensors(path.str(), {{"undefined", Tensor()}}), std::invalid_argument);
+  // The write itself fails (the temporary file's name is taken by a folder).
+  std::filesystem::create_directory(path.str() + ".tmp");
+  EXPECT_TRUE(mentions(error_of([&] {
+                         save_safetensors(path.str(), {{"w", Tensor::zeros({9}, DType::f32)}});
+                       }),
+                       {path.str() + ".tmp", "cannot create"}));
+  std::filesystem::remove(path.str() + ".tmp");
+
+  EXPECT_EQ(read_file(path.str()), before);
+  EXPECT_TRUE(testing::bitwise_equal(load_safetensors(path.str()).at("w"), weights));
+}
+
+TEST(Safetensors, SavesCudaTensorsThroughTheHost) {
+  BIGBATCH_SKIP_WITHOUT_DEVICE(Device::cuda());
+  TemporaryPath path("cuda.safetensors");
+  const Tensor host = varied_tensor({17, 5}, DType::f16, 8);
+  save_safetensors(path.str(), {{"w", host.to(Device::cuda())}});
+  EXPECT_TRUE(testing::bitwise_equal(load_safetensors(path.str()).at("w"), host));
+
+  TemporaryPath npy_path("cuda.npy");
+  write_npy(npy_path.str(), host.to(Device::cuda()));
+  EXPECT_TRUE(testing::bitwise_equal(npy_to_tensor(read_npy(npy_path.str())), host));
+}
+
+}  // namespace
+}  // namespace bigbatch
