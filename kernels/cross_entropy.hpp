@@ -1,0 +1,112 @@
+// cross_entropy.hpp: softmax cross-entropy over classes, as torch.nn.functional.cross_entropy
+// with class-index targets, no weights, no label smoothing, and a mean over the GLOBAL batch.
+//
+//   cross_entropy_forward(logits, labels, loss, global_count, scale)
+//     logits: [M, C] f32 or f16 (f64 on the CPU)   one row of class scores per sample
+//     labels: [M]    i32, each in [0, C)           the class of each sample
+//     loss:   [1]    f32 (f64 for f64 logits)      loss += scale * sum_i loss_i / global_count (+=)
+//   with loss_i = -log softmax(logits_i)[label_i] = logsumexp(logits_i) - logits_i[label_i].
+//
+//   cross_entropy_backward(logits, labels, dlogits, global_count, scale)
+//     dlogits: [M, C] f32 (f64 for f64 logits)
+//       dlogits[i][c] = (softmax(logits_i)[c] - [c == label_i]) * (scale / global_count)  (=)
+//
+//   count_correct(logits, labels) -> the number of rows whose argmax is the label, on the host.
+//     Argmax as torch.argmax: the lowest index among equal maxima; a NaN counts as the maximum
+//     (so a row with a NaN is correct only if its first NaN sits at the label).
+//
+// Why a global count and a scale. With gradient accumulation, a batch of B samples is split
+// into micro-batches (possibly uneven: 64, 64, ..., 40). Passing global_count = B to every
+// micro-batch makes each one contribute exactly its share of the batch mean, so the
+// accumulated loss and gradients are those of the whole batch with no rescaling pass and no
+// special case for the last micro-batch (dividing by the micro-batch size would weight the
+// 40 samples of the last one more than the others). The scale is the loss scale S of mixed
+// precision: the gradients come out multiplied by S in the same pass, with no extra kernel.
+//
+// Arithmetic (the same steps on both backends, which differ by rounding only: their exp and
+// log, and the order of the sum over classes):
+//   - every internal value is f32 (f64 for f64 logits), whatever the logits' dtype;
+//   - per row: m = max_c logits[c]; s = sum_c exp(logits[c] - m) added in class order on
+//     the CPU (a fixed tree on the GPU); loss_i = (m - logits[label]) + log(s). Subtracting
+//     the max first keeps exp from overflowing (logits of 1e4 are fine), and forming
+//     m - logits[label] before adding log(s) keeps the small log(s) from being rounded away
+//     against a large m;
+//   - factor = scale / global_count, one rounded division;
+//   - total = 0; for i in 0..M-1 in order: total = total + loss_i (a float accumulator);
+//   - loss[0] = loss[0] + total * factor.
+//   - dlogits[i][c] = (exp(logits[c] - m) / s - [c == label_i]) * factor, with the same
+//     factor, so the gradient is exactly the derivative of what the forward accumulates.
+//   A NaN or +inf logit makes its row's loss and gradient NaN (as in PyTorch), so the overflow
+//   check of dynamic loss scaling sees it; the other rows are unaffected.
+//   Because each dlogits row depends only on its own row and the factor, the gradients of
+//   micro-batches are bit-identical to those rows of the big batch's gradient. The loss is
+//   a sum of per-micro-batch totals and so matches the big batch's to rounding only.
+//
+// Labels. An out-of-range label is an error, never a silent wrong read: the dispatcher
+// checks every label before launching anything. For CUDA tensors it copies the labels to
+// the host to check them (4 bytes per sample and one synchronisation per call: the price
+// of a clear error naming the row and the label).
+#pragma once
+
+#include <cstdint>
+
+#include "common/host_device.hpp"
+#include "common/tensor.hpp"
+
+namespace bigbatch {
+
+void cross_entropy_forward(const Tensor& logits, const Tensor& labels, const Tensor& loss,
+                           float global_count, float scale = 1.0f);
+void cross_entropy_backward(const Tensor& logits, const Tensor& labels, const Tensor& dlogits,
+                            float global_count, float scale = 1.0f);
+std::int64_t count_correct(const Tensor& logits, const Tensor& labels);
+
+namespace cpu {
+void cross_entropy_forward(const Tensor& logits, const Tensor& labels, const Tensor& loss,
+                           float global_count, float scale);
+void cross_entropy_backward(const Tensor& logits, const Tensor& labels, const Tensor& dlogits,
+                            float global_count, float scale);
+std::int64_t count_correct(const Tensor& logits, const Tensor& labels);
+}  // namespace cpu
+
+namespace cuda {
+void cross_entropy_forward(const Tensor& logits, const Tensor& labels, const Tensor& loss,
+                           float global_count, float scale);
+void cross_entropy_backward(const Tensor& logits, const Tensor& labels, const Tensor& dlogits,
+                            float global_count, float scale);
+std::int64_t count_correct(const Tensor& logits, const Tensor& labels);
+}  // namespace cuda
+
+// ---- scalar math shared by both backends ---------------------------------------------
+namespace detail {
+
+/// The multiplier of every per-sample term: scale / global_count, one rounding.
+template <class A>
+BIGBATCH_HD inline A cross_entropy_factor(float global_count, float scale) {
+  return static_cast<A>(scale) / static_cast<A>(global_count);
+}
+
+/// -log softmax(z)[label] from the row's max m, z[label] and log(sum_c exp(z_c - m)).
+template <class A>
+BIGBATCH_HD inline A cross_entropy_row_loss(A max, A label_logit, A log_sum_exp_shifted) {
+  return (max - label_logit) + log_sum_exp_shifted;
+}
+
+/// One element of the gradient: (softmax - one_hot) * factor.
+template <class A>
+BIGBATCH_HD inline A cross_entropy_gradient(A exp_shifted, A sum_exp_shifted, bool is_label,
+                                            A factor) {
+  return (exp_shifted / sum_exp_shifted - (is_label ? A(1) : A(0))) * factor;
+}
+
+/// True when `candidate` must replace the running argmax `best` found at a lower index:
+/// strictly greater (ties keep the lower index), or a NaN when best is not one.
+template <class A>
+BIGBATCH_HD inline bool argmax_replaces(A candidate, A best) {
+  const bool candidate_is_nan = candidate != candidate;
+  const bool best_is_nan = best != best;
+  return !best_is_nan && (candidate_is_nan || candidate > best);
+}
+
+}  // namespace detail
+}  // namespace bigbatch

@@ -1,0 +1,167 @@
+// layernorm.cu: LayerNorm on the GPU (the contract is in layernorm.hpp).
+//
+// Forward and dx: one block per row; the row's sums are block reductions with a fixed tree,
+// so a row's result does not depend on the grid or on the other rows (and differs from the
+// CPU's sequential sums by rounding only). dweight and dbias: one thread per feature, walking
+// the rows in order with unfused float operations (__fmul_rn, __fadd_rn): exactly the
+// additions the header promises, so micro-batches accumulate bit for bit, as on the CPU.
+// Elsewhere nvcc may contract a*b+c into a fused multiply-add: rounding differences only.
+#include "kernels/cuda_common.cuh"
+#include "kernels/layernorm.hpp"
+
+namespace bigbatch::cuda {
+namespace {
+
+__device__ inline float to_float(float v) { return v; }
+__device__ inline float to_float(__half v) { return __half2float(v); }
+
+template <class T>
+__device__ inline T from_float(float v);
+template <>
+__device__ inline float from_float<float>(float v) { return v; }
+template <>
+__device__ inline __half from_float<__half>(float v) { return __float2half_rn(v); }
+
+/// The sum of `value` over the block (blockDim.x == kThreadsPerBlock, a power of two),
+/// added in a fixed tree order. Every thread gets the total.
+__device__ float block_sum(float value) {
+  __shared__ float partial[kThreadsPerBlock];
+  partial[threadIdx.x] = value;
+  __syncthreads();
+  for (int stride = kThreadsPerBlock / 2; stride > 0; stride /= 2) {
+    if (threadIdx.x < stride) partial[threadIdx.x] += partial[threadIdx.x + stride];
+    __syncthreads();
+  }
+  const float total = partial[0];
+  __syncthreads();  // the next call overwrites `partial`
+  return total;
+}
+
+/// Blocks for a one-block-per-row kernel (the loop inside covers rows past the grid).
+unsigned row_blocks(std::int64_t rows) {
+  return static_cast<unsigned>(rows < 65535 ? rows : 65535);
+}
+
+template <class T>
+__global__ void forward_kernel(const T* x, const float* weight, const float* bias, T* y,
+                               float* mean, float* rstd, std::int64_t M, std::int64_t N,
+                               float eps) {
+  for (std::int64_t i = blockIdx.x; i < M; i += gridDim.x) {
+    const T* row = x + i * N;
+    float sum = 0.0f;
+    for (std::int64_t j = threadIdx.x; j < N; j += blockDim.x) sum += to_float(row[j]);
+    const float mu = block_sum(sum) / static_cast<float>(N);
+    float squared_deviations = 0.0f;
+    for (std::int64_t j = threadIdx.x; j < N; j += blockDim.x) {
+      const float deviation = to_float(row[j]) - mu;
+      squared_deviations += deviation * deviation;
+    }
+    const float r =
+        detail::inverse_std(block_sum(squared_deviations) / static_cast<float>(N), eps);
+    T* out = y + i * N;
+    for (std::int64_t j = threadIdx.x; j < N; j += blockDim.x) {
+      const float xhat = detail::normalize(to_float(row[j]), mu, r);
+      out[j] = from_float<T>(xhat * weight[j] + bias[j]);
+    }
+    if (threadIdx.x == 0) {
+      mean[i] = mu;
+      rstd[i] = r;
+    }
+  }
+}
+
+/// dx = rstd * ((g - mean(g)) - xhat * mean(g * xhat)), g = dy * weight, one block per row.
+template <class T>
+__global__ void input_gradient_kernel(const T* x, const float* weight, const float* mean,
+                                      const float* rstd, const T* dy, T* dx, std::int64_t M,
+                                      std::int64_t N) {
+  for (std::int64_t i = blockIdx.x; i < M; i += gridDim.x) {
+    const T* x_row = x + i * N;
+    const T* dy_row = dy + i * N;
+    const float mu = mean[i], r = rstd[i];
+    float sum_g = 0.0f, sum_g_xhat = 0.0f;
+    for (std::int64_t j = threadIdx.x; j < N; j += blockDim.x) {
+      const float g = to_float(dy_row[j]) * weight[j];
+      sum_g += g;
+      sum_g_xhat += g * detail::normalize(to_float(x_row[j]), mu, r);
+    }
+    const float mean_g = block_sum(sum_g) / static_cast<float>(N);
+    const float mean_g_xhat = block_sum(sum_g_xhat) / static_cast<float>(N);
+    T* dx_row = dx + i * N;
+    for (std::int64_t j = threadIdx.x; j < N; j += blockDim.x) {
+      const float g = to_float(dy_row[j]) * weight[j];
+      const float xhat = detail::normalize(to_float(x_row[j]), mu, r);
+      dx_row[j] = from_float<T>(r * ((g - mean_g) - xhat * mean_g_xhat));
+    }
+  }
+}
+
+/// dweight[j] += dy * xhat, dbias[j] += dy, rows in order; one thread per feature j.
+template <class T>
+__global__ void parameter_gradient_kernel(const T* x, const float* mean, const float* rstd,
+                                          const T* dy, float* dweight, float* dbias,
+                                          std::int64_t M, std::int64_t N) {
+  for (std::int64_t j = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; j < N;
+       j += std::int64_t{gridDim.x} * blockDim.x) {
+    float dw = dweight[j], db = dbias[j];
+#pragma unroll 8
+    for (std::int64_t i = 0; i < M; ++i) {
+      const float g = to_float(dy[i * N + j]);
+      const float xhat = detail::normalize(to_float(x[i * N + j]), mean[i], rstd[i]);
+      dw = __fadd_rn(dw, __fmul_rn(g, xhat));
+      db = __fadd_rn(db, g);
+    }
+    dweight[j] = dw;
+    dbias[j] = db;
+  }
+}
+
+/// Threads per block of the per-feature kernel: small blocks spread few features over
+/// many multiprocessors.
+constexpr int kFeatureThreads = 64;
+
+template <class T>
+void forward_typed(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& y,
+                   const Tensor& mean, const Tensor& rstd, float eps) {
+  const std::int64_t M = x.dim(0), N = x.dim(1);
+  if (M == 0) return;
+  forward_kernel<T><<<row_blocks(M), kThreadsPerBlock>>>(
+      x.data<T>(), weight.data<float>(), bias.data<float>(), y.data<T>(), mean.data<float>(),
+      rstd.data<float>(), M, N, eps);
+  BIGBATCH_CHECK_LAUNCH("layernorm forward_kernel");
+}
+
+template <class T>
+void backward_typed(const Tensor& x, const Tensor& weight, const Tensor& mean,
+                    const Tensor& rstd, const Tensor& dy, const Tensor& dx,
+                    const Tensor& dweight, const Tensor& dbias) {
+  const std::int64_t M = x.dim(0), N = x.dim(1);
+  if (M == 0) return;
+  input_gradient_kernel<T><<<row_blocks(M), kThreadsPerBlock>>>(
+      x.data<T>(), weight.data<float>(), mean.data<float>(), rstd.data<float>(), dy.data<T>(),
+      dx.data<T>(), M, N);
+  BIGBATCH_CHECK_LAUNCH("layernorm input_gradient_kernel");
+  parameter_gradient_kernel<T><<<grid_for(N, kFeatureThreads), kFeatureThreads>>>(
+      x.data<T>(), mean.data<float>(), rstd.data<float>(), dy.data<T>(), dweight.data<float>(),
+      dbias.data<float>(), M, N);
+  BIGBATCH_CHECK_LAUNCH("layernorm parameter_gradient_kernel");
+}
+
+}  // namespace
+
+void layernorm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& y,
+                       const Tensor& mean, const Tensor& rstd, float eps) {
+  if (x.dtype() == DType::f16) return forward_typed<__half>(x, weight, bias, y, mean, rstd, eps);
+  forward_typed<float>(x, weight, bias, y, mean, rstd, eps);
+}
+
+void layernorm_backward(const Tensor& x, const Tensor& weight, const Tensor& mean,
+                        const Tensor& rstd, const Tensor& dy, const Tensor& dx,
+                        const Tensor& dweight, const Tensor& dbias) {
+  if (x.dtype() == DType::f16) {
+    return backward_typed<__half>(x, weight, mean, rstd, dy, dx, dweight, dbias);
+  }
+  backward_typed<float>(x, weight, mean, rstd, dy, dx, dweight, dbias);
+}
+
+}  // namespace bigbatch::cuda

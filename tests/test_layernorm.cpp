@@ -1,0 +1,592 @@
+// LayerNorm: the forward against a float64 oracle, the backward against the oracle and
+// against finite differences of the forward, the accumulation contract (micro-batches
+// give the big batch's parameter gradients bit for bit) and known answers from PyTorch.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "kernels/layernorm.hpp"
+#include "tests/harness.hpp"
+
+namespace bigbatch {
+namespace {
+
+using testing::DeviceTest;
+
+constexpr double kEps = 1e-5f;  // the kernel's eps, as the float it receives
+
+/// The precision the kernel computes in: f64 for f64 data, f32 otherwise.
+DType compute_dtype(DType data) { return data == DType::f64 ? DType::f64 : DType::f32; }
+
+double gamma(double n, DType dtype) { return testing::gamma(static_cast<std::int64_t>(n), dtype); }
+
+// ---- the float64 oracle ---------------------------------------------------------------
+
+struct RowStatistics {
+  double mean = 0, variance = 0, rstd = 0;
+  double mean_abs = 0;  // mean of |x| over the row: the scale of the mean's rounding error
+};
+
+/// Two-pass mean and biased variance of x[0..n) in double.
+RowStatistics statistics_of(const double* x, std::int64_t n) {
+  RowStatistics s;
+  for (std::int64_t k = 0; k < n; ++k) {
+    s.mean += x[k];
+    s.mean_abs += std::abs(x[k]);
+  }
+  s.mean /= static_cast<double>(n);
+  s.mean_abs /= static_cast<double>(n);
+  for (std::int64_t k = 0; k < n; ++k) s.variance += (x[k] - s.mean) * (x[k] - s.mean);
+  s.variance /= static_cast<double>(n);
+  s.rstd = 1.0 / std::sqrt(s.variance + kEps);
+  return s;
+}
+
+struct LayerNormReference {
+  std::vector<RowStatistics> rows;  // [M]
+  std::vector<double> xhat, y;      // [M, N]
+};
+
+LayerNormReference layernorm_reference(const std::vector<double>& x, const std::vector<double>& w,
+                                       const std::vector<double>& b, std::int64_t M,
+                                       std::int64_t N) {
+  LayerNormReference ref;
+  ref.xhat.resize(x.size());
+  ref.y.resize(x.size());
+  for (std::int64_t i = 0; i < M; ++i) {
+    const RowStatistics s = statistics_of(&x[i * N], N);
+    ref.rows.push_back(s);
+    for (std::int64_t j = 0; j < N; ++j) {
+      ref.xhat[i * N + j] = (x[i * N + j] - s.mean) * s.rstd;
+      ref.y[i * N + j] = ref.xhat[i * N + j] * w[j] + b[j];
+    }
+  }
+  return ref;
+}
+
+// ---- error bounds of the forward --------------------------------------------------------
+//
+// The kernel's forward for one row of n values, computed with unit roundoff u
+// (gamma(k) = k u / (1 - k u), Higham Lemma 3.1), compared with exact arithmetic:
+//  - mean: n - 1 additions and one division: |mean^ - mean| <= gamma(n) * mean|x| =: dm.
+//  - variance: sum of n terms fl(fl(x - mean^)^2), each off by (1+u)^2, n - 1 additions,
+//    one division: V^ = V' (1 + theta), |theta| <= gamma(n + 3), where V' = V + delta^2
+//    is the exact variance about mean^ (the cross term vanishes since sum(x - mean) = 0).
+//    So fl(V^ + eps) = (V + eps)(1 + t) with
+//    t <= gamma(n + 4) + dm^2 (1 + gamma(n + 4)) / (V + eps).
+//  - rstd = fl(1 / fl(sqrt(.))): for |t| <= 1/2, |1/sqrt(1 + t) - 1| <= |t|, plus two
+//    roundings: relative error rel_r <= t + gamma(2) (1 + t).
+//  - xhat = fl(fl(x - mean^) rstd^): |xhat^ - xhat| <= dm rstd + (|xhat| + dm rstd) q,
+//    q = rel_r + gamma(2) + rel_r gamma(2).
+//  - y = fl(fl(xhat^ w) + b) (or one fused multiply-add on the GPU, whose error is smaller):
+//    |y^ - y| <= |w| e_xhat (1 + gamma(2)) + gamma(2) (|w xhat| + |b|).
+// A sum in any order obeys the same gamma(n) bound, so this holds for the GPU's tree sums.
+struct RowErrorBound {
+  double mean = 0;           // absolute
+  double rstd_relative = 0;  // relative
+  double xhat_q = 0;         // q above
+};
+
+RowErrorBound row_error_bound(const RowStatistics& s, std::int64_t n, DType compute) {
+  RowErrorBound e;
+  e.mean = gamma(n, compute) * s.mean_abs;
+  const double g = gamma(n + 4, compute);
+  const double t = g + e.mean * e.mean * (1 + g) / (s.variance + kEps);
+  EXPECT_LE(t, 0.5) << "the rstd bound needs t <= 1/2";
+  e.rstd_relative = t + gamma(2, compute) * (1 + t);
+  e.xhat_q = e.rstd_relative + gamma(2, compute) + e.rstd_relative * gamma(2, compute);
+  return e;
+}
+
+double xhat_error(const RowErrorBound& e, const RowStatistics& s, double xhat) {
+  return e.mean * s.rstd + (std::abs(xhat) + e.mean * s.rstd) * e.xhat_q;
+}
+
+double y_error(const RowErrorBound& e, const RowStatistics& s, double xhat, double w, double b,
+               DType compute) {
+  return std::abs(w) * xhat_error(e, s, xhat) * (1 + gamma(2, compute)) +
+         gamma(2, compute) * (std::abs(w * xhat) + std::abs(b));
+}
+
+/// Adds the rounding of a value of magnitude |v| (off by e) stored in `dtype`: u (|v| + e).
+double with_store_rounding(double e, double v, DType dtype) {
+  return dtype == DType::f16 ? e + testing::unit_roundoff(DType::f16) * (std::abs(v) + e) : e;
+}
+
+// ---- the problem and the kernel's outputs -------------------------------------------------
+
+struct Problem {
+  std::int64_t M = 0, N = 0;
+  DType dtype = DType::f32;
+  std::vector<double> x, w, b, dy;  // exactly the values the kernel sees
+};
+
+/// x in [offset - 1, offset + 1), weight in [-2, 2), bias in [-1, 1), dy in [-1, 1),
+/// rounded to their dtypes (so the oracle sees what the kernel sees).
+Problem make_problem(std::int64_t M, std::int64_t N, DType dtype, std::uint64_t seed,
+                     double offset = 0) {
+  Problem p{M, N, dtype, {}, {}, {}, {}};
+  const auto round_to = [](std::vector<double> v, DType d) {
+    return testing::to_doubles(testing::make_tensor(v, {static_cast<std::int64_t>(v.size())}, d,
+                                                    Device::cpu()));
+  };
+  p.x = round_to(testing::random_values(M * N, seed, offset - 1, offset + 1), dtype);
+  p.w = round_to(testing::random_values(N, seed + 1, -2, 2), compute_dtype(dtype));
+  p.b = round_to(testing::random_values(N, seed + 2, -1, 1), compute_dtype(dtype));
+  p.dy = round_to(testing::random_values(M * N, seed + 3, -1, 1), dtype);
+  return p;
+}
+
+struct ForwardOutputs {
+  Tensor y, mean, rstd;
+};
+
+ForwardOutputs run_forward(const Problem& p, Device device) {
+  const DType stats = compute_dtype(p.dtype);
+  const Tensor x = testing::make_tensor(p.x, {p.M, p.N}, p.dtype, device);
+  const Tensor w = testing::make_tensor(p.w, {p.N}, stats, device);
+  const Tensor b = testing::make_tensor(p.b, {p.N}, stats, device);
+  ForwardOutputs out{Tensor({p.M, p.N}, p.dtype, device), Tensor({p.M}, stats, device),
+                     Tensor({p.M}, stats, device)};
+  testing::poison(out.y);
+  testing::poison(out.mean);
+  testing::poison(out.rstd);
+  layernorm_forward(x, w, b, out.y, out.mean, out.rstd);
+  return out;
+}
+
+// ---- forward --------------------------------------------------------------------------
+
+class LayerNorm : public DeviceTest {};
+
+/// Checks one backend's forward against the oracle; on CUDA also against the CPU.
+void expect_forward_matches_oracle(const Problem& p, Device device) {
+  const DType compute = compute_dtype(p.dtype);
+  const LayerNormReference ref = layernorm_reference(p.x, p.w, p.b, p.M, p.N);
+  // Per element: the kernel's bound plus the oracle's own (the same bound in f64).
+  std::vector<RowErrorBound> kernel_bound, oracle_bound;
+  for (const RowStatistics& s : ref.rows) {
+    kernel_bound.push_back(row_error_bound(s, p.N, compute));
+    oracle_bound.push_back(row_error_bound(s, p.N, DType::f64));
+  }
+  const auto y_tolerance = [&](std::size_t k) {
+    const std::size_t i = k / p.N, j = k % p.N;
+    const RowStatistics& s = ref.rows[i];
+    const double e = y_error(kernel_bound[i], s, ref.xhat[k], p.w[j], p.b[j], compute) +
+                     y_error(oracle_bound[i], s, ref.xhat[k], p.w[j], p.b[j], DType::f64);
+    return with_store_rounding(e, ref.y[k], p.dtype);
+  };
+  std::vector<double> want_mean, want_rstd;
+  for (const RowStatistics& s : ref.rows) {
+    want_mean.push_back(s.mean);
+    want_rstd.push_back(s.rstd);
+  }
+  const auto mean_tolerance = [&](std::size_t i) {
+    return kernel_bound[i].mean + oracle_bound[i].mean;
+  };
+  const auto rstd_tolerance = [&](std::size_t i) {
+    return (kernel_bound[i].rstd_relative + oracle_bound[i].rstd_relative) * want_rstd[i];
+  };
+
+  const ForwardOutputs got = run_forward(p, device);
+  SCOPED_TRACE(::testing::Message() << dtype_name(p.dtype) << " [" << p.M << ", " << p.N
+                                    << "] on " << device.name());
+  EXPECT_TRUE(testing::all_close(testing::to_doubles(got.y), ref.y, y_tolerance));
+  EXPECT_TRUE(testing::all_close(testing::to_doubles(got.mean), want_mean, mean_tolerance));
+  EXPECT_TRUE(testing::all_close(testing::to_doubles(got.rstd), want_rstd, rstd_tolerance));
+
+  if (device.is_cuda()) {
+    // Both backends are within the bound of the exact value, so within twice it of each other.
+    const ForwardOutputs cpu = run_forward(p, Device::cpu());
+    EXPECT_TRUE(testing::all_close(testing::to_doubles(got.y), testing::to_doubles(cpu.y),
+                                   [&](std::size_t k) { return 2 * y_tolerance(k); }));
+    EXPECT_TRUE(testing::all_close(testing::to_doubles(got.rstd), testing::to_doubles(cpu.rstd),
+                                   [&](std::size_t i) { return 2 * rstd_tolerance(i); }));
+  }
+}
+
+TEST_P(LayerNorm, ForwardMatchesFloat64Oracle) {
+  const std::vector<std::pair<std::int64_t, std::int64_t>> shapes = {
+      {1, 1}, {1, 7}, {7, 1}, {7, 7}, {1025, 7}, {7, 1025}, {3, 1025}};
+  for (const DType dtype : {DType::f32, DType::f16, DType::f64}) {
+    if (dtype == DType::f64 && device().is_cuda()) continue;  // f64 is CPU-only
+    std::uint64_t seed = 100;
+    for (const auto& [M, N] : shapes) {
+      expect_forward_matches_oracle(make_problem(M, N, dtype, seed++), device());
+    }
+  }
+}
+
+// A row whose mean is large against its spread: the one-pass E[x^2] - E[x]^2 loses the
+// variance here (f32: E[x^2] ~ 1e6, where floats are 0.0625 apart, summed over 1025 terms,
+// carries an error of order 1; the variance is ~0.33); the two-pass form keeps the bound.
+// (Replacing the two-pass variance with the one-pass formula fails this test.)
+TEST_P(LayerNorm, TwoPassVarianceSurvivesALargeMean) {
+  for (const DType dtype : {DType::f32, DType::f64}) {
+    if (dtype == DType::f64 && device().is_cuda()) continue;
+    expect_forward_matches_oracle(make_problem(5, 1025, dtype, 7, /*offset=*/1000), device());
+  }
+}
+
+// ---- backward ---------------------------------------------------------------------------
+
+struct BackwardReference {
+  std::vector<double> dx, dweight, dbias;
+  std::vector<double> dx_error, dweight_error, dbias_error;  // bounds for a given dtype
+};
+
+// The kernel's backward given mean and rstd (exact inputs here), with G = dy w and
+// X = (x - mean) rstd, computes a = sum(G)/N, b = sum(G X)/N and dx = rstd ((G - a) - X b).
+// Rounding bounds, in the style of the forward's:
+//   e_a = gamma(N + 1) sum|G| / N; e_b = gamma(N + 5) sum|G X| / N (each term carries
+//   the roundings of G, of X (two) and of the product);
+//   e_dx = rstd (1 + gamma(4)) [e_a + |X| e_b (1 + gamma(4)) + gamma(4) (|G| + |a| + |X b|)]
+//   (every quantity that enters a subtraction carries at most four roundings, and the final
+//   product one more).
+//   dweight = dweight0 + sum_i fl(dy fl(X)): M additions of terms carrying three roundings:
+//   e <= gamma(M + 3) (|dweight0| + sum|dy X|); dbias: gamma(M) (|dbias0| + sum|dy|).
+BackwardReference layernorm_backward_reference(const Problem& p, const std::vector<double>& mean,
+                                               const std::vector<double>& rstd,
+                                               const std::vector<double>& dweight0,
+                                               const std::vector<double>& dbias0,
+                                               DType compute) {
+  const std::int64_t M = p.M, N = p.N;
+  BackwardReference ref;
+  ref.dx.resize(M * N);
+  ref.dx_error.resize(M * N);
+  ref.dweight = dweight0;
+  ref.dbias = dbias0;
+  std::vector<double> dweight_magnitude(N), dbias_magnitude(N);
+  for (std::int64_t j = 0; j < N; ++j) {
+    dweight_magnitude[j] = std::abs(dweight0[j]);
+    dbias_magnitude[j] = std::abs(dbias0[j]);
+  }
+  const double g4 = gamma(4, compute);
+  for (std::int64_t i = 0; i < M; ++i) {
+    double sum_g = 0, sum_g_x = 0, sum_abs_g = 0, sum_abs_g_x = 0;
+    for (std::int64_t j = 0; j < N; ++j) {
+      const double X = (p.x[i * N + j] - mean[i]) * rstd[i];
+      const double G = p.dy[i * N + j] * p.w[j];
+      sum_g += G;
+      sum_g_x += G * X;
+      sum_abs_g += std::abs(G);
+      sum_abs_g_x += std::abs(G * X);
+      ref.dweight[j] += p.dy[i * N + j] * X;
+      ref.dbias[j] += p.dy[i * N + j];
+      dweight_magnitude[j] += std::abs(p.dy[i * N + j] * X);
+      dbias_magnitude[j] += std::abs(p.dy[i * N + j]);
+    }
+    const double a = sum_g / N, b = sum_g_x / N;
+    const double e_a = gamma(N + 1, compute) * sum_abs_g / N;
+    const double e_b = gamma(N + 5, compute) * sum_abs_g_x / N;
+    for (std::int64_t j = 0; j < N; ++j) {
+      const double X = (p.x[i * N + j] - mean[i]) * rstd[i];
+      const double G = p.dy[i * N + j] * p.w[j];
+      const std::int64_t k = i * N + j;
+      ref.dx[k] = rstd[i] * ((G - a) - X * b);
+      const double e = rstd[i] * (1 + g4) *
+                       (e_a + std::abs(X) * e_b * (1 + g4) +
+                        g4 * (std::abs(G) + std::abs(a) + std::abs(X * b)));
+      ref.dx_error[k] = with_store_rounding(e, ref.dx[k], p.dtype);
+    }
+  }
+  for (std::int64_t j = 0; j < N; ++j) {
+    ref.dweight_error.push_back(gamma(M + 3, compute) * dweight_magnitude[j]);
+    ref.dbias_error.push_back(gamma(M, compute) * dbias_magnitude[j]);
+  }
+  return ref;
+}
+
+struct BackwardOutputs {
+  Tensor dx, dweight, dbias;
+};
+
+/// Backward on `device` from the given statistics, into parameter gradients that start at
+/// dweight0 and dbias0 (they accumulate).
+BackwardOutputs run_backward(const Problem& p, const std::vector<double>& mean,
+                             const std::vector<double>& rstd, const std::vector<double>& dweight0,
+                             const std::vector<double>& dbias0, Device device) {
+  const DType stats = compute_dtype(p.dtype);
+  const Tensor x = testing::make_tensor(p.x, {p.M, p.N}, p.dtype, device);
+  const Tensor w = testing::make_tensor(p.w, {p.N}, stats, device);
+  const Tensor dy = testing::make_tensor(p.dy, {p.M, p.N}, p.dtype, device);
+  BackwardOutputs out{Tensor({p.M, p.N}, p.dtype, device),
+                      testing::make_tensor(dweight0, {p.N}, stats, device),
+                      testing::make_tensor(dbias0, {p.N}, stats, device)};
+  testing::poison(out.dx);
+  layernorm_backward(x, w, testing::make_tensor(mean, {p.M}, stats, device),
+                     testing::make_tensor(rstd, {p.M}, stats, device), dy, out.dx, out.dweight,
+                     out.dbias);
+  return out;
+}
+
+TEST_P(LayerNorm, BackwardMatchesFloat64Oracle) {
+  const std::vector<std::pair<std::int64_t, std::int64_t>> shapes = {
+      {1, 1}, {1, 7}, {7, 1}, {7, 7}, {1025, 7}, {7, 1025}};
+  std::uint64_t seed = 300;
+  for (const DType dtype : {DType::f32, DType::f16}) {
+    for (const auto& [M, N] : shapes) {
+      const Problem p = make_problem(M, N, dtype, seed++);
+      SCOPED_TRACE(::testing::Message() << dtype_name(dtype) << " [" << M << ", " << N << "]");
+      // The statistics the forward saved, as the backward receives them in training.
+      const ForwardOutputs forward = run_forward(p, Device::cpu());
+      const auto mean = testing::to_doubles(forward.mean);
+      const auto rstd = testing::to_doubles(forward.rstd);
+      // Nonzero starting gradients: dweight and dbias must accumulate, not overwrite.
+      const auto dweight0 = testing::random_values(N, seed + 1000, -1, 1);
+      const auto dbias0 = testing::random_values(N, seed + 2000, -1, 1);
+      const BackwardReference ref =
+          layernorm_backward_reference(p, mean, rstd, dweight0, dbias0, DType::f32);
+      // The oracle's own rounding: the same bound in f64.
+      const BackwardReference oracle =
+          layernorm_backward_reference(p, mean, rstd, dweight0, dbias0, DType::f64);
+      const BackwardOutputs got = run_backward(p, mean, rstd, dweight0, dbias0, device());
+      EXPECT_TRUE(testing::all_close(testing::to_doubles(got.dx), ref.dx, [&](std::size_t k) {
+        return ref.dx_error[k] + oracle.dx_error[k];
+      }));
+      EXPECT_TRUE(testing::all_close(testing::to_doubles(got.dweight), ref.dweight,
+                                     [&](std::size_t j) {
+                                       return ref.dweight_error[j] + oracle.dweight_error[j];
+                                     }));
+      EXPECT_TRUE(testing::all_close(testing::to_doubles(got.dbias), ref.dbias, [&](std::size_t j) {
+        return ref.dbias_error[j] + oracle.dbias_error[j];
+      }));
+      if (device().is_cuda()) {
+        // Same inputs, same documented additions in the same order: bit for bit.
+        const BackwardOutputs cpu = run_backward(p, mean, rstd, dweight0, dbias0, Device::cpu());
+        EXPECT_TRUE(testing::bitwise_equal(got.dweight, cpu.dweight));
+        EXPECT_TRUE(testing::bitwise_equal(got.dbias, cpu.dbias));
+        EXPECT_TRUE(testing::all_close(testing::to_doubles(got.dx), testing::to_doubles(cpu.dx),
+                                       [&](std::size_t k) { return 2 * ref.dx_error[k]; }));
+      }
+    }
+  }
+}
+
+// ---- backward against finite differences (CPU, f64) ---------------------------------------
+
+// Richardson-extrapolated central difference with D(h) = (f(x+h) - f(x-h)) / 2h:
+//   R = (4 D(h) - D(2h)) / 3 = f'(x) - h^4/30 f^(5)(xi).
+// Rounding: if every evaluation of f is within eps_f of the exact value, R is off by at most
+// (4/3)(eps_f/h) + (1/3)(eps_f/2h) = 1.5 eps_f / h.
+// Truncation: y depends on x through (x - mean) / sigma, sigma = sqrt(var + eps), so sigma
+// is the length over which L = sum g y bends. We step h = 2^-12 s, s = min(1, the smallest
+// sigma of any row), rounded down to a power of two (x +- h is then exact in double for our
+// inputs), and take |f^(5)| <= 1e6 / s^5: in units of s, a fifth derivative a million times
+// the O(1) size of g, w and b, which these smooth functions do not approach. The term is
+// then h^4/30 * 1e6 / s^5 <= 1.2e-10 / s. (A fixed step fails on a nearly constant row,
+// whose sigma is tiny: that is what the scaling is for.)
+// The analytic gradient's own f64 rounding, about (n + 10) 2^-53 relative for a reduction
+// over n <= 1025 values (< 1.3e-13), is covered by 1e-12 (1 + |gradient|).
+struct FiniteDifference {
+  double scale;  // s above
+  double step;   // h above
+
+  explicit FiniteDifference(double smallest_sigma)
+      : scale(std::min(1.0, smallest_sigma)),
+        step(std::exp2(std::floor(std::log2(0x1p-12 * scale)))) {}
+
+  double derivative(const std::function<double()>& f, double& x) const {
+    return (4 * testing::central_difference(f, x, step) -
+            testing::central_difference(f, x, 2 * step)) / 3;
+  }
+
+  double tolerance(double evaluation_error, double analytic) const {
+    return 1.5 * evaluation_error / step + std::pow(step, 4) / 30 * 1e6 / std::pow(scale, 5) +
+           1e-12 * (1 + std::abs(analytic));
+  }
+};
+
+TEST(LayerNormGradient, BackwardMatchesFiniteDifferencesInFloat64) {
+  const std::vector<std::pair<std::int64_t, std::int64_t>> shapes = {
+      {1, 1}, {1, 7}, {7, 1}, {3, 7}, {2, 1025}};
+  std::uint64_t seed = 500;
+  for (const auto& [M, N] : shapes) {
+    SCOPED_TRACE(::testing::Message() << "[" << M << ", " << N << "]");
+    Problem p = make_problem(M, N, DType::f64, seed++);
+    const std::vector<double> g = p.dy;  // L = sum g * y: dL/dy = g
+    // L with the f64 kernel; its evaluation error is bounded with the forward's f64 bound:
+    // sum |g| e_y, plus the sum's own gamma(MN + 1) sum|g y|.
+    const auto loss = [&] {
+      const ForwardOutputs out = run_forward(p, Device::cpu());
+      const auto y = testing::to_doubles(out.y);
+      double sum = 0;
+      for (std::size_t k = 0; k < y.size(); ++k) sum += g[k] * y[k];
+      return sum;
+    };
+    const LayerNormReference ref = layernorm_reference(p.x, p.w, p.b, M, N);
+    double evaluation_error = 0, magnitude = 0;
+    for (std::int64_t i = 0; i < M; ++i) {
+      const RowErrorBound e = row_error_bound(ref.rows[i], N, DType::f64);
+      for (std::int64_t j = 0; j < N; ++j) {
+        const std::int64_t k = i * N + j;
+        // x +- 2h moves the row's statistics slightly; 2x covers the bound at nearby points.
+        evaluation_error += 2 * std::abs(g[k]) *
+                            y_error(e, ref.rows[i], ref.xhat[k], p.w[j], p.b[j], DType::f64);
+        magnitude += std::abs(g[k] * ref.y[k]);
+      }
+    }
+    evaluation_error += gamma(M * N + 1, DType::f64) * 2 * magnitude;
+    double smallest_sigma = 1;
+    for (const RowStatistics& s : ref.rows) {
+      smallest_sigma = std::min(smallest_sigma, std::sqrt(s.variance + kEps));
+    }
+    const FiniteDifference fd(smallest_sigma);
+
+    const ForwardOutputs forward = run_forward(p, Device::cpu());
+    const std::vector<double> zeros(N, 0.0);
+    const BackwardOutputs got = run_backward(p, testing::to_doubles(forward.mean),
+                                             testing::to_doubles(forward.rstd), zeros, zeros,
+                                             Device::cpu());
+    const auto dx = testing::to_doubles(got.dx);
+    const auto dweight = testing::to_doubles(got.dweight);
+    const auto dbias = testing::to_doubles(got.dbias);
+    for (std::size_t k = 0; k < p.x.size(); ++k) {
+      EXPECT_NEAR(dx[k], fd.derivative(loss, p.x[k]), fd.tolerance(evaluation_error, dx[k]))
+          << "dx " << k;
+    }
+    for (std::int64_t j = 0; j < N; ++j) {
+      EXPECT_NEAR(dweight[j], fd.derivative(loss, p.w[j]),
+                  fd.tolerance(evaluation_error, dweight[j]))
+          << "dweight " << j;
+      EXPECT_NEAR(dbias[j], fd.derivative(loss, p.b[j]), fd.tolerance(evaluation_error, dbias[j]))
+          << "dbias " << j;
+    }
+  }
+}
+
+// ---- the accumulation contract ------------------------------------------------------------
+
+// dweight and dbias are exactly the documented sequence of float operations: for each row
+// in order, one product and one addition onto the buffer (layernorm.hpp). Recomputed here
+// in float, the results must match bit for bit, on both backends.
+TEST_P(LayerNorm, ParameterGradientsAreTheDocumentedFloatAdditionsInRowOrder) {
+  for (const DType dtype : {DType::f32, DType::f16}) {
+    const Problem p = make_problem(37, 19, dtype, 900);
+    const ForwardOutputs forward = run_forward(p, Device::cpu());
+    const auto mean = testing::to_doubles(forward.mean);
+    const auto rstd = testing::to_doubles(forward.rstd);
+    const auto dweight0 = testing::random_values(p.N, 901, -1, 1);
+    const auto dbias0 = testing::random_values(p.N, 902, -1, 1);
+    const BackwardOutputs got = run_backward(p, mean, rstd, dweight0, dbias0, device());
+    std::vector<float> dweight(dweight0.begin(), dweight0.end());
+    std::vector<float> dbias(dbias0.begin(), dbias0.end());
+    for (std::int64_t i = 0; i < p.M; ++i) {
+      for (std::int64_t j = 0; j < p.N; ++j) {
+        const float g = static_cast<float>(p.dy[i * p.N + j]);
+        const float xhat = (static_cast<float>(p.x[i * p.N + j]) - static_cast<float>(mean[i])) *
+                           static_cast<float>(rstd[i]);
+        dweight[j] = dweight[j] + g * xhat;
+        dbias[j] = dbias[j] + g;
+      }
+    }
+    EXPECT_TRUE(testing::bitwise_equal(got.dweight, Tensor::from_vector(dweight, {p.N})))
+        << dtype_name(dtype);
+    EXPECT_TRUE(testing::bitwise_equal(got.dbias, Tensor::from_vector(dbias, {p.N})))
+        << dtype_name(dtype);
+  }
+}
+
+/// Forward and backward on all rows at once, and again in slices of `slice` rows into the
+/// same (accumulating) parameter gradients: every output must be identical, bit for bit.
+void expect_micro_batches_match_big_batch(const Problem& p, std::int64_t slice, Device device) {
+  SCOPED_TRACE(::testing::Message() << dtype_name(p.dtype) << ": " << p.M << " rows in slices of "
+                                    << slice << " on " << device.name());
+  const DType stats = compute_dtype(p.dtype);
+  const Tensor x = testing::make_tensor(p.x, {p.M, p.N}, p.dtype, device);
+  const Tensor w = testing::make_tensor(p.w, {p.N}, stats, device);
+  const Tensor b = testing::make_tensor(p.b, {p.N}, stats, device);
+  const Tensor dy = testing::make_tensor(p.dy, {p.M, p.N}, p.dtype, device);
+  const auto dweight0 = testing::random_values(p.N, 77, -1, 1);
+  const auto dbias0 = testing::random_values(p.N, 78, -1, 1);
+  struct Run {
+    Tensor y, mean, rstd, dx, dweight, dbias;
+  };
+  const auto make_run = [&] {
+    Run r{Tensor({p.M, p.N}, p.dtype, device),  Tensor({p.M}, stats, device),
+          Tensor({p.M}, stats, device),         Tensor({p.M, p.N}, p.dtype, device),
+          testing::make_tensor(dweight0, {p.N}, stats, device),
+          testing::make_tensor(dbias0, {p.N}, stats, device)};
+    for (const Tensor* t : {&r.y, &r.mean, &r.rstd, &r.dx}) testing::poison(*t);
+    return r;
+  };
+  const Run big = make_run();
+  layernorm_forward(x, w, b, big.y, big.mean, big.rstd);
+  layernorm_backward(x, w, big.mean, big.rstd, dy, big.dx, big.dweight, big.dbias);
+
+  const Run micro = make_run();
+  for (std::int64_t begin = 0; begin < p.M; begin += slice) {
+    const std::int64_t end = std::min(begin + slice, p.M);
+    const Tensor xs = x.rows(begin, end), dys = dy.rows(begin, end);
+    const Tensor means = micro.mean.rows(begin, end), rstds = micro.rstd.rows(begin, end);
+    layernorm_forward(xs, w, b, micro.y.rows(begin, end), means, rstds);
+    layernorm_backward(xs, w, means, rstds, dys, micro.dx.rows(begin, end), micro.dweight,
+                       micro.dbias);
+  }
+  EXPECT_TRUE(testing::bitwise_equal(micro.y, big.y));
+  EXPECT_TRUE(testing::bitwise_equal(micro.mean, big.mean));
+  EXPECT_TRUE(testing::bitwise_equal(micro.rstd, big.rstd));
+  EXPECT_TRUE(testing::bitwise_equal(micro.dx, big.dx));
+  EXPECT_TRUE(testing::bitwise_equal(micro.dweight, big.dweight));
+  EXPECT_TRUE(testing::bitwise_equal(micro.dbias, big.dbias));
+}
+
+TEST_P(LayerNorm, MicroBatchesGiveTheBigBatchGradientsBitForBit) {
+  for (const DType dtype : {DType::f32, DType::f16}) {
+    // 1000 rows: 15 micro-batches of 64 and a last one of 40.
+    expect_micro_batches_match_big_batch(make_problem(1000, 33, dtype, 41), 64, device());
+    // 1024 rows in slices of 1, 7 (the last one of 2) and 64.
+    const Problem p = make_problem(1024, 33, dtype, 42);
+    for (const std::int64_t slice : {1, 7, 64}) {
+      expect_micro_batches_match_big_batch(p, slice, device());
+    }
+  }
+}
+
+// ---- known answers and argument checks ------------------------------------------------------
+
+// torch 1.13: nn.LayerNorm(4) with weight [1, -0.5, 2, 0.25], bias [0.5, 0, -1, 2] on
+// [[1, 2, 3, 5], [-1, 0.5, 0.25, 100]] (float32), printed with repr(). PyTorch's float
+// result and ours are each within the forward bound of the exact value: within twice it.
+TEST_P(LayerNorm, MatchesPyTorch) {
+  Problem p{2, 4, DType::f32, {1, 2, 3, 5, -1, 0.5, 0.25, 100}, {1, -0.5, 2, 0.25},
+            {0.5, 0, -1, 2}, {}};
+  const std::vector<double> torch_y = {-0.6832132339477539, 0.25354570150375366,
+                                       -0.6619391441345215, 2.3803186416625977,
+                                       -0.0984506607055664, 0.28192073106765747,
+                                       -2.139219284057617,  2.4329755306243896};
+  const LayerNormReference ref = layernorm_reference(p.x, p.w, p.b, p.M, p.N);
+  const ForwardOutputs got = run_forward(p, device());
+  EXPECT_TRUE(testing::all_close(testing::to_doubles(got.y), torch_y, [&](std::size_t k) {
+    const std::size_t i = k / 4, j = k % 4;
+    const RowErrorBound e = row_error_bound(ref.rows[i], p.N, DType::f32);
+    return 2 * y_error(e, ref.rows[i], ref.xhat[k], p.w[j], p.b[j], DType::f32);
+  }));
+}
+
+TEST_P(LayerNorm, RejectsMismatchedArguments) {
+  const Tensor x({4, 8}, DType::f32, device());
+  const Tensor y({4, 8}, DType::f32, device());
+  const Tensor w({8}, DType::f32, device()), b({8}, DType::f32, device());
+  const Tensor mean({4}, DType::f32, device()), rstd({4}, DType::f32, device());
+  const Tensor wrong_w({7}, DType::f32, device());
+  const Tensor half_y({4, 8}, DType::f16, device());
+  const Tensor wrong_rows({5}, DType::f32, device());
+  EXPECT_THROW(layernorm_forward(x, wrong_w, b, y, mean, rstd), std::invalid_argument);
+  EXPECT_THROW(layernorm_forward(x, w, b, half_y, mean, rstd), std::invalid_argument);
+  EXPECT_THROW(layernorm_forward(x, w, b, y, wrong_rows, rstd), std::invalid_argument);
+  try {
+    layernorm_forward(x, wrong_w, b, y, mean, rstd);
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("weight must have shape [8]"), std::string::npos)
+        << e.what();
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, LayerNorm, ::testing::ValuesIn(testing::all_devices()),
+                         testing::device_test_name);
+
+}  // namespace
+}  // namespace bigbatch
