@@ -1,0 +1,70 @@
+// optimizer.cu: SGD and AdamW steps on the GPU, one thread per element (grid-stride).
+// The arithmetic is optimizer_math.hpp's, with explicitly rounded intrinsics, so every
+// element equals the CPU reference bit for bit.
+#include "kernels/cuda_common.cuh"
+#include "kernels/optimizer.hpp"
+#include "kernels/optimizer_math.hpp"
+
+namespace bigbatch::cuda {
+namespace {
+
+using optimizer_math::AdamWScalars;
+using optimizer_math::SgdScalars;
+
+// momentum_buffer: nullptr without momentum; half_copy: nullptr when not wanted.
+__global__ void sgd_kernel(float* param, const float* grad, float* momentum_buffer,
+                           __half* half_copy, std::int64_t n, SgdScalars s) {
+  const bool reads_buffer = momentum_buffer != nullptr && !s.first_step;
+  for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += std::int64_t{gridDim.x} * blockDim.x) {
+    const auto updated =
+        optimizer_math::sgd_update(param[i], grad[i], reads_buffer ? momentum_buffer[i] : 0.0f, s);
+    param[i] = updated.param;
+    if (momentum_buffer != nullptr) momentum_buffer[i] = updated.momentum_buffer;
+    if (half_copy != nullptr) half_copy[i] = __float2half_rn(updated.param);
+  }
+}
+
+__global__ void adamw_kernel(float* param, const float* grad, float* exp_avg, float* exp_avg_sq,
+                             __half* half_copy, std::int64_t n, AdamWScalars s) {
+  for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += std::int64_t{gridDim.x} * blockDim.x) {
+    const auto updated =
+        optimizer_math::adamw_update(param[i], grad[i], exp_avg[i], exp_avg_sq[i], s);
+    param[i] = updated.param;
+    exp_avg[i] = updated.exp_avg;
+    exp_avg_sq[i] = updated.exp_avg_sq;
+    if (half_copy != nullptr) half_copy[i] = __float2half_rn(updated.param);
+  }
+}
+
+__half* half_pointer(const Tensor& half_copy) {
+  return half_copy.defined() ? half_copy.data<__half>() : nullptr;
+}
+
+}  // namespace
+
+void sgd_step(const Tensor& param, const Tensor& grad, const Tensor& momentum_buffer,
+              const SgdOptions& options, std::int64_t step, const Tensor& half_copy) {
+  const std::int64_t n = param.numel();
+  if (n == 0) return;
+  const SgdScalars s = optimizer_math::sgd_scalars(options, step);
+  float* buffer = s.use_momentum ? momentum_buffer.data<float>() : nullptr;
+  sgd_kernel<<<grid_for(n), kThreadsPerBlock>>>(param.data<float>(), grad.data<float>(), buffer,
+                                                half_pointer(half_copy), n, s);
+  BIGBATCH_CHECK_LAUNCH("sgd_kernel");
+}
+
+void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& exp_avg,
+                const Tensor& exp_avg_sq, const AdamWOptions& options, std::int64_t step,
+                const Tensor& half_copy) {
+  const std::int64_t n = param.numel();
+  if (n == 0) return;
+  const AdamWScalars s = optimizer_math::adamw_scalars(options, step);
+  adamw_kernel<<<grid_for(n), kThreadsPerBlock>>>(param.data<float>(), grad.data<float>(),
+                                                  exp_avg.data<float>(), exp_avg_sq.data<float>(),
+                                                  half_pointer(half_copy), n, s);
+  BIGBATCH_CHECK_LAUNCH("adamw_kernel");
+}
+
+}  // namespace bigbatch::cuda

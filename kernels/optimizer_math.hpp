@@ -1,0 +1,172 @@
+// optimizer_math.hpp: the per-element SGD and AdamW updates, written once for the CPU
+// reference (optimizer.cpp) and the CUDA kernels (optimizer.cu).
+//
+// Goal: PyTorch's fp32 results bit for bit. Each PyTorch op in torch.optim's
+// single-tensor path rounds its result to float, and receives its Python scalar
+// rounded to float; we perform the same roundings in the same order. Which products
+// are fused was measured on PyTorch's CPU kernels (Debian's torch 1.13.1 on an AVX2
+// machine, op by op, on 64-element float32 tensors, which take its vector loop, and
+// 7-element ones, which take its scalar loop) and matches their source:
+//
+//   a.add(b, alpha=s)          fma(b, s, a)            vec::fmadd in the add kernel
+//   a.addcmul(b, c, value=s)   fma(s*b, c, a)          a + s*b*c, contracted by GCC
+//   a.lerp(b, w), |w| < 0.5    fma(w, b-a, a)          lerp_vec: fmadd(coeff, b-a, base)
+//   a.lerp(b, w), otherwise    fma(w-1, b-a, b)
+//   a.addcdiv(b, c, value=s)   a + (s*b)/c             no fusion possible
+//   a.mul(s), a / s            a*s, a/s                one rounding each (true division)
+//
+// PyTorch uses these fused kernels on every x86 CPU with AVX2 (its default dispatch).
+// Its DEFAULT (pre-AVX2) CPU kernels round each product separately, and its CUDA
+// kernels differ in other details (a division by a scalar becomes a multiplication by
+// its reciprocal), so there the results differ from ours by an ulp now and then.
+//
+// Why explicit roundings: the CPU code is compiled with -ffp-contract=off, so the
+// compiler never fuses on its own, and fma_rn says where we want one fused rounding
+// (std::fma is exactly rounded with or without FMA hardware). nvcc contracts a*b+c
+// by default (--fmad=true), so on the device every operation is an intrinsic with
+// explicit round-to-nearest (__fmul_rn, __fadd_rn, __fdiv_rn, __fsqrt_rn, __fmaf_rn)
+// that nvcc never fuses or approximates: both backends give identical bits.
+//
+// Nothing here includes half.hpp: nvcc compiles this header.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "common/host_device.hpp"
+#include "kernels/optimizer.hpp"
+
+namespace bigbatch::optimizer_math {
+
+// ---- float operations rounded once, never contracted ------------------------------
+
+BIGBATCH_HD inline float mul_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+
+BIGBATCH_HD inline float add_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fadd_rn(a, b);
+#else
+  return a + b;
+#endif
+}
+
+BIGBATCH_HD inline float sub_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fsub_rn(a, b);
+#else
+  return a - b;
+#endif
+}
+
+BIGBATCH_HD inline float div_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fdiv_rn(a, b);
+#else
+  return a / b;
+#endif
+}
+
+BIGBATCH_HD inline float sqrt_rn(float a) {
+#if defined(__CUDA_ARCH__)
+  return __fsqrt_rn(a);
+#else
+  return std::sqrt(a);
+#endif
+}
+
+/// a*b + c with one rounding.
+BIGBATCH_HD inline float fma_rn(float a, float b, float c) {
+#if defined(__CUDA_ARCH__)
+  return __fmaf_rn(a, b, c);
+#else
+  return std::fma(a, b, c);
+#endif
+}
+
+/// at::lerp(self, end, weight) as PyTorch's CPU kernel computes it: from `self` for a
+/// small weight, from `end` otherwise, so that weight 0 gives self and 1 gives end.
+BIGBATCH_HD inline float lerp(float self, float end, float weight) {
+  const float difference = sub_rn(end, self);
+  const bool weight_is_small = weight < 0.5f && weight > -0.5f;
+  return weight_is_small ? fma_rn(weight, difference, self)
+                         : fma_rn(sub_rn(weight, 1.0f), difference, end);
+}
+
+// ---- SGD ---------------------------------------------------------------------------
+
+/// The step's scalars, each rounded to float as PyTorch hands it to its fp32 kernels.
+struct SgdScalars {
+  float weight_decay;         // d.add(param, alpha=weight_decay)
+  float momentum;             // buf.mul_(momentum); d.add(buf, alpha=momentum)
+  float one_minus_dampening;  // buf.add_(d, alpha=1 - dampening)
+  float negative_lr;          // param.add_(d, alpha=-lr)
+  bool apply_weight_decay;    // weight_decay != 0 (PyTorch skips the add otherwise)
+  bool use_momentum;          // momentum != 0
+  bool nesterov;
+  bool first_step;  // step == 1: the buffer starts as a copy of d
+};
+
+/// Computed in double, as Python computes them (defined in optimizer.cpp, which is
+/// compiled with -ffp-contract=off, so that no host compiler fuses these either).
+SgdScalars sgd_scalars(const SgdOptions& options, std::int64_t step);
+
+struct SgdElement {
+  float param;
+  float momentum_buffer;  // meaningful only when use_momentum
+};
+
+/// One element of torch.optim.SGD's step. `momentum_buffer` is not read at the first
+/// step or without momentum.
+BIGBATCH_HD inline SgdElement sgd_update(float param, float grad, float momentum_buffer,
+                                         const SgdScalars& s) {
+  float direction = grad;
+  if (s.apply_weight_decay) direction = fma_rn(param, s.weight_decay, direction);
+  float buffer = momentum_buffer;
+  if (s.use_momentum) {
+    buffer = s.first_step ? direction
+                          : fma_rn(direction, s.one_minus_dampening, mul_rn(buffer, s.momentum));
+    direction = s.nesterov ? fma_rn(buffer, s.momentum, direction) : buffer;
+  }
+  return {fma_rn(direction, s.negative_lr, param), buffer};
+}
+
+// ---- AdamW -------------------------------------------------------------------------
+
+struct AdamWScalars {
+  float decay_factor;           // param.mul_(1 - lr*weight_decay)
+  float lerp_weight;            // exp_avg.lerp_(grad, 1 - beta1)
+  float beta2;                  // exp_avg_sq.mul_(beta2)
+  float one_minus_beta2;        // exp_avg_sq.addcmul_(grad, grad, value=1 - beta2)
+  float bias_correction2_sqrt;  // sqrt(1 - beta2**step)
+  float eps;
+  float negative_step_size;  // -lr / (1 - beta1**step)
+  bool apply_weight_decay;   // weight_decay != 0
+};
+
+/// Computed in double, as Python computes them (defined in optimizer.cpp).
+AdamWScalars adamw_scalars(const AdamWOptions& options, std::int64_t step);
+
+struct AdamWElement {
+  float param;
+  float exp_avg;
+  float exp_avg_sq;
+};
+
+/// One element of torch.optim.AdamW's step.
+BIGBATCH_HD inline AdamWElement adamw_update(float param, float grad, float exp_avg,
+                                             float exp_avg_sq, const AdamWScalars& s) {
+  if (s.apply_weight_decay) param = mul_rn(param, s.decay_factor);
+  exp_avg = lerp(exp_avg, grad, s.lerp_weight);
+  exp_avg_sq = fma_rn(mul_rn(s.one_minus_beta2, grad), grad, mul_rn(exp_avg_sq, s.beta2));
+  const float denominator = add_rn(div_rn(sqrt_rn(exp_avg_sq), s.bias_correction2_sqrt), s.eps);
+  param = add_rn(param, div_rn(mul_rn(s.negative_step_size, exp_avg), denominator));
+  return {param, exp_avg, exp_avg_sq};
+}
+
+}  // namespace bigbatch::optimizer_math
