@@ -1,0 +1,585 @@
+#include "kernels/gemm.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <new>
+#include <utility>
+#include <vector>
+
+#include "common/half.hpp"
+#include "kernels/cpu_parallel.hpp"
+#include "kernels/dispatch.hpp"
+
+namespace bigbatch {
+
+// ---- argument checks and dispatch ---------------------------------------------------------
+
+namespace gemm_detail {
+
+GemmSizes check_gemm_arguments(const char* op, const Tensor& a, bool trans_a, const Tensor& b,
+                               bool trans_b, const Tensor& c) {
+  detail::check_rank(op, "A", a, 2);
+  detail::check_rank(op, "B", b, 2);
+  detail::check_rank(op, "C", c, 2);
+  const DType ta = a.dtype(), tb = b.dtype(), tc = c.dtype();
+  const bool f32 = ta == DType::f32 && tb == DType::f32 && tc == DType::f32;
+  const bool f16 =
+      ta == DType::f16 && tb == DType::f16 && (tc == DType::f32 || tc == DType::f16);
+  BIGBATCH_CHECK(f32 || f16, op, ": unsupported dtypes: A ", a.describe(), ", B ",
+                 b.describe(), ", C ", c.describe(),
+                 "; supported are A, B f32 with C f32, or A, B f16 with C f32 or f16");
+
+  GemmSizes sizes;
+  sizes.m = a.dim(trans_a ? 1 : 0);
+  sizes.k = a.dim(trans_a ? 0 : 1);
+  const std::int64_t k_of_b = b.dim(trans_b ? 1 : 0);
+  sizes.n = b.dim(trans_b ? 0 : 1);
+  BIGBATCH_CHECK(sizes.k == k_of_b, op, ": inner dimensions differ: op(A) is [M, K] = [",
+                 sizes.m, ", ", sizes.k, "] from A ", a.describe(),
+                 trans_a ? " (transposed)" : "", ", but op(B) is [K, N] = [", k_of_b, ", ",
+                 sizes.n, "] from B ", b.describe(), trans_b ? " (transposed)" : "");
+  BIGBATCH_CHECK(c.dim(0) == sizes.m && c.dim(1) == sizes.n, op,
+                 ": C must have shape [M, N] = [", sizes.m, ", ", sizes.n, "], got ",
+                 c.describe());
+  return sizes;
+}
+
+}  // namespace gemm_detail
+
+void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c,
+          float alpha, float beta) {
+  const Device device = detail::common_device("gemm", {&a, &b, &c});
+  gemm_detail::check_gemm_arguments("gemm", a, trans_a, b, trans_b, c);
+  if (device.is_cuda()) BIGBATCH_RUN_CUDA("gemm", cuda::gemm(a, trans_a, b, trans_b, c, alpha, beta));
+  cpu::gemm(a, trans_a, b, trans_b, c, alpha, beta);
+}
+
+// ---- CPU: instruction-set paths -------------------------------------------------------------
+
+namespace cpu {
+
+using gemm_detail::AccumulatorStart;
+using gemm_detail::IsaKernels;
+
+namespace {
+
+// The portable path: scalar code with std::fma, which is one correctly rounded fused
+// multiply-add (glibc uses the FMA instruction where there is one, exact software
+// otherwise), so it matches the vector paths bit for bit.
+constexpr int kPortableMr = 4;
+constexpr int kPortableNr = 16;
+
+void portable_micro_kernel(std::int64_t kc, const float* a_panel, const float* b_panel,
+                           float* c, std::int64_t ldc, AccumulatorStart start, float beta) {
+  float acc[kPortableMr][kPortableNr];
+  for (int r = 0; r < kPortableMr; ++r) {
+    for (int j = 0; j < kPortableNr; ++j) {
+      acc[r][j] = start == AccumulatorStart::zero       ? 0.0f
+                  : start == AccumulatorStart::scaled_c ? beta * c[r * ldc + j]
+                                                        : c[r * ldc + j];
+    }
+  }
+  for (std::int64_t k = 0; k < kc; ++k) {
+    const float* a_k = a_panel + k * kPortableMr;
+    const float* b_k = b_panel + k * kPortableNr;
+    for (int r = 0; r < kPortableMr; ++r) {
+      for (int j = 0; j < kPortableNr; ++j) acc[r][j] = std::fma(a_k[r], b_k[j], acc[r][j]);
+    }
+  }
+  for (int r = 0; r < kPortableMr; ++r) {
+    for (int j = 0; j < kPortableNr; ++j) c[r * ldc + j] = acc[r][j];
+  }
+}
+
+// The buffers hold f16 objects; they travel as uint16_t only to keep _Float16 out of
+// the header that nvcc also reads.
+void portable_widen_f16(const std::uint16_t* src, float* dst, std::int64_t n) {
+  const f16* values = reinterpret_cast<const f16*>(src);
+  for (std::int64_t i = 0; i < n; ++i) dst[i] = static_cast<float>(values[i]);
+}
+
+void portable_narrow_to_f16(const float* src, std::uint16_t* dst, std::int64_t n) {
+  f16* values = reinterpret_cast<f16*>(dst);
+  for (std::int64_t i = 0; i < n; ++i) values[i] = static_cast<f16>(src[i]);
+}
+
+// Its time goes to the scalar fmas, so the blocking is only roughly sized to the caches.
+const IsaKernels kPortableKernels{kPortableMr,      kPortableNr,          /*kc=*/256,
+                                  /*mc=*/128,       /*nc=*/2048,          &portable_micro_kernel,
+                                  &portable_widen_f16, &portable_narrow_to_f16};
+
+bool cpu_can_run(GemmPath path) {
+  switch (path) {
+    case GemmPath::portable: return true;
+    case GemmPath::avx2:
+      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+             __builtin_cpu_supports("f16c");
+    case GemmPath::avx512:
+      return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("fma") &&
+             __builtin_cpu_supports("f16c");
+  }
+  return false;
+}
+
+const IsaKernels& kernels_for(GemmPath path) {
+  switch (path) {
+    case GemmPath::portable: return kPortableKernels;
+    case GemmPath::avx2: return gemm_detail::avx2_kernels();
+    case GemmPath::avx512: return gemm_detail::avx512_kernels();
+  }
+  return kPortableKernels;
+}
+
+thread_local int forced_path = -1;  // a GemmPath set by ScopedGemmPath, or -1
+
+}  // namespace
+
+std::string_view gemm_path_name(GemmPath path) {
+  switch (path) {
+    case GemmPath::portable: return "portable";
+    case GemmPath::avx2: return "avx2";
+    case GemmPath::avx512: return "avx512";
+  }
+  return "?";
+}
+
+std::vector<GemmPath> gemm_paths_supported() {
+  std::vector<GemmPath> paths;
+  for (const GemmPath path : {GemmPath::portable, GemmPath::avx2, GemmPath::avx512}) {
+    if (cpu_can_run(path)) paths.push_back(path);
+  }
+  return paths;
+}
+
+GemmPath gemm_path() {
+  if (forced_path >= 0) return static_cast<GemmPath>(forced_path);
+  static const GemmPath fastest = gemm_paths_supported().back();
+  return fastest;
+}
+
+ScopedGemmPath::ScopedGemmPath(GemmPath path) : previous_(forced_path) {
+  BIGBATCH_CHECK(cpu_can_run(path), "ScopedGemmPath: this CPU cannot run the ",
+                 gemm_path_name(path), " GEMM path");
+  forced_path = static_cast<int>(path);
+}
+
+ScopedGemmPath::~ScopedGemmPath() { forced_path = previous_; }
+
+// ---- CPU: the blocked driver ------------------------------------------------------------------
+//
+// The classic BLIS loop nest, arranged so that every element of C follows the one fma
+// chain of the header comment:
+//
+//   for each block of nc columns of C                                    (jc)
+//     [f16 C: for each chunk of rows, an fp32 accumulator; else C itself]
+//     for each block of kc steps of K, in order                           (pc)
+//       pack op(B)[pc, jc] into nr-column panels
+//       for each block of mc rows                                         (ic)
+//         pack alpha * op(A)[ic, pc] into mr-row panels
+//         every mr x nr tile: the micro-kernel continues the tile's chains
+//           for these kc steps from the values stored in the accumulator
+//
+// The first kc block starts each chain (0 or beta * C); later blocks load what the
+// previous block stored, so splitting K changes no bit. Threads share no work: C is
+// cut into one block of rows (or columns) per thread, and each thread runs the loop
+// nest above on its block with its own packing buffers, with no barrier to wait at (a
+// thread that the OS pauses delays only itself). Packing the shared operand once per
+// thread costs little: one packed element per 2 x (rows of the block) flops.
+
+namespace {
+
+using gemm_detail::kMaxMr;
+using gemm_detail::kMaxNr;
+constexpr std::int64_t kParallelMinFlops = std::int64_t{1} << 22;  // below: one thread
+
+std::int64_t round_up(std::int64_t x, std::int64_t multiple) {
+  return (x + multiple - 1) / multiple * multiple;
+}
+
+/// A grow-only 64-byte aligned float buffer, reused across calls.
+class AlignedFloats {
+ public:
+  float* get(std::int64_t count) {
+    const auto n = static_cast<std::size_t>(count);
+    if (n > size_) {
+      data_.reset(static_cast<float*>(::operator new(n * sizeof(float), std::align_val_t{64})));
+      size_ = n;
+    }
+    return data_.get();
+  }
+
+ private:
+  struct Free {
+    void operator()(float* p) const { ::operator delete(p, std::align_val_t{64}); }
+  };
+  std::unique_ptr<float, Free> data_;
+  std::size_t size_ = 0;
+};
+
+/// Packing buffers of the calling thread, kept for its next call.
+struct Scratch {
+  AlignedFloats packed_a, packed_b, f16_accumulator;
+};
+
+Scratch& scratch_of_this_thread() {
+  thread_local Scratch scratch;
+  return scratch;
+}
+
+/// A GEMM operand as stored: element (row, col) of the stored matrix is at
+/// data[row * ld + col], in f32 or (as raw binary16) f16.
+struct Operand {
+  const void* data;
+  bool f16;
+  std::int64_t ld;
+  bool trans;
+};
+
+/// op(A): [m, k], op(B): [k, n], C: [m, n] with row stride ldc (a block of a larger C).
+struct Problem {
+  std::int64_t m, n, k;
+  Operand a, b;
+  float alpha, beta;
+  void* c;  // f32 or (as raw binary16) f16
+  bool c_f16;
+  std::int64_t ldc;
+};
+
+const void* element_address(const void* data, bool f16, std::int64_t offset) {
+  return static_cast<const char*>(data) + offset * (f16 ? 2 : 4);
+}
+
+/// The block of `p` with rows [row0, row0 + rows) and columns [col0, col0 + cols) of C.
+Problem sub_problem(const Problem& p, std::int64_t row0, std::int64_t rows, std::int64_t col0,
+                    std::int64_t cols) {
+  Problem block = p;
+  block.m = rows;
+  block.n = cols;
+  // Row i of op(A) starts at element i * ld of A, or at element i when A is transposed.
+  block.a.data = element_address(p.a.data, p.a.f16, p.a.trans ? row0 : row0 * p.a.ld);
+  // Column j of op(B) starts at element j of B, or at element j * ld when transposed.
+  block.b.data = element_address(p.b.data, p.b.f16, p.b.trans ? col0 * p.b.ld : col0);
+  block.c = static_cast<char*>(p.c) + (row0 * p.ldc + col0) * (p.c_f16 ? 2 : 4);
+  return block;
+}
+
+/// A contiguous run of n elements as floats: the run itself, or widened into `buffer`.
+const float* run_as_floats(const void* run, bool f16, std::int64_t n, const IsaKernels& isa,
+                           float* buffer) {
+  if (!f16) return static_cast<const float*>(run);
+  isa.widen_f16(static_cast<const std::uint16_t*>(run), buffer, n);
+  return buffer;
+}
+
+/// Packs one panel of `width` lanes (rows of op(A) or columns of op(B)) by kc steps:
+/// dst[k * width + lane] = scale * src(lane, k) for lane < lanes, 0 for the padding lanes.
+/// src(lane, k) is element `first` + lane * lane_stride + k * k_stride of x; when
+/// lanes_contiguous, lane_stride is 1 and k_stride = outer_stride (each k is a run of
+/// lanes), else k_stride is 1 and lane_stride = outer_stride (each lane is a run along
+/// k). scale == 1 copies the values unchanged.
+void pack_panel(const Operand& x, std::int64_t first, bool lanes_contiguous,
+                std::int64_t outer_stride, std::int64_t lanes, std::int64_t width,
+                std::int64_t kc, float scale, const IsaKernels& isa, float* dst) {
+  // Runs along k are packed kPackSteps at a time, so that the slice of the panel being
+  // scattered into (kPackSteps x width floats) stays in L1.
+  constexpr std::int64_t kPackSteps = 64;
+  alignas(64) float run_buffer[kPackSteps > kMaxNr ? kPackSteps : kMaxNr];
+  if (lanes_contiguous) {
+    for (std::int64_t k = 0; k < kc; ++k) {
+      const float* run = run_as_floats(element_address(x.data, x.f16, first + k * outer_stride),
+                                       x.f16, lanes, isa, run_buffer);
+      float* out = dst + k * width;
+      if (scale == 1.0f) {
+        std::copy(run, run + lanes, out);
+      } else {
+        for (std::int64_t lane = 0; lane < lanes; ++lane) out[lane] = scale * run[lane];
+      }
+      std::fill(out + lanes, out + width, 0.0f);
+    }
+    return;
+  }
+  for (std::int64_t k0 = 0; k0 < kc; k0 += kPackSteps) {
+    const std::int64_t steps = std::min(kPackSteps, kc - k0);
+    float* out = dst + k0 * width;
+    for (std::int64_t lane = 0; lane < lanes; ++lane) {
+      const float* run = run_as_floats(
+          element_address(x.data, x.f16, first + lane * outer_stride + k0), x.f16, steps, isa,
+          run_buffer);
+      if (scale == 1.0f) {
+        for (std::int64_t k = 0; k < steps; ++k) out[k * width + lane] = run[k];
+      } else {
+        for (std::int64_t k = 0; k < steps; ++k) out[k * width + lane] = scale * run[k];
+      }
+    }
+    for (std::int64_t k = 0; k < steps; ++k) {
+      std::fill(out + k * width + lanes, out + (k + 1) * width, 0.0f);
+    }
+  }
+}
+
+/// Packs alpha * op(A)[rows, ks] into mr-row panels of kc steps.
+void pack_a_block(const Problem& p, const IsaKernels& isa, std::int64_t row0, std::int64_t rows,
+                  std::int64_t k0, std::int64_t kc, float* packed) {
+  const std::int64_t mr = isa.mr;
+  for (std::int64_t q = 0; q * mr < rows; ++q) {
+    const std::int64_t i = row0 + q * mr;
+    const std::int64_t lanes = std::min(mr, row0 + rows - i);
+    // A stored [M, K] (row i, col k) or, when trans, [K, M] (row k, col i).
+    const std::int64_t first = p.a.trans ? k0 * p.a.ld + i : i * p.a.ld + k0;
+    pack_panel(p.a, first, /*lanes_contiguous=*/p.a.trans, /*outer_stride=*/p.a.ld, lanes, mr,
+               kc, p.alpha, isa, packed + q * mr * kc);
+  }
+}
+
+/// Packs op(B)[ks, cols] into nr-column panels of kc steps.
+void pack_b_block(const Problem& p, const IsaKernels& isa, std::int64_t k0, std::int64_t kc,
+                  std::int64_t col0, std::int64_t cols, float* packed) {
+  const std::int64_t nr = isa.nr;
+  for (std::int64_t q = 0; q * nr < cols; ++q) {
+    const std::int64_t j = col0 + q * nr;
+    const std::int64_t lanes = std::min(nr, col0 + cols - j);
+    // B stored [K, N] (row k, col j) or, when trans, [N, K] (row j, col k).
+    const std::int64_t first = p.b.trans ? j * p.b.ld + k0 : k0 * p.b.ld + j;
+    pack_panel(p.b, first, /*lanes_contiguous=*/!p.b.trans, /*outer_stride=*/p.b.ld, lanes, nr,
+               kc, 1.0f, isa, packed + q * nr * kc);
+  }
+}
+
+/// A tile at the edge of C (rows < mr or cols < nr): the micro-kernel runs on a full
+/// tile in a local buffer, so every valid element gets exactly the same arithmetic.
+void edge_tile(const IsaKernels& isa, std::int64_t kc, const float* a_panel,
+               const float* b_panel, float* c, std::int64_t ldc, std::int64_t rows,
+               std::int64_t cols, AccumulatorStart start, float beta) {
+  alignas(64) float tile[kMaxMr * kMaxNr] = {};
+  const std::int64_t nr = isa.nr;
+  if (start != AccumulatorStart::zero) {
+    for (std::int64_t r = 0; r < rows; ++r) std::copy(c + r * ldc, c + r * ldc + cols, tile + r * nr);
+  }
+  isa.micro_kernel(kc, a_panel, b_panel, tile, nr, start, beta);
+  for (std::int64_t r = 0; r < rows; ++r) std::copy(tile + r * nr, tile + r * nr + cols, c + r * ldc);
+}
+
+/// Asks the cache for the C tile at `c` ahead of time: a micro-kernel's first loads are
+/// of its C tile, which an earlier kc block (or the caller) left in memory.
+void prefetch_tile(const float* c, std::int64_t ldc, std::int64_t rows, std::int64_t cols) {
+  for (std::int64_t r = 0; r < rows; ++r) {
+    for (std::int64_t j = 0; j < cols; j += 16) __builtin_prefetch(c + r * ldc + j, 1, 3);
+    __builtin_prefetch(c + r * ldc + cols - 1, 1, 3);
+  }
+}
+
+/// Every tile of an [rows, cols] block of the accumulator, for one kc block.
+void compute_block(const IsaKernels& isa, std::int64_t kc, const float* packed_a,
+                   std::int64_t rows, const float* packed_b, std::int64_t cols, float* acc,
+                   std::int64_t ld_acc, AccumulatorStart start, float beta) {
+  const std::int64_t mr = isa.mr, nr = isa.nr;
+  // Column panel outermost, so one packed B panel stays in cache across row panels.
+  for (std::int64_t j = 0; j < cols; j += nr) {
+    const float* b_panel = packed_b + j * kc;
+    const std::int64_t tile_cols = std::min(nr, cols - j);
+    for (std::int64_t i = 0; i < rows; i += mr) {
+      const float* a_panel = packed_a + i * kc;
+      float* c = acc + i * ld_acc + j;
+      const std::int64_t tile_rows = std::min(mr, rows - i);
+      // The next tile down this column panel, or the first of the next one.
+      if (i + mr < rows) {
+        prefetch_tile(c + mr * ld_acc, ld_acc, std::min(mr, rows - i - mr), tile_cols);
+      } else if (j + nr < cols) {
+        prefetch_tile(acc + j + nr, ld_acc, std::min(mr, rows), std::min(nr, cols - j - nr));
+      }
+      if (tile_rows == mr && tile_cols == nr) {
+        isa.micro_kernel(kc, a_panel, b_panel, c, ld_acc, start, beta);
+      } else {
+        edge_tile(isa, kc, a_panel, b_panel, c, ld_acc, tile_rows, tile_cols, start, beta);
+      }
+    }
+  }
+}
+
+/// acc[r][j] = beta == 0 ? 0 : beta * float(C[r][j]) for an f16 C.
+void load_f16_block(const std::uint16_t* c, std::int64_t ldc, std::int64_t rows,
+                    std::int64_t cols, float beta, const IsaKernels& isa, float* acc,
+                    std::int64_t ld_acc) {
+  for (std::int64_t r = 0; r < rows; ++r) {
+    float* out = acc + r * ld_acc;
+    if (beta == 0.0f) {
+      std::fill(out, out + cols, 0.0f);
+      continue;
+    }
+    isa.widen_f16(c + r * ldc, out, cols);
+    if (beta != 1.0f) {
+      for (std::int64_t j = 0; j < cols; ++j) out[j] = beta * out[j];
+    }
+  }
+}
+
+/// C[r][j] = f16(acc[r][j]).
+void store_f16_block(const float* acc, std::int64_t ld_acc, std::int64_t rows, std::int64_t cols,
+                     const IsaKernels& isa, std::uint16_t* c, std::int64_t ldc) {
+  for (std::int64_t r = 0; r < rows; ++r) isa.narrow_to_f16(acc + r * ld_acc, c + r * ldc, cols);
+}
+
+AccumulatorStart first_block_start(const Problem& p) {
+  if (p.c_f16) return AccumulatorStart::c;  // load_f16_block applied beta already
+  if (p.beta == 0.0f) return AccumulatorStart::zero;
+  return p.beta == 1.0f ? AccumulatorStart::c : AccumulatorStart::scaled_c;
+}
+
+/// Rows of C per pass over K: all of them for an f32 C (the chains live in C itself);
+/// for an f16 C, chunks whose fp32 accumulator (chunk x nc floats) stays a few MiB,
+/// large enough that repacking B once per chunk costs little.
+std::int64_t rows_per_chunk(const Problem& p, const IsaKernels& isa) {
+  return p.c_f16 ? std::min(p.m, round_up(512, isa.mc)) : p.m;
+}
+
+/// The loop nest above, on one thread, with that thread's scratch.
+void run_blocked(const Problem& p, const IsaKernels& isa) {
+  Scratch& scratch = scratch_of_this_thread();
+  const std::int64_t chunk_rows = rows_per_chunk(p, isa);
+  const std::int64_t nc_max = std::min(isa.nc, round_up(p.n, isa.nr));
+  const std::int64_t kc_max = std::min(isa.kc, p.k);
+  float* packed_a = scratch.packed_a.get(std::min(isa.mc, round_up(p.m, isa.mr)) * kc_max);
+  float* packed_b = scratch.packed_b.get(kc_max * nc_max);
+  float* f16_accumulator = p.c_f16 ? scratch.f16_accumulator.get(chunk_rows * nc_max) : nullptr;
+
+  for (std::int64_t col0 = 0; col0 < p.n; col0 += isa.nc) {
+    const std::int64_t cols = std::min(isa.nc, p.n - col0);
+    for (std::int64_t chunk0 = 0; chunk0 < p.m; chunk0 += chunk_rows) {
+      const std::int64_t chunk = std::min(chunk_rows, p.m - chunk0);
+      // The fp32 values the chains continue from: C itself, or a copy of an f16 C.
+      float* acc = p.c_f16 ? f16_accumulator
+                           : static_cast<float*>(p.c) + chunk0 * p.ldc + col0;
+      const std::int64_t ld_acc = p.c_f16 ? cols : p.ldc;
+      auto* c_f16 = static_cast<std::uint16_t*>(p.c) + chunk0 * p.ldc + col0;
+      if (p.c_f16) load_f16_block(c_f16, p.ldc, chunk, cols, p.beta, isa, acc, ld_acc);
+      for (std::int64_t k0 = 0; k0 < p.k; k0 += isa.kc) {
+        const std::int64_t kc = std::min(isa.kc, p.k - k0);
+        const AccumulatorStart start = k0 == 0 ? first_block_start(p) : AccumulatorStart::c;
+        pack_b_block(p, isa, k0, kc, col0, cols, packed_b);
+        for (std::int64_t row0 = 0; row0 < chunk; row0 += isa.mc) {
+          const std::int64_t rows = std::min(isa.mc, chunk - row0);
+          pack_a_block(p, isa, chunk0 + row0, rows, k0, kc, packed_a);
+          compute_block(isa, kc, packed_a, rows, packed_b, cols, acc + row0 * ld_acc, ld_acc,
+                        start, p.beta);
+        }
+      }
+      if (p.c_f16) store_f16_block(acc, ld_acc, chunk, cols, isa, c_f16, p.ldc);
+    }
+  }
+}
+
+/// How C is cut among threads: row_parts x col_parts blocks, one per thread.
+struct Partition {
+  int row_parts, col_parts;
+};
+
+/// The cut into the most blocks (at most `threads`) that each hold whole mr x nr tiles;
+/// among those, the one that packs the least twice: each extra row part repacks all of
+/// op(B) (k x n), each extra column part all of op(A) (m x k). Ties go to more row parts,
+/// whose blocks of C are contiguous.
+Partition partition_for(const Problem& p, const IsaKernels& isa, int threads) {
+  const std::int64_t row_panels = (p.m + isa.mr - 1) / isa.mr;
+  const std::int64_t col_panels = (p.n + isa.nr - 1) / isa.nr;
+  Partition best{1, 1};
+  double best_cost = static_cast<double>(p.n) + static_cast<double>(p.m);
+  for (int row_parts = 1; row_parts <= threads && row_parts <= row_panels; ++row_parts) {
+    const int col_parts = static_cast<int>(std::min<std::int64_t>(threads / row_parts, col_panels));
+    const double cost = static_cast<double>(row_parts) * static_cast<double>(p.n) +
+                        static_cast<double>(col_parts) * static_cast<double>(p.m);
+    const int blocks = row_parts * col_parts, best_blocks = best.row_parts * best.col_parts;
+    if (blocks > best_blocks || (blocks == best_blocks && cost <= best_cost)) {
+      best = {row_parts, col_parts};
+      best_cost = cost;
+    }
+  }
+  return best;
+}
+
+/// Part `part` of `parts` of `count` elements, cut at multiples of `unit`: [begin, end).
+std::pair<std::int64_t, std::int64_t> part_range(std::int64_t count, std::int64_t unit,
+                                                 int part, int parts) {
+  const std::int64_t units = (count + unit - 1) / unit;
+  const std::int64_t begin = units * part / parts * unit;
+  const std::int64_t end = std::min(count, units * (part + 1) / parts * unit);
+  return {begin, end};
+}
+
+/// Computes block `part` (row-major numbering) of the cut of C.
+void run_part(const Problem& p, const IsaKernels& isa, Partition cut, int part) {
+  const auto [row0, row1] = part_range(p.m, isa.mr, part / cut.col_parts, cut.row_parts);
+  const auto [col0, col1] = part_range(p.n, isa.nr, part % cut.col_parts, cut.col_parts);
+  if (row0 < row1 && col0 < col1) {
+    run_blocked(sub_problem(p, row0, row1 - row0, col0, col1 - col0), isa);
+  }
+}
+
+void run_threaded(const Problem& p, const IsaKernels& isa) {
+  const double flops = 2.0 * static_cast<double>(p.m) * static_cast<double>(p.n) *
+                       static_cast<double>(p.k);
+  const int threads = flops < static_cast<double>(kParallelMinFlops) ? 1 : max_threads();
+  const Partition cut = partition_for(p, isa, threads);
+  if (cut.row_parts * cut.col_parts <= 1) {
+    run_blocked(p, isa);
+    return;
+  }
+#if defined(_OPENMP)
+#pragma omp parallel num_threads(cut.row_parts * cut.col_parts)
+  {
+    // A nested call may get fewer threads than asked: then each takes several parts.
+    for (int part = omp_get_thread_num(); part < cut.row_parts * cut.col_parts;
+         part += omp_get_num_threads()) {
+      run_part(p, isa, cut, part);
+    }
+  }
+#else
+  run_blocked(p, isa);  // unreachable: without OpenMP max_threads() is 1
+#endif
+}
+
+/// K == 0: C = beta * C (0 when beta == 0), with the same roundings as the chain's start.
+void scale_c(const Problem& p, const IsaKernels& isa) {
+  if (p.beta == 1.0f) return;  // C stays exactly as it is
+  if (!p.c_f16) {
+    float* c = static_cast<float*>(p.c);
+    for (std::int64_t i = 0; i < p.m * p.n; ++i) c[i] = p.beta == 0.0f ? 0.0f : p.beta * c[i];
+    return;
+  }
+  std::vector<float> row(static_cast<std::size_t>(p.n));
+  auto* c = static_cast<std::uint16_t*>(p.c);
+  for (std::int64_t i = 0; i < p.m; ++i) {
+    load_f16_block(c + i * p.n, p.n, 1, p.n, p.beta, isa, row.data(), p.n);
+    isa.narrow_to_f16(row.data(), c + i * p.n, p.n);
+  }
+}
+
+}  // namespace
+
+void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c,
+          float alpha, float beta) {
+  const auto sizes = gemm_detail::check_gemm_arguments("cpu::gemm", a, trans_a, b, trans_b, c);
+  BIGBATCH_CHECK(a.device().is_cpu() && b.device().is_cpu() && c.device().is_cpu(),
+                 "cpu::gemm: all tensors must be on the CPU, got A ", a.describe(), ", B ",
+                 b.describe(), ", C ", c.describe());
+  if (sizes.m == 0 || sizes.n == 0) return;
+  const bool f16_operands = a.dtype() == DType::f16;
+  const Problem p{sizes.m,
+                  sizes.n,
+                  sizes.k,
+                  Operand{a.raw_data(), f16_operands, a.dim(1), trans_a},
+                  Operand{b.raw_data(), f16_operands, b.dim(1), trans_b},
+                  alpha,
+                  beta,
+                  c.raw_data(),
+                  c.dtype() == DType::f16,
+                  sizes.n};
+  const IsaKernels& isa = kernels_for(gemm_path());
+  if (sizes.k == 0) {
+    scale_c(p, isa);
+    return;
+  }
+  run_threaded(p, isa);
+}
+
+}  // namespace cpu
+}  // namespace bigbatch

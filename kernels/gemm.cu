@@ -1,0 +1,134 @@
+// gemm.cu: the CUDA GEMM, one cublasGemmEx call (see gemm.hpp for the contract).
+//
+// cuBLAS is column-major and our tensors are row-major. A row-major [M, N] matrix has
+// the same bytes as a column-major [N, M] one, its transpose, so we ask cuBLAS for
+//   C^T = op(B)^T op(A)^T      (column-major, [N, M], leading dimension N)
+// with B as the first operand and A as the second; each operand's own transpose flag
+// carries over unchanged.
+//
+// Precision: f32 uses CUBLAS_COMPUTE_32F_PEDANTIC, which forbids TF32 and every other
+// reduced-precision shortcut, so the result is true fp32 arithmetic. f16 operands use
+// CUBLAS_COMPUTE_32F: tensor cores multiply the f16 values exactly and accumulate in fp32;
+// an f16 C is rounded once when stored. With beta == 0 cuBLAS does not read C.
+#include <cublas_v2.h>
+
+#include <climits>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "kernels/cuda_common.cuh"
+#include "kernels/gemm.hpp"
+
+namespace bigbatch::cuda {
+namespace {
+
+void check_cublas(cublasStatus_t status, const char* what) {
+  if (status != CUBLAS_STATUS_SUCCESS) {
+    throw std::runtime_error(std::string("cuBLAS error in ") + what + ": " +
+                             cublasGetStatusName(status) + " (" + cublasGetStatusString(status) +
+                             ")");
+  }
+}
+
+void check_cuda(cudaError_t status, const char* what) {
+  if (status != cudaSuccess) {
+    throw std::runtime_error(std::string("CUDA error in ") + what + ": " +
+                             cudaGetErrorString(status));
+  }
+}
+
+/// Makes `device` current for the scope, as cuBLAS works on the current device.
+class CurrentDevice {
+ public:
+  explicit CurrentDevice(int device) {
+    check_cuda(cudaGetDevice(&previous_), "cudaGetDevice");
+    changed_ = previous_ != device;
+    if (changed_) check_cuda(cudaSetDevice(device), "cudaSetDevice");
+  }
+  ~CurrentDevice() {
+    if (changed_) cudaSetDevice(previous_);
+  }
+  CurrentDevice(const CurrentDevice&) = delete;
+  CurrentDevice& operator=(const CurrentDevice&) = delete;
+
+ private:
+  int previous_ = 0;
+  bool changed_ = false;
+};
+
+/// The cuBLAS handle of the current device (`device`), created on first use and kept
+/// for the life of the process: creating one is costly, and destroying it from a static
+/// destructor could run after the CUDA runtime has shut down.
+cublasHandle_t handle_for(int device) {
+  static std::mutex mutex;
+  static std::vector<cublasHandle_t> handles;
+  const std::lock_guard<std::mutex> lock(mutex);
+  if (device >= static_cast<int>(handles.size())) handles.resize(device + 1, nullptr);
+  if (handles[device] == nullptr) {
+    check_cublas(cublasCreate(&handles[device]), "cublasCreate");
+  }
+  return handles[device];
+}
+
+__device__ inline float to_float(float x) { return x; }
+__device__ inline float to_float(__half x) { return __half2float(x); }
+__device__ inline void store(float* out, float x) { *out = x; }
+__device__ inline void store(__half* out, float x) { *out = __float2half_rn(x); }
+
+/// K == 0: C = beta * C, or 0 when beta == 0 (C not read).
+template <class T>
+__global__ void scale_kernel(T* c, std::int64_t n, float beta) {
+  for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += std::int64_t{gridDim.x} * blockDim.x) {
+    store(c + i, beta == 0.0f ? 0.0f : beta * to_float(c[i]));
+  }
+}
+
+template <class T>
+void launch_scale(const Tensor& c, float beta) {
+  scale_kernel<<<grid_for(c.numel()), kThreadsPerBlock>>>(c.data<T>(), c.numel(), beta);
+  BIGBATCH_CHECK_LAUNCH("gemm scale_kernel");
+}
+
+int as_int(std::int64_t value, const char* name) {
+  BIGBATCH_CHECK(value <= INT_MAX, "cuda::gemm: ", name, " = ", value,
+                 " exceeds what cuBLAS takes (INT_MAX)");
+  return static_cast<int>(value);
+}
+
+}  // namespace
+
+void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c,
+          float alpha, float beta) {
+  const auto sizes = gemm_detail::check_gemm_arguments("cuda::gemm", a, trans_a, b, trans_b, c);
+  BIGBATCH_CHECK(a.device().is_cuda() && b.device() == a.device() && c.device() == a.device(),
+                 "cuda::gemm: all tensors must be on one CUDA device, got A ", a.describe(),
+                 ", B ", b.describe(), ", C ", c.describe());
+  if (sizes.m == 0 || sizes.n == 0) return;
+  const CurrentDevice current(a.device().index);
+  if (sizes.k == 0) {
+    if (c.dtype() == DType::f16) return launch_scale<__half>(c, beta);
+    return launch_scale<float>(c, beta);
+  }
+
+  const bool f16_operands = a.dtype() == DType::f16;
+  const cudaDataType operand_type = f16_operands ? CUDA_R_16F : CUDA_R_32F;
+  const cudaDataType output_type = c.dtype() == DType::f16 ? CUDA_R_16F : CUDA_R_32F;
+  const cublasComputeType_t compute =
+      f16_operands ? CUBLAS_COMPUTE_32F : CUBLAS_COMPUTE_32F_PEDANTIC;
+  // Column-major view: C^T [N, M] = op(B)^T [N, K] x op(A)^T [K, M]. A stored row of
+  // length ld is a stored column of length ld, so each leading dimension is the
+  // operand's row length, dim(1).
+  check_cublas(
+      cublasGemmEx(handle_for(a.device().index), trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
+                   trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, as_int(sizes.n, "N"),
+                   as_int(sizes.m, "M"), as_int(sizes.k, "K"), &alpha, b.raw_data(),
+                   operand_type, as_int(b.dim(1), "ldb"), a.raw_data(), operand_type,
+                   as_int(a.dim(1), "lda"), &beta, c.raw_data(), output_type,
+                   as_int(sizes.n, "ldc"), compute, CUBLAS_GEMM_DEFAULT),
+      "cublasGemmEx");
+}
+
+}  // namespace bigbatch::cuda

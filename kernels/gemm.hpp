@@ -1,0 +1,133 @@
+// gemm.hpp: general matrix multiply, the one op every layer's forward and backward
+// is made of.
+//
+//   gemm(a, trans_a, b, trans_b, c, alpha, beta)
+//     C = alpha * op(A) op(B) + beta * C
+//     op(A): [M, K]   A is stored [M, K], or [K, M] when trans_a
+//     op(B): [K, N]   B is stored [K, N], or [N, K] when trans_b
+//     C:     [M, N]   overwritten (=) when beta == 0: C is not read, so NaN or garbage
+//                     in it does not propagate (as in BLAS); accumulated (+=, scaled
+//                     by beta) otherwise.
+//   dtypes: A, B f32 with C f32; or A, B f16 with C f32 or f16 (products and sums in
+//   fp32, one rounding to f16 when C is stored). All tensors rank 2, contiguous, on
+//   one device. M, N or K may be 0; K == 0 gives C = beta * C (0 when beta == 0).
+//
+// The CPU arithmetic, exactly (every CPU path: portable, AVX2, AVX-512):
+//
+//   acc = (beta == 0) ? 0 : beta * C[i][j]   one float multiply; beta == 1 keeps C as is
+//   for k = 0 .. K-1, in order:
+//     acc = fma(alpha * a_ik, b_kj, acc)     alpha * a_ik rounded to float first (when
+//                                            alpha == 1 it is a_ik itself); one fused
+//                                            multiply-add, one rounding per term
+//   C[i][j] = acc                            rounded to f16 once when C is f16
+//
+// f16 operands are converted to float exactly before use. Vector units work across
+// output elements (j), never across k. Two properties follow, bit for bit:
+//  - Batch invariance: an element's value never depends on M, N, the blocking, the
+//    thread count or where the rows (or columns) are split. Rows computed in a batch of
+//    1024 equal the same rows computed in micro-batches.
+//  - Chaining over K (f32 C): one product over K equals the same product done as
+//    consecutive chunks of K with beta = 1 after the first chunk, because each chunk
+//    continues the same fma chain from the float stored in C. This is what makes
+//    gradient accumulation over micro-batches (dW += dY_b^T X_b) exactly equal to the
+//    full-batch weight gradient. (An f16 C is rounded between chunks, so chaining into
+//    an f16 C is not exact.)
+// alpha == 0 is not special-cased: A and B are still read, so inf or NaN in them shows.
+//
+// The CUDA backend calls cuBLAS (f32: true fp32, no TF32; f16: fp32 accumulation on
+// tensor cores). Its error obeys the same bound (tests/test_gemm.cpp explains it), but
+// it makes no batch-invariance promise: cuBLAS may order the sums differently for
+// different shapes.
+//
+// Host scratch used by the CPU path (packing buffers, the fp32 accumulator of an f16 C)
+// is kept per thread for reuse and is not counted by the tracking allocator.
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+#include <vector>
+
+#include "common/tensor.hpp"
+
+namespace bigbatch {
+
+/// C = alpha * op(A) op(B) + beta * C; see the top of this file for shapes and dtypes.
+void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c,
+          float alpha = 1.0f, float beta = 0.0f);
+
+namespace cpu {
+
+void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c,
+          float alpha = 1.0f, float beta = 0.0f);
+
+/// The CPU GEMM's instruction-set paths. All give bitwise identical results.
+enum class GemmPath { portable, avx2, avx512 };
+
+std::string_view gemm_path_name(GemmPath path);  ///< "portable", "avx2", "avx512"
+/// The paths this CPU can run, portable first, fastest last.
+std::vector<GemmPath> gemm_paths_supported();
+/// The path cpu::gemm uses now on the calling thread: the fastest supported one unless
+/// a ScopedGemmPath says otherwise.
+GemmPath gemm_path();
+
+/// Forces cpu::gemm on the calling thread to use `path` while the guard lives (for
+/// tests and benchmarks). Throws std::invalid_argument if this CPU cannot run it.
+class ScopedGemmPath {
+ public:
+  explicit ScopedGemmPath(GemmPath path);
+  ~ScopedGemmPath();
+  ScopedGemmPath(const ScopedGemmPath&) = delete;
+  ScopedGemmPath& operator=(const ScopedGemmPath&) = delete;
+
+ private:
+  int previous_;  // the thread's previous override, -1 for none
+};
+
+}  // namespace cpu
+
+namespace cuda {
+void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c,
+          float alpha = 1.0f, float beta = 0.0f);
+}
+
+// ---- implementation details shared by gemm.cpp, gemm.cu and gemm_cpu_*.cpp --------------
+namespace gemm_detail {
+
+/// The sizes of a checked call: op(A) [m, k], op(B) [k, n], C [m, n].
+struct GemmSizes {
+  std::int64_t m = 0, n = 0, k = 0;
+};
+
+/// Checks ranks, dtypes and shapes (not devices); throws std::invalid_argument naming
+/// the offending tensor. `op` prefixes the message.
+GemmSizes check_gemm_arguments(const char* op, const Tensor& a, bool trans_a, const Tensor& b,
+                               bool trans_b, const Tensor& c);
+
+/// Bounds on every IsaKernels' tile (the driver keeps an edge tile on the stack).
+inline constexpr std::int64_t kMaxMr = 16, kMaxNr = 64;
+
+/// How a micro-kernel starts its accumulators: 0, beta * C, or C itself.
+enum class AccumulatorStart { zero, scaled_c, c };
+
+/// One instruction set's building blocks for the blocked CPU driver in gemm.cpp.
+struct IsaKernels {
+  int mr;  ///< rows of C per micro-kernel call (A is packed in panels of mr rows)
+  int nr;  ///< columns of C per micro-kernel call (B is packed in panels of nr columns)
+  /// Cache blocking: kc (depth of a packed panel), mc (rows of a packed A block, a
+  /// multiple of mr), nc (columns of a packed B block, a multiple of nr).
+  std::int64_t kc, mc, nc;
+  /// For r < mr, j < nr: starts acc per `start` from c[r * ldc + j], then for k < kc in
+  /// order acc = fma(a_panel[k * mr + r], b_panel[k * nr + j], acc); stores acc there.
+  void (*micro_kernel)(std::int64_t kc, const float* a_panel, const float* b_panel, float* c,
+                       std::int64_t ldc, AccumulatorStart start, float beta);
+  /// dst[i] = the binary16 value with bits src[i], as float (exact).
+  void (*widen_f16)(const std::uint16_t* src, float* dst, std::int64_t n);
+  /// dst[i] = the bits of src[i] rounded to binary16, to nearest even.
+  void (*narrow_to_f16)(const float* src, std::uint16_t* dst, std::int64_t n);
+};
+
+const IsaKernels& avx2_kernels();    ///< gemm_cpu_avx2.cpp; needs AVX2, FMA, F16C
+const IsaKernels& avx512_kernels();  ///< gemm_cpu_avx512.cpp; needs AVX-512F, FMA, F16C
+
+}  // namespace gemm_detail
+}  // namespace bigbatch

@@ -1,0 +1,105 @@
+// gemm_cpu_avx512.cpp: the CPU GEMM's AVX-512 building blocks (see gemm.hpp, IsaKernels).
+//
+// Only the functions marked BIGBATCH_AVX512 use AVX-512; they run only after gemm.cpp
+// has checked the CPU (__builtin_cpu_supports), so the library still runs on any x86-64.
+#include <immintrin.h>
+
+#include <cstdint>
+#include <cstring>
+
+#include "kernels/gemm.hpp"
+
+#define BIGBATCH_AVX512 __attribute__((target("avx512f,avx2,fma,f16c")))
+
+namespace bigbatch::gemm_detail {
+namespace {
+
+// A 14 x 32 tile of C: 28 zmm accumulators, 2 zmm for the row of B at step k and one
+// for the broadcast element of A (31 of the 32 registers). Each step k is 28 FMAs
+// against 2 loads of B and 14 broadcasts of A.
+constexpr int kMr = 14;
+constexpr int kVectors = 2;  // zmm registers per row of the tile
+constexpr int kNr = 16 * kVectors;
+static_assert(kMr <= kMaxMr && kNr <= kMaxNr);
+
+BIGBATCH_AVX512 void micro_kernel(std::int64_t kc, const float* a_panel, const float* b_panel,
+                                  float* c, std::int64_t ldc, AccumulatorStart start,
+                                  float beta) {
+  __m512 acc[kMr][kVectors];
+  const __m512 beta_v = _mm512_set1_ps(beta);
+#pragma GCC unroll 16
+  for (int r = 0; r < kMr; ++r) {
+#pragma GCC unroll 4
+    for (int v = 0; v < kVectors; ++v) {
+      const float* c_rv = c + r * ldc + 16 * v;
+      acc[r][v] = start == AccumulatorStart::zero       ? _mm512_setzero_ps()
+                  : start == AccumulatorStart::scaled_c ? _mm512_mul_ps(beta_v, _mm512_loadu_ps(c_rv))
+                                                        : _mm512_loadu_ps(c_rv);
+    }
+  }
+  for (std::int64_t k = 0; k < kc; ++k) {
+    __m512 b_k[kVectors];
+#pragma GCC unroll 4
+    for (int v = 0; v < kVectors; ++v) b_k[v] = _mm512_loadu_ps(b_panel + 16 * v);
+#pragma GCC unroll 16
+    for (int r = 0; r < kMr; ++r) {
+      const __m512 a_rk = _mm512_set1_ps(a_panel[r]);
+#pragma GCC unroll 4
+      for (int v = 0; v < kVectors; ++v) acc[r][v] = _mm512_fmadd_ps(a_rk, b_k[v], acc[r][v]);
+    }
+    a_panel += kMr;
+    b_panel += kNr;
+  }
+#pragma GCC unroll 16
+  for (int r = 0; r < kMr; ++r) {
+#pragma GCC unroll 4
+    for (int v = 0; v < kVectors; ++v) _mm512_storeu_ps(c + r * ldc + 16 * v, acc[r][v]);
+  }
+}
+
+BIGBATCH_AVX512 void widen_f16(const std::uint16_t* src, float* dst, std::int64_t n) {
+  std::int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i));
+    // The masked forms (all lanes on) avoid GCC 12's false -Wmaybe-uninitialized on the
+    // plain intrinsics' undefined pass-through operand.
+    _mm512_storeu_ps(dst + i, _mm512_maskz_cvtph_ps(0xFFFF, bits));
+  }
+  if (i + 8 <= n) {
+    const __m128i bits = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
+    _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(bits));
+    i += 8;
+  }
+  for (; i < n; ++i) {
+    std::uint16_t bits;
+    std::memcpy(&bits, src + i, sizeof bits);
+    dst[i] = _cvtsh_ss(bits);
+  }
+}
+
+BIGBATCH_AVX512 void narrow_to_f16(const float* src, std::uint16_t* dst, std::int64_t n) {
+  std::int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m256i bits =
+        _mm512_maskz_cvtps_ph(0xFFFF, _mm512_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), bits);
+  }
+  for (; i < n; ++i) {
+    const std::uint16_t bits = _cvtss_sh(src[i], _MM_FROUND_TO_NEAREST_INT);
+    std::memcpy(dst + i, &bits, sizeof bits);
+  }
+}
+
+// Blocking, measured on a 2-core Zen 4 (1024^3, kc from 256 to 768): kc = 512 halves the
+// passes over C against 256 and was 5% faster. mc x kc of A (336 KiB) stays in the 1 MiB
+// L2; kc x nr of B (64 KiB) streams from L2 across the row panels; kc x nc of B (8 MiB)
+// sits in L3.
+constexpr std::int64_t kKc = 512, kMc = 12 * kMr, kNc = 4096;
+static_assert(kMc % kMr == 0 && kNc % kNr == 0);
+const IsaKernels kKernels{kMr, kNr, kKc, kMc, kNc, &micro_kernel, &widen_f16, &narrow_to_f16};
+
+}  // namespace
+
+const IsaKernels& avx512_kernels() { return kKernels; }
+
+}  // namespace bigbatch::gemm_detail

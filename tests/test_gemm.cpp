@@ -1,0 +1,497 @@
+// gemm: C = alpha * op(A) op(B) + beta * C against a float64 oracle on every backend;
+// on the CPU also bit-for-bit batch invariance, chaining over K, thread-count and
+// instruction-set independence.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#if defined(_OPENMP)
+#include <omp.h>
+#endif
+
+#include "kernels/gemm.hpp"
+#include "tests/harness.hpp"
+
+namespace bigbatch {
+namespace {
+
+using testing::DeviceTest;
+
+// ---- the oracle and its error bound --------------------------------------------------------
+
+struct GemmCase {
+  std::int64_t m, n, k;
+  bool trans_a, trans_b;
+  float alpha, beta;
+  DType operands, output;  // dtype of A and B; dtype of C
+};
+
+std::string describe(const GemmCase& g) {
+  return "M=" + std::to_string(g.m) + " N=" + std::to_string(g.n) + " K=" + std::to_string(g.k) +
+         " trans_a=" + std::to_string(g.trans_a) + " trans_b=" + std::to_string(g.trans_b) +
+         " alpha=" + std::to_string(g.alpha) + " beta=" + std::to_string(g.beta) + " A,B " +
+         std::string(dtype_name(g.operands)) + " C " + std::string(dtype_name(g.output));
+}
+
+Shape a_shape(const GemmCase& g) { return g.trans_a ? Shape{g.k, g.m} : Shape{g.m, g.k}; }
+Shape b_shape(const GemmCase& g) { return g.trans_b ? Shape{g.n, g.k} : Shape{g.k, g.n}; }
+
+/// The exact result, and the magnitude |alpha| sum_k |a_ik b_kj| + |beta c_ij| that the
+/// rounding error is proportional to.
+struct Oracle {
+  std::vector<double> value, magnitude;
+};
+
+Oracle gemm_oracle(const GemmCase& g, const std::vector<double>& a, const std::vector<double>& b,
+                   const std::vector<double>& c_before) {
+  Oracle o;
+  o.value.resize(static_cast<std::size_t>(g.m * g.n));
+  o.magnitude.resize(o.value.size());
+  for (std::int64_t i = 0; i < g.m; ++i) {
+    for (std::int64_t j = 0; j < g.n; ++j) {
+      double sum = 0, sum_abs = 0;
+      for (std::int64_t k = 0; k < g.k; ++k) {
+        const double a_ik = g.trans_a ? a[k * g.m + i] : a[i * g.k + k];
+        const double b_kj = g.trans_b ? b[j * g.k + k] : b[k * g.n + j];
+        sum += a_ik * b_kj;
+        sum_abs += std::abs(a_ik * b_kj);
+      }
+      const std::size_t ij = static_cast<std::size_t>(i * g.n + j);
+      const double c_term = g.beta == 0.0f ? 0.0 : double{g.beta} * c_before[ij];
+      o.value[ij] = double{g.alpha} * sum + c_term;
+      o.magnitude[ij] = std::abs(double{g.alpha}) * sum_abs + std::abs(c_term);
+    }
+  }
+  return o;
+}
+
+/// Why this bound is rigorous (Higham, "Accuracy and Stability of Numerical Algorithms",
+/// 2nd ed., section 3.1 and Lemma 3.1): every floating-point operation returns
+/// x(1 + d) with |d| <= u. Each term alpha*a_ik*b_kj of the result passes through at
+/// most K + 2 roundings whatever the evaluation order: on our CPU, alpha*a_ik (1) and
+/// the fma of its step plus one fma per later step (at most K); in a library that forms
+/// alpha * (sum of products) + beta*c, the product (1), at most K - 1 additions, the
+/// multiply by alpha (1) and the final addition (1). beta*c passes through at most
+/// K + 1. A product of n factors (1 + d_i) is 1 + theta with |theta| <= gamma(n) =
+/// n u / (1 - n u) (Lemma 3.1), so
+///   |computed - exact| <= gamma(K + 2) * (|alpha| sum_k |a_ik b_kj| + |beta c_ij|).
+/// Products of f16 operands are exact in fp32, so the same bound holds for them. The
+/// model ignores underflow, which cannot matter here: products of the test's inputs are
+/// 0 or at least 2^-50 in magnitude, far above fp32's 2^-126, and additions that
+/// underflow are exact.
+/// An f16 C adds one rounding of the fp32 value c32: |fl16(c32) - c32| <= u16 |c32| +
+/// 2^-25 (the 2^-25 for the subnormal range), with |c32| <= |ref| + gamma*magnitude.
+/// The float64 oracle itself is off by at most gamma_f64(K + 2) * magnitude.
+/// `accumulate_u` is the unit roundoff of the fp32 accumulation: 2^-24 (round to nearest),
+/// or 2^-23 where tensor cores may truncate instead (Fasi et al., "Numerical behavior of
+/// NVIDIA tensor cores", 2021).
+double error_bound(const GemmCase& g, double accumulate_u, double ref, double magnitude) {
+  const double n = static_cast<double>(g.k + 2);
+  const double gamma_acc = n * accumulate_u / (1 - n * accumulate_u);
+  double bound = (gamma_acc + testing::gamma(g.k + 2, DType::f64)) * magnitude;
+  if (g.output == DType::f16) {
+    const double u16 = testing::unit_roundoff(DType::f16);
+    bound += u16 * (std::abs(ref) + gamma_acc * magnitude) + 0x1p-25;
+  }
+  return bound;
+}
+
+double accumulate_unit_roundoff(Device device, DType operands) {
+  return device.is_cuda() && operands == DType::f16 ? 0x1p-23 : 0x1p-24;
+}
+
+struct GemmRun {
+  Tensor a, b, c;
+  std::vector<double> c_before;
+};
+
+/// Random A, B; C random when beta != 0, else NaN (it must not be read).
+GemmRun make_run(const GemmCase& g, Device device, std::uint64_t seed) {
+  GemmRun run;
+  run.a = testing::random_tensor(a_shape(g), g.operands, device, seed);
+  run.b = testing::random_tensor(b_shape(g), g.operands, device, seed + 1);
+  run.c = testing::random_tensor({g.m, g.n}, g.output, device, seed + 2);
+  if (g.beta == 0.0f) testing::poison(run.c);
+  run.c_before = testing::to_doubles(run.c);
+  return run;
+}
+
+::testing::AssertionResult matches_oracle(const GemmCase& g, const GemmRun& run, Device device) {
+  const Oracle o = gemm_oracle(g, testing::to_doubles(run.a), testing::to_doubles(run.b),
+                               run.c_before);
+  const double u = accumulate_unit_roundoff(device, g.operands);
+  return testing::all_close(testing::to_doubles(run.c), o.value, [&](std::size_t i) {
+    return error_bound(g, u, o.value[i], o.magnitude[i]);
+  });
+}
+
+// Sizes around the edges of the CPU blocking: 1s, 7 and 1025 in each position, K across
+// several kc blocks, M past an f16 accumulator chunk, N past a column block (nc).
+const std::vector<std::array<std::int64_t, 3>> kSizes = {
+    {1, 1, 1},   {7, 1025, 33}, {1025, 7, 1},   {1, 7, 1025}, {33, 1, 7},
+    {64, 48, 300}, {130, 70, 513}, {3, 4100, 5}, {700, 9, 300},
+};
+
+struct AlphaBeta {
+  float alpha, beta;
+};
+const std::vector<AlphaBeta> kAlphaBetas = {{1.0f, 0.0f}, {1.0f, 1.0f}, {-0.75f, 1.5f}, {0.3f, 0.0f}};
+
+struct DTypes {
+  DType operands, output;
+};
+const std::vector<DTypes> kDTypes = {
+    {DType::f32, DType::f32}, {DType::f16, DType::f32}, {DType::f16, DType::f16}};
+
+/// Calls fn(case) for every size, transpose, alpha/beta and dtype combination.
+void for_each_case(const std::function<void(const GemmCase&)>& fn) {
+  for (const auto& [m, n, k] : kSizes) {
+    for (const DTypes& types : kDTypes) {
+      for (const bool trans_a : {false, true}) {
+        for (const bool trans_b : {false, true}) {
+          for (const AlphaBeta& ab : kAlphaBetas) {
+            fn(GemmCase{m, n, k, trans_a, trans_b, ab.alpha, ab.beta, types.operands,
+                        types.output});
+          }
+        }
+      }
+    }
+  }
+}
+
+class Gemm : public DeviceTest {};
+
+TEST_P(Gemm, MatchesTheFloat64OracleWithinTheRoundingBound) {
+  std::uint64_t seed = 100;
+  for_each_case([&](const GemmCase& g) {
+    GemmRun run = make_run(g, device(), seed += 3);
+    gemm(run.a, g.trans_a, run.b, g.trans_b, run.c, g.alpha, g.beta);
+    EXPECT_TRUE(matches_oracle(g, run, device())) << describe(g);
+  });
+}
+
+TEST(GemmCuda, MatchesTheCpuReference) {
+  const Device cuda = Device::cuda();
+  BIGBATCH_SKIP_WITHOUT_DEVICE(cuda);
+  std::uint64_t seed = 900;
+  for_each_case([&](const GemmCase& g) {
+    GemmRun run = make_run(g, cuda, seed += 3);
+    const Tensor a = run.a.to(Device::cpu()), b = run.b.to(Device::cpu());
+    const Tensor c_cpu = run.c.to(Device::cpu());
+    gemm(run.a, g.trans_a, run.b, g.trans_b, run.c, g.alpha, g.beta);
+    cpu::gemm(a, g.trans_a, b, g.trans_b, c_cpu, g.alpha, g.beta);
+    // Both are within their bound of the exact value, so within the sum of each other.
+    const Oracle o = gemm_oracle(g, testing::to_doubles(a), testing::to_doubles(b), run.c_before);
+    const double u_cpu = accumulate_unit_roundoff(Device::cpu(), g.operands);
+    const double u_cuda = accumulate_unit_roundoff(cuda, g.operands);
+    EXPECT_TRUE(testing::all_close(testing::to_doubles(run.c), testing::to_doubles(c_cpu),
+                                   [&](std::size_t i) {
+                                     return error_bound(g, u_cpu, o.value[i], o.magnitude[i]) +
+                                            error_bound(g, u_cuda, o.value[i], o.magnitude[i]);
+                                   }))
+        << describe(g);
+  });
+}
+
+TEST_P(Gemm, EmptyInnerDimensionGivesBetaTimesC) {
+  for (const DTypes& types : kDTypes) {
+    for (const float beta : {0.0f, 1.0f, -2.5f}) {
+      const GemmCase g{5, 7, 0, false, false, 1.0f, beta, types.operands, types.output};
+      GemmRun run = make_run(g, device(), 7);
+      gemm(run.a, false, run.b, false, run.c, 1.0f, beta);
+      // beta * c is one rounding of an exact product: bound u |want| (f32), or
+      // u16 |want| + 2^-25 for an f16 C (the 2^-25 for the subnormal range).
+      const double u = testing::unit_roundoff(types.output);
+      const double eta = types.output == DType::f16 ? 0x1p-25 : 0.0;
+      const auto got = testing::to_doubles(run.c);
+      for (std::size_t i = 0; i < got.size(); ++i) {
+        const double want = beta == 0.0f ? 0.0 : double{beta} * run.c_before[i];
+        EXPECT_LE(std::abs(got[i] - want), u * std::abs(want) + eta) << describe(g) << " [" << i << "]";
+      }
+    }
+  }
+}
+
+TEST_P(Gemm, EmptyOutputIsAllowed) {
+  for (const auto& [m, n] : {std::pair<std::int64_t, std::int64_t>{0, 5}, {5, 0}, {0, 0}}) {
+    const Tensor a = testing::random_tensor({m, 3}, DType::f32, device(), 1);
+    const Tensor b = testing::random_tensor({3, n}, DType::f32, device(), 2);
+    const Tensor c({m, n}, DType::f32, device());
+    EXPECT_NO_THROW(gemm(a, false, b, false, c, 1.0f, 1.0f)) << m << "x" << n;
+  }
+}
+
+// ---- f16 operands: fp32 accumulation, one rounding on store ---------------------------------
+
+/// A [1, k] x [k, 1] product of f16 vectors into a 1x1 C of `output` dtype.
+double f16_dot(Device device, const std::vector<double>& a, const std::vector<double>& b,
+               DType output, double c_before = 0, float beta = 0) {
+  const auto k = static_cast<std::int64_t>(a.size());
+  const Tensor ta = testing::make_tensor(a, {1, k}, DType::f16, device);
+  const Tensor tb = testing::make_tensor(b, {k, 1}, DType::f16, device);
+  const Tensor tc = testing::make_tensor({c_before}, {1, 1}, output, device);
+  gemm(ta, false, tb, false, tc, 1.0f, beta);
+  return testing::to_doubles(tc)[0];
+}
+
+TEST_P(Gemm, F16ProductsBeyondTheF16RangeStayFiniteInFp32) {
+  // 300 * 300 = 90000 > 65504, the largest f16; exact in fp32.
+  EXPECT_EQ(f16_dot(device(), {300}, {300}, DType::f32), 90000.0);
+  // The partial sum passes 90000 and comes back: fp32 accumulation makes it exact, where
+  // an f16 accumulator would have overflowed to inf and then given inf - inf = NaN.
+  EXPECT_EQ(f16_dot(device(), {300, 300, 1}, {300, -300, 0.5}, DType::f32), 0.5);
+  EXPECT_EQ(f16_dot(device(), {300, 300, 1}, {300, -300, 0.5}, DType::f16), 0.5);
+}
+
+TEST_P(Gemm, F16OutputRoundsOnceAndOverflowsToInfinity) {
+  EXPECT_TRUE(std::isinf(f16_dot(device(), {300}, {300}, DType::f16)));
+  EXPECT_GT(f16_dot(device(), {300}, {300}, DType::f16), 0);
+  // 65504 + 16 = 65520 is halfway between 65504 and 65536 (= inf in f16): ties to even
+  // gives inf. 65504 + 15 = 65519 rounds down to 65504.
+  EXPECT_TRUE(std::isinf(f16_dot(device(), {4}, {4}, DType::f16, 65504, 1.0f)));
+  EXPECT_EQ(f16_dot(device(), {3}, {5}, DType::f16, 65504, 1.0f), 65504.0);
+  // 1 + 2^-11 is halfway between 1 and 1 + 2^-10: one rounding (ties to even) gives 1.
+  EXPECT_EQ(f16_dot(device(), {1, 0x1p-6}, {1, 0x1p-5}, DType::f16), 1.0);
+  // Just above the halfway point: rounds up.
+  EXPECT_EQ(f16_dot(device(), {1, 0x1p-6, 0x1p-10}, {1, 0x1p-5, 0x1p-10}, DType::f16),
+            1.0 + 0x1p-10);
+}
+
+// ---- argument errors ------------------------------------------------------------------------
+
+void expect_invalid_argument(const std::function<void()>& call, const std::string& text) {
+  try {
+    call();
+    ADD_FAILURE() << "no exception; expected one mentioning \"" << text << "\"";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find(text), std::string::npos)
+        << "message \"" << e.what() << "\" does not mention \"" << text << "\"";
+  }
+}
+
+TEST_P(Gemm, RejectsBadArgumentsWithUsefulMessages) {
+  const Device d = device();
+  const Tensor a({3, 4}, DType::f32, d), b({4, 5}, DType::f32, d), c({3, 5}, DType::f32, d);
+  expect_invalid_argument([&] { gemm(a.reshaped({12}), false, b, false, c); }, "A must have rank 2");
+  expect_invalid_argument([&] { gemm(a, false, b, false, c.reshaped({15})); }, "C must have rank 2");
+  expect_invalid_argument([&] { gemm(a, true, b, false, c); }, "inner dimensions differ");
+  expect_invalid_argument([&] { gemm(a, false, b, true, c); }, "inner dimensions differ");
+  expect_invalid_argument([&] { gemm(a, false, b, false, Tensor({5, 3}, DType::f32, d)); },
+                          "C must have shape [M, N] = [3, 5]");
+  const Tensor b16({4, 5}, DType::f16, d), a16({3, 4}, DType::f16, d);
+  expect_invalid_argument([&] { gemm(a, false, b16, false, c); }, "unsupported dtypes");
+  expect_invalid_argument([&] { gemm(a, false, b, false, Tensor({3, 5}, DType::f16, d)); },
+                          "unsupported dtypes");
+  expect_invalid_argument([&] { gemm(a16, false, b16, false, Tensor({3, 5}, DType::i32, d)); },
+                          "unsupported dtypes");
+  if (d.is_cuda()) {
+    const Tensor c_host({3, 5}, DType::f32, Device::cpu());
+    expect_invalid_argument([&] { gemm(a, false, b, false, c_host); }, "one device");
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, Gemm, ::testing::ValuesIn(testing::all_devices()),
+                         testing::device_test_name);
+
+// ---- CPU: bitwise invariance ----------------------------------------------------------------
+
+/// Runs `body` once under every instruction-set path this CPU supports.
+void for_each_cpu_path(const std::function<void(cpu::GemmPath)>& body) {
+  for (const cpu::GemmPath path : cpu::gemm_paths_supported()) {
+    SCOPED_TRACE(std::string("path ") + std::string(cpu::gemm_path_name(path)));
+    cpu::ScopedGemmPath guard(path);
+    body(path);
+  }
+}
+
+constexpr std::int64_t kBatch = 1024, kIn = 96, kOut = 80;
+
+TEST(GemmCpu, RowsOfABatchEqualTheSameRowsComputedInSlices) {
+  // The forward of a linear layer, Y = X W^T (+ beta Y): X [batch, in], W [out, in].
+  for (const DTypes& types : kDTypes) {
+    for (const float beta : {0.0f, 0.5f}) {
+      for_each_cpu_path([&](cpu::GemmPath) {
+        const Tensor x = testing::random_tensor({kBatch, kIn}, types.operands, Device::cpu(), 1);
+        const Tensor w = testing::random_tensor({kOut, kIn}, types.operands, Device::cpu(), 2);
+        const Tensor y_before = testing::random_tensor({kBatch, kOut}, types.output, Device::cpu(), 3);
+        const Tensor y = y_before.clone();
+        gemm(x, false, w, true, y, 1.0f, beta);
+        for (const std::int64_t slice : {1, 7, 64}) {
+          const Tensor y_sliced = y_before.clone();
+          for (std::int64_t r = 0; r < kBatch; r += slice) {
+            const std::int64_t end = std::min(kBatch, r + slice);
+            gemm(x.rows(r, end), false, w, true, y_sliced.rows(r, end), 1.0f, beta);
+          }
+          EXPECT_TRUE(testing::bitwise_equal(y_sliced, y))
+              << "slices of " << slice << " rows, A,B " << dtype_name(types.operands) << " C "
+              << dtype_name(types.output) << " beta " << beta;
+        }
+      });
+    }
+  }
+}
+
+/// Columns [col0, col0 + cols) of a [rows, n] tensor, as a new [rows, cols] tensor.
+Tensor columns(const Tensor& t, std::int64_t col0, std::int64_t cols) {
+  const std::int64_t rows = t.dim(0), n = t.dim(1);
+  const std::size_t element = dtype_size(t.dtype());
+  Tensor out({rows, cols}, t.dtype(), Device::cpu());
+  for (std::int64_t r = 0; r < rows; ++r) {
+    std::memcpy(static_cast<char*>(out.raw_data()) + r * cols * element,
+                static_cast<const char*>(t.raw_data()) + (r * n + col0) * element, cols * element);
+  }
+  return out;
+}
+
+TEST(GemmCpu, ColumnsOfTheOutputEqualTheSameColumnsComputedInSlices) {
+  constexpr std::int64_t batch = 300;
+  for (const DTypes& types : kDTypes) {
+    for_each_cpu_path([&](cpu::GemmPath) {
+      const Tensor x = testing::random_tensor({batch, kIn}, types.operands, Device::cpu(), 4);
+      const Tensor w = testing::random_tensor({kOut, kIn}, types.operands, Device::cpu(), 5);
+      const Tensor y({batch, kOut}, types.output, Device::cpu());
+      testing::poison(y);
+      gemm(x, false, w, true, y);
+      for (const std::int64_t slice : {1, 7, 33}) {
+        for (std::int64_t col = 0; col < kOut; col += slice) {
+          const std::int64_t cols = std::min(kOut - col, slice);
+          const Tensor y_part({batch, cols}, types.output, Device::cpu());
+          testing::poison(y_part);
+          gemm(x, false, w.rows(col, col + cols), true, y_part);  // rows of W = columns of Y
+          ASSERT_TRUE(testing::bitwise_equal(y_part, columns(y, col, cols)))
+              << "columns [" << col << ", " << col + cols << ") " << dtype_name(types.operands);
+        }
+      }
+    });
+  }
+}
+
+TEST(GemmCpu, WeightGradientOverABatchEqualsChainedMicroBatches) {
+  // dW = alpha * dY^T X (+ beta dW): trans_a, K = batch rows. Chaining micro-batches of
+  // K with beta = 1 continues each element's fma chain exactly, for an fp32 dW; also
+  // when dY and X are f16 (mixed precision with fp32 gradients).
+  for (const DType operands : {DType::f32, DType::f16}) {
+    for (const std::int64_t batch : {std::int64_t{1024}, std::int64_t{1000}}) {
+      for (const auto& [alpha, beta] : {AlphaBeta{1.0f, 0.0f}, AlphaBeta{0.3f, 1.0f}, AlphaBeta{1.0f, 0.5f}}) {
+        for_each_cpu_path([&](cpu::GemmPath) {
+          const Tensor dy = testing::random_tensor({batch, kOut}, operands, Device::cpu(), 6);
+          const Tensor x = testing::random_tensor({batch, kIn}, operands, Device::cpu(), 7);
+          const Tensor dw_before = testing::random_tensor({kOut, kIn}, DType::f32, Device::cpu(), 8);
+          const Tensor dw = dw_before.clone();
+          gemm(dy, true, x, false, dw, alpha, beta);
+          const Tensor dw_chained = dw_before.clone();
+          for (std::int64_t k = 0; k < batch; k += 64) {  // 1000 = 15 x 64 + 40
+            const std::int64_t end = std::min(batch, k + 64);
+            gemm(dy.rows(k, end), true, x.rows(k, end), false, dw_chained, alpha,
+                 k == 0 ? beta : 1.0f);
+          }
+          EXPECT_TRUE(testing::bitwise_equal(dw_chained, dw))
+              << "batch " << batch << " " << dtype_name(operands) << " alpha " << alpha
+              << " beta " << beta;
+        });
+      }
+    }
+  }
+}
+
+TEST(GemmCpu, EveryInstructionSetPathGivesTheSameBits) {
+  const auto paths = cpu::gemm_paths_supported();
+  ASSERT_EQ(paths.front(), cpu::GemmPath::portable);
+  // Sizes with edge tiles for every path's mr x nr, and K across kc blocks.
+  const std::vector<std::array<std::int64_t, 3>> sizes = {
+      {37, 75, 300}, {15, 33, 513}, {1025, 7, 33}, {5, 130, 1}, {29, 17, 258}};
+  std::uint64_t seed = 40;
+  for (const auto& [m, n, k] : sizes) {
+    for (const DTypes& types : kDTypes) {
+      for (const bool trans_a : {false, true}) {
+        for (const bool trans_b : {false, true}) {
+          for (const AlphaBeta& ab : {AlphaBeta{1.0f, 0.0f}, AlphaBeta{-0.7f, 1.3f}}) {
+            const GemmCase g{m, n, k, trans_a, trans_b, ab.alpha, ab.beta, types.operands,
+                             types.output};
+            GemmRun run = make_run(g, Device::cpu(), seed += 3);
+            const Tensor c_before = run.c.clone();
+            Tensor reference;
+            for_each_cpu_path([&](cpu::GemmPath path) {
+              const Tensor c = c_before.clone();
+              cpu::gemm(run.a, trans_a, run.b, trans_b, c, ab.alpha, ab.beta);
+              if (path == cpu::GemmPath::portable) {
+                reference = c;
+              } else {
+                EXPECT_TRUE(testing::bitwise_equal(c, reference)) << describe(g);
+              }
+            });
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(GemmCpu, EveryPathRoundsExtremeF16ValuesAlike) {
+  // Operands whose products reach past the f16 range (|a b| up to 90000, so some outputs
+  // are inf) or into its subnormals (|a b| below 2^-14): the f16 conversions of every
+  // path must agree there too.
+  for (const auto& [lo, hi] : {std::pair<double, double>{-300, 300}, {-0x1p-8, 0x1p-8}}) {
+    const Tensor a = testing::random_tensor({37, 3}, DType::f16, Device::cpu(), 11, lo, hi);
+    const Tensor b = testing::random_tensor({3, 45}, DType::f16, Device::cpu(), 12, lo, hi);
+    Tensor reference;
+    for_each_cpu_path([&](cpu::GemmPath path) {
+      const Tensor c({37, 45}, DType::f16, Device::cpu());
+      cpu::gemm(a, false, b, false, c);
+      if (path == cpu::GemmPath::portable) {
+        reference = c;
+      } else {
+        EXPECT_TRUE(testing::bitwise_equal(c, reference)) << "values in [" << lo << ", " << hi << ")";
+      }
+    });
+    const auto values = testing::to_doubles(reference);
+    const bool reaches_the_edge =
+        std::any_of(values.begin(), values.end(), [&](double v) {
+          return hi > 1 ? std::isinf(v) : v != 0 && std::abs(v) < 0x1p-14;
+        });
+    EXPECT_TRUE(reaches_the_edge) << "no output reached the f16 edge for [" << lo << ", " << hi << ")";
+  }
+}
+
+TEST(GemmCpu, ThreadCountDoesNotChangeTheBits) {
+#if defined(_OPENMP)
+  const int saved = omp_get_max_threads();
+  const GemmCase g{301, 257, 600, false, true, 1.0f, 0.0f, DType::f32, DType::f32};
+  GemmRun run = make_run(g, Device::cpu(), 77);
+  Tensor reference;
+  for (const int threads : {1, 2, 3, 5}) {
+    omp_set_num_threads(threads);
+    const Tensor c({g.m, g.n}, DType::f32, Device::cpu());
+    testing::poison(c);
+    cpu::gemm(run.a, g.trans_a, run.b, g.trans_b, c);
+    if (threads == 1) {
+      reference = c;
+    } else {
+      EXPECT_TRUE(testing::bitwise_equal(c, reference)) << threads << " threads";
+    }
+  }
+  omp_set_num_threads(saved);
+#else
+  GTEST_SKIP() << "built without OpenMP: one thread only";
+#endif
+}
+
+TEST(GemmCpu, ScopedPathForcesAndRestoresThePath) {
+  const cpu::GemmPath fastest = cpu::gemm_paths_supported().back();
+  EXPECT_EQ(cpu::gemm_path(), fastest);
+  {
+    cpu::ScopedGemmPath guard(cpu::GemmPath::portable);
+    EXPECT_EQ(cpu::gemm_path(), cpu::GemmPath::portable);
+  }
+  EXPECT_EQ(cpu::gemm_path(), fastest);
+}
+
+}  // namespace
+}  // namespace bigbatch
