@@ -1,4 +1,5 @@
 #include "kernels/gemm.hpp"
+#include "kernels/gemm_internal.hpp"
 
 #include <algorithm>
 #include <cmath>

@@ -20,6 +20,7 @@
 
 #include "kernels/cuda_common.cuh"
 #include "kernels/gemm.hpp"
+#include "kernels/gemm_internal.hpp"
 
 namespace bigbatch::cuda {
 namespace {

@@ -90,44 +90,4 @@ void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Te
           float alpha = 1.0f, float beta = 0.0f);
 }
 
-// ---- implementation details shared by gemm.cpp, gemm.cu and gemm_cpu_*.cpp --------------
-namespace gemm_detail {
-
-/// The sizes of a checked call: op(A) [m, k], op(B) [k, n], C [m, n].
-struct GemmSizes {
-  std::int64_t m = 0, n = 0, k = 0;
-};
-
-/// Checks ranks, dtypes and shapes (not devices); throws std::invalid_argument naming
-/// the offending tensor. `op` prefixes the message.
-GemmSizes check_gemm_arguments(const char* op, const Tensor& a, bool trans_a, const Tensor& b,
-                               bool trans_b, const Tensor& c);
-
-/// Bounds on every IsaKernels' tile (the driver keeps an edge tile on the stack).
-inline constexpr std::int64_t kMaxMr = 16, kMaxNr = 64;
-
-/// How a micro-kernel starts its accumulators: 0, beta * C, or C itself.
-enum class AccumulatorStart { zero, scaled_c, c };
-
-/// One instruction set's building blocks for the blocked CPU driver in gemm.cpp.
-struct IsaKernels {
-  int mr;  ///< rows of C per micro-kernel call (A is packed in panels of mr rows)
-  int nr;  ///< columns of C per micro-kernel call (B is packed in panels of nr columns)
-  /// Cache blocking: kc (depth of a packed panel), mc (rows of a packed A block, a
-  /// multiple of mr), nc (columns of a packed B block, a multiple of nr).
-  std::int64_t kc, mc, nc;
-  /// For r < mr, j < nr: starts acc per `start` from c[r * ldc + j], then for k < kc in
-  /// order acc = fma(a_panel[k * mr + r], b_panel[k * nr + j], acc); stores acc there.
-  void (*micro_kernel)(std::int64_t kc, const float* a_panel, const float* b_panel, float* c,
-                       std::int64_t ldc, AccumulatorStart start, float beta);
-  /// dst[i] = the binary16 value with bits src[i], as float (exact).
-  void (*widen_f16)(const std::uint16_t* src, float* dst, std::int64_t n);
-  /// dst[i] = the bits of src[i] rounded to binary16, to nearest even.
-  void (*narrow_to_f16)(const float* src, std::uint16_t* dst, std::int64_t n);
-};
-
-const IsaKernels& avx2_kernels();    ///< gemm_cpu_avx2.cpp; needs AVX2, FMA, F16C
-const IsaKernels& avx512_kernels();  ///< gemm_cpu_avx512.cpp; needs AVX-512F, FMA, F16C
-
-}  // namespace gemm_detail
 }  // namespace bigbatch

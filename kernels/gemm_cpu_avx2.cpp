@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "kernels/gemm.hpp"
+#include "kernels/gemm_internal.hpp"
 
 #define BIGBATCH_AVX2 __attribute__((target("avx2,fma,f16c")))
 

@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "kernels/gemm.hpp"
+#include "kernels/gemm_internal.hpp"
 
 #define BIGBATCH_AVX512 __attribute__((target("avx512f,avx2,fma,f16c")))
 
