@@ -1,0 +1,57 @@
+#include "kernels/bias.hpp"
+#include "kernels/cuda_common.cuh"
+
+namespace bigbatch::cuda {
+namespace {
+
+__device__ inline float load(float x) { return x; }
+__device__ inline float load(__half x) { return __half2float(x); }
+__device__ inline void store(float* out, float value) { *out = value; }
+__device__ inline void store(__half* out, float value) { *out = __float2half_rn(value); }
+
+// y: [rows, cols], bias: [cols]
+template <class T>
+__global__ void add_bias_kernel(T* y, const float* bias, std::int64_t n, std::int64_t cols) {
+  for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += std::int64_t{gridDim.x} * blockDim.x) {
+    store(y + i, load(y[i]) + bias[i % cols]);
+  }
+}
+
+// dy: [rows, cols], dbias: [cols]. One thread per column adds the rows in order (the
+// contract in bias.hpp); neighbouring threads read neighbouring columns, so each row's
+// reads coalesce.
+__global__ void bias_backward_kernel(const float* dy, float* dbias, std::int64_t rows,
+                                     std::int64_t cols) {
+  for (std::int64_t j = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; j < cols;
+       j += std::int64_t{gridDim.x} * blockDim.x) {
+    float sum = dbias[j];
+    for (std::int64_t i = 0; i < rows; ++i) sum += dy[i * cols + j];
+    dbias[j] = sum;
+  }
+}
+
+}  // namespace
+
+void add_bias(const Tensor& y, const Tensor& bias) {
+  const std::int64_t n = y.numel();
+  if (n == 0) return;
+  if (y.dtype() == DType::f16) {
+    add_bias_kernel<<<grid_for(n), kThreadsPerBlock>>>(y.data<__half>(), bias.data<float>(), n,
+                                                       y.dim(1));
+  } else {
+    add_bias_kernel<<<grid_for(n), kThreadsPerBlock>>>(y.data<float>(), bias.data<float>(), n,
+                                                       y.dim(1));
+  }
+  BIGBATCH_CHECK_LAUNCH("add_bias_kernel");
+}
+
+void bias_backward(const Tensor& dy, const Tensor& dbias) {
+  const std::int64_t cols = dy.dim(1);
+  if (cols == 0) return;
+  bias_backward_kernel<<<grid_for(cols), kThreadsPerBlock>>>(dy.data<float>(), dbias.data<float>(),
+                                                             dy.dim(0), cols);
+  BIGBATCH_CHECK_LAUNCH("bias_backward_kernel");
+}
+
+}  // namespace bigbatch::cuda

@@ -1,0 +1,38 @@
+// bias.hpp: the bias of a linear layer, forward and backward.
+//
+//   add_bias(y, bias)          y: [M, N] f32 or f16; bias: [N] f32    y[i][j] = y[i][j] + bias[j]
+//                                                                     (in place: =)
+//   bias_backward(dy, dbias)   dy: [M, N] f32; dbias: [N] f32         dbias[j] += sum_i dy[i][j]
+//                                                                     (ACCUMULATES: +=)
+//
+// add_bias computes the sum in float and rounds once to y's dtype.
+//
+// bias_backward is a parameter gradient, so it accumulates (+=), and its summation
+// order is part of the contract: dbias[j] starts from its current value and adds
+// dy[0][j], then dy[1][j], ... one float addition per row, in row (sample) order, on
+// both backends. Accumulating micro-batches (rows 0..63, then rows 64..127) is then
+// the very same sequence of additions as one batch of 128, so gradient accumulation
+// reproduces the large-batch gradient bit for bit. The work is split across columns,
+// never across rows.
+//
+// On the CPU the tests also use f64 (y, bias, dy, dbias all f64) for finite differences.
+#pragma once
+
+#include "common/tensor.hpp"
+
+namespace bigbatch {
+
+void add_bias(const Tensor& y, const Tensor& bias);
+void bias_backward(const Tensor& dy, const Tensor& dbias);
+
+namespace cpu {
+void add_bias(const Tensor& y, const Tensor& bias);
+void bias_backward(const Tensor& dy, const Tensor& dbias);
+}  // namespace cpu
+
+namespace cuda {
+void add_bias(const Tensor& y, const Tensor& bias);
+void bias_backward(const Tensor& dy, const Tensor& dbias);
+}  // namespace cuda
+
+}  // namespace bigbatch

@@ -1,0 +1,59 @@
+// dropout.hpp: inverted dropout with masks that depend on the element, not on the call.
+//
+//   dropout_forward(x, y, spec)     x, y: same shape, f32 or f16      y  = mask * x / (1 - p)
+//   dropout_backward(dy, dx, spec)  dy, dx: same shape, f32 or f16    dx = mask * dy / (1 - p)
+//
+// Both outputs are overwritten (=). An output may be its input (in place). f64 tensors
+// are accepted on the CPU only, where the tests use them for finite differences.
+//
+// Rows run along the first dimension (one row per sample); a row holds N = numel / rows
+// elements. Element (i, j) of the tensor is the element of global index
+//   g = (spec.first_row + i) * N + j
+// and it is kept iff random_uniform(spec.seed, spec.stream, g) >= p (common/rng.hpp).
+// first_row is the global index of the tensor's row 0 in the whole batch, so a
+// micro-batch of rows [64, 128) with first_row = 64 draws exactly the mask of rows
+// 64..127 of the full batch, and a recomputation (checkpointing) draws it again.
+// dropout_backward recomputes the mask from the same spec: nothing is stored.
+//
+// Arithmetic, as PyTorch: the kept scale is s = 1/(1 - p) rounded to float, and every
+// element is multiplied in float by s (kept) or 0 (dropped), then rounded once to the
+// dtype. So p = 0 is the identity, p = 1 gives all zeros (no division by zero), and, as
+// in PyTorch, a dropped inf or NaN gives NaN and a dropped negative value gives -0.
+// Both backends draw the same mask (the same integer RNG) and compute the same bits
+// (NaN payloads aside).
+#pragma once
+
+#include <cstdint>
+
+#include "common/tensor.hpp"
+
+namespace bigbatch {
+
+struct DropoutSpec {
+  float p = 0.0f;              ///< probability of dropping an element, in [0, 1]
+  std::uint64_t seed = 0;      ///< the run's seed
+  std::uint64_t stream = 0;    ///< one stream per dropout layer (and per epoch, if wanted)
+  std::int64_t first_row = 0;  ///< global index of row 0 of this tensor in the batch
+};
+
+void dropout_forward(const Tensor& x, const Tensor& y, const DropoutSpec& spec);
+void dropout_backward(const Tensor& dy, const Tensor& dx, const DropoutSpec& spec);
+
+namespace cpu {
+void dropout_forward(const Tensor& x, const Tensor& y, const DropoutSpec& spec);
+void dropout_backward(const Tensor& dy, const Tensor& dx, const DropoutSpec& spec);
+}  // namespace cpu
+
+namespace cuda {
+void dropout_forward(const Tensor& x, const Tensor& y, const DropoutSpec& spec);
+void dropout_backward(const Tensor& dy, const Tensor& dx, const DropoutSpec& spec);
+}  // namespace cuda
+
+namespace detail {
+/// The factor of a kept element: 1/(1 - p) in float, or 0 when p = 1 (nothing is kept).
+inline float dropout_keep_scale(float p) { return p < 1.0f ? 1.0f / (1.0f - p) : 0.0f; }
+/// The global index of the tensor's element 0: first_row * (numel / rows).
+std::uint64_t dropout_first_index(const Tensor& t, const DropoutSpec& spec);
+}  // namespace detail
+
+}  // namespace bigbatch

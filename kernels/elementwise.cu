@@ -1,0 +1,135 @@
+#include <algorithm>
+
+#include "kernels/cuda_common.cuh"
+#include "kernels/elementwise.hpp"
+
+namespace bigbatch::cuda {
+namespace {
+
+__device__ inline float load(float x) { return x; }
+__device__ inline float load(__half x) { return __half2float(x); }
+
+template <class T>
+__device__ inline T store(float value);
+template <>
+__device__ inline float store<float>(float value) {
+  return value;
+}
+template <>
+__device__ inline __half store<__half>(float value) {
+  return __float2half_rn(value);
+}
+
+template <class Src, class Dst>
+__global__ void convert_kernel(const Src* in, Dst* out, std::int64_t n) {
+  for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += std::int64_t{gridDim.x} * blockDim.x) {
+    out[i] = store<Dst>(load(in[i]));
+  }
+}
+
+template <class T>
+__global__ void scale_kernel(T* data, std::int64_t n, float s) {
+  for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += std::int64_t{gridDim.x} * blockDim.x) {
+    data[i] = store<T>(__fmul_rn(load(data[i]), s));
+  }
+}
+
+template <class X>
+__global__ void axpy_kernel(float alpha, const X* x, float* y, std::int64_t n) {
+  for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += std::int64_t{gridDim.x} * blockDim.x) {
+    // two roundings, as on the CPU: nvcc would otherwise fuse this into an fma
+    y[i] = __fadd_rn(y[i], __fmul_rn(alpha, load(x[i])));
+  }
+}
+
+// Up to kTensorsPerLaunch tensors per launch, passed by value in the kernel's parameters;
+// blockIdx.y picks the tensor, a grid-stride loop over x covers it.
+constexpr int kTensorsPerLaunch = 48;
+struct TensorList {
+  float* data[kTensorsPerLaunch];
+  std::int64_t numel[kTensorsPerLaunch];
+};
+
+__global__ void unscale_kernel(TensorList list, float inv_scale, float* found_inf) {
+  float* data = list.data[blockIdx.y];
+  const std::int64_t n = list.numel[blockIdx.y];
+  bool non_finite = false;
+  for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += std::int64_t{gridDim.x} * blockDim.x) {
+    const float g = data[i];
+    non_finite |= !isfinite(g);
+    data[i] = __fmul_rn(g, inv_scale);
+  }
+  // Every writer stores the same 1.0f, so the unordered stores need no atomic.
+  if (non_finite) *found_inf = 1.0f;
+}
+
+template <class Src, class Dst>
+void launch_convert(const Tensor& src, const Tensor& dst) {
+  convert_kernel<<<grid_for(src.numel()), kThreadsPerBlock>>>(src.data<Src>(), dst.data<Dst>(),
+                                                              src.numel());
+  BIGBATCH_CHECK_LAUNCH("convert_kernel");
+}
+
+template <class T>
+void launch_scale(const Tensor& x, float s) {
+  scale_kernel<<<grid_for(x.numel()), kThreadsPerBlock>>>(x.data<T>(), x.numel(), s);
+  BIGBATCH_CHECK_LAUNCH("scale_kernel");
+}
+
+template <class X>
+void launch_axpy(float alpha, const Tensor& x, const Tensor& y) {
+  axpy_kernel<<<grid_for(x.numel()), kThreadsPerBlock>>>(alpha, x.data<X>(), y.data<float>(),
+                                                         x.numel());
+  BIGBATCH_CHECK_LAUNCH("axpy_kernel");
+}
+
+}  // namespace
+
+void cast(const Tensor& src, const Tensor& dst) {
+  if (src.numel() == 0) return;
+  if (src.dtype() == dst.dtype()) {
+    if (src.raw_data() != dst.raw_data()) {
+      cuda_rt::memcpy(dst.raw_data(), src.raw_data(), src.nbytes(),
+                      cuda_rt::CopyKind::device_to_device);
+    }
+    return;
+  }
+  if (src.dtype() == DType::f32) return launch_convert<float, __half>(src, dst);
+  launch_convert<__half, float>(src, dst);
+}
+
+void scale(const Tensor& x, float s) {
+  if (x.numel() == 0) return;
+  if (x.dtype() == DType::f16) return launch_scale<__half>(x, s);
+  launch_scale<float>(x, s);
+}
+
+void axpy(float alpha, const Tensor& x, const Tensor& y) {
+  if (x.numel() == 0) return;
+  if (x.dtype() == DType::f16) return launch_axpy<__half>(alpha, x, y);
+  launch_axpy<float>(alpha, x, y);
+}
+
+void unscale_and_check_finite(const std::vector<Tensor>& tensors, float inv_scale,
+                              const Tensor& found_inf) {
+  for (std::size_t first = 0; first < tensors.size(); first += kTensorsPerLaunch) {
+    const std::size_t count = std::min<std::size_t>(kTensorsPerLaunch, tensors.size() - first);
+    TensorList list{};
+    std::int64_t largest = 0;
+    for (std::size_t k = 0; k < count; ++k) {
+      list.data[k] = tensors[first + k].data<float>();
+      list.numel[k] = tensors[first + k].numel();
+      largest = std::max(largest, list.numel[k]);
+    }
+    if (largest == 0) continue;
+    const dim3 grid(grid_for(largest), static_cast<unsigned>(count));
+    unscale_kernel<<<grid, kThreadsPerBlock>>>(list, inv_scale, found_inf.data<float>());
+    BIGBATCH_CHECK_LAUNCH("unscale_kernel");
+  }
+}
+
+}  // namespace bigbatch::cuda

@@ -1,0 +1,266 @@
+// dropout: the mask is the RNG's, keyed by the global element index, so micro-batches
+// and recomputations draw the batch's mask; backward recomputes it; p = 0 and p = 1;
+// the keep fraction; finite differences; every SIMD path; CUDA against the CPU.
+#include <gtest/gtest.h>
+
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "kernels/dropout.hpp"
+#include "kernels/elementwise.hpp"
+#include "tests/harness.hpp"
+
+namespace bigbatch {
+namespace {
+
+using testing::DeviceTest;
+
+/// The definition in dropout.hpp, in the test's own words: element (i, j) of an [M, N]
+/// tensor is kept iff random_uniform(seed, stream, (first_row + i) N + j) >= p, and kept
+/// values are multiplied by 1/(1-p) rounded to float. The product x * s of a float (or
+/// half) and a float is exact in double; rounding it to float gives the float product.
+std::vector<double> dropout_oracle(const std::vector<double>& x, std::int64_t row_length,
+                                   const DropoutSpec& spec, DType dtype) {
+  const float scale =
+      spec.p < 1 ? static_cast<float>(1.0 / static_cast<float>(1.0f - spec.p)) : 0.0f;
+  std::vector<double> y(x.size());
+  for (std::size_t e = 0; e < x.size(); ++e) {
+    const auto row = static_cast<std::int64_t>(e) / row_length,
+               col = static_cast<std::int64_t>(e) % row_length;
+    const auto index = static_cast<std::uint64_t>((spec.first_row + row) * row_length + col);
+    const bool kept = random_uniform(spec.seed, spec.stream, index) >= spec.p;
+    const float product = static_cast<float>(x[e] * (kept ? scale : 0.0f));
+    y[e] = dtype == DType::f16 ? static_cast<double>(static_cast<f16>(product)) : product;
+  }
+  return y;
+}
+
+/// Equal bits, or both NaN (NaN payloads are not specified).
+::testing::AssertionResult same_values(const std::vector<double>& got,
+                                       const std::vector<double>& want) {
+  if (got.size() != want.size()) return ::testing::AssertionFailure() << "sizes differ";
+  std::size_t failures = 0, first = 0;
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    const bool same = (std::isnan(got[i]) && std::isnan(want[i])) ||
+                      std::bit_cast<std::uint64_t>(got[i]) == std::bit_cast<std::uint64_t>(want[i]);
+    if (!same && failures++ == 0) first = i;
+  }
+  if (failures == 0) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure()
+         << failures << " of " << got.size() << " differ; first [" << first << "]: got "
+         << got[first] << ", want " << want[first];
+}
+
+class Dropout : public DeviceTest {};
+
+TEST_P(Dropout, ForwardAndBackwardFollowTheDefinition) {
+  const std::vector<Shape> shapes = {{1}, {7}, {1025}, {(1 << 20) + 3}, {7, 1025}, {1025, 3, 5}};
+  for (const DType dtype : {DType::f32, DType::f16}) {
+    for (const Shape& shape : shapes) {
+      const DropoutSpec spec{0.3f, 42, 7, 5};
+      const std::int64_t row_length = shape_numel(shape) / shape[0];
+      const Tensor x = testing::random_tensor(shape, dtype, device(), 1, -3.0, 3.0);
+      const Tensor dy = testing::random_tensor(shape, dtype, device(), 2, -3.0, 3.0);
+      Tensor y(shape, dtype, device()), dx(shape, dtype, device());
+      testing::poison(y);
+      testing::poison(dx);
+      dropout_forward(x, y, spec);
+      dropout_backward(dy, dx, spec);
+      EXPECT_TRUE(same_values(testing::to_doubles(y),
+                              dropout_oracle(testing::to_doubles(x), row_length, spec, dtype)))
+          << dtype_name(dtype) << " " << shape_string(shape);
+      EXPECT_TRUE(same_values(testing::to_doubles(dx),
+                              dropout_oracle(testing::to_doubles(dy), row_length, spec, dtype)))
+          << dtype_name(dtype) << " " << shape_string(shape);
+    }
+  }
+}
+
+// Rows [64, 128) as their own micro-batch, with first_row = 64, draw rows 64..127 of the
+// batch's mask; so does any other split, uneven ones included.
+TEST_P(Dropout, MicroBatchesDrawTheBatchMaskBitForBit) {
+  const std::int64_t batch = 128, features = 33;
+  const Tensor x = testing::random_tensor({batch, features}, DType::f32, device(), 3);
+  const DropoutSpec whole_spec{0.5f, 9, 1, 0};
+  Tensor whole({batch, features}, DType::f32, device());
+  dropout_forward(x, whole, whole_spec);
+  for (const std::int64_t micro : {64, 7, 1}) {
+    for (std::int64_t begin = 0; begin < batch; begin += micro) {
+      const std::int64_t end = std::min(begin + micro, batch);
+      DropoutSpec spec = whole_spec;
+      spec.first_row = begin;
+      const Tensor part = x.rows(begin, end).clone();
+      Tensor y(part.shape(), DType::f32, device());
+      testing::poison(y);
+      dropout_forward(part, y, spec);
+      ASSERT_TRUE(testing::bitwise_equal(y, whole.rows(begin, end).clone()))
+          << "rows [" << begin << ", " << end << ")";
+    }
+  }
+  // and a recomputation (checkpointing) draws it again
+  Tensor again({batch, features}, DType::f32, device());
+  dropout_forward(x, again, whole_spec);
+  EXPECT_TRUE(testing::bitwise_equal(again, whole));
+}
+
+// The gradient goes through exactly the elements the forward pass kept, scaled alike.
+TEST_P(Dropout, BackwardRecomputesTheForwardMask) {
+  const Shape shape = {513, 129};
+  const DropoutSpec spec{0.25f, 5, 3, 1000};
+  const Tensor ones =
+      testing::make_tensor(std::vector<double>(513 * 129, 1.0), shape, DType::f32, device());
+  const Tensor dy = testing::random_tensor(shape, DType::f32, device(), 4);
+  Tensor factor(shape, DType::f32, device()), dx(shape, DType::f32, device());
+  dropout_forward(ones, factor, spec);  // the mask times 1/(1-p)
+  dropout_backward(dy, dx, spec);
+  const auto f = testing::to_doubles(factor), g = testing::to_doubles(dy);
+  std::vector<double> want(f.size());
+  for (std::size_t i = 0; i < want.size(); ++i) want[i] = static_cast<float>(g[i] * f[i]);
+  EXPECT_TRUE(same_values(testing::to_doubles(dx), want));
+}
+
+// K kept of n is Binomial(n, q) with q = P(u >= p) = 1 - ceil(p 2^24) / 2^24 (u takes the
+// values k 2^-24). |K - n q| > 6 sqrt(n q (1 - q)) has probability below 2e-9 for a true
+// binomial; Philox passes far stronger tests (TestU01's BigCrush), so a failure here
+// means the mask is wrong, not unlucky.
+TEST_P(Dropout, KeepsTheExpectedFraction) {
+  const std::int64_t n = 1 << 20;
+  const Tensor ones = testing::make_tensor(std::vector<double>(n, 1.0), {n}, DType::f32, device());
+  for (const float p : {0.1f, 0.5f, 0.9f}) {
+    Tensor y({n}, DType::f32, device());
+    dropout_forward(ones, y, DropoutSpec{p, 123, 4, 0});
+    double kept = 0;
+    for (const double v : testing::to_doubles(y)) kept += v != 0.0;
+    const double q = 1.0 - std::ceil(static_cast<double>(p) * 0x1p24) * 0x1p-24;
+    const double sd = std::sqrt(n * q * (1 - q));
+    EXPECT_NEAR(kept, n * q, 6 * sd) << "p = " << p;
+  }
+}
+
+TEST_P(Dropout, ZeroAndOne) {
+  const std::int64_t n = 1025;
+  auto values = testing::random_values(n, 5, -2.0, 2.0);
+  values[0] = -0.0;
+  values[1] = std::nan("");
+  values[2] = -3.5;
+  for (const DType dtype : {DType::f32, DType::f16}) {
+    const Tensor x = testing::make_tensor(values, {n}, dtype, device());
+    Tensor y({n}, dtype, device());
+    testing::poison(y);
+    dropout_forward(x, y, DropoutSpec{0.0f, 1, 2, 3});
+    EXPECT_TRUE(testing::bitwise_equal(y, x)) << "p = 0 is the identity, -0 and NaN included";
+    testing::poison(y);
+    dropout_forward(x, y, DropoutSpec{1.0f, 1, 2, 3});
+    const auto ys = testing::to_doubles(y);
+    for (std::size_t i = 0; i < ys.size(); ++i) {
+      if (i == 1) {
+        EXPECT_TRUE(std::isnan(ys[i])) << "as PyTorch: NaN * 0";
+      } else {
+        ASSERT_EQ(ys[i], 0.0) << "p = 1 drops everything, i = " << i;
+      }
+    }
+    EXPECT_TRUE(std::signbit(ys[2])) << "as PyTorch: -3.5 * 0 = -0";
+  }
+}
+
+TEST(DropoutCuda, MatchesTheCpuBitForBit) {
+  const Device device = Device::cuda();
+  BIGBATCH_SKIP_WITHOUT_DEVICE(device);
+  const Shape shape = {1027, 1021};
+  for (const DType dtype : {DType::f32, DType::f16}) {
+    const DropoutSpec spec{0.2f, 0x1234567890abcdefULL, 0xfedcba0987654321ULL,
+                           (std::int64_t{1} << 32) / 1021};
+    const Tensor x = testing::random_tensor(shape, dtype, device, 6);
+    Tensor y(shape, dtype, device), y_cpu(shape, dtype);
+    dropout_forward(x, y, spec);
+    dropout_forward(x.to(Device::cpu()), y_cpu, spec);
+    EXPECT_TRUE(testing::bitwise_equal(y, y_cpu)) << dtype_name(dtype);
+  }
+}
+
+TEST_P(Dropout, RejectsBadArguments) {
+  const Tensor x({4, 3}, DType::f32, device());
+  const Tensor y({4, 3}, DType::f32, device());
+  EXPECT_THROW(dropout_forward(x, y, DropoutSpec{-0.1f, 0, 0, 0}), std::invalid_argument);
+  EXPECT_THROW(dropout_forward(x, y, DropoutSpec{1.5f, 0, 0, 0}), std::invalid_argument);
+  EXPECT_THROW(dropout_forward(x, y, DropoutSpec{std::nanf(""), 0, 0, 0}), std::invalid_argument);
+  EXPECT_THROW(dropout_forward(x, y, DropoutSpec{0.5f, 0, 0, -1}), std::invalid_argument);
+  EXPECT_THROW(dropout_forward(x, y, DropoutSpec{0.5f, 0, 0, std::int64_t{1} << 62}),
+               std::invalid_argument);  // (first_row + i) * 3 + j would pass 2^63
+  EXPECT_THROW(dropout_forward(x, Tensor({3, 4}, DType::f32, device()), DropoutSpec{}),
+               std::invalid_argument);
+  EXPECT_THROW(dropout_forward(x, Tensor({4, 3}, DType::f16, device()), DropoutSpec{}),
+               std::invalid_argument);
+  EXPECT_THROW(dropout_backward(Tensor({4, 3}, DType::i32, device()),
+                                Tensor({4, 3}, DType::i32, device()), DropoutSpec{}),
+               std::invalid_argument);
+  if (device().is_cuda()) {
+    EXPECT_THROW(dropout_forward(x, Tensor({4, 3}, DType::f32), DropoutSpec{}),
+                 std::invalid_argument);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, Dropout, ::testing::ValuesIn(testing::all_devices()),
+                         testing::device_test_name);
+
+// Dropout is linear in x: L(x) = sum w * dropout(x) has dL/dx = dropout_backward(w).
+// Central differences of a linear function have no truncation error; the rounding of
+// the forward values (2^-53 relative, |x / (1 - p)| < 1.7) over 2h = 2e-3 leaves at most
+// 2e-13 (times |w| <= 1).
+TEST(DropoutGradients, BackwardIsTheDerivativeOfForward) {
+  const std::int64_t n = 1025;
+  const double h = 1e-3;
+  const DropoutSpec spec{0.4f, 77, 2, 9};
+  auto points = testing::random_values(n, 7);
+  const Tensor w = testing::random_tensor({n}, DType::f64, Device::cpu(), 8);
+  Tensor plus({n}, DType::f64), minus({n}, DType::f64), dx({n}, DType::f64);
+  std::vector<double> plus_points = points, minus_points = points;
+  for (double& p : plus_points) p += h;
+  for (double& p : minus_points) p -= h;
+  // elementwise: one shifted tensor gives every element's difference at once
+  dropout_forward(testing::make_tensor(plus_points, {n}, DType::f64, Device::cpu()), plus, spec);
+  dropout_forward(testing::make_tensor(minus_points, {n}, DType::f64, Device::cpu()), minus, spec);
+  testing::poison(dx);
+  dropout_backward(w, dx, spec);
+  const auto f_plus = testing::to_doubles(plus), f_minus = testing::to_doubles(minus);
+  const auto weights = testing::to_doubles(w);
+  std::vector<double> want(points.size());
+  for (std::size_t i = 0; i < want.size(); ++i)
+    want[i] = weights[i] * (f_plus[i] - f_minus[i]) / (2 * h);
+  EXPECT_TRUE(testing::all_close(testing::to_doubles(dx), want, [](std::size_t) { return 1e-11; }));
+}
+
+// The AVX-512 path draws 32 masks at a time and handles the step of the index's high
+// word itself; across that step, at odd sizes, every level must give the baseline bits
+// (which the definition test above ties to random_uniform).
+TEST(DropoutSimd, EveryLevelGivesTheBaselineBits) {
+  const std::int64_t rows = 3001, row_length = 1;
+  for (const std::int64_t first_row :
+       {std::int64_t{0}, (std::int64_t{1} << 32) - 1500, (std::int64_t{5} << 32) - 17}) {
+    for (const DType dtype : {DType::f32, DType::f16}) {
+      const DropoutSpec spec{0.3f, 0xdeadbeefcafeULL, 0x123456789ULL, first_row};
+      const Tensor x = testing::random_tensor({rows, row_length}, dtype, Device::cpu(), 9);
+      const auto run = [&] {
+        Tensor y({rows, row_length}, dtype);
+        dropout_forward(x, y, spec);
+        return y;
+      };
+      const cpu::SimdLevel previous = cpu::set_simd_level_cap(cpu::SimdLevel::baseline);
+      const Tensor baseline = run();
+      EXPECT_TRUE(same_values(testing::to_doubles(baseline),
+                              dropout_oracle(testing::to_doubles(x), row_length, spec, dtype)));
+      for (const cpu::SimdLevel level : {cpu::SimdLevel::avx2, cpu::SimdLevel::avx512}) {
+        if (level > cpu::simd_level_supported()) continue;
+        cpu::set_simd_level_cap(level);
+        EXPECT_TRUE(testing::bitwise_equal(run(), baseline))
+            << cpu::simd_level_name(level) << " first_row " << first_row;
+      }
+      cpu::set_simd_level_cap(previous);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace bigbatch
