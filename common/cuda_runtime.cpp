@@ -30,7 +30,9 @@ bool available(std::string* why_not) {
   if (status != cudaSuccess || count == 0) {
     if (why_not != nullptr) {
       *why_not = status != cudaSuccess
-                     ? std::string("no usable CUDA device: ") + cudaGetErrorString(status)
+                     ? std::string("no usable CUDA device (") + cudaGetErrorName(status) + ": " +
+                           cudaGetErrorString(status) +
+                           "); is there a GPU with an NVIDIA driver on this machine?"
                      : std::string("no CUDA device present");
     }
     cudaGetLastError();  // clear the sticky error left by the failed query

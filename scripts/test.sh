@@ -6,4 +6,17 @@ cd "$(dirname "$0")/.."
 
 scripts/install-deps.sh
 scripts/build.sh
-ctest --preset default --output-on-failure -j "$(nproc)" "$@"
+
+status=0
+ctest --preset default --output-on-failure -j "$(nproc)" "$@" || status=$?
+
+# CTest lists skipped tests without their reason; the reason is in the full log.
+log=build/Testing/Temporary/LastTest.log
+if [ -f "$log" ]; then
+  reason=$(grep -m1 -o 'CUDA test skipped: .*' "$log" || true)
+  count=$(grep -c 'CUDA test skipped: ' "$log" || true)
+  if [ "$count" -gt 0 ]; then
+    echo "Skipped: $count CUDA test(s). Reason: ${reason#CUDA test skipped: }"
+  fi
+fi
+exit $status

@@ -1,0 +1,107 @@
+#!/usr/bin/env python3
+"""Turns Google Benchmark JSON from bench_kernels into the Markdown tables in README.md.
+
+Usage: scripts/bench_summary.py [RESULTS.json]       (default: bench/results/cpu-kernels.json)
+       scripts/bench_summary.py --update-readme [RESULTS.json]
+
+Reads medians when the run has repetitions (aggregate "median"), plain runs otherwise.
+With --update-readme, replaces the text between the markers
+<!-- bench:begin --> and <!-- bench:end --> in README.md.
+Only the standard library is needed, so this runs anywhere Python 3 does.
+"""
+import json
+import pathlib
+import re
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+def load_runs(path):
+    """Returns ({benchmark name: run}, context), preferring median aggregates."""
+    data = json.loads(pathlib.Path(path).read_text())
+    runs, medians = {}, {}
+    for run in data["benchmarks"]:
+        if run.get("error_occurred"):
+            continue
+        name = run.get("run_name", run["name"])
+        if run.get("run_type") == "aggregate":
+            if run.get("aggregate_name") == "median":
+                medians[name] = run
+        else:
+            runs.setdefault(name, run)
+    runs.update(medians)
+    return runs, data.get("context", {})
+
+
+def gflops(run):
+    return run["FLOP/s"] / 1e9
+
+
+def gemm_table(runs):
+    rows = ["| n (M = N = K) | ours fp32 GFLOP/s | OpenBLAS sgemm GFLOP/s | ours / OpenBLAS | ours fp16 operands GFLOP/s |",
+            "|---:|---:|---:|---:|---:|"]
+    sizes = sorted({int(m.group(1)) for name in runs
+                    for m in [re.match(r"BM_GemmCpuF32/n:(\d+)", name)] if m})
+    for n in sizes:
+        ours = runs.get(f"BM_GemmCpuF32/n:{n}")
+        peer = runs.get(f"BM_OpenBlasSgemm/n:{n}")
+        half = runs.get(f"BM_GemmCpuF16/n:{n}")
+        cells = [str(n), f"{gflops(ours):.1f}",
+                 f"{gflops(peer):.1f}" if peer else "n/a",
+                 f"{gflops(ours) / gflops(peer):.2f}" if peer else "n/a",
+                 f"{gflops(half):.1f}" if half else "n/a"]
+        rows.append("| " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
+def elementwise_table(runs):
+    rows = ["| op (64 MiB, fp32 unless named) | GB/s | memcpy GB/s, same run | op / memcpy |",
+            "|---|---:|---:|---:|"]
+    for name, run in sorted(runs.items()):
+        m = re.match(r"Elementwise_(\w+?)/cpu", name)
+        if not m or "vs_memcpy" not in run:
+            continue
+        rows.append(f"| {m.group(1)} | {run['bytes_per_second'] / 1e9:.1f} | "
+                    f"{run['memcpy_bytes_per_second'] / 1e9:.1f} | {run['vs_memcpy']:.2f} |")
+    return "\n".join(rows)
+
+
+def summary(path):
+    runs, context = load_runs(path)
+    threads = sorted({int(r["threads"]) for r in runs.values() if "threads" in r})
+    repetitions = sorted({int(r.get("repetitions", 1)) for r in runs.values()})
+    where = pathlib.Path(path).resolve()
+    shown = where.relative_to(ROOT) if ROOT in where.parents else where.name
+    head = (f"Measured on a {context.get('num_cpus', '?')}-CPU machine on {context.get('date', '?')}, "
+            f"{', '.join(map(str, threads)) or '?'} threads, medians of "
+            f"{', '.join(map(str, repetitions))} repetitions, from `{shown}`.")
+    openblas = sorted({r["label"] for n, r in runs.items() if n.startswith("BM_OpenBlasSgemm") and r.get("label")})
+    if openblas:
+        head += f" Peer: {openblas[0]}."
+    return "\n\n".join([head, "**GEMM**", gemm_table(runs),
+                        "**Elementwise ops against memcpy**", elementwise_table(runs)])
+
+
+def main(argv):
+    update = "--update-readme" in argv
+    args = [a for a in argv if a != "--update-readme"]
+    path = args[0] if args else str(ROOT / "bench/results/cpu-kernels.json")
+    text = summary(path)
+    if not update:
+        print(text)
+        return 0
+    readme = ROOT / "README.md"
+    content = readme.read_text()
+    begin, end = "<!-- bench:begin -->", "<!-- bench:end -->"
+    if begin not in content or end not in content:
+        sys.exit("README.md has no bench markers")
+    before, rest = content.split(begin, 1)
+    _, after = rest.split(end, 1)
+    readme.write_text(f"{before}{begin}\n{text}\n{end}{after}")
+    print("README.md updated")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
