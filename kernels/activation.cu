@@ -7,11 +7,6 @@ namespace {
 
 namespace math = activation_math;
 
-__device__ inline float load(float x) { return x; }
-__device__ inline float load(__half x) { return __half2float(x); }
-__device__ inline void store(float* out, float value) { *out = value; }
-__device__ inline void store(__half* out, float value) { *out = __float2half_rn(value); }
-
 // The formulas are functors (not lambdas) so that they can be kernel template arguments.
 struct Gelu {
   __device__ float operator()(float x) const { return math::gelu(x); }
@@ -30,17 +25,15 @@ struct ReluGradient {
 
 template <class T, class F>
 __global__ void forward_kernel(const T* x, T* y, std::int64_t n, F f) {
-  for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += std::int64_t{gridDim.x} * blockDim.x) {
-    store(y + i, f(load(x[i])));
+  for (const std::int64_t i : grid_stride(n)) {
+    y[i] = from_float<T>(f(to_float(x[i])));
   }
 }
 
 template <class T, class F>
 __global__ void backward_kernel(const T* x, const T* dy, T* dx, std::int64_t n, F f) {
-  for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += std::int64_t{gridDim.x} * blockDim.x) {
-    store(dx + i, f(load(x[i]), load(dy[i])));
+  for (const std::int64_t i : grid_stride(n)) {
+    dx[i] = from_float<T>(f(to_float(x[i]), to_float(dy[i])));
   }
 }
 
@@ -48,11 +41,9 @@ template <class F>
 void launch_forward(const char* name, const Tensor& x, const Tensor& y, F f) {
   const std::int64_t n = x.numel();
   if (n == 0) return;
-  if (x.dtype() == DType::f16) {
-    forward_kernel<<<grid_for(n), kThreadsPerBlock>>>(x.data<__half>(), y.data<__half>(), n, f);
-  } else {
-    forward_kernel<<<grid_for(n), kThreadsPerBlock>>>(x.data<float>(), y.data<float>(), n, f);
-  }
+  dispatch_f16_f32(name, x.dtype(), [&]<class T>(ElementType<T>) {
+    forward_kernel<<<grid_for(n), kThreadsPerBlock>>>(x.data<T>(), y.data<T>(), n, f);
+  });
   BIGBATCH_CHECK_LAUNCH(name);
 }
 
@@ -60,13 +51,10 @@ template <class F>
 void launch_backward(const char* name, const Tensor& x, const Tensor& dy, const Tensor& dx, F f) {
   const std::int64_t n = x.numel();
   if (n == 0) return;
-  if (x.dtype() == DType::f16) {
-    backward_kernel<<<grid_for(n), kThreadsPerBlock>>>(x.data<__half>(), dy.data<__half>(),
-                                                       dx.data<__half>(), n, f);
-  } else {
-    backward_kernel<<<grid_for(n), kThreadsPerBlock>>>(x.data<float>(), dy.data<float>(),
-                                                       dx.data<float>(), n, f);
-  }
+  dispatch_f16_f32(name, x.dtype(), [&]<class T>(ElementType<T>) {
+    backward_kernel<<<grid_for(n), kThreadsPerBlock>>>(x.data<T>(), dy.data<T>(), dx.data<T>(),
+                                                       n, f);
+  });
   BIGBATCH_CHECK_LAUNCH(name);
 }
 

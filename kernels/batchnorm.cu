@@ -11,27 +11,12 @@
 namespace bigbatch::cuda {
 namespace {
 
-__device__ inline float to_float(float v) { return v; }
-__device__ inline float to_float(__half v) { return __half2float(v); }
-
-template <class T>
-__device__ inline T from_float(float v);
-template <>
-__device__ inline float from_float<float>(float v) { return v; }
-template <>
-__device__ inline __half from_float<__half>(float v) { return __float2half_rn(v); }
-
-/// Threads per block of the per-feature kernels: small blocks spread few features over
-/// many multiprocessors.
-constexpr int kFeatureThreads = 64;
-
 /// Per feature j: mean, rstd (biased variance) and the running statistics.
 template <class T>
 __global__ void statistics_kernel(const T* x, float* mean, float* rstd, float* running_mean,
                                   float* running_var, std::int64_t M, std::int64_t N,
                                   float momentum, float eps) {
-  for (std::int64_t j = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; j < N;
-       j += std::int64_t{gridDim.x} * blockDim.x) {
+  for (const std::int64_t j : grid_stride(N)) {
     float sum = 0.0f;
 #pragma unroll 8
     for (std::int64_t i = 0; i < M; ++i) sum += to_float(x[i * N + j]);
@@ -53,8 +38,7 @@ __global__ void statistics_kernel(const T* x, float* mean, float* rstd, float* r
 /// Per feature j: rstd = 1 / sqrt(running_var + eps), for evaluation.
 __global__ void running_rstd_kernel(const float* running_var, float* rstd, std::int64_t N,
                                     float eps) {
-  for (std::int64_t j = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; j < N;
-       j += std::int64_t{gridDim.x} * blockDim.x) {
+  for (const std::int64_t j : grid_stride(N)) {
     rstd[j] = detail::inverse_std(running_var[j], eps);
   }
 }
@@ -64,8 +48,7 @@ template <class T>
 __global__ void normalize_kernel(const T* x, const float* weight, const float* bias,
                                  const float* mean, const float* rstd, T* y, std::int64_t M,
                                  std::int64_t N) {
-  for (std::int64_t k = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; k < M * N;
-       k += std::int64_t{gridDim.x} * blockDim.x) {
+  for (const std::int64_t k : grid_stride(M * N)) {
     const std::int64_t j = k % N;
     const float xhat = detail::normalize(to_float(x[k]), mean[j], rstd[j]);
     y[k] = from_float<T>(xhat * weight[j] + bias[j]);
@@ -79,8 +62,7 @@ __global__ void feature_gradient_kernel(const T* x, const float* mean, const flo
                                         const T* dy, float* dweight, float* dbias,
                                         float* mean_dy, float* mean_dy_xhat, std::int64_t M,
                                         std::int64_t N) {
-  for (std::int64_t j = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; j < N;
-       j += std::int64_t{gridDim.x} * blockDim.x) {
+  for (const std::int64_t j : grid_stride(N)) {
     const float mu = mean[j], r = rstd[j];
     float sum_g = 0.0f, sum_g_xhat = 0.0f, dw = dweight[j], db = dbias[j];
 #pragma unroll 8
@@ -105,8 +87,7 @@ __global__ void input_gradient_kernel(const T* x, const float* weight, const flo
                                       const float* rstd, const T* dy, const float* mean_dy,
                                       const float* mean_dy_xhat, T* dx, std::int64_t M,
                                       std::int64_t N) {
-  for (std::int64_t k = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; k < M * N;
-       k += std::int64_t{gridDim.x} * blockDim.x) {
+  for (const std::int64_t k : grid_stride(M * N)) {
     const std::int64_t j = k % N;
     const float xhat = detail::normalize(to_float(x[k]), mean[j], rstd[j]);
     const float centered = (to_float(dy[k]) - mean_dy[j]) - xhat * mean_dy_xhat[j];
@@ -176,30 +157,26 @@ void batchnorm_forward_train(const Tensor& x, const Tensor& weight, const Tensor
                              const Tensor& y, const Tensor& mean, const Tensor& rstd,
                              const Tensor& running_mean, const Tensor& running_var,
                              float momentum, float eps) {
-  if (x.dtype() == DType::f16) {
-    return forward_train_typed<__half>(x, weight, bias, y, mean, rstd, running_mean, running_var,
-                                       momentum, eps);
-  }
-  forward_train_typed<float>(x, weight, bias, y, mean, rstd, running_mean, running_var, momentum,
-                             eps);
+  dispatch_f16_f32("batchnorm_forward_train", x.dtype(), [&]<class T>(ElementType<T>) {
+    forward_train_typed<T>(x, weight, bias, y, mean, rstd, running_mean, running_var, momentum,
+                           eps);
+  });
 }
 
 void batchnorm_forward_eval(const Tensor& x, const Tensor& weight, const Tensor& bias,
                             const Tensor& running_mean, const Tensor& running_var,
                             const Tensor& y, float eps) {
-  if (x.dtype() == DType::f16) {
-    return forward_eval_typed<__half>(x, weight, bias, running_mean, running_var, y, eps);
-  }
-  forward_eval_typed<float>(x, weight, bias, running_mean, running_var, y, eps);
+  dispatch_f16_f32("batchnorm_forward_eval", x.dtype(), [&]<class T>(ElementType<T>) {
+    forward_eval_typed<T>(x, weight, bias, running_mean, running_var, y, eps);
+  });
 }
 
 void batchnorm_backward(const Tensor& x, const Tensor& weight, const Tensor& mean,
                         const Tensor& rstd, const Tensor& dy, const Tensor& dx,
                         const Tensor& dweight, const Tensor& dbias) {
-  if (x.dtype() == DType::f16) {
-    return backward_typed<__half>(x, weight, mean, rstd, dy, dx, dweight, dbias);
-  }
-  backward_typed<float>(x, weight, mean, rstd, dy, dx, dweight, dbias);
+  dispatch_f16_f32("batchnorm_backward", x.dtype(), [&]<class T>(ElementType<T>) {
+    backward_typed<T>(x, weight, mean, rstd, dy, dx, dweight, dbias);
+  });
 }
 
 }  // namespace bigbatch::cuda

@@ -4,17 +4,11 @@
 namespace bigbatch::cuda {
 namespace {
 
-__device__ inline float load(float x) { return x; }
-__device__ inline float load(__half x) { return __half2float(x); }
-__device__ inline void store(float* out, float value) { *out = value; }
-__device__ inline void store(__half* out, float value) { *out = __float2half_rn(value); }
-
 // y: [rows, cols], bias: [cols]
 template <class T>
 __global__ void add_bias_kernel(T* y, const float* bias, std::int64_t n, std::int64_t cols) {
-  for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += std::int64_t{gridDim.x} * blockDim.x) {
-    store(y + i, load(y[i]) + bias[i % cols]);
+  for (const std::int64_t i : grid_stride(n)) {
+    y[i] = from_float<T>(to_float(y[i]) + bias[i % cols]);
   }
 }
 
@@ -23,8 +17,7 @@ __global__ void add_bias_kernel(T* y, const float* bias, std::int64_t n, std::in
 // reads coalesce.
 __global__ void bias_backward_kernel(const float* dy, float* dbias, std::int64_t rows,
                                      std::int64_t cols) {
-  for (std::int64_t j = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; j < cols;
-       j += std::int64_t{gridDim.x} * blockDim.x) {
+  for (const std::int64_t j : grid_stride(cols)) {
     float sum = dbias[j];
     for (std::int64_t i = 0; i < rows; ++i) sum += dy[i * cols + j];
     dbias[j] = sum;
@@ -36,13 +29,10 @@ __global__ void bias_backward_kernel(const float* dy, float* dbias, std::int64_t
 void add_bias(const Tensor& y, const Tensor& bias) {
   const std::int64_t n = y.numel();
   if (n == 0) return;
-  if (y.dtype() == DType::f16) {
-    add_bias_kernel<<<grid_for(n), kThreadsPerBlock>>>(y.data<__half>(), bias.data<float>(), n,
+  dispatch_f16_f32("add_bias", y.dtype(), [&]<class T>(ElementType<T>) {
+    add_bias_kernel<<<grid_for(n), kThreadsPerBlock>>>(y.data<T>(), bias.data<float>(), n,
                                                        y.dim(1));
-  } else {
-    add_bias_kernel<<<grid_for(n), kThreadsPerBlock>>>(y.data<float>(), bias.data<float>(), n,
-                                                       y.dim(1));
-  }
+  });
   BIGBATCH_CHECK_LAUNCH("add_bias_kernel");
 }
 

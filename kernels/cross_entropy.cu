@@ -12,34 +12,6 @@
 namespace bigbatch::cuda {
 namespace {
 
-__device__ inline float to_float(float v) { return v; }
-__device__ inline float to_float(__half v) { return __half2float(v); }
-
-/// Reduces `value` over the block (blockDim.x == kThreadsPerBlock, a power of two) with
-/// `combine`, in a fixed tree order. Every thread gets the result.
-template <class Combine>
-__device__ float block_reduce(float value, Combine combine) {
-  __shared__ float partial[kThreadsPerBlock];
-  partial[threadIdx.x] = value;
-  __syncthreads();
-  for (int stride = kThreadsPerBlock / 2; stride > 0; stride /= 2) {
-    if (threadIdx.x < stride) {
-      partial[threadIdx.x] = combine(partial[threadIdx.x], partial[threadIdx.x + stride]);
-    }
-    __syncthreads();
-  }
-  const float result = partial[0];
-  __syncthreads();  // the next call overwrites `partial`
-  return result;
-}
-
-struct Add {
-  __device__ float operator()(float a, float b) const { return a + b; }
-};
-struct Max {
-  __device__ float operator()(float a, float b) const { return fmaxf(a, b); }
-};
-
 /// The row's max logit and sum of exp(z - max), for every thread of the block.
 template <class T>
 __device__ void row_softmax_statistics(const T* row, std::int64_t C, float* max,
@@ -48,12 +20,12 @@ __device__ void row_softmax_statistics(const T* row, std::int64_t C, float* max,
   for (std::int64_t c = threadIdx.x; c < C; c += blockDim.x) {
     local_max = fmaxf(local_max, to_float(row[c]));
   }
-  *max = block_reduce(local_max, Max{});
+  *max = block_max(local_max);
   float local_sum = 0.0f;
   for (std::int64_t c = threadIdx.x; c < C; c += blockDim.x) {
     local_sum += expf(to_float(row[c]) - *max);
   }
-  *sum_exp = block_reduce(local_sum, Add{});
+  *sum_exp = block_sum(local_sum);
 }
 
 template <class T>
@@ -100,8 +72,7 @@ __global__ void count_correct_kernel(const T* logits, const std::int32_t* labels
   if (threadIdx.x == 0) block_correct = 0;
   __syncthreads();
   int correct = 0;
-  for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < M;
-       i += std::int64_t{gridDim.x} * blockDim.x) {
+  for (const std::int64_t i : grid_stride(M)) {
     const T* row = logits + i * C;
     std::int64_t best = 0;
     float best_value = to_float(row[0]);
@@ -117,10 +88,6 @@ __global__ void count_correct_kernel(const T* logits, const std::int32_t* labels
   atomicAdd(&block_correct, correct);  // integer addition: exact in any order
   __syncthreads();
   if (threadIdx.x == 0) correct_per_block[blockIdx.x] = block_correct;
-}
-
-unsigned row_blocks(std::int64_t rows) {
-  return static_cast<unsigned>(rows < 65535 ? rows : 65535);
 }
 
 template <class T>
@@ -168,23 +135,22 @@ std::int64_t count_correct_typed(const Tensor& logits, const Tensor& labels) {
 
 void cross_entropy_forward(const Tensor& logits, const Tensor& labels, const Tensor& loss,
                            float global_count, float scale) {
-  if (logits.dtype() == DType::f16) {
-    return forward_typed<__half>(logits, labels, loss, global_count, scale);
-  }
-  forward_typed<float>(logits, labels, loss, global_count, scale);
+  dispatch_f16_f32("cross_entropy_forward", logits.dtype(), [&]<class T>(ElementType<T>) {
+    forward_typed<T>(logits, labels, loss, global_count, scale);
+  });
 }
 
 void cross_entropy_backward(const Tensor& logits, const Tensor& labels, const Tensor& dlogits,
                             float global_count, float scale) {
-  if (logits.dtype() == DType::f16) {
-    return backward_typed<__half>(logits, labels, dlogits, global_count, scale);
-  }
-  backward_typed<float>(logits, labels, dlogits, global_count, scale);
+  dispatch_f16_f32("cross_entropy_backward", logits.dtype(), [&]<class T>(ElementType<T>) {
+    backward_typed<T>(logits, labels, dlogits, global_count, scale);
+  });
 }
 
 std::int64_t count_correct(const Tensor& logits, const Tensor& labels) {
-  if (logits.dtype() == DType::f16) return count_correct_typed<__half>(logits, labels);
-  return count_correct_typed<float>(logits, labels);
+  return dispatch_f16_f32("count_correct", logits.dtype(), [&]<class T>(ElementType<T>) {
+    return count_correct_typed<T>(logits, labels);
+  });
 }
 
 }  // namespace bigbatch::cuda

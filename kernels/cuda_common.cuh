@@ -1,4 +1,6 @@
-// cuda_common.cuh: shared pieces of the CUDA backend (only .cu files include this).
+// cuda_common.cuh: shared pieces of the CUDA backend (only .cu files include this): launch
+// sizes, the f16/f32 dispatch, element loads and stores, grid-stride loops, block reductions
+// and the launch check. Write a helper here once instead of again in each .cu file.
 #pragma once
 
 #include <cuda_fp16.h>
@@ -20,12 +22,142 @@ struct DTypeOf<__half> {
 
 namespace cuda {
 
+// ---- launch sizes -------------------------------------------------------------------
+
 inline constexpr int kThreadsPerBlock = 256;
+
+/// Threads per block of the per-feature kernels (one thread per column, walking the rows):
+/// small blocks spread few features over many multiprocessors.
+inline constexpr int kFeatureThreads = 64;
 
 /// Blocks for a grid-stride loop over n elements (capped; the loop covers the rest).
 inline unsigned grid_for(std::int64_t n, int threads = kThreadsPerBlock) {
   const std::int64_t blocks = (n + threads - 1) / threads;
   return static_cast<unsigned>(blocks < 1 ? 1 : (blocks > 65535 * 8 ? 65535 * 8 : blocks));
+}
+
+/// Blocks for a one-block-per-row kernel: one per row, at most 65535 (the kernel's loop
+/// `for (i = blockIdx.x; i < rows; i += gridDim.x)` covers the rows past the grid).
+/// Precondition: rows > 0 (a grid of zero blocks does not launch).
+inline unsigned row_blocks(std::int64_t rows) {
+  return static_cast<unsigned>(rows < 65535 ? rows : 65535);
+}
+
+// ---- f16/f32 dispatch -----------------------------------------------------------------
+
+/// An element type as a value, so that a generic lambda can receive it.
+template <class T>
+struct ElementType {
+  using type = T;
+};
+
+/// Calls f(ElementType<__half>{}) for f16 and f(ElementType<float>{}) for f32, and returns
+/// what f returns. Typical use, with a C++20 template lambda:
+///   dispatch_f16_f32("layernorm_forward", x.dtype(), [&]<class T>(ElementType<T>) {
+///     forward_typed<T>(x, weight, bias, y, mean, rstd, eps);
+///   });
+/// The CUDA kernels take f16 and f32 only (f64 exists only on the CPU; i32 holds labels).
+/// Each op's dispatcher has already checked that; any other dtype throws, naming `op`.
+template <class F>
+decltype(auto) dispatch_f16_f32(const char* op, DType dtype, F&& f) {
+  if (dtype == DType::f16) return f(ElementType<__half>{});
+  if (dtype == DType::f32) return f(ElementType<float>{});
+  throw std::invalid_argument(std::string(op) + ": the CUDA kernels take f16 or f32, got " +
+                              std::string(dtype_name(dtype)));
+}
+
+// ---- element loads and stores ------------------------------------------------------------
+// Kernels compute in float and round on store. to_float widens exactly (every f16 value is a
+// float); from_float<T> rounds to nearest even for __half (__float2half_rn) and is the
+// identity for float.
+
+__device__ inline float to_float(float v) { return v; }
+__device__ inline float to_float(__half v) { return __half2float(v); }
+
+template <class T>
+__device__ inline T from_float(float v);
+template <>
+__device__ inline float from_float<float>(float v) {
+  return v;
+}
+template <>
+__device__ inline __half from_float<__half>(float v) {
+  return __float2half_rn(v);
+}
+
+// ---- grid-stride loops -------------------------------------------------------------------
+
+/// The indices this thread visits in a grid-stride loop over [0, n): its global index
+/// (blockIdx.x * blockDim.x + threadIdx.x), then every gridDim.x * blockDim.x after it, in
+/// 64-bit arithmetic. Every index in [0, n) is visited by exactly one thread, for any 1-D
+/// grid (blockIdx.y and beyond are left to the kernel):
+///   for (const std::int64_t i : grid_stride(n)) out[i] = ...;
+class GridStride {
+ public:
+  class Iterator {
+   public:
+    __device__ Iterator(std::int64_t index, std::int64_t step) : index_(index), step_(step) {}
+    __device__ std::int64_t operator*() const { return index_; }
+    __device__ Iterator& operator++() {
+      index_ += step_;
+      return *this;
+    }
+    // "Not yet at the end" is index < n: the last step may jump past n.
+    __device__ bool operator!=(const Iterator& end) const { return index_ < end.index_; }
+
+   private:
+    std::int64_t index_;
+    std::int64_t step_;
+  };
+
+  __device__ explicit GridStride(std::int64_t n) : n_(n) {}
+  __device__ Iterator begin() const {
+    return {blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x,
+            std::int64_t{gridDim.x} * blockDim.x};
+  }
+  __device__ Iterator end() const { return {n_, 0}; }
+
+ private:
+  std::int64_t n_;
+};
+
+__device__ inline GridStride grid_stride(std::int64_t n) { return GridStride(n); }
+
+// ---- block reductions --------------------------------------------------------------------
+
+/// Reduces `value` over the block with `combine` (an associative float operation), halving
+/// a shared-memory tree in a fixed order: the result depends on the values and the block
+/// size only, never on timing or on the grid. Every thread gets the result. The tree's order
+/// is not the CPU's sequential one, so a sum differs from the CPU's by rounding.
+/// Preconditions: blockDim.x == kThreadsPerBlock (a power of two, so each halving pairs every
+/// thread; a smaller block would read unset entries), a 1-D block, and every thread of the
+/// block calls it the same number of times (it synchronises the block).
+template <class Combine>
+__device__ float block_reduce(float value, Combine combine) {
+  __shared__ float partial[kThreadsPerBlock];
+  partial[threadIdx.x] = value;
+  __syncthreads();
+  for (int stride = kThreadsPerBlock / 2; stride > 0; stride /= 2) {
+    if (threadIdx.x < stride) {
+      partial[threadIdx.x] = combine(partial[threadIdx.x], partial[threadIdx.x + stride]);
+    }
+    __syncthreads();
+  }
+  const float result = partial[0];
+  __syncthreads();  // the next call overwrites `partial`
+  return result;
+}
+
+/// The sum of `value` over the block (block_reduce's preconditions): plain float additions
+/// (each rounds to nearest; with no product feeding them there is nothing to contract).
+__device__ inline float block_sum(float value) {
+  return block_reduce(value, [](float a, float b) { return a + b; });
+}
+
+/// The maximum of `value` over the block (block_reduce's preconditions); exact. fmaxf: a
+/// NaN loses to a number.
+__device__ inline float block_max(float value) {
+  return block_reduce(value, [](float a, float b) { return fmaxf(a, b); });
 }
 
 /// After every launch: turns a launch error into an exception naming the kernel.

@@ -6,42 +6,25 @@
 namespace bigbatch::cuda {
 namespace {
 
-__device__ inline float load(float x) { return x; }
-__device__ inline float load(__half x) { return __half2float(x); }
-
-template <class T>
-__device__ inline T store(float value);
-template <>
-__device__ inline float store<float>(float value) {
-  return value;
-}
-template <>
-__device__ inline __half store<__half>(float value) {
-  return __float2half_rn(value);
-}
-
 template <class Src, class Dst>
 __global__ void convert_kernel(const Src* in, Dst* out, std::int64_t n) {
-  for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += std::int64_t{gridDim.x} * blockDim.x) {
-    out[i] = store<Dst>(load(in[i]));
+  for (const std::int64_t i : grid_stride(n)) {
+    out[i] = from_float<Dst>(to_float(in[i]));
   }
 }
 
 template <class T>
 __global__ void scale_kernel(T* data, std::int64_t n, float s) {
-  for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += std::int64_t{gridDim.x} * blockDim.x) {
-    data[i] = store<T>(__fmul_rn(load(data[i]), s));
+  for (const std::int64_t i : grid_stride(n)) {
+    data[i] = from_float<T>(__fmul_rn(to_float(data[i]), s));
   }
 }
 
 template <class X>
 __global__ void axpy_kernel(float alpha, const X* x, float* y, std::int64_t n) {
-  for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += std::int64_t{gridDim.x} * blockDim.x) {
+  for (const std::int64_t i : grid_stride(n)) {
     // two roundings, as on the CPU: nvcc would otherwise fuse this into an fma
-    y[i] = __fadd_rn(y[i], __fmul_rn(alpha, load(x[i])));
+    y[i] = __fadd_rn(y[i], __fmul_rn(alpha, to_float(x[i])));
   }
 }
 
@@ -57,8 +40,7 @@ __global__ void unscale_kernel(TensorList list, float inv_scale, float* found_in
   float* data = list.data[blockIdx.y];
   const std::int64_t n = list.numel[blockIdx.y];
   bool non_finite = false;
-  for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += std::int64_t{gridDim.x} * blockDim.x) {
+  for (const std::int64_t i : grid_stride(n)) {
     const float g = data[i];
     non_finite |= !isfinite(g);
     data[i] = __fmul_rn(g, inv_scale);
@@ -104,14 +86,13 @@ void cast(const Tensor& src, const Tensor& dst) {
 
 void scale(const Tensor& x, float s) {
   if (x.numel() == 0) return;
-  if (x.dtype() == DType::f16) return launch_scale<__half>(x, s);
-  launch_scale<float>(x, s);
+  dispatch_f16_f32("scale", x.dtype(), [&]<class T>(ElementType<T>) { launch_scale<T>(x, s); });
 }
 
 void axpy(float alpha, const Tensor& x, const Tensor& y) {
   if (x.numel() == 0) return;
-  if (x.dtype() == DType::f16) return launch_axpy<__half>(alpha, x, y);
-  launch_axpy<float>(alpha, x, y);
+  dispatch_f16_f32("axpy", x.dtype(),
+                   [&]<class X>(ElementType<X>) { launch_axpy<X>(alpha, x, y); });
 }
 
 void unscale_and_check_finite(const std::vector<Tensor>& tensors, float inv_scale,

@@ -6,8 +6,7 @@ namespace {
 
 template <class T>
 __global__ void fill_kernel(T* out, std::int64_t n, T value) {
-  for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += std::int64_t{gridDim.x} * blockDim.x) {
+  for (const std::int64_t i : grid_stride(n)) {
     out[i] = value;
   }
 }

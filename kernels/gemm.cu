@@ -73,17 +73,11 @@ cublasHandle_t handle_for(int device) {
   return handles[device];
 }
 
-__device__ inline float to_float(float x) { return x; }
-__device__ inline float to_float(__half x) { return __half2float(x); }
-__device__ inline void store(float* out, float x) { *out = x; }
-__device__ inline void store(__half* out, float x) { *out = __float2half_rn(x); }
-
 /// K == 0: C = beta * C, or 0 when beta == 0 (C not read).
 template <class T>
 __global__ void scale_kernel(T* c, std::int64_t n, float beta) {
-  for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += std::int64_t{gridDim.x} * blockDim.x) {
-    store(c + i, beta == 0.0f ? 0.0f : beta * to_float(c[i]));
+  for (const std::int64_t i : grid_stride(n)) {
+    c[i] = from_float<T>(beta == 0.0f ? 0.0f : beta * to_float(c[i]));
   }
 }
 
@@ -110,8 +104,8 @@ void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Te
   if (sizes.m == 0 || sizes.n == 0) return;
   const CurrentDevice current(a.device().index);
   if (sizes.k == 0) {
-    if (c.dtype() == DType::f16) return launch_scale<__half>(c, beta);
-    return launch_scale<float>(c, beta);
+    return dispatch_f16_f32("cuda::gemm", c.dtype(),
+                            [&]<class T>(ElementType<T>) { launch_scale<T>(c, beta); });
   }
 
   const bool f16_operands = a.dtype() == DType::f16;

@@ -12,36 +12,6 @@
 namespace bigbatch::cuda {
 namespace {
 
-__device__ inline float to_float(float v) { return v; }
-__device__ inline float to_float(__half v) { return __half2float(v); }
-
-template <class T>
-__device__ inline T from_float(float v);
-template <>
-__device__ inline float from_float<float>(float v) { return v; }
-template <>
-__device__ inline __half from_float<__half>(float v) { return __float2half_rn(v); }
-
-/// The sum of `value` over the block (blockDim.x == kThreadsPerBlock, a power of two),
-/// added in a fixed tree order. Every thread gets the total.
-__device__ float block_sum(float value) {
-  __shared__ float partial[kThreadsPerBlock];
-  partial[threadIdx.x] = value;
-  __syncthreads();
-  for (int stride = kThreadsPerBlock / 2; stride > 0; stride /= 2) {
-    if (threadIdx.x < stride) partial[threadIdx.x] += partial[threadIdx.x + stride];
-    __syncthreads();
-  }
-  const float total = partial[0];
-  __syncthreads();  // the next call overwrites `partial`
-  return total;
-}
-
-/// Blocks for a one-block-per-row kernel (the loop inside covers rows past the grid).
-unsigned row_blocks(std::int64_t rows) {
-  return static_cast<unsigned>(rows < 65535 ? rows : 65535);
-}
-
 template <class T>
 __global__ void forward_kernel(const T* x, const float* weight, const float* bias, T* y,
                                float* mean, float* rstd, std::int64_t M, std::int64_t N,
@@ -101,8 +71,7 @@ template <class T>
 __global__ void parameter_gradient_kernel(const T* x, const float* mean, const float* rstd,
                                           const T* dy, float* dweight, float* dbias,
                                           std::int64_t M, std::int64_t N) {
-  for (std::int64_t j = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; j < N;
-       j += std::int64_t{gridDim.x} * blockDim.x) {
+  for (const std::int64_t j : grid_stride(N)) {
     float dw = dweight[j], db = dbias[j];
 #pragma unroll 8
     for (std::int64_t i = 0; i < M; ++i) {
@@ -115,10 +84,6 @@ __global__ void parameter_gradient_kernel(const T* x, const float* mean, const f
     dbias[j] = db;
   }
 }
-
-/// Threads per block of the per-feature kernel: small blocks spread few features over
-/// many multiprocessors.
-constexpr int kFeatureThreads = 64;
 
 template <class T>
 void forward_typed(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& y,
@@ -151,17 +116,17 @@ void backward_typed(const Tensor& x, const Tensor& weight, const Tensor& mean,
 
 void layernorm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& y,
                        const Tensor& mean, const Tensor& rstd, float eps) {
-  if (x.dtype() == DType::f16) return forward_typed<__half>(x, weight, bias, y, mean, rstd, eps);
-  forward_typed<float>(x, weight, bias, y, mean, rstd, eps);
+  dispatch_f16_f32("layernorm_forward", x.dtype(), [&]<class T>(ElementType<T>) {
+    forward_typed<T>(x, weight, bias, y, mean, rstd, eps);
+  });
 }
 
 void layernorm_backward(const Tensor& x, const Tensor& weight, const Tensor& mean,
                         const Tensor& rstd, const Tensor& dy, const Tensor& dx,
                         const Tensor& dweight, const Tensor& dbias) {
-  if (x.dtype() == DType::f16) {
-    return backward_typed<__half>(x, weight, mean, rstd, dy, dx, dweight, dbias);
-  }
-  backward_typed<float>(x, weight, mean, rstd, dy, dx, dweight, dbias);
+  dispatch_f16_f32("layernorm_backward", x.dtype(), [&]<class T>(ElementType<T>) {
+    backward_typed<T>(x, weight, mean, rstd, dy, dx, dweight, dbias);
+  });
 }
 
 }  // namespace bigbatch::cuda

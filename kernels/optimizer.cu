@@ -15,8 +15,7 @@ using optimizer_math::SgdScalars;
 __global__ void sgd_kernel(float* param, const float* grad, float* momentum_buffer,
                            __half* half_copy, std::int64_t n, SgdScalars s) {
   const bool reads_buffer = momentum_buffer != nullptr && !s.first_step;
-  for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += std::int64_t{gridDim.x} * blockDim.x) {
+  for (const std::int64_t i : grid_stride(n)) {
     const auto updated =
         optimizer_math::sgd_update(param[i], grad[i], reads_buffer ? momentum_buffer[i] : 0.0f, s);
     param[i] = updated.param;
@@ -27,8 +26,7 @@ __global__ void sgd_kernel(float* param, const float* grad, float* momentum_buff
 
 __global__ void adamw_kernel(float* param, const float* grad, float* exp_avg, float* exp_avg_sq,
                              __half* half_copy, std::int64_t n, AdamWScalars s) {
-  for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += std::int64_t{gridDim.x} * blockDim.x) {
+  for (const std::int64_t i : grid_stride(n)) {
     const auto updated =
         optimizer_math::adamw_update(param[i], grad[i], exp_avg[i], exp_avg_sq[i], s);
     param[i] = updated.param;
