@@ -9,8 +9,8 @@
 // need to see _Float16).
 #pragma once
 
+#include <bit>
 #include <cstdint>
-#include <cstring>
 
 #include "common/dtype.hpp"
 
@@ -23,18 +23,12 @@ struct DTypeOf<_Float16> {
   static constexpr DType value = DType::f16;
 };
 
+// (The bits of a float, for both backends: kernels/scalar_math.hpp.)
+
 /// The 16 raw bits of a binary16 value.
-inline std::uint16_t f16_bits(f16 x) {
-  std::uint16_t b;
-  std::memcpy(&b, &x, sizeof b);
-  return b;
-}
+inline std::uint16_t f16_bits(f16 x) { return std::bit_cast<std::uint16_t>(x); }
 
 /// The binary16 value with the given raw bits.
-inline f16 f16_from_bits(std::uint16_t b) {
-  f16 x;
-  std::memcpy(&x, &b, sizeof x);
-  return x;
-}
+inline f16 f16_from_bits(std::uint16_t bits) { return std::bit_cast<f16>(bits); }
 
 }  // namespace bigbatch

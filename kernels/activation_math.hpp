@@ -28,73 +28,25 @@
 
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 
 #include "common/host_device.hpp"
+#include "kernels/scalar_math.hpp"
 
 namespace bigbatch::activation_math {
 
-// ---- arithmetic with one rounding per operation, on both backends -------------------
+// Arithmetic with one rounding per operation on both backends, and the bits of a float.
+using scalar_math::add_rn;
+using scalar_math::div_rn;
+using scalar_math::float_bits;
+using scalar_math::float_from_bits;
+using scalar_math::mul_rn;
 
-BIGBATCH_HD inline float mul_rn(float a, float b) {
-#if defined(__CUDA_ARCH__)
-  return __fmul_rn(a, b);
-#else
-  return a * b;
-#endif
-}
-
-BIGBATCH_HD inline float add_rn(float a, float b) {
-#if defined(__CUDA_ARCH__)
-  return __fadd_rn(a, b);
-#else
-  return a + b;
-#endif
-}
-
-BIGBATCH_HD inline float div_rn(float a, float b) {
-#if defined(__CUDA_ARCH__)
-  return __fdiv_rn(a, b);
-#else
-  return a / b;
-#endif
-}
-
-// The float64 path runs on the CPU only, where nothing is ever contracted.
-inline double mul_rn(double a, double b) { return a * b; }
-inline double add_rn(double a, double b) { return a + b; }
-inline double div_rn(double a, double b) { return a / b; }
-
-BIGBATCH_HD inline std::uint32_t float_bits(float x) {
-#if defined(__CUDA_ARCH__)
-  return static_cast<std::uint32_t>(__float_as_uint(x));
-#else
-  std::uint32_t bits;
-  std::memcpy(&bits, &x, sizeof bits);
-  return bits;
-#endif
-}
-
-BIGBATCH_HD inline float float_from_bits(std::uint32_t bits) {
-#if defined(__CUDA_ARCH__)
-  return __uint_as_float(bits);
-#else
-  float x;
-  std::memcpy(&x, &bits, sizeof x);
-  return x;
-#endif
-}
-
-// ---- branch-free selection -----------------------------------------------------------
-//
-// GCC will not if-convert `c ? a : b` when a or b is computed by a float operation it
-// could sink into the branch (that operation might trap), and a loop with a branch
-// does not vectorise. Selecting the bits instead keeps the loops straight-line.
+// ---- branch-free selection (scalar_math.hpp says why) ----------------------------------
 
 /// condition ? if_true : if_false, on the bits (a NaN operand is returned unchanged).
 BIGBATCH_HD inline float select(bool condition, float if_true, float if_false) {
-  const std::uint32_t mask = 0u - static_cast<std::uint32_t>(condition);
-  return float_from_bits((float_bits(if_true) & mask) | (float_bits(if_false) & ~mask));
+  return float_from_bits(scalar_math::select_bits(condition, float_bits(if_true),
+                                                  float_bits(if_false)));
 }
 inline double select(bool condition, double if_true, double if_false) {
   return condition ? if_true : if_false;

@@ -1,11 +1,11 @@
 #include "kernels/batchnorm.hpp"
 
 #include <algorithm>
-#include <type_traits>
 
 #include "common/half.hpp"
 #include "kernels/cpu_parallel.hpp"
 #include "kernels/dispatch.hpp"
+#include "kernels/scalar_math.hpp"
 
 namespace bigbatch {
 namespace {
@@ -102,9 +102,8 @@ void batchnorm_backward(const Tensor& x, const Tensor& weight, const Tensor& mea
 namespace cpu {
 namespace {
 
-/// The type statistics are computed in: double for double data, float otherwise.
-template <class T>
-using Accumulator = std::conditional_t<std::is_same_v<T, double>, double, float>;
+/// Statistics are computed in double for double data, in float otherwise.
+using scalar_math::ComputeType;
 
 /// Parallel chunks of about 32K elements: whole rows, or whole columns (features).
 std::int64_t chunk_of(std::int64_t other_dimension) {
@@ -115,9 +114,9 @@ std::int64_t chunk_of(std::int64_t other_dimension) {
 /// y = xhat * weight + bias with xhat = (x - mean[j]) * rstd[j]; rows in parallel.
 template <class T>
 void normalize_features(const T* xs, const Tensor& weight, const Tensor& bias,
-                        const Accumulator<T>* means, const Accumulator<T>* rstds, T* ys,
+                        const ComputeType<T>* means, const ComputeType<T>* rstds, T* ys,
                         std::int64_t M, std::int64_t N) {
-  using A = Accumulator<T>;
+  using A = ComputeType<T>;
   const A* w = weight.data<A>();
   const A* b = bias.data<A>();
   parallel_for(M, chunk_of(N), [&](std::int64_t begin, std::int64_t end) {
@@ -135,7 +134,7 @@ void forward_train_typed(const Tensor& x, const Tensor& weight, const Tensor& bi
                          const Tensor& y, const Tensor& mean, const Tensor& rstd,
                          const Tensor& running_mean, const Tensor& running_var, float momentum,
                          float eps) {
-  using A = Accumulator<T>;
+  using A = ComputeType<T>;
   const std::int64_t M = x.dim(0), N = x.dim(1);
   const T* xs = x.data<T>();  // [M, N]
   A* means = mean.data<A>();
@@ -173,7 +172,7 @@ template <class T>
 void forward_eval_typed(const Tensor& x, const Tensor& weight, const Tensor& bias,
                         const Tensor& running_mean, const Tensor& running_var, const Tensor& y,
                         float eps) {
-  using A = Accumulator<T>;
+  using A = ComputeType<T>;
   const std::int64_t N = x.dim(1);
   const Tensor rstd({N}, DTypeOf<A>::value, Device::cpu(), MemoryCategory::workspace);
   const A* running_vars = running_var.data<A>();
@@ -189,7 +188,7 @@ template <class T>
 void backward_typed(const Tensor& x, const Tensor& weight, const Tensor& mean, const Tensor& rstd,
                     const Tensor& dy, const Tensor& dx, const Tensor& dweight,
                     const Tensor& dbias) {
-  using A = Accumulator<T>;
+  using A = ComputeType<T>;
   const std::int64_t M = x.dim(0), N = x.dim(1);
   const T* xs = x.data<T>();    // [M, N]
   const T* dys = dy.data<T>();  // [M, N]

@@ -4,8 +4,8 @@
 
 #include "common/half.hpp"
 #include "kernels/cpu_parallel.hpp"
+#include "kernels/cpu_vector.hpp"
 #include "kernels/dispatch.hpp"
-#include "kernels/elementwise.hpp"
 
 namespace bigbatch {
 

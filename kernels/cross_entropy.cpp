@@ -3,11 +3,11 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
-#include <type_traits>
 
 #include "common/half.hpp"
 #include "kernels/cpu_parallel.hpp"
 #include "kernels/dispatch.hpp"
+#include "kernels/scalar_math.hpp"
 
 namespace bigbatch {
 namespace {
@@ -97,9 +97,8 @@ std::int64_t count_correct(const Tensor& logits, const Tensor& labels) {
 namespace cpu {
 namespace {
 
-/// The type all internal math is done in: double for double logits, float otherwise.
-template <class T>
-using Accumulator = std::conditional_t<std::is_same_v<T, double>, double, float>;
+/// All internal math is done in double for double logits, in float otherwise.
+using scalar_math::ComputeType;
 
 /// Rows per parallel chunk: about 32K elements.
 std::int64_t rows_per_chunk(std::int64_t classes) {
@@ -107,10 +106,10 @@ std::int64_t rows_per_chunk(std::int64_t classes) {
 }
 
 template <class T>
-Accumulator<T> row_max(const T* row, std::int64_t classes) {
-  Accumulator<T> max = static_cast<Accumulator<T>>(row[0]);
+ComputeType<T> row_max(const T* row, std::int64_t classes) {
+  ComputeType<T> max = static_cast<ComputeType<T>>(row[0]);
   for (std::int64_t c = 1; c < classes; ++c) {
-    max = std::max(max, static_cast<Accumulator<T>>(row[c]));
+    max = std::max(max, static_cast<ComputeType<T>>(row[c]));
   }
   return max;
 }
@@ -118,7 +117,7 @@ Accumulator<T> row_max(const T* row, std::int64_t classes) {
 template <class T>
 void forward_typed(const Tensor& logits, const Tensor& labels, const Tensor& loss,
                    float global_count, float scale) {
-  using A = Accumulator<T>;
+  using A = ComputeType<T>;
   const std::int64_t M = logits.dim(0), C = logits.dim(1);
   const T* z = logits.data<T>();  // [M, C]
   const std::int32_t* label = labels.data<std::int32_t>();
@@ -143,7 +142,7 @@ void forward_typed(const Tensor& logits, const Tensor& labels, const Tensor& los
 template <class T>
 void backward_typed(const Tensor& logits, const Tensor& labels, const Tensor& dlogits,
                     float global_count, float scale) {
-  using A = Accumulator<T>;
+  using A = ComputeType<T>;
   const std::int64_t M = logits.dim(0), C = logits.dim(1);
   const T* z = logits.data<T>();  // [M, C]
   const std::int32_t* label = labels.data<std::int32_t>();
@@ -168,7 +167,7 @@ void backward_typed(const Tensor& logits, const Tensor& labels, const Tensor& dl
 
 template <class T>
 std::int64_t count_correct_typed(const Tensor& logits, const Tensor& labels) {
-  using A = Accumulator<T>;
+  using A = ComputeType<T>;
   const std::int64_t M = logits.dim(0), C = logits.dim(1);
   const T* z = logits.data<T>();  // [M, C]
   const std::int32_t* label = labels.data<std::int32_t>();

@@ -7,7 +7,9 @@
 
 #include "common/half.hpp"
 #include "kernels/cpu_parallel.hpp"
+#include "kernels/cpu_vector.hpp"
 #include "kernels/dispatch.hpp"
+#include "kernels/scalar_math.hpp"
 
 namespace bigbatch {
 namespace {
@@ -162,7 +164,7 @@ bool unscale_one(const Tensor& t, float inv_scale) {
     run_vectorized([&] {
       for (std::int64_t i = begin; i < end; ++i) {
         // inf or NaN: the exponent field is all ones (an integer test that vectorises)
-        const std::uint32_t exponent = half_detail::bits_of(data[i]) & 0x7f800000u;
+        const std::uint32_t exponent = scalar_math::float_bits(data[i]) & 0x7f800000u;
         non_finite |= static_cast<std::uint32_t>(exponent == 0x7f800000u);
         data[i] = data[i] * inv_scale;
       }

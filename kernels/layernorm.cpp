@@ -1,11 +1,11 @@
 #include "kernels/layernorm.hpp"
 
 #include <algorithm>
-#include <type_traits>
 
 #include "common/half.hpp"
 #include "kernels/cpu_parallel.hpp"
 #include "kernels/dispatch.hpp"
+#include "kernels/scalar_math.hpp"
 
 namespace bigbatch {
 namespace {
@@ -83,9 +83,8 @@ void layernorm_backward(const Tensor& x, const Tensor& weight, const Tensor& mea
 namespace cpu {
 namespace {
 
-/// The type statistics are computed in: double for double data, float otherwise.
-template <class T>
-using Accumulator = std::conditional_t<std::is_same_v<T, double>, double, float>;
+/// Statistics are computed in double for double data, in float otherwise.
+using scalar_math::ComputeType;
 
 /// Rows per parallel chunk: enough elements (about 32K) to pay for a fork.
 std::int64_t rows_per_chunk(std::int64_t row_length) {
@@ -95,7 +94,7 @@ std::int64_t rows_per_chunk(std::int64_t row_length) {
 template <class T>
 void forward_typed(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& y,
                    const Tensor& mean, const Tensor& rstd, float eps) {
-  using A = Accumulator<T>;
+  using A = ComputeType<T>;
   const std::int64_t M = x.dim(0), N = x.dim(1);
   const T* xs = x.data<T>();  // [M, N]
   T* ys = y.data<T>();        // [M, N]
@@ -130,7 +129,7 @@ void forward_typed(const Tensor& x, const Tensor& weight, const Tensor& bias, co
 template <class T>
 void input_gradient(const Tensor& x, const Tensor& weight, const Tensor& mean, const Tensor& rstd,
                     const Tensor& dy, const Tensor& dx) {
-  using A = Accumulator<T>;
+  using A = ComputeType<T>;
   const std::int64_t M = x.dim(0), N = x.dim(1);
   const T* xs = x.data<T>();    // [M, N]
   const T* dys = dy.data<T>();  // [M, N]
@@ -166,7 +165,7 @@ void input_gradient(const Tensor& x, const Tensor& weight, const Tensor& mean, c
 template <class T>
 void parameter_gradients(const Tensor& x, const Tensor& mean, const Tensor& rstd,
                          const Tensor& dy, const Tensor& dweight, const Tensor& dbias) {
-  using A = Accumulator<T>;
+  using A = ComputeType<T>;
   const std::int64_t M = x.dim(0), N = x.dim(1);
   const T* xs = x.data<T>();    // [M, N]
   const T* dys = dy.data<T>();  // [M, N]

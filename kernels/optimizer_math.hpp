@@ -20,74 +20,27 @@
 // kernels differ in other details (a division by a scalar becomes a multiplication by
 // its reciprocal), so there the results differ from ours by an ulp now and then.
 //
-// Why explicit roundings: the CPU code is compiled with -ffp-contract=off, so the
-// compiler never fuses on its own, and fma_rn says where we want one fused rounding
-// (std::fma is exactly rounded with or without FMA hardware). nvcc contracts a*b+c
-// by default (--fmad=true), so on the device every operation is an intrinsic with
-// explicit round-to-nearest (__fmul_rn, __fadd_rn, __fdiv_rn, __fsqrt_rn, __fmaf_rn)
-// that nvcc never fuses or approximates: both backends give identical bits.
+// Every operation is one of scalar_math.hpp's explicitly rounded ones (fma_rn where
+// PyTorch fuses), which nvcc never fuses or approximates and the CPU build never
+// contracts: both backends give identical bits.
 //
 // Nothing here includes half.hpp: nvcc compiles this header.
 #pragma once
 
-#include <cmath>
 #include <cstdint>
 
 #include "common/host_device.hpp"
 #include "kernels/optimizer.hpp"
+#include "kernels/scalar_math.hpp"
 
 namespace bigbatch::optimizer_math {
 
-// ---- float operations rounded once, never contracted ------------------------------
-
-BIGBATCH_HD inline float mul_rn(float a, float b) {
-#if defined(__CUDA_ARCH__)
-  return __fmul_rn(a, b);
-#else
-  return a * b;
-#endif
-}
-
-BIGBATCH_HD inline float add_rn(float a, float b) {
-#if defined(__CUDA_ARCH__)
-  return __fadd_rn(a, b);
-#else
-  return a + b;
-#endif
-}
-
-BIGBATCH_HD inline float sub_rn(float a, float b) {
-#if defined(__CUDA_ARCH__)
-  return __fsub_rn(a, b);
-#else
-  return a - b;
-#endif
-}
-
-BIGBATCH_HD inline float div_rn(float a, float b) {
-#if defined(__CUDA_ARCH__)
-  return __fdiv_rn(a, b);
-#else
-  return a / b;
-#endif
-}
-
-BIGBATCH_HD inline float sqrt_rn(float a) {
-#if defined(__CUDA_ARCH__)
-  return __fsqrt_rn(a);
-#else
-  return std::sqrt(a);
-#endif
-}
-
-/// a*b + c with one rounding.
-BIGBATCH_HD inline float fma_rn(float a, float b, float c) {
-#if defined(__CUDA_ARCH__)
-  return __fmaf_rn(a, b, c);
-#else
-  return std::fma(a, b, c);
-#endif
-}
+using scalar_math::add_rn;
+using scalar_math::div_rn;
+using scalar_math::fma_rn;
+using scalar_math::mul_rn;
+using scalar_math::sqrt_rn;
+using scalar_math::sub_rn;
 
 /// at::lerp(self, end, weight) as PyTorch's CPU kernel computes it: from `self` for a
 /// small weight, from `end` otherwise, so that weight 0 gives self and 1 gives end.

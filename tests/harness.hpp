@@ -8,15 +8,21 @@
 //   gamma(n) = n*u / (1 - n*u) bounds the relative error of an n-term sum computed
 //   in any order (Higham, "Accuracy and Stability of Numerical Algorithms", 2nd ed.,
 //   Lemma 3.1), which makes the bound a proof, not a guess.
-// - Oracles run in double on the CPU; finite differences are central differences.
+// - Oracles run in double on the CPU; finite differences are central differences
+//   (Richardson-extrapolated ones, with their error bound: finite_difference.hpp).
+// - The CPU loops are compiled for several vector instruction sets: every one must give
+//   the baseline's results (expect_every_simd_level_agrees).
 #pragma once
 
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <exception>
 #include <functional>
+#include <initializer_list>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -25,6 +31,7 @@
 #include "common/half.hpp"
 #include "common/rng.hpp"
 #include "common/tensor.hpp"
+#include "kernels/cpu_vector.hpp"
 #include "kernels/fill.hpp"
 
 namespace bigbatch::testing {
@@ -186,6 +193,76 @@ inline ::testing::AssertionResult bitwise_equal(const Tensor& got, const Tensor&
   return ::testing::AssertionFailure()
          << failures << " of " << a.numel() << " elements differ in their bits; first at ["
          << first << "]: " << va[first] << " vs " << vb[first];
+}
+
+/// Checks got == want bit for bit, except that any NaN equals any NaN: a NaN's sign and
+/// payload are not specified (a compiler may swap the operands of a + b, and x86 returns
+/// the first of two NaNs).
+inline ::testing::AssertionResult same_bits_or_both_nan(const std::vector<double>& got,
+                                                        const std::vector<double>& want) {
+  if (got.size() != want.size()) return ::testing::AssertionFailure() << "sizes differ";
+  std::size_t failures = 0, first = 0;
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    const bool same = (std::isnan(got[i]) && std::isnan(want[i])) ||
+                      std::bit_cast<std::uint64_t>(got[i]) == std::bit_cast<std::uint64_t>(want[i]);
+    if (!same && failures++ == 0) first = i;
+  }
+  if (failures == 0) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure()
+         << failures << " of " << got.size() << " differ; first [" << first << "]: got "
+         << got[first] << ", want " << want[first];
+}
+
+/// The same for tensors of one dtype and shape (their values, exact as doubles).
+inline ::testing::AssertionResult same_bits_or_both_nan(const Tensor& got, const Tensor& want) {
+  if (got.dtype() != want.dtype() || got.shape() != want.shape()) {
+    return ::testing::AssertionFailure() << got.describe() << " vs " << want.describe();
+  }
+  return same_bits_or_both_nan(to_doubles(got), to_doubles(want));
+}
+
+/// Runs `outputs_of` (CPU ops, returning their outputs) with the vector instruction set
+/// capped at the x86-64 baseline, then at every higher level this CPU supports, and
+/// checks with `same` that each level gives the baseline's outputs (cpu_vector.hpp: every
+/// copy of a loop computes the same bits).
+inline void expect_every_simd_level_agrees(
+    const std::function<std::vector<Tensor>()>& outputs_of,
+    const std::function<::testing::AssertionResult(const Tensor&, const Tensor&)>& same =
+        bitwise_equal) {
+  const cpu::SimdLevel previous = cpu::set_simd_level_cap(cpu::SimdLevel::baseline);
+  const std::vector<Tensor> baseline = outputs_of();
+  for (const cpu::SimdLevel level : {cpu::SimdLevel::avx2, cpu::SimdLevel::avx512}) {
+    if (level > cpu::simd_level_supported()) continue;
+    cpu::set_simd_level_cap(level);
+    const std::vector<Tensor> outputs = outputs_of();
+    for (std::size_t k = 0; k < outputs.size(); ++k) {
+      EXPECT_TRUE(same(outputs[k], baseline[k])) << cpu::simd_level_name(level) << ", output " << k;
+    }
+  }
+  cpu::set_simd_level_cap(previous);
+}
+
+/// The message of the exception `action` throws, or "" when it throws none.
+template <class Action>
+std::string error_of(Action&& action) {
+  try {
+    action();
+  } catch (const std::exception& error) {
+    return error.what();
+  }
+  return "";
+}
+
+/// Passes when `message` is an error message containing every one of `parts`.
+inline ::testing::AssertionResult mentions(const std::string& message,
+                                           std::initializer_list<std::string> parts) {
+  if (message.empty()) return ::testing::AssertionFailure() << "no exception was thrown";
+  for (const std::string& part : parts) {
+    if (message.find(part) == std::string::npos) {
+      return ::testing::AssertionFailure() << "\"" << part << "\" not in: " << message;
+    }
+  }
+  return ::testing::AssertionSuccess();
 }
 
 /// Central difference (f(x+h) - f(x-h)) / 2h of f at x, where f reads `x` by reference.

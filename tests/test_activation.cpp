@@ -13,7 +13,7 @@
 
 #include "kernels/activation.hpp"
 #include "kernels/activation_math.hpp"
-#include "kernels/elementwise.hpp"
+#include "kernels/cpu_vector.hpp"
 #include "tests/harness.hpp"
 
 namespace bigbatch {
@@ -111,22 +111,6 @@ std::vector<double> gelu_inputs(std::int64_t n, std::uint64_t seed, DType dtype)
     values[(i * 7919) % values.size()] = special[i];
   }
   return values;
-}
-
-/// Equal bits, except that any NaN equals any NaN: the sign and payload of a NaN are not
-/// specified (a compiler may swap the operands of a + b, and x86 returns the first NaN).
-::testing::AssertionResult same_values(const Tensor& got, const Tensor& want) {
-  const auto a = testing::to_doubles(got), b = testing::to_doubles(want);
-  if (a.size() != b.size()) return ::testing::AssertionFailure() << "sizes differ";
-  std::size_t failures = 0, first = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    const bool same = (std::isnan(a[i]) && std::isnan(b[i])) ||
-                      std::bit_cast<std::uint64_t>(a[i]) == std::bit_cast<std::uint64_t>(b[i]);
-    if (!same && failures++ == 0) first = i;
-  }
-  if (failures == 0) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << failures << " of " << a.size() << " differ; first ["
-                                       << first << "]: " << a[first] << " vs " << b[first];
 }
 
 // ---- exp -----------------------------------------------------------------------------
@@ -256,10 +240,10 @@ TEST(GeluCuda, MatchesTheCpuBitForBit) {
     Tensor y_cpu({n}, dtype), dx_cpu({n}, dtype);
     gelu_forward(x, y);
     gelu_forward(x.to(Device::cpu()), y_cpu);
-    EXPECT_TRUE(same_values(y, y_cpu)) << dtype_name(dtype);
+    EXPECT_TRUE(testing::same_bits_or_both_nan(y, y_cpu)) << dtype_name(dtype);
     gelu_backward(x, dy, dx);
     gelu_backward(x.to(Device::cpu()), dy.to(Device::cpu()), dx_cpu);
-    EXPECT_TRUE(same_values(dx, dx_cpu)) << dtype_name(dtype);
+    EXPECT_TRUE(testing::same_bits_or_both_nan(dx, dx_cpu)) << dtype_name(dtype);
   }
 }
 
@@ -407,32 +391,26 @@ TEST(ActivationSimd, EveryLevelGivesTheBaselineBits) {
             << cpu::simd_level_name(cpu::simd_level_supported()) << "\n";
   const std::int64_t n = (1 << 16) + 77;
   for (const DType dtype : {DType::f32, DType::f16}) {
+    SCOPED_TRACE(dtype_name(dtype));
     auto values = gelu_inputs(n, 13, dtype);
     values[100] = std::nan("");
     values[101] = kInf;
     const Tensor x = testing::make_tensor(values, {n}, dtype, Device::cpu());
     const Tensor dy = testing::random_tensor({n}, dtype, Device::cpu(), 14);
-    const auto run_all = [&] {
-      std::vector<Tensor> outputs;
-      for (int k = 0; k < 4; ++k) outputs.emplace_back(Shape{n}, dtype);
-      gelu_forward(x, outputs[0]);
-      gelu_backward(x, dy, outputs[1]);
-      relu_forward(x, outputs[2]);
-      relu_backward(x, dy, outputs[3]);
-      return outputs;
-    };
-    const cpu::SimdLevel previous = cpu::set_simd_level_cap(cpu::SimdLevel::baseline);
-    const auto baseline = run_all();
-    for (const cpu::SimdLevel level : {cpu::SimdLevel::avx2, cpu::SimdLevel::avx512}) {
-      if (level > cpu::simd_level_supported()) continue;
-      cpu::set_simd_level_cap(level);
-      const auto outputs = run_all();
-      for (std::size_t k = 0; k < outputs.size(); ++k) {
-        EXPECT_TRUE(same_values(outputs[k], baseline[k]))
-            << cpu::simd_level_name(level) << " op " << k << " " << dtype_name(dtype);
-      }
-    }
-    cpu::set_simd_level_cap(previous);
+    // Outputs: gelu, gelu', relu, relu'. The NaN input may come out with another payload.
+    testing::expect_every_simd_level_agrees(
+        [&] {
+          std::vector<Tensor> outputs;
+          for (int k = 0; k < 4; ++k) outputs.emplace_back(Shape{n}, dtype);
+          gelu_forward(x, outputs[0]);
+          gelu_backward(x, dy, outputs[1]);
+          relu_forward(x, outputs[2]);
+          relu_backward(x, dy, outputs[3]);
+          return outputs;
+        },
+        [](const Tensor& got, const Tensor& want) {
+          return testing::same_bits_or_both_nan(got, want);
+        });
   }
 }
 

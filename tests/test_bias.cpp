@@ -6,7 +6,6 @@
 #include <vector>
 
 #include "kernels/bias.hpp"
-#include "kernels/elementwise.hpp"
 #include "tests/harness.hpp"
 
 namespace bigbatch {
@@ -199,23 +198,14 @@ TEST(BiasSimd, EveryLevelGivesTheBaselineBits) {
     const Tensor y = testing::random_tensor(shape, dtype, Device::cpu(), 15);
     const Tensor bias = testing::random_tensor({shape[1]}, DType::f32, Device::cpu(), 16);
     const Tensor dy = testing::random_tensor(shape, DType::f32, Device::cpu(), 17);
-    const auto run_all = [&] {
+    SCOPED_TRACE(dtype_name(dtype));
+    testing::expect_every_simd_level_agrees([&] {
       const Tensor out = y.clone();
       add_bias(out, bias);
       Tensor dbias = Tensor::zeros({shape[1]}, DType::f32);
       bias_backward(dy, dbias);
       return std::vector<Tensor>{out, dbias};
-    };
-    const cpu::SimdLevel previous = cpu::set_simd_level_cap(cpu::SimdLevel::baseline);
-    const auto baseline = run_all();
-    for (const cpu::SimdLevel level : {cpu::SimdLevel::avx2, cpu::SimdLevel::avx512}) {
-      if (level > cpu::simd_level_supported()) continue;
-      cpu::set_simd_level_cap(level);
-      const auto outputs = run_all();
-      EXPECT_TRUE(testing::bitwise_equal(outputs[0], baseline[0])) << cpu::simd_level_name(level);
-      EXPECT_TRUE(testing::bitwise_equal(outputs[1], baseline[1])) << cpu::simd_level_name(level);
-    }
-    cpu::set_simd_level_cap(previous);
+    });
   }
 }
 

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "kernels/cross_entropy.hpp"
+#include "tests/finite_difference.hpp"
 #include "tests/harness.hpp"
 
 namespace bigbatch {
@@ -282,9 +283,8 @@ TEST_P(CrossEntropy, NonFiniteLogitsPoisonTheirRowOnly) {
 
 // ---- the gradient against finite differences of the loss (CPU, f64) --------------------------
 
-// Richardson-extrapolated central difference R = (4 D(h) - D(2h)) / 3 with
-// D(h) = (f(x+h) - f(x-h)) / 2h: R = f'(x) - h^4/30 f^(5)(xi), and R's rounding is at most
-// 1.5 eps_f / h when every evaluation of f is within eps_f.
+// Richardson-extrapolated central differences (finite_difference.hpp), whose error is at
+// most 1.5 eps_f / h + h^4/30 max|f^(5)| when every evaluation of f is within eps_f.
 // Truncation, proved rather than assumed: along one logit, the loss is factor times
 // log(exp(z) + rest) minus a linear term, whose k-th derivative is the k-th cumulant of a
 // Bernoulli(softmax) variable; those are at most 1 in magnitude (k <= 5), so
@@ -305,9 +305,8 @@ TEST(CrossEntropyGradient, GradientMatchesFiniteDifferencesInFloat64) {
     const Reference analytic_error = reference(p, DType::f64);
     const auto dlogits = testing::to_doubles(run_gradient(p, Device::cpu(), count, scale));
     for (std::size_t k = 0; k < p.logits.size(); ++k) {
-      const double numeric = (4 * testing::central_difference(loss, p.logits[k], h) -
-                              testing::central_difference(loss, p.logits[k], 2 * h)) / 3;
-      const double tolerance = 1.5 * evaluation_error / h + std::pow(h, 4) / 30 * factor +
+      const double numeric = testing::richardson_derivative(loss, p.logits[k], h);
+      const double tolerance = testing::richardson_error(h, evaluation_error, factor) +
                                gradient_error(analytic_error, k, factor, DType::f64);
       EXPECT_NEAR(dlogits[k], numeric, tolerance) << "logit " << k;
     }

@@ -11,11 +11,11 @@
 
 #include <bit>
 #include <cmath>
-#include <functional>
 #include <iostream>
 #include <limits>
 #include <vector>
 
+#include "kernels/cpu_vector.hpp"
 #include "kernels/elementwise.hpp"
 #include "tests/harness.hpp"
 
@@ -41,21 +41,7 @@ double round_to_half(double x) {
 
 std::uint32_t bits_of(float x) { return std::bit_cast<std::uint32_t>(x); }
 
-/// Equal bits, or both NaN (NaN payloads are not specified).
-::testing::AssertionResult same_floats(const std::vector<double>& got,
-                                       const std::vector<double>& want) {
-  if (got.size() != want.size()) return ::testing::AssertionFailure() << "sizes differ";
-  std::size_t failures = 0, first = 0;
-  for (std::size_t i = 0; i < got.size(); ++i) {
-    const bool same = (std::isnan(got[i]) && std::isnan(want[i])) ||
-                      std::bit_cast<std::uint64_t>(got[i]) == std::bit_cast<std::uint64_t>(want[i]);
-    if (!same && failures++ == 0) first = i;
-  }
-  if (failures == 0) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure()
-         << failures << " of " << got.size() << " differ; first [" << first << "]: got "
-         << got[first] << ", want " << want[first];
-}
+using testing::same_bits_or_both_nan;
 
 /// Values across the whole f16 range and beyond: both signs, 2^-30 to 2^18, plus zeros.
 std::vector<double> wide_range_values(std::int64_t n, std::uint64_t seed) {
@@ -167,7 +153,7 @@ TEST_P(Cast, Float32ToFloat16MatchesTheRoundingOracle) {
     cast(src, dst);
     std::vector<double> want(values.size());
     for (std::size_t i = 0; i < values.size(); ++i) want[i] = round_to_half(values[i]);
-    ASSERT_TRUE(same_floats(testing::to_doubles(dst), want)) << "n = " << n;
+    ASSERT_TRUE(same_bits_or_both_nan(testing::to_doubles(dst), want)) << "n = " << n;
   }
 }
 
@@ -183,7 +169,7 @@ TEST_P(Cast, Float16ToFloat32IsExact) {
   Tensor dst({n}, DType::f32, device());
   testing::poison(dst);
   cast(src, dst);
-  ASSERT_TRUE(same_floats(testing::to_doubles(dst), testing::to_doubles(src)));
+  ASSERT_TRUE(same_bits_or_both_nan(testing::to_doubles(dst), testing::to_doubles(src)));
 }
 
 TEST_P(Cast, SameDtypeCopiesTheBits) {
@@ -245,7 +231,8 @@ TEST_P(Scale, IsOneRoundedProduct) {
         const double product = static_cast<float>(before[i] * s);  // computed in float
         want[i] = dtype == DType::f16 ? round_to_half(product) : product;
       }
-      ASSERT_TRUE(same_floats(testing::to_doubles(x), want)) << dtype_name(dtype) << " n = " << n;
+      ASSERT_TRUE(same_bits_or_both_nan(testing::to_doubles(x), want))
+          << dtype_name(dtype) << " n = " << n;
     }
   }
 }
@@ -271,7 +258,7 @@ TEST_P(Axpy, IsARoundedProductThenARoundedSum) {
           // with alpha == 1 the product is x itself, so this is exactly y + x
           want[i] = static_cast<float>(y_before[i] + product);
         }
-        ASSERT_TRUE(same_floats(testing::to_doubles(y), want))
+        ASSERT_TRUE(same_bits_or_both_nan(testing::to_doubles(y), want))
             << "alpha " << alpha << " x " << dtype_name(x_dtype) << " n = " << n;
       }
     }
@@ -323,7 +310,7 @@ TEST_P(Unscale, ScalesEveryElementAndLeavesTheFlagWhenAllAreFinite) {
       const float once = static_cast<float>(before[k][i] * inv_scale);
       want[i] = static_cast<float>(static_cast<double>(once) * inv_scale);
     }
-    ASSERT_TRUE(same_floats(testing::to_doubles(tensors[k]), want)) << "tensor " << k;
+    ASSERT_TRUE(same_bits_or_both_nan(testing::to_doubles(tensors[k]), want)) << "tensor " << k;
   }
 }
 
@@ -388,19 +375,7 @@ INSTANTIATE_TEST_SUITE_P(Backends, Unscale, ::testing::ValuesIn(testing::all_dev
 
 // ---- every vector instruction set computes the same bits -------------------------------
 
-/// Runs `op` at every SIMD level this CPU supports and checks that each gives the bits of
-/// the baseline (x86-64 SSE2) build of the same loops.
-void expect_every_simd_level_agrees(const std::function<Tensor()>& op) {
-  const cpu::SimdLevel supported = cpu::simd_level_supported();
-  const cpu::SimdLevel previous = cpu::set_simd_level_cap(cpu::SimdLevel::baseline);
-  const Tensor baseline = op();
-  for (const cpu::SimdLevel level : {cpu::SimdLevel::avx2, cpu::SimdLevel::avx512}) {
-    if (level > supported) continue;
-    cpu::set_simd_level_cap(level);
-    EXPECT_TRUE(testing::bitwise_equal(op(), baseline)) << cpu::simd_level_name(level);
-  }
-  cpu::set_simd_level_cap(previous);
-}
+using testing::expect_every_simd_level_agrees;
 
 TEST(ElementwiseSimd, EveryLevelGivesTheBaselineBits) {
   std::cout << "SIMD levels compared: baseline up to "
@@ -411,34 +386,34 @@ TEST(ElementwiseSimd, EveryLevelGivesTheBaselineBits) {
   values[6] = std::nan("");
   const Tensor f32 = testing::make_tensor(values, {n}, DType::f32, Device::cpu());
   const Tensor f16 = testing::make_tensor(values, {n}, DType::f16, Device::cpu());
-  expect_every_simd_level_agrees([&] {
+  expect_every_simd_level_agrees([&]() -> std::vector<Tensor> {
     Tensor out({n}, DType::f16);
     cast(f32, out);
-    return out;
+    return {out};
   });
-  expect_every_simd_level_agrees([&] {
+  expect_every_simd_level_agrees([&]() -> std::vector<Tensor> {
     Tensor out({n}, DType::f32);
     cast(f16, out);
-    return out;
+    return {out};
   });
   for (const Tensor& x : {f32, f16}) {
-    expect_every_simd_level_agrees([&] {
+    expect_every_simd_level_agrees([&]() -> std::vector<Tensor> {
       Tensor out = x.clone();
       scale(out, 0.3f);
-      return out;
+      return {out};
     });
-    expect_every_simd_level_agrees([&] {
+    expect_every_simd_level_agrees([&]() -> std::vector<Tensor> {
       Tensor y = testing::random_tensor({n}, DType::f32, Device::cpu(), 2);
       axpy(0.7f, x, y);
-      return y;
+      return {y};
     });
   }
-  expect_every_simd_level_agrees([&] {
+  expect_every_simd_level_agrees([&]() -> std::vector<Tensor> {
     Tensor g = f32.clone();
     Tensor found_inf = Tensor::zeros({1}, DType::f32);
     unscale_and_check_finite({g}, 0.125f, found_inf);
     EXPECT_EQ(found_inf.to_vector<float>()[0], 1.0f);
-    return g;
+    return {g};
   });
 }
 

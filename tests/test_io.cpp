@@ -2,13 +2,10 @@
 // byte against what NumPy and the safetensors reference implementation write, and
 // every malformed file refused with a message that names the file and the problem.
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <initializer_list>
-#include <iterator>
 #include <limits>
 #include <string>
 #include <vector>
@@ -16,67 +13,18 @@
 #include "common/io/npy.hpp"
 #include "common/io/safetensors.hpp"
 #include "tests/harness.hpp"
+#include "tests/temp_files.hpp"
 
 namespace bigbatch {
 namespace {
 
 // ---- helpers --------------------------------------------------------------------------
 
-// A path under the test temporary folder, unique to this process and test, removed
-// (with a leftover ".tmp" sibling) when the object dies.
-class TemporaryPath {
- public:
-  explicit TemporaryPath(const std::string& suffix) {
-    const auto* test = ::testing::UnitTest::GetInstance()->current_test_info();
-    path_ = ::testing::TempDir() + "bigbatch_io_" + std::to_string(::getpid()) + "_" +
-            test->name() + "_" + suffix;
-  }
-  ~TemporaryPath() {
-    std::error_code ignored;
-    std::filesystem::remove_all(path_, ignored);
-    std::filesystem::remove_all(path_ + ".tmp", ignored);
-  }
-  TemporaryPath(const TemporaryPath&) = delete;
-  TemporaryPath& operator=(const TemporaryPath&) = delete;
-  const std::string& str() const { return path_; }
-
- private:
-  std::string path_;
-};
-
-void write_file(const std::string& path, const std::string& bytes) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-  ASSERT_TRUE(out.good()) << "cannot write " << path;
-}
-
-std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
-
-// The message of the exception `action` throws, or "" when it throws none.
-template <class Action>
-std::string error_of(Action&& action) {
-  try {
-    action();
-  } catch (const std::exception& error) {
-    return error.what();
-  }
-  return "";
-}
-
-// Passes when `message` is an error message containing every one of `parts`.
-::testing::AssertionResult mentions(const std::string& message,
-                                    std::initializer_list<std::string> parts) {
-  if (message.empty()) return ::testing::AssertionFailure() << "no exception was thrown";
-  for (const std::string& part : parts) {
-    if (message.find(part) == std::string::npos) {
-      return ::testing::AssertionFailure() << "\"" << part << "\" not in: " << message;
-    }
-  }
-  return ::testing::AssertionSuccess();
-}
+using testing::error_of;
+using testing::mentions;
+using testing::read_file;
+using testing::TemporaryPath;
+using testing::write_file;
 
 std::string bytes_of(const Tensor& tensor) {
   const Tensor host = tensor.to(Device::cpu());

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "kernels/layernorm.hpp"
+#include "tests/finite_difference.hpp"
 #include "tests/harness.hpp"
 
 namespace bigbatch {
@@ -367,38 +368,7 @@ TEST_P(LayerNorm, BackwardMatchesFloat64Oracle) {
 
 // ---- backward against finite differences (CPU, f64) ---------------------------------------
 
-// Richardson-extrapolated central difference with D(h) = (f(x+h) - f(x-h)) / 2h:
-//   R = (4 D(h) - D(2h)) / 3 = f'(x) - h^4/30 f^(5)(xi).
-// Rounding: if every evaluation of f is within eps_f of the exact value, R is off by at most
-// (4/3)(eps_f/h) + (1/3)(eps_f/2h) = 1.5 eps_f / h.
-// Truncation: y depends on x through (x - mean) / sigma, sigma = sqrt(var + eps), so sigma
-// is the length over which L = sum g y bends. We step h = 2^-12 s, s = min(1, the smallest
-// sigma of any row), rounded down to a power of two (x +- h is then exact in double for our
-// inputs), and take |f^(5)| <= 1e6 / s^5: in units of s, a fifth derivative a million times
-// the O(1) size of g, w and b, which these smooth functions do not approach. The term is
-// then h^4/30 * 1e6 / s^5 <= 1.2e-10 / s. (A fixed step fails on a nearly constant row,
-// whose sigma is tiny: that is what the scaling is for.)
-// The analytic gradient's own f64 rounding, about (n + 10) 2^-53 relative for a reduction
-// over n <= 1025 values (< 1.3e-13), is covered by 1e-12 (1 + |gradient|).
-struct FiniteDifference {
-  double scale;  // s above
-  double step;   // h above
-
-  explicit FiniteDifference(double smallest_sigma)
-      : scale(std::min(1.0, smallest_sigma)),
-        step(std::exp2(std::floor(std::log2(0x1p-12 * scale)))) {}
-
-  double derivative(const std::function<double()>& f, double& x) const {
-    return (4 * testing::central_difference(f, x, step) -
-            testing::central_difference(f, x, 2 * step)) / 3;
-  }
-
-  double tolerance(double evaluation_error, double analytic) const {
-    return 1.5 * evaluation_error / step + std::pow(step, 4) / 30 * 1e6 / std::pow(scale, 5) +
-           1e-12 * (1 + std::abs(analytic));
-  }
-};
-
+// The step, its error bound and why: finite_difference.hpp (NormalizationFiniteDifference).
 TEST(LayerNormGradient, BackwardMatchesFiniteDifferencesInFloat64) {
   const std::vector<std::pair<std::int64_t, std::int64_t>> shapes = {
       {1, 1}, {1, 7}, {7, 1}, {3, 7}, {2, 1025}};
@@ -433,27 +403,16 @@ TEST(LayerNormGradient, BackwardMatchesFiniteDifferencesInFloat64) {
     for (const RowStatistics& s : ref.rows) {
       smallest_sigma = std::min(smallest_sigma, std::sqrt(s.variance + kEps));
     }
-    const FiniteDifference fd(smallest_sigma);
+    const testing::NormalizationFiniteDifference fd(smallest_sigma);
 
     const ForwardOutputs forward = run_forward(p, Device::cpu());
     const std::vector<double> zeros(N, 0.0);
     const BackwardOutputs got = run_backward(p, testing::to_doubles(forward.mean),
                                              testing::to_doubles(forward.rstd), zeros, zeros,
                                              Device::cpu());
-    const auto dx = testing::to_doubles(got.dx);
-    const auto dweight = testing::to_doubles(got.dweight);
-    const auto dbias = testing::to_doubles(got.dbias);
-    for (std::size_t k = 0; k < p.x.size(); ++k) {
-      EXPECT_NEAR(dx[k], fd.derivative(loss, p.x[k]), fd.tolerance(evaluation_error, dx[k]))
-          << "dx " << k;
-    }
-    for (std::int64_t j = 0; j < N; ++j) {
-      EXPECT_NEAR(dweight[j], fd.derivative(loss, p.w[j]),
-                  fd.tolerance(evaluation_error, dweight[j]))
-          << "dweight " << j;
-      EXPECT_NEAR(dbias[j], fd.derivative(loss, p.b[j]), fd.tolerance(evaluation_error, dbias[j]))
-          << "dbias " << j;
-    }
+    fd.expect_gradient("dx", testing::to_doubles(got.dx), p.x, loss, evaluation_error);
+    fd.expect_gradient("dweight", testing::to_doubles(got.dweight), p.w, loss, evaluation_error);
+    fd.expect_gradient("dbias", testing::to_doubles(got.dbias), p.b, loss, evaluation_error);
   }
 }
 

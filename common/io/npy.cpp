@@ -6,11 +6,12 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
-#include <stdexcept>
 #include <string_view>
 #include <system_error>
 #include <tuple>
 #include <utility>
+
+#include "common/io/file_format_reading.hpp"
 
 namespace bigbatch {
 namespace {
@@ -21,9 +22,7 @@ static_assert(std::endian::native == std::endian::little,
 constexpr std::string_view kMagic = "\x93NUMPY";
 constexpr std::size_t kDataAlignment = 64;  // NumPy starts the data at a multiple of 64
 
-[[noreturn]] void fail(const std::string& path, const std::string& what) {
-  throw std::runtime_error(path + ": " + what);
-}
+using io_detail::fail;
 
 // ---- the header: a Python dict literal ------------------------------------------------
 
@@ -46,7 +45,7 @@ class PyLiteralParser {
 
   PyValue parse_whole() {
     PyValue value = parse_value();
-    skip_space();
+    pos_ = io_detail::skip_whitespace(text_, pos_);
     if (pos_ != text_.size()) error("unexpected text after the header dict");
     return value;
   }
@@ -57,15 +56,8 @@ class PyLiteralParser {
                     "): " + std::string(text_));
   }
 
-  void skip_space() {
-    while (pos_ < text_.size() && (text_[pos_] == ' ' || text_[pos_] == '\t' ||
-                                   text_[pos_] == '\n' || text_[pos_] == '\r')) {
-      ++pos_;
-    }
-  }
-
   char peek() {
-    skip_space();
+    pos_ = io_detail::skip_whitespace(text_, pos_);
     if (pos_ >= text_.size()) error("unexpected end");
     return text_[pos_];
   }
@@ -144,21 +136,8 @@ class PyLiteralParser {
   PyValue parse_integer() {
     PyValue integer;
     integer.kind = PyValue::Kind::integer;
-    const bool negative = text_[pos_] == '-';
-    if (negative) ++pos_;
-    const std::size_t first_digit = pos_;
-    std::int64_t magnitude = 0;
-    while (pos_ < text_.size() && text_[pos_] >= '0' && text_[pos_] <= '9') {
-      const int digit = text_[pos_] - '0';
-      if (magnitude > (std::numeric_limits<std::int64_t>::max() - digit) / 10) {
-        error("integer too large");
-      }
-      magnitude = magnitude * 10 + digit;
-      ++pos_;
-    }
-    if (pos_ == first_digit) error("expected digits");
+    if (const char* problem = io_detail::scan_integer(text_, pos_, integer.integer)) error(problem);
     if (pos_ < text_.size() && (text_[pos_] == 'L' || text_[pos_] == 'l')) ++pos_;  // Python 2
-    integer.integer = negative ? -magnitude : magnitude;
     return integer;
   }
 
@@ -328,8 +307,7 @@ std::size_t NpyArray::itemsize() const { return parse_dtype(dtype, "npy array").
 // ---- reading --------------------------------------------------------------------------
 
 NpyArray read_npy(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail(path, std::string("cannot open .npy file: ") + std::strerror(errno));
+  std::ifstream in = io_detail::open_for_reading(path, ".npy file");
 
   unsigned char preamble[8];  // magic (6), major version, minor version
   read_exactly(in, preamble, sizeof preamble, path, "the magic and version");

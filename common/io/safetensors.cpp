@@ -12,8 +12,9 @@
 #include <fstream>
 #include <limits>
 #include <numeric>
-#include <stdexcept>
 #include <string_view>
+
+#include "common/io/file_format_reading.hpp"
 
 namespace bigbatch {
 namespace {
@@ -27,9 +28,7 @@ constexpr std::uint64_t kMaxHeaderBytes = 100'000'000;
 constexpr std::size_t kHeaderAlignment = 8;
 constexpr std::string_view kMetadataKey = "__metadata__";
 
-[[noreturn]] void fail(const std::string& path, const std::string& what) {
-  throw std::runtime_error(path + ": " + what);
-}
+using io_detail::fail;
 
 // ---- UTF-8 ----------------------------------------------------------------------------
 
@@ -103,7 +102,7 @@ class JsonParser {
 
   JsonValue parse_whole() {
     JsonValue value = parse_value(0);
-    skip_space();
+    pos_ = io_detail::skip_whitespace(text_, pos_);
     if (pos_ != text_.size()) error("unexpected text after the header object");
     return value;
   }
@@ -115,15 +114,8 @@ class JsonParser {
     fail(path_, "malformed safetensors header JSON: " + what + " at byte " + std::to_string(pos_));
   }
 
-  void skip_space() {
-    while (pos_ < text_.size() && (text_[pos_] == ' ' || text_[pos_] == '\t' ||
-                                   text_[pos_] == '\n' || text_[pos_] == '\r')) {
-      ++pos_;
-    }
-  }
-
   char peek() {
-    skip_space();
+    pos_ = io_detail::skip_whitespace(text_, pos_);
     if (pos_ >= text_.size()) error("unexpected end");
     return text_[pos_];
   }
@@ -246,24 +238,12 @@ class JsonParser {
   JsonValue parse_integer() {
     JsonValue integer;
     integer.kind = JsonValue::Kind::integer;
-    const bool negative = text_[pos_] == '-';
-    if (negative) ++pos_;
-    const std::size_t first_digit = pos_;
-    std::int64_t magnitude = 0;
-    while (pos_ < text_.size() && text_[pos_] >= '0' && text_[pos_] <= '9') {
-      const int digit = text_[pos_] - '0';
-      if (magnitude > (std::numeric_limits<std::int64_t>::max() - digit) / 10) {
-        error("integer too large");
-      }
-      magnitude = magnitude * 10 + digit;
-      ++pos_;
-    }
-    if (pos_ == first_digit) error("expected digits");
+    const std::size_t first_digit = text_[pos_] == '-' ? pos_ + 1 : pos_;
+    if (const char* problem = io_detail::scan_integer(text_, pos_, integer.integer)) error(problem);
     if (text_[first_digit] == '0' && pos_ - first_digit > 1) error("leading zero");
     if (pos_ < text_.size() && (text_[pos_] == '.' || text_[pos_] == 'e' || text_[pos_] == 'E')) {
       error("numbers in a safetensors header must be integers");
     }
-    integer.integer = negative ? -magnitude : magnitude;
     return integer;
   }
 
@@ -499,12 +479,6 @@ Header read_header(std::ifstream& in, const std::string& path) {
   return header;
 }
 
-std::ifstream open_for_reading(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail(path, std::string("cannot open safetensors file: ") + std::strerror(errno));
-  return in;
-}
-
 DType tensor_dtype_of(const TensorEntry& entry, const std::string& path) {
   if (entry.dtype == "F32") return DType::f32;
   if (entry.dtype == "F16") return DType::f16;
@@ -647,7 +621,7 @@ void save_safetensors(const std::string& path,
 }
 
 std::map<std::string, Tensor> load_safetensors(const std::string& path, MemoryCategory category) {
-  std::ifstream in = open_for_reading(path);
+  std::ifstream in = io_detail::open_for_reading(path, "safetensors file");
   const Header header = read_header(in, path);
   std::map<std::string, Tensor> tensors;
   for (const TensorEntry& entry : header.tensors) {
@@ -663,7 +637,7 @@ std::map<std::string, Tensor> load_safetensors(const std::string& path, MemoryCa
 }
 
 std::map<std::string, std::string> load_safetensors_metadata(const std::string& path) {
-  std::ifstream in = open_for_reading(path);
+  std::ifstream in = io_detail::open_for_reading(path, "safetensors file");
   return read_header(in, path).metadata;
 }
 
