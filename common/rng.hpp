@@ -5,6 +5,18 @@
 // whether that sample sits in a batch of 1024 or a micro-batch of 7, and the same
 // again when a checkpointed segment is recomputed. The same code runs on both backends.
 //
+// The contract. One Philox evaluation gives four 32-bit words, and all four are used:
+// the four consecutive indices 4q, 4q + 1, 4q + 2, 4q + 3 form group q and take its
+// words in order,
+//   random_bits(seed, stream, index) = philox4x32_10(counter = (q_lo, q_hi, stream_lo,
+//                                      stream_hi), key = (seed_lo, seed_hi)).v[index & 3]
+// with q = index >> 2 (lo/hi: the low and high 32 bits). That is a quarter of the
+// arithmetic of one evaluation per index, which is what bounds dropout's speed, and a
+// value still depends on nothing but (seed, stream, index): a caller may start or stop
+// anywhere, mid-group included, and draws the same values as one that covers the whole
+// range. A caller that needs many consecutive values evaluates each group once
+// (random_group) and takes its four words.
+//
 // Philox 4x32-10 is Salmon, Moraes, Dror and Shaw, "Parallel random numbers: as easy
 // as 1, 2, 3" (SC'11); the tests check it against that paper's known-answer vectors.
 #pragma once
@@ -40,19 +52,31 @@ BIGBATCH_HD inline Philox4x32 philox4x32_10(std::uint32_t c0, std::uint32_t c1,
   return {{c0, c1, c2, c3}};
 }
 
-/// 32 random bits for element `index` of stream `stream` under `seed`.
-BIGBATCH_HD inline std::uint32_t random_bits(std::uint64_t seed, std::uint64_t stream,
-                                             std::uint64_t index) {
-  return philox4x32_10(static_cast<std::uint32_t>(index), static_cast<std::uint32_t>(index >> 32),
+/// The four words of group `group`: random_bits of indices 4 group + w is .v[w].
+BIGBATCH_HD inline Philox4x32 random_group(std::uint64_t seed, std::uint64_t stream,
+                                           std::uint64_t group) {
+  return philox4x32_10(static_cast<std::uint32_t>(group), static_cast<std::uint32_t>(group >> 32),
                        static_cast<std::uint32_t>(stream), static_cast<std::uint32_t>(stream >> 32),
-                       static_cast<std::uint32_t>(seed), static_cast<std::uint32_t>(seed >> 32))
-      .v[0];
+                       static_cast<std::uint32_t>(seed), static_cast<std::uint32_t>(seed >> 32));
 }
 
-/// A float uniform on [0, 1) with 24 random bits: exactly k * 2^-24 for some integer k.
+/// 32 random bits for element `index` of stream `stream` under `seed`: word index & 3
+/// of group index >> 2.
+BIGBATCH_HD inline std::uint32_t random_bits(std::uint64_t seed, std::uint64_t stream,
+                                             std::uint64_t index) {
+  return random_group(seed, stream, index >> 2).v[index & 3];
+}
+
+/// The float uniform on [0, 1) made from 32 random bits: their top 24 bits times 2^-24,
+/// so exactly k * 2^-24 for some integer k.
+BIGBATCH_HD inline float uniform_from_bits(std::uint32_t bits) {
+  return static_cast<float>(bits >> 8) * 0x1p-24f;
+}
+
+/// A float uniform on [0, 1) with 24 random bits: uniform_from_bits(random_bits(...)).
 BIGBATCH_HD inline float random_uniform(std::uint64_t seed, std::uint64_t stream,
                                         std::uint64_t index) {
-  return static_cast<float>(random_bits(seed, stream, index) >> 8) * 0x1p-24f;
+  return uniform_from_bits(random_bits(seed, stream, index));
 }
 
 }  // namespace bigbatch

@@ -11,14 +11,26 @@ __device__ inline void store(float* out, float value) { *out = value; }
 __device__ inline void store(__half* out, float value) { *out = __float2half_rn(value); }
 
 // out[e] = in[e] * (kept ? scale : 0), element e having global index first_index + e:
-// the same mask and the same product as the CPU (dropout.hpp).
+// the same mask and the same product as the CPU (dropout.hpp). One thread per group of
+// four consecutive global indices, whose four random words one Philox evaluation gives
+// (common/rng.hpp); the first and last groups may lie partly outside the tensor.
 template <class T>
 __global__ void dropout_kernel(const T* in, T* out, std::int64_t n, std::uint64_t first_index,
-                               std::uint64_t seed, std::uint64_t stream, float p, float scale) {
-  for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += std::int64_t{gridDim.x} * blockDim.x) {
-    const float u = random_uniform(seed, stream, first_index + static_cast<std::uint64_t>(i));
-    store(out + i, __fmul_rn(load(in[i]), u >= p ? scale : 0.0f));
+                               std::int64_t groups, std::uint64_t seed, std::uint64_t stream,
+                               float p, float scale) {
+  const std::uint64_t first_group = first_index / 4;
+  for (std::int64_t g = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; g < groups;
+       g += std::int64_t{gridDim.x} * blockDim.x) {
+    const std::uint64_t group = first_group + static_cast<std::uint64_t>(g);
+    const Philox4x32 words = random_group(seed, stream, group);
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {
+      // e is in [-3, n + 3): negative before the tensor, n and up after it
+      const auto e =
+          static_cast<std::int64_t>(4 * group + static_cast<std::uint64_t>(w) - first_index);
+      if (e < 0 || e >= n) continue;
+      store(out + e, __fmul_rn(load(in[e]), uniform_from_bits(words.v[w]) >= p ? scale : 0.0f));
+    }
   }
 }
 
@@ -26,14 +38,18 @@ void launch_dropout(const Tensor& in, const Tensor& out, const DropoutSpec& spec
   const std::int64_t n = in.numel();
   if (n == 0) return;
   const std::uint64_t first_index = detail::dropout_first_index(in, spec);
+  // the groups holding global indices first_index .. first_index + n - 1
+  const auto groups = static_cast<std::int64_t>(
+      (first_index + static_cast<std::uint64_t>(n) - 1) / 4 - first_index / 4 + 1);
   const float scale = detail::dropout_keep_scale(spec.p);
   if (in.dtype() == DType::f16) {
-    dropout_kernel<<<grid_for(n), kThreadsPerBlock>>>(in.data<__half>(), out.data<__half>(), n,
-                                                      first_index, spec.seed, spec.stream, spec.p,
-                                                      scale);
+    dropout_kernel<<<grid_for(groups), kThreadsPerBlock>>>(in.data<__half>(), out.data<__half>(), n,
+                                                           first_index, groups, spec.seed,
+                                                           spec.stream, spec.p, scale);
   } else {
-    dropout_kernel<<<grid_for(n), kThreadsPerBlock>>>(
-        in.data<float>(), out.data<float>(), n, first_index, spec.seed, spec.stream, spec.p, scale);
+    dropout_kernel<<<grid_for(groups), kThreadsPerBlock>>>(in.data<float>(), out.data<float>(), n,
+                                                           first_index, groups, spec.seed,
+                                                           spec.stream, spec.p, scale);
   }
   BIGBATCH_CHECK_LAUNCH("dropout_kernel");
 }

@@ -14,6 +14,9 @@
 // micro-batch of rows [64, 128) with first_row = 64 draws exactly the mask of rows
 // 64..127 of the full batch, and a recomputation (checkpointing) draws it again.
 // dropout_backward recomputes the mask from the same spec: nothing is stored.
+// The RNG gives the four global indices 4q .. 4q + 3 from one Philox evaluation, and
+// both backends draw each such group once; a group may straddle two rows, or the
+// tensor's first or last element, and every element still gets its own index's value.
 //
 // Arithmetic, as PyTorch: the kept scale is s = 1/(1 - p) rounded to float, and every
 // element is multiplied in float by s (kept) or 0 (dropped), then rounded once to the

@@ -1,6 +1,7 @@
 // dropout: the mask is the RNG's, keyed by the global element index, so micro-batches
-// and recomputations draw the batch's mask; backward recomputes it; p = 0 and p = 1;
-// the keep fraction; finite differences; every SIMD path; CUDA against the CPU.
+// and recomputations draw the batch's mask; groups of four indices straddling rows;
+// backward recomputes it; p = 0 and p = 1; the keep fraction; finite differences;
+// every SIMD path; CUDA against the CPU.
 #include <gtest/gtest.h>
 
 #include <bit>
@@ -121,6 +122,45 @@ TEST_P(Dropout, BackwardRecomputesTheForwardMask) {
   EXPECT_TRUE(same_values(testing::to_doubles(dx), want));
 }
 
+// One Philox evaluation serves the four indices 4q..4q+3 (common/rng.hpp), and those
+// may lie in two rows, or partly before the tensor's first element or after its last:
+// with N not a multiple of 4 and first_row = 1, 3, 5, groups straddle every row
+// boundary and both ends. Each element must still get random_uniform of its own index
+// (the oracle draws element by element). On the CPU every vector level is checked,
+// since the AVX-512 path takes whole groups and leaves the partial ones to the others.
+TEST_P(Dropout, GroupsStraddlingRowsDrawTheElementMask) {
+  std::vector<Shape> shapes;
+  for (const std::int64_t rows : {1, 2, 9}) {
+    for (const std::int64_t row_length : {1, 2, 3, 5, 6, 7, 13}) {
+      shapes.push_back({rows, row_length});
+    }
+  }
+  shapes.push_back({37, 1021});  // whole AVX-512 blocks between partial ones
+  shapes.push_back({3, 4099});
+  std::vector<cpu::SimdLevel> levels = {cpu::simd_level()};  // CUDA: the level is irrelevant
+  if (device().is_cpu()) {
+    levels = {cpu::SimdLevel::baseline, cpu::SimdLevel::avx2, cpu::SimdLevel::avx512};
+  }
+  for (const cpu::SimdLevel level : levels) {
+    if (level > cpu::simd_level_supported()) continue;
+    const cpu::SimdLevel previous = cpu::set_simd_level_cap(level);
+    for (const Shape& shape : shapes) {
+      for (const std::int64_t first_row : {0, 1, 3, 5}) {
+        const DropoutSpec spec{0.5f, 31, 4, first_row};
+        const Tensor x = testing::random_tensor(shape, DType::f32, device(), 10, -3.0, 3.0);
+        Tensor y(shape, DType::f32, device());
+        testing::poison(y);
+        dropout_forward(x, y, spec);
+        EXPECT_TRUE(same_values(testing::to_doubles(y),
+                                dropout_oracle(testing::to_doubles(x), shape[1], spec, DType::f32)))
+            << shape_string(shape) << " first_row " << first_row << " "
+            << cpu::simd_level_name(level);
+      }
+    }
+    cpu::set_simd_level_cap(previous);
+  }
+}
+
 // K kept of n is Binomial(n, q) with q = P(u >= p) = 1 - ceil(p 2^24) / 2^24 (u takes the
 // values k 2^-24). |K - n q| > 6 sqrt(n q (1 - q)) has probability below 2e-9 for a true
 // binomial; Philox passes far stronger tests (TestU01's BigCrush), so a failure here
@@ -165,13 +205,14 @@ TEST_P(Dropout, ZeroAndOne) {
   }
 }
 
+// The global indices run across 2^34, where the group number's high word steps.
 TEST(DropoutCuda, MatchesTheCpuBitForBit) {
   const Device device = Device::cuda();
   BIGBATCH_SKIP_WITHOUT_DEVICE(device);
   const Shape shape = {1027, 1021};
   for (const DType dtype : {DType::f32, DType::f16}) {
     const DropoutSpec spec{0.2f, 0x1234567890abcdefULL, 0xfedcba0987654321ULL,
-                           (std::int64_t{1} << 32) / 1021};
+                           (std::int64_t{1} << 34) / 1021};
     const Tensor x = testing::random_tensor(shape, dtype, device, 6);
     Tensor y(shape, dtype, device), y_cpu(shape, dtype);
     dropout_forward(x, y, spec);
@@ -232,13 +273,15 @@ TEST(DropoutGradients, BackwardIsTheDerivativeOfForward) {
   EXPECT_TRUE(testing::all_close(testing::to_doubles(dx), want, [](std::size_t) { return 1e-11; }));
 }
 
-// The AVX-512 path draws 32 masks at a time and handles the step of the index's high
-// word itself; across that step, at odd sizes, every level must give the baseline bits
-// (which the definition test above ties to random_uniform).
+// The AVX-512 path draws 32 groups (128 masks) at a time and handles the step of the
+// group number's high word (at indices that are multiples of 2^34) itself; across that
+// step, from group-aligned and unaligned starts, every level must give the baseline
+// bits (which the definition test above ties to random_uniform).
 TEST(DropoutSimd, EveryLevelGivesTheBaselineBits) {
   const std::int64_t rows = 3001, row_length = 1;
   for (const std::int64_t first_row :
-       {std::int64_t{0}, (std::int64_t{1} << 32) - 1500, (std::int64_t{5} << 32) - 17}) {
+       {std::int64_t{0}, std::int64_t{1}, (std::int64_t{1} << 34) - 1500,
+        (std::int64_t{1} << 34) - 1499, (std::int64_t{5} << 34) - 17}) {
     for (const DType dtype : {DType::f32, DType::f16}) {
       const DropoutSpec spec{0.3f, 0xdeadbeefcafeULL, 0x123456789ULL, first_row};
       const Tensor x = testing::random_tensor({rows, row_length}, dtype, Device::cpu(), 9);

@@ -20,7 +20,7 @@
 // except tanh, which comes from the C library. Two libms may differ in tanh's last
 // bit; that could change a label only where the two largest logits agree to about
 // 1e-16. It can happen in principle; with the default options the closest pair of
-// top-two logits differs by 1.3e-5 (measured over all 60000 samples), and the tests
+// top-two logits differs by 1.3e-6 (measured over all 60000 samples), and the tests
 // pin a fingerprint of the default data set's bytes.
 #include <cmath>
 #include <string>
