@@ -200,6 +200,13 @@ void Elementwise_dropout_forward(benchmark::State& state, Device device) {
   run_against_memcpy(state, device, 2 * kFloatBytes, [&] { dropout_forward(x, y, spec); });
 }
 
+void Elementwise_dropout_backward(benchmark::State& state, Device device) {
+  if (skip_without_gpu(state, device)) return;
+  const Tensor dy = buffer(device, DType::f32, 1.0), dx = buffer(device, DType::f32, 0.0);
+  const DropoutSpec spec{0.1f, 1234, 7, 0};
+  run_against_memcpy(state, device, 2 * kFloatBytes, [&] { dropout_backward(dy, dx, spec); });
+}
+
 void Elementwise_cast_f32_to_f16(benchmark::State& state, Device device) {
   if (skip_without_gpu(state, device)) return;
   const Tensor src = buffer(device, DType::f32, 0.1), dst = buffer(device, DType::f16, 0.0);
@@ -244,6 +251,7 @@ BIGBATCH_ELEMENTWISE_BENCH(Elementwise_gelu_backward);
 BIGBATCH_ELEMENTWISE_BENCH(Elementwise_relu_forward);
 BIGBATCH_ELEMENTWISE_BENCH(Elementwise_relu_backward);
 BIGBATCH_ELEMENTWISE_BENCH(Elementwise_dropout_forward);
+BIGBATCH_ELEMENTWISE_BENCH(Elementwise_dropout_backward);
 BIGBATCH_ELEMENTWISE_BENCH(Elementwise_cast_f32_to_f16);
 BIGBATCH_ELEMENTWISE_BENCH(Elementwise_cast_f16_to_f32);
 BIGBATCH_ELEMENTWISE_BENCH(Elementwise_unscale_and_check_finite);

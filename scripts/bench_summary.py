@@ -24,7 +24,7 @@ def load_runs(path):
     for run in data["benchmarks"]:
         if run.get("error_occurred"):
             continue
-        name = run.get("run_name", run["name"])
+        name = re.sub(r"/(real|manual)_time$", "", run.get("run_name", run["name"]))
         if run.get("run_type") == "aggregate":
             if run.get("aggregate_name") == "median":
                 medians[name] = run
@@ -42,11 +42,11 @@ def gemm_table(runs):
     rows = ["| n (M = N = K) | ours fp32 GFLOP/s | OpenBLAS sgemm GFLOP/s | ours / OpenBLAS | ours fp16 operands GFLOP/s |",
             "|---:|---:|---:|---:|---:|"]
     sizes = sorted({int(m.group(1)) for name in runs
-                    for m in [re.match(r"BM_GemmCpuF32/n:(\d+)", name)] if m})
+                    for m in [re.fullmatch(r"BM_GemmCpuF32/n:(\d+)/path:-1", name)] if m})
     for n in sizes:
-        ours = runs.get(f"BM_GemmCpuF32/n:{n}")
+        ours = runs.get(f"BM_GemmCpuF32/n:{n}/path:-1")
         peer = runs.get(f"BM_OpenBlasSgemm/n:{n}")
-        half = runs.get(f"BM_GemmCpuF16/n:{n}")
+        half = runs.get(f"BM_GemmCpuF16/n:{n}/path:-1")
         cells = [str(n), f"{gflops(ours):.1f}",
                  f"{gflops(peer):.1f}" if peer else "n/a",
                  f"{gflops(ours) / gflops(peer):.2f}" if peer else "n/a",
@@ -67,6 +67,18 @@ def elementwise_table(runs):
     return "\n".join(rows)
 
 
+def other_table(runs):
+    rows = ["| benchmark (CPU) | time per call, ms | GB/s |", "|---|---:|---:|"]
+    for name, run in sorted(runs.items()):
+        if not re.match(r"BM_(LayerNorm|CrossEntropy|Optimizer)", name) or "cuda" in name:
+            continue
+        scale = {"ns": 1e-6, "us": 1e-3, "ms": 1.0, "s": 1e3}[run["time_unit"]]
+        rate = run.get("bytes_per_second")
+        rows.append(f"| {name} | {run['real_time'] * scale:.2f} | "
+                    f"{rate / 1e9:.1f} |" if rate else f"| {name} | {run['real_time'] * scale:.2f} | n/a |")
+    return "\n".join(rows)
+
+
 def summary(path):
     runs, context = load_runs(path)
     threads = sorted({int(r["threads"]) for r in runs.values() if "threads" in r})
@@ -80,7 +92,8 @@ def summary(path):
     if openblas:
         head += f" Peer: {openblas[0]}."
     return "\n\n".join([head, "**GEMM**", gemm_table(runs),
-                        "**Elementwise ops against memcpy**", elementwise_table(runs)])
+                        "**Elementwise ops against memcpy**", elementwise_table(runs),
+                        "**Other kernels**", other_table(runs)])
 
 
 def main(argv):

@@ -34,6 +34,11 @@
 #include "kernels/cpu_vector.hpp"
 #include "kernels/fill.hpp"
 
+namespace bigbatch {
+/// How GoogleTest prints a Device parameter: "cpu" or "cuda:0", not its bytes.
+inline void PrintTo(const Device& device, std::ostream* out) { *out << device.name(); }
+}  // namespace bigbatch
+
 namespace bigbatch::testing {
 
 /// The backends every op test runs on.
