@@ -7,7 +7,9 @@
 # The OpenBLAS peer is measured at its best: Debian's OpenBLAS picks its kernel from the
 # CPU model name, which on virtual machines is often generic, so this script names the
 # best kernel the CPU supports in OPENBLAS_CORETYPE for this run only (never in tests).
-# The benchmark's context records which kernel OpenBLAS actually used.
+# The benchmark's context records which kernel OpenBLAS actually used. Repetitions of
+# different benchmarks are interleaved in random order, so that a drift in machine speed
+# affects ours and the peer alike.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
@@ -22,5 +24,5 @@ fi
 mkdir -p bench/results
 build/bench/bench_kernels --benchmark_out=bench/results/cpu-kernels.json \
   --benchmark_out_format=json --benchmark_repetitions=5 \
-  --benchmark_report_aggregates_only=true "$@"
+  --benchmark_report_aggregates_only=true --benchmark_enable_random_interleaving=true "$@"
 echo "wrote bench/results/cpu-kernels.json"
