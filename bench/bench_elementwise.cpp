@@ -27,6 +27,7 @@
 #include "kernels/activation.hpp"
 #include "kernels/bias.hpp"
 #include "kernels/cpu_parallel.hpp"
+#include "kernels/cpu_vector.hpp"
 #include "kernels/dropout.hpp"
 #include "kernels/elementwise.hpp"
 #include "kernels/fill.hpp"

@@ -8,9 +8,8 @@
 // - the parallel chunk size of these loops;
 // - check_same_or_disjoint, the argument check of an op that may work in place.
 //
-// For the kernels' .cpp files and the tests, not part of any op's API (elementwise.hpp
-// still includes it, for now, for the files that reach it through there). CPU-only: it
-// includes half.hpp, which nvcc does not see. The functions declared here without a body
+// For the kernels' .cpp files, the tests and the benchmarks; not part of any op's API.
+// CPU-only: it includes half.hpp, which nvcc does not see. The functions declared here without a body
 // are defined in elementwise.cpp.
 #pragma once
 

@@ -8,8 +8,8 @@
 #include "common/half.hpp"
 #include "common/rng.hpp"
 #include "kernels/cpu_parallel.hpp"
+#include "kernels/cpu_vector.hpp"
 #include "kernels/dispatch.hpp"
-#include "kernels/elementwise.hpp"
 
 namespace bigbatch {
 namespace {

@@ -5,11 +5,6 @@
 namespace bigbatch::cuda {
 namespace {
 
-__device__ inline float load(float x) { return x; }
-__device__ inline float load(__half x) { return __half2float(x); }
-__device__ inline void store(float* out, float value) { *out = value; }
-__device__ inline void store(__half* out, float value) { *out = __float2half_rn(value); }
-
 // out[e] = in[e] * (kept ? scale : 0), element e having global index first_index + e:
 // the same mask and the same product as the CPU (dropout.hpp). One thread per group of
 // four consecutive global indices, whose four random words one Philox evaluation gives
@@ -19,8 +14,7 @@ __global__ void dropout_kernel(const T* in, T* out, std::int64_t n, std::uint64_
                                std::int64_t groups, std::uint64_t seed, std::uint64_t stream,
                                float p, float scale) {
   const std::uint64_t first_group = first_index / 4;
-  for (std::int64_t g = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; g < groups;
-       g += std::int64_t{gridDim.x} * blockDim.x) {
+  for (const std::int64_t g : grid_stride(groups)) {
     const std::uint64_t group = first_group + static_cast<std::uint64_t>(g);
     const Philox4x32 words = random_group(seed, stream, group);
 #pragma unroll
@@ -29,12 +23,14 @@ __global__ void dropout_kernel(const T* in, T* out, std::int64_t n, std::uint64_
       const auto e =
           static_cast<std::int64_t>(4 * group + static_cast<std::uint64_t>(w) - first_index);
       if (e < 0 || e >= n) continue;
-      store(out + e, __fmul_rn(load(in[e]), uniform_from_bits(words.v[w]) >= p ? scale : 0.0f));
+      out[e] = from_float<T>(
+          __fmul_rn(to_float(in[e]), uniform_from_bits(words.v[w]) >= p ? scale : 0.0f));
     }
   }
 }
 
-void launch_dropout(const Tensor& in, const Tensor& out, const DropoutSpec& spec) {
+void launch_dropout(const char* op, const Tensor& in, const Tensor& out,
+                    const DropoutSpec& spec) {
   const std::int64_t n = in.numel();
   if (n == 0) return;
   const std::uint64_t first_index = detail::dropout_first_index(in, spec);
@@ -42,26 +38,22 @@ void launch_dropout(const Tensor& in, const Tensor& out, const DropoutSpec& spec
   const auto groups = static_cast<std::int64_t>(
       (first_index + static_cast<std::uint64_t>(n) - 1) / 4 - first_index / 4 + 1);
   const float scale = detail::dropout_keep_scale(spec.p);
-  if (in.dtype() == DType::f16) {
-    dropout_kernel<<<grid_for(groups), kThreadsPerBlock>>>(in.data<__half>(), out.data<__half>(), n,
+  dispatch_f16_f32(op, in.dtype(), [&]<class T>(ElementType<T>) {
+    dropout_kernel<<<grid_for(groups), kThreadsPerBlock>>>(in.data<T>(), out.data<T>(), n,
                                                            first_index, groups, spec.seed,
                                                            spec.stream, spec.p, scale);
-  } else {
-    dropout_kernel<<<grid_for(groups), kThreadsPerBlock>>>(in.data<float>(), out.data<float>(), n,
-                                                           first_index, groups, spec.seed,
-                                                           spec.stream, spec.p, scale);
-  }
+  });
   BIGBATCH_CHECK_LAUNCH("dropout_kernel");
 }
 
 }  // namespace
 
 void dropout_forward(const Tensor& x, const Tensor& y, const DropoutSpec& spec) {
-  launch_dropout(x, y, spec);
+  launch_dropout("dropout_forward", x, y, spec);
 }
 
 void dropout_backward(const Tensor& dy, const Tensor& dx, const DropoutSpec& spec) {
-  launch_dropout(dy, dx, spec);
+  launch_dropout("dropout_backward", dy, dx, spec);
 }
 
 }  // namespace bigbatch::cuda

@@ -24,8 +24,9 @@
 //   left as it was (the caller zeroes it), so one found_inf can collect several calls.
 //   One pass over each tensor (on CUDA: one launch for up to 48 tensors).
 //
-// The CPU building blocks that the elementwise families share (run_vectorized, the
-// binary16 conversions, check_same_or_disjoint) live in cpu_vector.hpp.
+// The CPU building blocks of these loops (run_vectorized, the binary16 conversions,
+// check_same_or_disjoint) are not part of this API: they live in cpu_vector.hpp, which
+// the files that use them include directly.
 #pragma once
 
 #include <vector>
@@ -57,9 +58,3 @@ void unscale_and_check_finite(const std::vector<Tensor>& tensors, float inv_scal
 }  // namespace cuda
 
 }  // namespace bigbatch
-
-// For now this header still brings in cpu_vector.hpp (CPU translation units only), for
-// the files that reach those building blocks through it; new code includes it directly.
-#if !defined(__CUDACC__)
-#include "kernels/cpu_vector.hpp"
-#endif

@@ -1,6 +1,6 @@
-// temp_files.hpp: files for tests that write and read them: a path under GoogleTest's
-// temporary folder that is removed when the test is done, and whole-file reads and
-// writes of raw bytes.
+// temp_files.hpp: files for tests that write and read them: a path (or a fresh folder)
+// under GoogleTest's temporary folder that is removed when the test is done, and
+// whole-file reads and writes of raw bytes.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -34,6 +34,22 @@ class TemporaryPath {
 
  private:
   std::string path_;
+};
+
+/// A fresh, empty folder under the test temporary folder, removed with its contents when
+/// the object dies.
+class TemporaryDirectory {
+ public:
+  TemporaryDirectory() : path_("folder") {
+    std::filesystem::remove_all(path_.str());
+    std::filesystem::create_directories(path_.str());
+  }
+  /// The path of the file `name` in this folder.
+  std::string file(const std::string& name) const { return path_.str() + "/" + name; }
+  const std::string& str() const { return path_.str(); }
+
+ private:
+  TemporaryPath path_;
 };
 
 /// Replaces the file at `path` with `bytes`.

@@ -10,21 +10,16 @@
 #include <vector>
 
 #include "kernels/batchnorm.hpp"
-#include "tests/finite_difference.hpp"
 #include "tests/harness.hpp"
+#include "tests/normalization_testing.hpp"
 
 namespace bigbatch {
 namespace {
 
 using testing::DeviceTest;
+using namespace testing::normalization;  // kEps, Problem, BackwardReference, gamma, ...
 
-constexpr double kEps = 1e-5f;       // the kernel's eps, as the float it receives
-constexpr double kMomentum = 0.1f;   // the kernel's momentum, as the float it receives
-
-/// The precision the kernel computes in: f64 for f64 data, f32 otherwise.
-DType compute_dtype(DType data) { return data == DType::f64 ? DType::f64 : DType::f32; }
-
-double gamma(double n, DType dtype) { return testing::gamma(static_cast<std::int64_t>(n), dtype); }
+constexpr double kMomentum = 0.1f;  // the kernel's momentum, as the float it receives
 
 // ---- the float64 oracle ---------------------------------------------------------------
 
@@ -101,23 +96,7 @@ double running_average_error(double statistic, double statistic_error, double ru
          g3 * (kMomentum * std::abs(statistic) + (1 - kMomentum) * std::abs(running));
 }
 
-/// Adds the rounding of a value of magnitude |v| (off by e) stored in `dtype`: u (|v| + e).
-double with_store_rounding(double e, double v, DType dtype) {
-  return dtype == DType::f16 ? e + testing::unit_roundoff(DType::f16) * (std::abs(v) + e) : e;
-}
-
 // ---- the problem and the kernel's outputs -------------------------------------------------
-
-struct Problem {
-  std::int64_t M = 0, N = 0;
-  DType dtype = DType::f32;
-  std::vector<double> x, w, b, dy;  // exactly the values the kernel sees
-};
-
-std::vector<double> rounded_to(std::vector<double> values, DType dtype) {
-  return testing::to_doubles(testing::make_tensor(
-      values, {static_cast<std::int64_t>(values.size())}, dtype, Device::cpu()));
-}
 
 /// x in [-1, 1) + a per-feature offset in [-2, 2), weight in [-2, 2), bias and dy in
 /// [-1, 1), each rounded to its dtype (the oracle sees what the kernel sees).
@@ -400,11 +379,6 @@ TEST_P(BatchNorm, EvaluationForwardMatchesFloat64Oracle) {
 
 // ---- backward ---------------------------------------------------------------------------
 
-struct BackwardReference {
-  std::vector<double> dx, dweight, dbias;
-  std::vector<double> dx_error, dweight_error, dbias_error;
-};
-
 // Given the saved mean and rstd (exact inputs here), with X = (x - mean) rstd, the kernel
 // computes a = sum_i dy / M, c = sum_i dy X / M (per feature) and
 // dx = fl(w rstd) ((dy - a) - X c). Bounds, counted as in test_layernorm.cpp:
@@ -452,10 +426,6 @@ BackwardReference batchnorm_backward_reference(const Problem& p, const std::vect
   return ref;
 }
 
-struct BackwardOutputs {
-  Tensor dx, dweight, dbias;
-};
-
 BackwardOutputs run_backward(const Problem& p, const std::vector<double>& mean,
                              const std::vector<double>& rstd, const std::vector<double>& dweight0,
                              const std::vector<double>& dbias0, Device device) {
@@ -485,33 +455,8 @@ TEST_P(BatchNorm, BackwardMatchesFloat64Oracle) {
       const TrainOutputs forward = run_train(p, zeros, ones, Device::cpu());
       const auto mean = testing::to_doubles(forward.mean);
       const auto rstd = testing::to_doubles(forward.rstd);
-      // Nonzero starting gradients: dweight and dbias must accumulate, not overwrite.
-      const auto dweight0 = testing::random_values(N, seed + 1000, -1, 1);
-      const auto dbias0 = testing::random_values(N, seed + 2000, -1, 1);
-      const BackwardReference ref =
-          batchnorm_backward_reference(p, mean, rstd, dweight0, dbias0, DType::f32);
-      // The oracle's own rounding: the same bound in f64.
-      const BackwardReference oracle =
-          batchnorm_backward_reference(p, mean, rstd, dweight0, dbias0, DType::f64);
-      const BackwardOutputs got = run_backward(p, mean, rstd, dweight0, dbias0, device());
-      EXPECT_TRUE(testing::all_close(testing::to_doubles(got.dx), ref.dx, [&](std::size_t k) {
-        return ref.dx_error[k] + oracle.dx_error[k];
-      }));
-      EXPECT_TRUE(testing::all_close(testing::to_doubles(got.dweight), ref.dweight,
-                                     [&](std::size_t j) {
-                                       return ref.dweight_error[j] + oracle.dweight_error[j];
-                                     }));
-      EXPECT_TRUE(testing::all_close(testing::to_doubles(got.dbias), ref.dbias, [&](std::size_t j) {
-        return ref.dbias_error[j] + oracle.dbias_error[j];
-      }));
-      if (device().is_cuda()) {
-        // Same inputs, same documented additions in the same order: bit for bit.
-        const BackwardOutputs cpu = run_backward(p, mean, rstd, dweight0, dbias0, Device::cpu());
-        EXPECT_TRUE(testing::bitwise_equal(got.dweight, cpu.dweight));
-        EXPECT_TRUE(testing::bitwise_equal(got.dbias, cpu.dbias));
-        EXPECT_TRUE(testing::all_close(testing::to_doubles(got.dx), testing::to_doubles(cpu.dx),
-                                       [&](std::size_t k) { return 2 * ref.dx_error[k]; }));
-      }
+      expect_backward_matches_oracle(p, mean, rstd, seed, batchnorm_backward_reference,
+                                     run_backward, device());
     }
   }
 }
@@ -527,13 +472,7 @@ TEST(BatchNormGradient, BackwardMatchesFiniteDifferencesInFloat64) {
     Problem p = make_problem(M, N, DType::f64, seed++);
     const std::vector<double> g = p.dy;  // L = sum g * y
     const std::vector<double> zeros(N, 0.0), ones(N, 1.0);
-    const auto loss = [&] {
-      const TrainOutputs out = run_train(p, zeros, ones, Device::cpu());
-      const auto y = testing::to_doubles(out.y);
-      double sum = 0;
-      for (std::size_t k = 0; k < y.size(); ++k) sum += g[k] * y[k];
-      return sum;
-    };
+    const auto loss = [&] { return weighted_sum(g, run_train(p, zeros, ones, Device::cpu()).y); };
     // Evaluation error of L: sum |g| e_y (f64 bound, doubled to cover the nearby points
     // x +- 2h), plus the sum's own rounding gamma(MN + 1) sum |g y| (doubled likewise).
     const auto stats = feature_statistics(p.x, M, N);
@@ -553,45 +492,24 @@ TEST(BatchNormGradient, BackwardMatchesFiniteDifferencesInFloat64) {
     for (const FeatureStatistics& s : stats) {
       smallest_sigma = std::min(smallest_sigma, std::sqrt(s.variance + kEps));
     }
-    const testing::NormalizationFiniteDifference fd(smallest_sigma);
-
     const TrainOutputs forward = run_train(p, zeros, ones, Device::cpu());
     const BackwardOutputs got = run_backward(p, testing::to_doubles(forward.mean),
                                              testing::to_doubles(forward.rstd), zeros, zeros,
                                              Device::cpu());
-    fd.expect_gradient("dx", testing::to_doubles(got.dx), p.x, loss, evaluation_error);
-    fd.expect_gradient("dweight", testing::to_doubles(got.dweight), p.w, loss, evaluation_error);
-    fd.expect_gradient("dbias", testing::to_doubles(got.dbias), p.b, loss, evaluation_error);
+    expect_gradients_match_finite_differences(got, p, loss, evaluation_error, smallest_sigma);
   }
 }
 
-// dweight and dbias are exactly the documented float operations, rows in order
-// (batchnorm.hpp); recomputed here in float, they must match bit for bit.
+// dweight and dbias are exactly the documented float operations, rows in order, on both
+// backends; BatchNorm's statistics are per feature (j).
 TEST_P(BatchNorm, ParameterGradientsAreTheDocumentedFloatAdditionsInRowOrder) {
   for (const DType dtype : {DType::f32, DType::f16}) {
     const Problem p = make_problem(37, 19, dtype, 900);
     const std::vector<double> zeros(p.N, 0.0), ones(p.N, 1.0);
     const TrainOutputs forward = run_train(p, zeros, ones, Device::cpu());
-    const auto mean = testing::to_doubles(forward.mean);
-    const auto rstd = testing::to_doubles(forward.rstd);
-    const auto dweight0 = testing::random_values(p.N, 901, -1, 1);
-    const auto dbias0 = testing::random_values(p.N, 902, -1, 1);
-    const BackwardOutputs got = run_backward(p, mean, rstd, dweight0, dbias0, device());
-    std::vector<float> dweight(dweight0.begin(), dweight0.end());
-    std::vector<float> dbias(dbias0.begin(), dbias0.end());
-    for (std::int64_t i = 0; i < p.M; ++i) {
-      for (std::int64_t j = 0; j < p.N; ++j) {
-        const float g = static_cast<float>(p.dy[i * p.N + j]);
-        const float xhat = (static_cast<float>(p.x[i * p.N + j]) - static_cast<float>(mean[j])) *
-                           static_cast<float>(rstd[j]);
-        dweight[j] = dweight[j] + g * xhat;
-        dbias[j] = dbias[j] + g;
-      }
-    }
-    EXPECT_TRUE(testing::bitwise_equal(got.dweight, Tensor::from_vector(dweight, {p.N})))
-        << dtype_name(dtype);
-    EXPECT_TRUE(testing::bitwise_equal(got.dbias, Tensor::from_vector(dbias, {p.N})))
-        << dtype_name(dtype);
+    expect_parameter_gradients_are_documented_float_additions(
+        p, testing::to_doubles(forward.mean), testing::to_doubles(forward.rstd),
+        [](std::int64_t, std::int64_t j) { return j; }, 901, run_backward, device());
   }
 }
 

@@ -1,16 +1,12 @@
 // Data sources: Fashion-MNIST from its idx.gz files, .npy data sets, the synthetic
 // teacher data set, and batches (slices and gathered rows).
 #include <gtest/gtest.h>
-#include <unistd.h>
 #include <zlib.h>
 
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
-#include <initializer_list>
 #include <iostream>
-#include <iterator>
 #include <optional>
 #include <string>
 #include <vector>
@@ -18,55 +14,18 @@
 #include "common/data/dataset.hpp"
 #include "common/io/npy.hpp"
 #include "tests/harness.hpp"
+#include "tests/temp_files.hpp"
 
 namespace bigbatch {
 namespace {
 
 // ---- helpers --------------------------------------------------------------------------
 
-// A fresh folder under the test temporary folder, removed with its contents at the end.
-class TemporaryDirectory {
- public:
-  TemporaryDirectory() {
-    const auto* test = ::testing::UnitTest::GetInstance()->current_test_info();
-    path_ =
-        ::testing::TempDir() + "bigbatch_data_" + std::to_string(::getpid()) + "_" + test->name();
-    std::filesystem::remove_all(path_);
-    std::filesystem::create_directories(path_);
-  }
-  ~TemporaryDirectory() {
-    std::error_code ignored;
-    std::filesystem::remove_all(path_, ignored);
-  }
-  TemporaryDirectory(const TemporaryDirectory&) = delete;
-  TemporaryDirectory& operator=(const TemporaryDirectory&) = delete;
-  std::string file(const std::string& name) const { return path_ + "/" + name; }
-  const std::string& str() const { return path_; }
-
- private:
-  std::string path_;
-};
-
-template <class Action>
-std::string error_of(Action&& action) {
-  try {
-    action();
-  } catch (const std::exception& error) {
-    return error.what();
-  }
-  return "";
-}
-
-::testing::AssertionResult mentions(const std::string& message,
-                                    std::initializer_list<std::string> parts) {
-  if (message.empty()) return ::testing::AssertionFailure() << "no exception was thrown";
-  for (const std::string& part : parts) {
-    if (message.find(part) == std::string::npos) {
-      return ::testing::AssertionFailure() << "\"" << part << "\" not in: " << message;
-    }
-  }
-  return ::testing::AssertionSuccess();
-}
+using testing::error_of;
+using testing::mentions;
+using testing::read_file;
+using testing::TemporaryDirectory;
+using testing::write_file;
 
 // FNV-1a over a tensor's bytes: a fingerprint to pin generated data across machines.
 std::uint64_t fingerprint(const Tensor& tensor) {
@@ -175,16 +134,6 @@ void write_gzip(const std::string& path, const std::string& bytes) {
   ASSERT_EQ(gzwrite(file, bytes.data(), static_cast<unsigned>(bytes.size())),
             static_cast<int>(bytes.size()));
   ASSERT_EQ(gzclose(file), Z_OK);
-}
-
-std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
-
-void write_file(const std::string& path, const std::string& bytes) {
-  std::ofstream(path, std::ios::binary | std::ios::trunc)
-      .write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
 }
 
 constexpr std::uint32_t kImages = 2051, kLabels = 2049;

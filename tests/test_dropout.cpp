@@ -4,13 +4,12 @@
 // every SIMD path; CUDA against the CPU.
 #include <gtest/gtest.h>
 
-#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <vector>
 
+#include "kernels/cpu_vector.hpp"
 #include "kernels/dropout.hpp"
-#include "kernels/elementwise.hpp"
 #include "tests/harness.hpp"
 
 namespace bigbatch {
@@ -38,22 +37,6 @@ std::vector<double> dropout_oracle(const std::vector<double>& x, std::int64_t ro
   return y;
 }
 
-/// Equal bits, or both NaN (NaN payloads are not specified).
-::testing::AssertionResult same_values(const std::vector<double>& got,
-                                       const std::vector<double>& want) {
-  if (got.size() != want.size()) return ::testing::AssertionFailure() << "sizes differ";
-  std::size_t failures = 0, first = 0;
-  for (std::size_t i = 0; i < got.size(); ++i) {
-    const bool same = (std::isnan(got[i]) && std::isnan(want[i])) ||
-                      std::bit_cast<std::uint64_t>(got[i]) == std::bit_cast<std::uint64_t>(want[i]);
-    if (!same && failures++ == 0) first = i;
-  }
-  if (failures == 0) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure()
-         << failures << " of " << got.size() << " differ; first [" << first << "]: got "
-         << got[first] << ", want " << want[first];
-}
-
 class Dropout : public DeviceTest {};
 
 TEST_P(Dropout, ForwardAndBackwardFollowTheDefinition) {
@@ -69,11 +52,12 @@ TEST_P(Dropout, ForwardAndBackwardFollowTheDefinition) {
       testing::poison(dx);
       dropout_forward(x, y, spec);
       dropout_backward(dy, dx, spec);
-      EXPECT_TRUE(same_values(testing::to_doubles(y),
-                              dropout_oracle(testing::to_doubles(x), row_length, spec, dtype)))
+      EXPECT_TRUE(testing::same_bits_or_both_nan(
+          testing::to_doubles(y), dropout_oracle(testing::to_doubles(x), row_length, spec, dtype)))
           << dtype_name(dtype) << " " << shape_string(shape);
-      EXPECT_TRUE(same_values(testing::to_doubles(dx),
-                              dropout_oracle(testing::to_doubles(dy), row_length, spec, dtype)))
+      EXPECT_TRUE(testing::same_bits_or_both_nan(
+          testing::to_doubles(dx),
+          dropout_oracle(testing::to_doubles(dy), row_length, spec, dtype)))
           << dtype_name(dtype) << " " << shape_string(shape);
     }
   }
@@ -119,7 +103,7 @@ TEST_P(Dropout, BackwardRecomputesTheForwardMask) {
   const auto f = testing::to_doubles(factor), g = testing::to_doubles(dy);
   std::vector<double> want(f.size());
   for (std::size_t i = 0; i < want.size(); ++i) want[i] = static_cast<float>(g[i] * f[i]);
-  EXPECT_TRUE(same_values(testing::to_doubles(dx), want));
+  EXPECT_TRUE(testing::same_bits_or_both_nan(testing::to_doubles(dx), want));
 }
 
 // One Philox evaluation serves the four indices 4q..4q+3 (common/rng.hpp), and those
@@ -151,8 +135,9 @@ TEST_P(Dropout, GroupsStraddlingRowsDrawTheElementMask) {
         Tensor y(shape, DType::f32, device());
         testing::poison(y);
         dropout_forward(x, y, spec);
-        EXPECT_TRUE(same_values(testing::to_doubles(y),
-                                dropout_oracle(testing::to_doubles(x), shape[1], spec, DType::f32)))
+        EXPECT_TRUE(testing::same_bits_or_both_nan(
+            testing::to_doubles(y),
+            dropout_oracle(testing::to_doubles(x), shape[1], spec, DType::f32)))
             << shape_string(shape) << " first_row " << first_row << " "
             << cpu::simd_level_name(level);
       }
@@ -292,8 +277,9 @@ TEST(DropoutSimd, EveryLevelGivesTheBaselineBits) {
       };
       const cpu::SimdLevel previous = cpu::set_simd_level_cap(cpu::SimdLevel::baseline);
       const Tensor baseline = run();
-      EXPECT_TRUE(same_values(testing::to_doubles(baseline),
-                              dropout_oracle(testing::to_doubles(x), row_length, spec, dtype)));
+      EXPECT_TRUE(testing::same_bits_or_both_nan(
+          testing::to_doubles(baseline),
+          dropout_oracle(testing::to_doubles(x), row_length, spec, dtype)));
       for (const cpu::SimdLevel level : {cpu::SimdLevel::avx2, cpu::SimdLevel::avx512}) {
         if (level > cpu::simd_level_supported()) continue;
         cpu::set_simd_level_cap(level);

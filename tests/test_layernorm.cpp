@@ -8,20 +8,14 @@
 #include <vector>
 
 #include "kernels/layernorm.hpp"
-#include "tests/finite_difference.hpp"
 #include "tests/harness.hpp"
+#include "tests/normalization_testing.hpp"
 
 namespace bigbatch {
 namespace {
 
 using testing::DeviceTest;
-
-constexpr double kEps = 1e-5f;  // the kernel's eps, as the float it receives
-
-/// The precision the kernel computes in: f64 for f64 data, f32 otherwise.
-DType compute_dtype(DType data) { return data == DType::f64 ? DType::f64 : DType::f32; }
-
-double gamma(double n, DType dtype) { return testing::gamma(static_cast<std::int64_t>(n), dtype); }
+using namespace testing::normalization;  // kEps, Problem, BackwardReference, gamma, ...
 
 // ---- the float64 oracle ---------------------------------------------------------------
 
@@ -111,32 +105,17 @@ double y_error(const RowErrorBound& e, const RowStatistics& s, double xhat, doub
          gamma(2, compute) * (std::abs(w * xhat) + std::abs(b));
 }
 
-/// Adds the rounding of a value of magnitude |v| (off by e) stored in `dtype`: u (|v| + e).
-double with_store_rounding(double e, double v, DType dtype) {
-  return dtype == DType::f16 ? e + testing::unit_roundoff(DType::f16) * (std::abs(v) + e) : e;
-}
-
 // ---- the problem and the kernel's outputs -------------------------------------------------
-
-struct Problem {
-  std::int64_t M = 0, N = 0;
-  DType dtype = DType::f32;
-  std::vector<double> x, w, b, dy;  // exactly the values the kernel sees
-};
 
 /// x in [offset - 1, offset + 1), weight in [-2, 2), bias in [-1, 1), dy in [-1, 1),
 /// rounded to their dtypes (so the oracle sees what the kernel sees).
 Problem make_problem(std::int64_t M, std::int64_t N, DType dtype, std::uint64_t seed,
                      double offset = 0) {
   Problem p{M, N, dtype, {}, {}, {}, {}};
-  const auto round_to = [](std::vector<double> v, DType d) {
-    return testing::to_doubles(testing::make_tensor(v, {static_cast<std::int64_t>(v.size())}, d,
-                                                    Device::cpu()));
-  };
-  p.x = round_to(testing::random_values(M * N, seed, offset - 1, offset + 1), dtype);
-  p.w = round_to(testing::random_values(N, seed + 1, -2, 2), compute_dtype(dtype));
-  p.b = round_to(testing::random_values(N, seed + 2, -1, 1), compute_dtype(dtype));
-  p.dy = round_to(testing::random_values(M * N, seed + 3, -1, 1), dtype);
+  p.x = rounded_to(testing::random_values(M * N, seed, offset - 1, offset + 1), dtype);
+  p.w = rounded_to(testing::random_values(N, seed + 1, -2, 2), compute_dtype(dtype));
+  p.b = rounded_to(testing::random_values(N, seed + 2, -1, 1), compute_dtype(dtype));
+  p.dy = rounded_to(testing::random_values(M * N, seed + 3, -1, 1), dtype);
   return p;
 }
 
@@ -233,11 +212,6 @@ TEST_P(LayerNorm, TwoPassVarianceSurvivesALargeMean) {
 
 // ---- backward ---------------------------------------------------------------------------
 
-struct BackwardReference {
-  std::vector<double> dx, dweight, dbias;
-  std::vector<double> dx_error, dweight_error, dbias_error;  // bounds for a given dtype
-};
-
 // The kernel's backward given mean and rstd (exact inputs here), with G = dy w and
 // X = (x - mean) rstd, computes a = sum(G)/N, b = sum(G X)/N and dx = rstd ((G - a) - X b).
 // Rounding bounds, in the style of the forward's:
@@ -300,10 +274,6 @@ BackwardReference layernorm_backward_reference(const Problem& p, const std::vect
   return ref;
 }
 
-struct BackwardOutputs {
-  Tensor dx, dweight, dbias;
-};
-
 /// Backward on `device` from the given statistics, into parameter gradients that start at
 /// dweight0 and dbias0 (they accumulate).
 BackwardOutputs run_backward(const Problem& p, const std::vector<double>& mean,
@@ -335,33 +305,8 @@ TEST_P(LayerNorm, BackwardMatchesFloat64Oracle) {
       const ForwardOutputs forward = run_forward(p, Device::cpu());
       const auto mean = testing::to_doubles(forward.mean);
       const auto rstd = testing::to_doubles(forward.rstd);
-      // Nonzero starting gradients: dweight and dbias must accumulate, not overwrite.
-      const auto dweight0 = testing::random_values(N, seed + 1000, -1, 1);
-      const auto dbias0 = testing::random_values(N, seed + 2000, -1, 1);
-      const BackwardReference ref =
-          layernorm_backward_reference(p, mean, rstd, dweight0, dbias0, DType::f32);
-      // The oracle's own rounding: the same bound in f64.
-      const BackwardReference oracle =
-          layernorm_backward_reference(p, mean, rstd, dweight0, dbias0, DType::f64);
-      const BackwardOutputs got = run_backward(p, mean, rstd, dweight0, dbias0, device());
-      EXPECT_TRUE(testing::all_close(testing::to_doubles(got.dx), ref.dx, [&](std::size_t k) {
-        return ref.dx_error[k] + oracle.dx_error[k];
-      }));
-      EXPECT_TRUE(testing::all_close(testing::to_doubles(got.dweight), ref.dweight,
-                                     [&](std::size_t j) {
-                                       return ref.dweight_error[j] + oracle.dweight_error[j];
-                                     }));
-      EXPECT_TRUE(testing::all_close(testing::to_doubles(got.dbias), ref.dbias, [&](std::size_t j) {
-        return ref.dbias_error[j] + oracle.dbias_error[j];
-      }));
-      if (device().is_cuda()) {
-        // Same inputs, same documented additions in the same order: bit for bit.
-        const BackwardOutputs cpu = run_backward(p, mean, rstd, dweight0, dbias0, Device::cpu());
-        EXPECT_TRUE(testing::bitwise_equal(got.dweight, cpu.dweight));
-        EXPECT_TRUE(testing::bitwise_equal(got.dbias, cpu.dbias));
-        EXPECT_TRUE(testing::all_close(testing::to_doubles(got.dx), testing::to_doubles(cpu.dx),
-                                       [&](std::size_t k) { return 2 * ref.dx_error[k]; }));
-      }
+      expect_backward_matches_oracle(p, mean, rstd, seed, layernorm_backward_reference,
+                                     run_backward, device());
     }
   }
 }
@@ -379,13 +324,7 @@ TEST(LayerNormGradient, BackwardMatchesFiniteDifferencesInFloat64) {
     const std::vector<double> g = p.dy;  // L = sum g * y: dL/dy = g
     // L with the f64 kernel; its evaluation error is bounded with the forward's f64 bound:
     // sum |g| e_y, plus the sum's own gamma(MN + 1) sum|g y|.
-    const auto loss = [&] {
-      const ForwardOutputs out = run_forward(p, Device::cpu());
-      const auto y = testing::to_doubles(out.y);
-      double sum = 0;
-      for (std::size_t k = 0; k < y.size(); ++k) sum += g[k] * y[k];
-      return sum;
-    };
+    const auto loss = [&] { return weighted_sum(g, run_forward(p, Device::cpu()).y); };
     const LayerNormReference ref = layernorm_reference(p.x, p.w, p.b, M, N);
     double evaluation_error = 0, magnitude = 0;
     for (std::int64_t i = 0; i < M; ++i) {
@@ -403,48 +342,26 @@ TEST(LayerNormGradient, BackwardMatchesFiniteDifferencesInFloat64) {
     for (const RowStatistics& s : ref.rows) {
       smallest_sigma = std::min(smallest_sigma, std::sqrt(s.variance + kEps));
     }
-    const testing::NormalizationFiniteDifference fd(smallest_sigma);
-
     const ForwardOutputs forward = run_forward(p, Device::cpu());
     const std::vector<double> zeros(N, 0.0);
     const BackwardOutputs got = run_backward(p, testing::to_doubles(forward.mean),
                                              testing::to_doubles(forward.rstd), zeros, zeros,
                                              Device::cpu());
-    fd.expect_gradient("dx", testing::to_doubles(got.dx), p.x, loss, evaluation_error);
-    fd.expect_gradient("dweight", testing::to_doubles(got.dweight), p.w, loss, evaluation_error);
-    fd.expect_gradient("dbias", testing::to_doubles(got.dbias), p.b, loss, evaluation_error);
+    expect_gradients_match_finite_differences(got, p, loss, evaluation_error, smallest_sigma);
   }
 }
 
 // ---- the accumulation contract ------------------------------------------------------------
 
-// dweight and dbias are exactly the documented sequence of float operations: for each row
-// in order, one product and one addition onto the buffer (layernorm.hpp). Recomputed here
-// in float, the results must match bit for bit, on both backends.
+// dweight and dbias are exactly the documented sequence of float operations, on both
+// backends; LayerNorm's statistics are per row (i).
 TEST_P(LayerNorm, ParameterGradientsAreTheDocumentedFloatAdditionsInRowOrder) {
   for (const DType dtype : {DType::f32, DType::f16}) {
     const Problem p = make_problem(37, 19, dtype, 900);
     const ForwardOutputs forward = run_forward(p, Device::cpu());
-    const auto mean = testing::to_doubles(forward.mean);
-    const auto rstd = testing::to_doubles(forward.rstd);
-    const auto dweight0 = testing::random_values(p.N, 901, -1, 1);
-    const auto dbias0 = testing::random_values(p.N, 902, -1, 1);
-    const BackwardOutputs got = run_backward(p, mean, rstd, dweight0, dbias0, device());
-    std::vector<float> dweight(dweight0.begin(), dweight0.end());
-    std::vector<float> dbias(dbias0.begin(), dbias0.end());
-    for (std::int64_t i = 0; i < p.M; ++i) {
-      for (std::int64_t j = 0; j < p.N; ++j) {
-        const float g = static_cast<float>(p.dy[i * p.N + j]);
-        const float xhat = (static_cast<float>(p.x[i * p.N + j]) - static_cast<float>(mean[i])) *
-                           static_cast<float>(rstd[i]);
-        dweight[j] = dweight[j] + g * xhat;
-        dbias[j] = dbias[j] + g;
-      }
-    }
-    EXPECT_TRUE(testing::bitwise_equal(got.dweight, Tensor::from_vector(dweight, {p.N})))
-        << dtype_name(dtype);
-    EXPECT_TRUE(testing::bitwise_equal(got.dbias, Tensor::from_vector(dbias, {p.N})))
-        << dtype_name(dtype);
+    expect_parameter_gradients_are_documented_float_additions(
+        p, testing::to_doubles(forward.mean), testing::to_doubles(forward.rstd),
+        [](std::int64_t i, std::int64_t) { return i; }, 901, run_backward, device());
   }
 }
 
