@@ -1,0 +1,376 @@
+// model.cpp: the residual MLP's forward and backward on the kernels (see model.hpp).
+#include "common/nn/model.hpp"
+
+#include <cmath>
+#include <map>
+#include <stdexcept>
+
+#include "common/io/safetensors.hpp"
+#include "common/rng.hpp"
+#include "kernels/activation.hpp"
+#include "kernels/batchnorm.hpp"
+#include "kernels/bias.hpp"
+#include "kernels/dropout.hpp"
+#include "kernels/elementwise.hpp"
+#include "kernels/fill.hpp"
+#include "kernels/gemm.hpp"
+#include "kernels/layernorm.hpp"
+
+namespace bigbatch::nn {
+namespace {
+
+constexpr float kNormEps = 1e-5f;
+constexpr float kBatchNormMomentum = 0.1f;
+
+/// One entry of the state_dict: a parameter (with its gradient) or a buffer (grad null).
+struct StateEntry {
+  std::string name;
+  Tensor* value;
+  Tensor* grad;
+};
+
+Tensor parameter_tensor(Shape shape, Device device) {
+  return Tensor(std::move(shape), DType::f32, device, MemoryCategory::parameters);
+}
+
+Linear make_linear(std::int64_t in, std::int64_t out, Device device) {
+  return {parameter_tensor({out, in}, device), parameter_tensor({out}, device),
+          Tensor::zeros({out, in}, DType::f32, device, MemoryCategory::gradients),
+          Tensor::zeros({out}, DType::f32, device, MemoryCategory::gradients)};
+}
+
+NormLayer make_norm(Norm kind, std::int64_t features, Device device) {
+  NormLayer layer{parameter_tensor({features}, device), parameter_tensor({features}, device),
+                  Tensor::zeros({features}, DType::f32, device, MemoryCategory::gradients),
+                  Tensor::zeros({features}, DType::f32, device, MemoryCategory::gradients),
+                  {}, {}};
+  fill(layer.weight, 1.0);
+  fill(layer.bias, 0.0);
+  if (kind == Norm::batch) {
+    layer.running_mean = parameter_tensor({features}, device);
+    layer.running_var = parameter_tensor({features}, device);
+    fill(layer.running_mean, 0.0);
+    fill(layer.running_var, 1.0);
+  }
+  return layer;
+}
+
+/// PyTorch's default Linear init, U(-1/sqrt(in), 1/sqrt(in)) for weight and bias, from
+/// the counter-based RNG: element k of parameter `stream` is (2u - 1) / sqrt(in).
+void init_uniform(Tensor t, std::int64_t fan_in, std::uint64_t seed, std::uint64_t stream) {
+  const double bound = 1.0 / std::sqrt(static_cast<double>(fan_in));
+  std::vector<float> values(static_cast<std::size_t>(t.numel()));
+  for (std::size_t k = 0; k < values.size(); ++k) {
+    const double u = random_uniform(seed, stream, k);
+    values[k] = static_cast<float>((2.0 * u - 1.0) * bound);
+  }
+  t.copy_from(Tensor::from_vector(values, t.shape()));
+}
+
+void append_linear(std::vector<StateEntry>& entries, const std::string& prefix, Linear& layer) {
+  entries.push_back({prefix + "weight", &layer.weight, &layer.weight_grad});
+  entries.push_back({prefix + "bias", &layer.bias, &layer.bias_grad});
+}
+
+void append_norm(std::vector<StateEntry>& entries, const std::string& prefix, NormLayer& layer) {
+  entries.push_back({prefix + "weight", &layer.weight, &layer.weight_grad});
+  entries.push_back({prefix + "bias", &layer.bias, &layer.bias_grad});
+  if (layer.running_mean.defined()) {
+    entries.push_back({prefix + "running_mean", &layer.running_mean, nullptr});
+    entries.push_back({prefix + "running_var", &layer.running_var, nullptr});
+  }
+}
+
+/// The state_dict of the equivalent PyTorch module, in its order: a module's own
+/// parameters and buffers first, then its children (so head.weight before head.ln.*).
+std::vector<StateEntry> state_entries(Linear& stem, std::vector<Block>& blocks,
+                                      Linear& head, NormLayer& head_ln) {
+  std::vector<StateEntry> entries;
+  append_linear(entries, "stem.", stem);
+  for (std::size_t i = 0; i < blocks.size(); ++i) {
+    const std::string prefix = "blocks." + std::to_string(i) + ".";
+    append_norm(entries, prefix + "ln.", blocks[i].ln);
+    append_linear(entries, prefix + "fc1.", blocks[i].fc1);
+    append_linear(entries, prefix + "fc2.", blocks[i].fc2);
+  }
+  append_linear(entries, "head.", head);
+  append_norm(entries, "head.ln.", head_ln);
+  return entries;
+}
+
+Tensor activation_tensor(Shape shape, Device device) {
+  return Tensor(std::move(shape), DType::f32, device, MemoryCategory::activations);
+}
+
+Tensor workspace_tensor(Shape shape, Device device) {
+  return Tensor(std::move(shape), DType::f32, device, MemoryCategory::workspace);
+}
+
+// y = x W^T + b.   x: [b, in], y: [b, out]
+void linear_forward(const Linear& layer, const Tensor& x, const Tensor& y) {
+  gemm(x, false, layer.weight, true, y);
+  add_bias(y, layer.bias);
+}
+
+// dW += dy^T x, db += sum of dy's rows, and dx = dy W when dx is defined.
+// x: [b, in], dy: [b, out], dx: [b, in]
+void linear_backward(const Linear& layer, const Tensor& x, const Tensor& dy, const Tensor& dx) {
+  gemm(dy, true, x, false, layer.weight_grad, 1.0f, 1.0f);
+  bias_backward(dy, layer.bias_grad);
+  if (dx.defined()) gemm(dy, false, layer.weight, false, dx);
+}
+
+void activation_forward(Activation kind, const Tensor& x, const Tensor& y) {
+  if (kind == Activation::gelu) {
+    gelu_forward(x, y);
+  } else {
+    relu_forward(x, y);
+  }
+}
+
+void activation_backward(Activation kind, const Tensor& x, const Tensor& dy, const Tensor& dx) {
+  if (kind == Activation::gelu) {
+    gelu_backward(x, dy, dx);
+  } else {
+    relu_backward(x, dy, dx);
+  }
+}
+
+DropoutSpec dropout_spec(const ModelConfig& config, const ForwardContext& context,
+                         std::size_t block) {
+  return {config.dropout, context.dropout_seed, static_cast<std::uint64_t>(block),
+          context.first_row};
+}
+
+bool dropout_active(const ModelConfig& config, const ForwardContext& context) {
+  return context.training && config.dropout > 0.0f;
+}
+
+}  // namespace
+
+std::string norm_name(Norm norm) { return norm == Norm::layer ? "layer" : "batch"; }
+std::string activation_name(Activation act) { return act == Activation::gelu ? "gelu" : "relu"; }
+
+Model::Model(const ModelConfig& config, Device device) : config_(config), device_(device) {
+  BIGBATCH_CHECK(config.inputs > 0 && config.hidden > 0 && config.expansion > 0 &&
+                     config.classes > 0 && config.depth >= 0,
+                 "Model: inputs, hidden, expansion and classes must be positive and depth "
+                 ">= 0, got inputs ", config.inputs, ", hidden ", config.hidden, ", expansion ",
+                 config.expansion, ", classes ", config.classes, ", depth ", config.depth);
+  BIGBATCH_CHECK(config.dropout >= 0.0f && config.dropout < 1.0f,
+                 "Model: dropout must be in [0, 1), got ", config.dropout);
+  const std::int64_t hidden = config.hidden, inner = config.expansion * config.hidden;
+  stem_ = make_linear(config.inputs, hidden, device);
+  for (std::int64_t i = 0; i < config.depth; ++i) {
+    blocks_.push_back({make_norm(config.norm, hidden, device), make_linear(hidden, inner, device),
+                       make_linear(inner, hidden, device)});
+  }
+  head_ = make_linear(hidden, config.classes, device);
+  head_ln_ = make_norm(config.norm, hidden, device);
+
+  // Linear weights and biases are drawn; stream = the index in parameters(). A Linear's
+  // bias follows its weight, whose second dimension is the fan-in of both.
+  std::uint64_t parameter_index = 0;
+  std::int64_t fan_in = 0;
+  for (const StateEntry& entry : state_entries(stem_, blocks_, head_, head_ln_)) {
+    if (entry.grad == nullptr) continue;  // a buffer
+    const bool is_norm = entry.name.find("ln.") != std::string::npos;
+    if (!is_norm) {
+      if (entry.value->rank() == 2) fan_in = entry.value->dim(1);
+      init_uniform(*entry.value, fan_in, config.seed, parameter_index);
+    }
+    ++parameter_index;
+  }
+}
+
+std::vector<NamedParameter> Model::parameters() const {
+  auto& self = const_cast<Model&>(*this);  // the entries point into members; nothing is changed
+  std::vector<NamedParameter> result;
+  for (const StateEntry& entry : state_entries(self.stem_, self.blocks_, self.head_, self.head_ln_)) {
+    if (entry.grad != nullptr) result.push_back({entry.name, *entry.value, *entry.grad});
+  }
+  return result;
+}
+
+std::vector<std::pair<std::string, Tensor>> Model::state_dict() const {
+  auto& self = const_cast<Model&>(*this);
+  std::vector<std::pair<std::string, Tensor>> result;
+  for (const StateEntry& entry : state_entries(self.stem_, self.blocks_, self.head_, self.head_ln_)) {
+    result.emplace_back(entry.name, *entry.value);
+  }
+  return result;
+}
+
+std::int64_t Model::parameter_count() const {
+  std::int64_t count = 0;
+  for (const NamedParameter& p : parameters()) count += p.value.numel();
+  return count;
+}
+
+void Model::zero_grad() {
+  for (const NamedParameter& p : parameters()) fill(p.grad, 0.0);
+}
+
+Tensor Model::norm_forward(const NormLayer& layer, const Tensor& x, bool training, Tensor& mean,
+                           Tensor& rstd) {
+  const std::int64_t rows = x.dim(0), features = x.dim(1);
+  Tensor y = activation_tensor({rows, features}, device_);
+  if (config_.norm == Norm::layer) {
+    mean = activation_tensor({rows}, device_);
+    rstd = activation_tensor({rows}, device_);
+    layernorm_forward(x, layer.weight, layer.bias, y, mean, rstd, kNormEps);
+  } else if (training) {
+    BIGBATCH_CHECK(rows >= 2, "Model: BatchNorm in training needs at least 2 samples per "
+                   "micro-batch, got ", rows);
+    mean = activation_tensor({features}, device_);
+    rstd = activation_tensor({features}, device_);
+    batchnorm_forward_train(x, layer.weight, layer.bias, y, mean, rstd, layer.running_mean,
+                            layer.running_var, kBatchNormMomentum, kNormEps);
+  } else {
+    mean = Tensor();  // evaluation uses the running statistics: nothing to save
+    rstd = Tensor();
+    batchnorm_forward_eval(x, layer.weight, layer.bias, layer.running_mean, layer.running_var,
+                           y, kNormEps);
+  }
+  return y;
+}
+
+Tensor Model::norm_backward(const NormLayer& layer, const Tensor& x, const Tensor& mean,
+                            const Tensor& rstd, const Tensor& dy) {
+  Tensor dx = workspace_tensor(x.shape(), device_);
+  if (config_.norm == Norm::layer) {
+    layernorm_backward(x, layer.weight, mean, rstd, dy, dx, layer.weight_grad, layer.bias_grad);
+  } else {
+    BIGBATCH_CHECK(mean.defined(), "Model::backward: BatchNorm's backward needs a training "
+                   "forward (batch statistics); this forward ran in evaluation mode");
+    batchnorm_backward(x, layer.weight, mean, rstd, dy, dx, layer.weight_grad, layer.bias_grad);
+  }
+  return dx;
+}
+
+Tensor Model::block_forward(std::size_t index, const Tensor& h, const ForwardContext& context,
+                            BlockActivations& saved) {
+  const Block& block = blocks_.at(index);
+  const std::int64_t rows = h.dim(0), inner = config_.expansion * config_.hidden;
+  saved.input = h;
+  saved.normed = norm_forward(block.ln, h, context.training, saved.mean, saved.rstd);
+  saved.pre_activation = activation_tensor({rows, inner}, device_);
+  linear_forward(block.fc1, saved.normed, saved.pre_activation);
+  saved.hidden = activation_tensor({rows, inner}, device_);
+  activation_forward(config_.activation, saved.pre_activation, saved.hidden);
+  if (dropout_active(config_, context)) {
+    dropout_forward(saved.hidden, saved.hidden, dropout_spec(config_, context, index));
+  }
+  // output = h + fc2(...): PyTorch's order, the branch first, then one float addition.
+  Tensor output = activation_tensor({rows, config_.hidden}, device_);
+  linear_forward(block.fc2, saved.hidden, output);
+  axpy(1.0f, h, output);
+  return output;
+}
+
+Tensor Model::block_backward(std::size_t index, const BlockActivations& saved,
+                             const Tensor& d_output, const ForwardContext& context) {
+  const Block& block = blocks_.at(index);
+  // d_hidden: [b, E*H], the gradient of fc2's input, then (in place) of fc1's output.
+  Tensor d_hidden = workspace_tensor(saved.hidden.shape(), device_);
+  linear_backward(block.fc2, saved.hidden, d_output, d_hidden);
+  if (dropout_active(config_, context)) {
+    dropout_backward(d_hidden, d_hidden, dropout_spec(config_, context, index));
+  }
+  activation_backward(config_.activation, saved.pre_activation, d_hidden, d_hidden);
+  Tensor d_normed = workspace_tensor(saved.normed.shape(), device_);
+  linear_backward(block.fc1, saved.normed, d_hidden, d_normed);
+  // The residual: d_input = d_output + (the branch's gradient through ln).
+  Tensor d_input = norm_backward(block.ln, saved.input, saved.mean, saved.rstd, d_normed);
+  axpy(1.0f, d_output, d_input);
+  return d_input;
+}
+
+Tensor Model::forward(const Tensor& x, const ForwardContext& context) {
+  BIGBATCH_CHECK(x.dtype() == DType::f32 && x.rank() == 2 && x.dim(1) == config_.inputs,
+                 "Model::forward: x must be f32 [b, ", config_.inputs, "], got ", x.describe());
+  BIGBATCH_CHECK(x.device() == device_, "Model::forward: x is on ", x.device().name(),
+                 ", the model on ", device_.name());
+  saved_ = SavedActivations{};
+  saved_.context = context;
+  saved_.input = x;
+  const std::int64_t rows = x.dim(0);
+  saved_.stem_pre_activation = activation_tensor({rows, config_.hidden}, device_);
+  linear_forward(stem_, x, saved_.stem_pre_activation);
+  Tensor h = activation_tensor({rows, config_.hidden}, device_);
+  activation_forward(config_.activation, saved_.stem_pre_activation, h);
+
+  saved_.blocks.resize(blocks_.size());
+  for (std::size_t i = 0; i < blocks_.size(); ++i) {
+    h = block_forward(i, h, context, saved_.blocks[i]);
+  }
+
+  saved_.head_input = h;
+  saved_.head_normed =
+      norm_forward(head_ln_, h, context.training, saved_.head_mean, saved_.head_rstd);
+  Tensor logits = activation_tensor({rows, config_.classes}, device_);
+  linear_forward(head_, saved_.head_normed, logits);
+  return logits;
+}
+
+void Model::backward(const Tensor& dlogits) {
+  BIGBATCH_CHECK(has_saved_activations(), "Model::backward: no saved activations (call "
+                 "forward first; each forward allows one backward)");
+  const std::int64_t rows = saved_.input.dim(0);
+  BIGBATCH_CHECK(dlogits.dtype() == DType::f32 && (dlogits.shape() == Shape{rows, config_.classes}),
+                 "Model::backward: dlogits must be f32 [", rows, ", ", config_.classes,
+                 "], got ", dlogits.describe());
+  SavedActivations saved = std::move(saved_);
+  saved_ = SavedActivations{};
+
+  Tensor d_normed = workspace_tensor({rows, config_.hidden}, device_);
+  linear_backward(head_, saved.head_normed, dlogits, d_normed);
+  Tensor dh = norm_backward(head_ln_, saved.head_input, saved.head_mean, saved.head_rstd, d_normed);
+  saved.head_input = saved.head_normed = saved.head_mean = saved.head_rstd = Tensor();
+
+  for (std::size_t i = blocks_.size(); i-- > 0;) {
+    dh = block_backward(i, saved.blocks[i], dh, saved.context);
+    saved.blocks[i] = BlockActivations{};  // this block's activations are no longer needed
+  }
+
+  activation_backward(config_.activation, saved.stem_pre_activation, dh, dh);
+  linear_backward(stem_, saved.input, dh, Tensor());
+}
+
+void Model::save(const std::string& path) const {
+  const std::map<std::string, std::string> metadata = {
+      {"format", "bigbatch residual MLP"},
+      {"inputs", std::to_string(config_.inputs)},
+      {"hidden", std::to_string(config_.hidden)},
+      {"expansion", std::to_string(config_.expansion)},
+      {"classes", std::to_string(config_.classes)},
+      {"depth", std::to_string(config_.depth)},
+      {"norm", norm_name(config_.norm)},
+      {"activation", activation_name(config_.activation)},
+  };
+  save_safetensors(path, state_dict(), metadata);
+}
+
+void Model::load(const std::string& path) {
+  // Check every tensor before changing any, so a bad file leaves the model as it was.
+  const std::map<std::string, Tensor> loaded = load_safetensors(path);
+  const auto state = state_dict();
+  for (const auto& [name, tensor] : state) {
+    const auto found = loaded.find(name);
+    if (found == loaded.end()) throw std::runtime_error(path + ": no tensor named " + name);
+    if (found->second.dtype() != DType::f32 || !found->second.same_shape(tensor)) {
+      throw std::runtime_error(path + ": " + name + " is " + found->second.describe() +
+                               ", the model needs f32" + shape_string(tensor.shape()));
+    }
+  }
+  if (loaded.size() != state.size()) {
+    for (const auto& [name, tensor] : loaded) {
+      bool known = false;
+      for (const auto& entry : state) known = known || entry.first == name;
+      if (!known) throw std::runtime_error(path + ": tensor " + name + " is not part of this model");
+    }
+  }
+  for (auto [name, tensor] : state) tensor.copy_from(loaded.at(name));
+}
+
+}  // namespace bigbatch::nn

@@ -1,0 +1,180 @@
+// model.hpp: the model every chapter trains, written once for every backend on the ops
+// of kernels/: a pre-norm residual MLP, the feed-forward half of a transformer.
+//
+//   stem:    h = act(stem(x))                          stem: Linear(D, H)
+//   blocks:  h = h + fc2(dropout(act(fc1(ln(h)))))     depth times; fc1: Linear(H, E*H),
+//                                                      fc2: Linear(E*H, H)
+//   head:    logits = head(head.ln(h))                 head: Linear(H, C), its own norm
+//
+// act is GELU (tanh approximation) or ReLU; ln is LayerNorm (eps 1e-5) or, as the
+// counter-example of gradient accumulation, BatchNorm1d (momentum 0.1, eps 1e-5, running
+// statistics). docs/model.md writes out the equivalent PyTorch module and the parameter
+// names, which are those of its state_dict.
+//
+// The accumulation contract, as in the kernels: backward() ADDS (+=) into the parameter
+// gradients (dW += dY^T X by gemm with beta = 1, bias_backward, layernorm_backward), so
+// micro-batches accumulate with no extra pass; call zero_grad() before a batch's first
+// micro-batch. Activation gradients are overwritten (=). With LayerNorm, the fp32 CPU
+// backend gives gradients of micro-batches that are bit for bit those of the whole batch
+// (every kernel is batch invariant, and the batch reductions chain in row order);
+// tests/test_model.cpp proves it.
+//
+// Dropout masks depend on (ForwardContext::dropout_seed, stream = block index, the
+// element's global index), where a row's global index is ForwardContext::first_row plus
+// its row: the same sample draws the same mask in a batch of 128 or a micro-batch of 7.
+//
+// Memory: parameters are tagged MemoryCategory::parameters (BatchNorm's running
+// statistics too), their gradients MemoryCategory::gradients, everything forward() saves
+// for backward() MemoryCategory::activations, temporaries of backward()
+// MemoryCategory::workspace. The saved activations of one block are one BlockActivations,
+// so a later chapter can drop them and recompute them with block_forward().
+//
+// All tensors are f32 for now: inputs [b, D] f32, labels [b] i32.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "common/device.hpp"
+#include "common/tensor.hpp"
+
+namespace bigbatch::nn {
+
+enum class Norm { layer, batch };
+enum class Activation { gelu, relu };
+
+struct ModelConfig {
+  std::int64_t inputs = 0;     ///< D, features per sample
+  std::int64_t hidden = 0;     ///< H, width of the residual stream
+  std::int64_t expansion = 4;  ///< E, the blocks' inner width is E * H
+  std::int64_t classes = 0;    ///< C
+  std::int64_t depth = 0;      ///< residual blocks; 0 gives a one-hidden-layer MLP
+  float dropout = 0.0f;        ///< p of the dropout inside every block
+  Norm norm = Norm::layer;
+  Activation activation = Activation::gelu;
+  std::uint64_t seed = 0;  ///< initialisation seed
+};
+
+/// A trainable tensor, named as in PyTorch's state_dict, and its gradient buffer.
+struct NamedParameter {
+  std::string name;
+  Tensor value;  ///< MemoryCategory::parameters
+  Tensor grad;   ///< the same shape, MemoryCategory::gradients, accumulated (+=)
+};
+
+/// What one forward pass needs to know besides its input.
+struct ForwardContext {
+  bool training = true;            ///< dropout on, BatchNorm with batch statistics
+  std::uint64_t dropout_seed = 0;  ///< the seed of every dropout mask (vary it per step)
+  std::int64_t first_row = 0;      ///< global index of the input's row 0 in the batch
+};
+
+/// nn.Linear(in, out): y = x W^T + b.
+struct Linear {
+  Tensor weight, bias;            // [out, in], [out]
+  Tensor weight_grad, bias_grad;  // the same shapes
+};
+
+/// nn.LayerNorm(H) or nn.BatchNorm1d(H): weight (gamma), bias (beta), and for BatchNorm
+/// the running statistics (undefined for LayerNorm).
+struct NormLayer {
+  Tensor weight, bias;            // [H]
+  Tensor weight_grad, bias_grad;  // [H]
+  Tensor running_mean, running_var;
+};
+
+/// A residual block's parameters.
+struct Block {
+  NormLayer ln;
+  Linear fc1, fc2;
+};
+
+/// What a block's forward saves for its backward (b rows; stats [b] for LayerNorm,
+/// [H] for BatchNorm).
+struct BlockActivations {
+  Tensor input;           // h entering the block      [b, H]
+  Tensor normed;          // ln(h), fc1's input        [b, H]
+  Tensor mean, rstd;      // ln's statistics
+  Tensor pre_activation;  // fc1(ln(h))                [b, E*H]
+  Tensor hidden;          // dropout(act(...)), fc2's input [b, E*H]
+};
+
+/// Everything one forward() saved: the stem, the blocks, the head.
+struct SavedActivations {
+  ForwardContext context;
+  Tensor input;                  // x, not copied          [b, D]
+  Tensor stem_pre_activation;    // stem(x)                [b, H]
+  std::vector<BlockActivations> blocks;
+  Tensor head_input;             // h entering the head    [b, H]
+  Tensor head_normed;            // head.ln(h)             [b, H]
+  Tensor head_mean, head_rstd;   // head.ln's statistics
+};
+
+class Model {
+ public:
+  /// Parameters initialised as PyTorch initialises them (Linear: weight and bias uniform
+  /// in [-1/sqrt(in), 1/sqrt(in)]; norm weight 1, bias 0, running mean 0, var 1), drawn
+  /// from random_uniform(config.seed, stream = the parameter's index in parameters(),
+  /// element index): deterministic and independent of the device. Gradients are zero.
+  Model(const ModelConfig& config, Device device);
+
+  const ModelConfig& config() const { return config_; }
+  Device device() const { return device_; }
+
+  /// The trainable tensors in PyTorch's named_parameters() order.
+  std::vector<NamedParameter> parameters() const;
+  /// Parameters and buffers (BatchNorm's running statistics) in state_dict() order.
+  std::vector<std::pair<std::string, Tensor>> state_dict() const;
+  std::int64_t parameter_count() const;
+
+  /// Sets every parameter gradient to 0.
+  void zero_grad();
+
+  /// logits [b, C] (MemoryCategory::activations) of x [b, D] f32; saves what backward()
+  /// needs, replacing what an earlier forward() saved. BatchNorm in training updates its
+  /// running statistics and needs b >= 2.
+  Tensor forward(const Tensor& x, const ForwardContext& context);
+  /// Adds (+=) the gradients of the loss with respect to every parameter, given dlogits
+  /// [b, C] f32 of the last forward(); releases the saved activations as it goes.
+  void backward(const Tensor& dlogits);
+
+  /// The building blocks of forward() and backward() for one residual block, for
+  /// activation checkpointing: block_forward returns the block's output [b, H] and
+  /// fills `saved`; block_backward adds the block's parameter gradients (+=) and returns
+  /// the gradient with respect to its input (=), given the gradient of its output.
+  Tensor block_forward(std::size_t index, const Tensor& h, const ForwardContext& context,
+                       BlockActivations& saved);
+  Tensor block_backward(std::size_t index, const BlockActivations& saved, const Tensor& d_output,
+                        const ForwardContext& context);
+
+  const SavedActivations& saved_activations() const { return saved_; }
+  bool has_saved_activations() const { return saved_.input.defined(); }
+
+  /// Writes state_dict() to a safetensors file (metadata: the config).
+  void save(const std::string& path) const;
+  /// Reads a file written by save() (or by PyTorch's safetensors.torch.save_file on the
+  /// equivalent module, without num_batches_tracked) into this model's tensors. Throws
+  /// std::runtime_error when a name is missing or extra or a shape differs.
+  void load(const std::string& path);
+
+ private:
+  Tensor norm_forward(const NormLayer& layer, const Tensor& x, bool training, Tensor& mean,
+                      Tensor& rstd);
+  Tensor norm_backward(const NormLayer& layer, const Tensor& x, const Tensor& mean,
+                       const Tensor& rstd, const Tensor& dy);
+
+  ModelConfig config_;
+  Device device_;
+  Linear stem_;
+  std::vector<Block> blocks_;
+  NormLayer head_ln_;
+  Linear head_;
+  SavedActivations saved_;
+};
+
+std::string norm_name(Norm norm);              ///< "layer", "batch"
+std::string activation_name(Activation act);  ///< "gelu", "relu"
+
+}  // namespace bigbatch::nn

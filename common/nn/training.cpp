@@ -1,0 +1,80 @@
+// training.cpp: gradient accumulation over micro-batches and the optimizer wrapper.
+#include "common/nn/training.hpp"
+
+#include <algorithm>
+
+#include "kernels/cross_entropy.hpp"
+#include "kernels/fill.hpp"
+
+namespace bigbatch::nn {
+
+float accumulate_gradients(Model& model, const Tensor& x, const Tensor& labels,
+                           std::int64_t micro_batch, const ForwardContext& context,
+                           std::int64_t global_count) {
+  const std::int64_t rows = x.rank() == 2 ? x.dim(0) : -1;
+  BIGBATCH_CHECK(rows > 0 && labels.dtype() == DType::i32 && (labels.shape() == Shape{rows}),
+                 "accumulate_gradients: x must be [B, D] with B > 0 and labels i32 [B], got ",
+                 x.describe(), " and ", labels.describe());
+  BIGBATCH_CHECK(micro_batch > 0, "accumulate_gradients: micro_batch must be positive, got ",
+                 micro_batch);
+  const float count = static_cast<float>(global_count > 0 ? global_count : rows);
+  // The loss of every micro-batch adds into one float: loss += its share of the mean.
+  const Tensor loss = Tensor::zeros({1}, DType::f32, model.device(), MemoryCategory::workspace);
+  for (std::int64_t begin = 0; begin < rows; begin += micro_batch) {
+    const std::int64_t end = std::min(rows, begin + micro_batch);
+    const Tensor x_micro = x.rows(begin, end), labels_micro = labels.rows(begin, end);
+    ForwardContext micro_context = context;
+    micro_context.first_row = context.first_row + begin;
+    const Tensor logits = model.forward(x_micro, micro_context);
+    cross_entropy_forward(logits, labels_micro, loss, count);
+    const Tensor dlogits(logits.shape(), DType::f32, model.device(), MemoryCategory::workspace);
+    cross_entropy_backward(logits, labels_micro, dlogits, count);
+    model.backward(dlogits);
+  }
+  return loss.to_vector<float>()[0];
+}
+
+Optimizer::Optimizer(std::vector<NamedParameter> parameters, Options options)
+    : options_(options) {
+  for (NamedParameter& p : parameters) {
+    ParameterState state{std::move(p), {}, {}};
+    const Shape& shape = state.parameter.value.shape();
+    const Device device = state.parameter.value.device();
+    if (const auto* sgd = std::get_if<SgdOptions>(&options_)) {
+      // sgd_step overwrites the buffer at step 1 (PyTorch clones the first direction).
+      if (sgd->momentum != 0) {
+        state.first = Tensor(shape, DType::f32, device, MemoryCategory::optimizer_state);
+      }
+    } else {
+      state.first = Tensor::zeros(shape, DType::f32, device, MemoryCategory::optimizer_state);
+      state.second = Tensor::zeros(shape, DType::f32, device, MemoryCategory::optimizer_state);
+    }
+    states_.push_back(std::move(state));
+  }
+}
+
+void Optimizer::step() {
+  ++steps_;
+  for (const ParameterState& s : states_) {
+    if (const auto* sgd = std::get_if<SgdOptions>(&options_)) {
+      sgd_step(s.parameter.value, s.parameter.grad, s.first, *sgd, steps_);
+    } else {
+      adamw_step(s.parameter.value, s.parameter.grad, s.first, s.second,
+                 std::get<AdamWOptions>(options_), steps_);
+    }
+  }
+}
+
+std::vector<std::pair<std::string, Tensor>> Optimizer::state() const {
+  std::vector<std::pair<std::string, Tensor>> result;
+  const bool sgd = std::holds_alternative<SgdOptions>(options_);
+  for (const ParameterState& s : states_) {
+    if (s.first.defined()) {
+      result.emplace_back(s.parameter.name + (sgd ? ".momentum_buffer" : ".exp_avg"), s.first);
+    }
+    if (s.second.defined()) result.emplace_back(s.parameter.name + ".exp_avg_sq", s.second);
+  }
+  return result;
+}
+
+}  // namespace bigbatch::nn

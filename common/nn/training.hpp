@@ -1,0 +1,63 @@
+// training.hpp: one training step's pieces on top of the Model: the gradient of a batch
+// accumulated over micro-batches, and the optimizer over every parameter.
+//
+//   model.zero_grad();
+//   const float loss = accumulate_gradients(model, x, labels, micro_batch, context);
+//   optimizer.step();
+//
+// accumulate_gradients runs the micro-batches of rows [0, m), [m, 2m), ... of the batch
+// in order (the last one may be shorter: 1000 = 15 x 64 + 40), each a forward, the
+// cross-entropy with the batch's global count (so every micro-batch contributes exactly
+// its share of the batch mean, with no rescaling) and a backward that ADDS into the
+// parameter gradients. It does not zero them: that is the caller's (once per batch).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "common/nn/model.hpp"
+#include "kernels/optimizer.hpp"
+
+namespace bigbatch::nn {
+
+/// Accumulates (+=) into the model's gradients the gradient of the mean cross-entropy
+/// over `global_count` samples (default, <= 0: the rows of x), of which these are the
+/// rows of x [B, D] f32 with labels [B] i32, in micro-batches of `micro_batch` rows.
+/// context.first_row is the global index of x's row 0; micro-batch k starts at
+/// context.first_row + k * micro_batch. Returns these rows' share of the mean loss
+/// (the whole batch's mean loss when global_count is B).
+float accumulate_gradients(Model& model, const Tensor& x, const Tensor& labels,
+                           std::int64_t micro_batch, const ForwardContext& context,
+                           std::int64_t global_count = 0);
+
+/// SGD (with momentum) or AdamW over all of a model's parameters, with PyTorch's rules
+/// (kernels/optimizer.hpp). Its state tensors (momentum buffers, Adam moments) are
+/// allocated once, on the parameters' device, in MemoryCategory::optimizer_state.
+class Optimizer {
+ public:
+  using Options = std::variant<SgdOptions, AdamWOptions>;
+
+  Optimizer(std::vector<NamedParameter> parameters, Options options);
+
+  /// One update of every parameter from its gradient (the gradients are not changed).
+  void step();
+  /// Optimizer steps taken so far.
+  std::int64_t steps_taken() const { return steps_; }
+  const Options& options() const { return options_; }
+  /// The state tensors, named "<parameter>.momentum_buffer", ".exp_avg", ".exp_avg_sq".
+  std::vector<std::pair<std::string, Tensor>> state() const;
+
+ private:
+  struct ParameterState {
+    NamedParameter parameter;
+    Tensor first;   // SGD: momentum buffer (undefined without momentum); AdamW: exp_avg
+    Tensor second;  // AdamW: exp_avg_sq
+  };
+  std::vector<ParameterState> states_;
+  Options options_;
+  std::int64_t steps_ = 0;
+};
+
+}  // namespace bigbatch::nn

@@ -1,0 +1,640 @@
+// test_model.cpp: the residual MLP (common/nn): gradients against a float64 oracle of the
+// whole model (itself checked by finite differences), the equivalence of gradient
+// accumulation with one big batch (bit for bit, on the CPU, with LayerNorm; not with
+// BatchNorm), parameter names and shapes, and safetensors round trips.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "common/nn/model.hpp"
+#include "common/nn/training.hpp"
+#include "kernels/cross_entropy.hpp"
+#include "kernels/dropout.hpp"
+#include "tests/finite_difference.hpp"
+#include "tests/harness.hpp"
+#include "tests/temp_files.hpp"
+
+namespace bigbatch {
+namespace {
+
+using nn::Activation;
+using nn::ForwardContext;
+using nn::Model;
+using nn::ModelConfig;
+using nn::Norm;
+using testing::bitwise_equal;
+
+using Gradients = std::map<std::string, std::vector<double>>;
+
+// ---- the float64 oracle: the whole model in plain loops ----------------------------
+
+struct OracleBatch {
+  std::vector<double> x;  // [rows, D]
+  std::vector<int> labels;
+  std::int64_t rows = 0;
+  ForwardContext context;
+};
+
+/// The model in double, on parameters given by name (the model's own, widened exactly).
+class Oracle {
+ public:
+  Oracle(ModelConfig config, Gradients parameters)
+      : config_(config), p_(std::move(parameters)) {}
+
+  Gradients& parameters() { return p_; }
+
+  /// The mean cross-entropy over the batch; with `gradients`, also its gradient.
+  double loss(const OracleBatch& batch, Gradients* gradients = nullptr) const {
+    const std::int64_t n = batch.rows, H = config_.hidden, E = config_.expansion * H;
+    // Forward, keeping what the backward needs.
+    std::vector<double> stem_pre = linear(batch.x, n, "stem.");
+    std::vector<double> h = apply(stem_pre, &Oracle::act);
+    struct Saved {
+      std::vector<double> input, xhat, rstd, normed, pre, hidden, mask;
+    };
+    std::vector<Saved> saved(static_cast<std::size_t>(config_.depth));
+    for (std::int64_t b = 0; b < config_.depth; ++b) {
+      Saved& s = saved[static_cast<std::size_t>(b)];
+      const std::string prefix = "blocks." + std::to_string(b) + ".";
+      s.input = h;
+      s.normed = layernorm(h, n, prefix + "ln.", s.xhat, s.rstd);
+      s.pre = linear(s.normed, n, prefix + "fc1.");
+      s.mask = dropout_mask(batch, b, n, E);
+      s.hidden = apply(s.pre, &Oracle::act);
+      for (std::size_t k = 0; k < s.hidden.size(); ++k) s.hidden[k] *= s.mask[k];
+      const std::vector<double> branch = linear(s.hidden, n, prefix + "fc2.");
+      for (std::size_t k = 0; k < h.size(); ++k) h[k] += branch[k];
+    }
+    std::vector<double> head_xhat, head_rstd;
+    const std::vector<double> head_normed = layernorm(h, n, "head.ln.", head_xhat, head_rstd);
+    const std::vector<double> logits = linear(head_normed, n, "head.");
+
+    // Cross-entropy, mean over the batch, and its gradient.
+    const std::int64_t C = config_.classes;
+    double total = 0;
+    std::vector<double> dlogits(logits.size());
+    for (std::int64_t i = 0; i < n; ++i) {
+      const double* z = &logits[static_cast<std::size_t>(i * C)];
+      const double m = *std::max_element(z, z + C);
+      double sum = 0;
+      for (std::int64_t c = 0; c < C; ++c) sum += std::exp(z[c] - m);
+      total += m + std::log(sum) - z[batch.labels[static_cast<std::size_t>(i)]];
+      for (std::int64_t c = 0; c < C; ++c) {
+        const double one_hot = c == batch.labels[static_cast<std::size_t>(i)] ? 1 : 0;
+        dlogits[static_cast<std::size_t>(i * C + c)] = (std::exp(z[c] - m) / sum - one_hot) / n;
+      }
+    }
+    if (gradients == nullptr) return total / n;
+
+    // Backward.
+    Gradients& g = *gradients;
+    for (const auto& [name, values] : p_) g[name].assign(values.size(), 0.0);
+    std::vector<double> dh = layernorm_backward(
+        linear_backward(head_normed, dlogits, n, "head.", g), head_xhat, head_rstd, n, "head.ln.", g);
+    for (std::int64_t b = config_.depth - 1; b >= 0; --b) {
+      const Saved& s = saved[static_cast<std::size_t>(b)];
+      const std::string prefix = "blocks." + std::to_string(b) + ".";
+      std::vector<double> d_hidden = linear_backward(s.hidden, dh, n, prefix + "fc2.", g);
+      for (std::size_t k = 0; k < d_hidden.size(); ++k) {
+        d_hidden[k] *= s.mask[k] * act_derivative(s.pre[k]);
+      }
+      const std::vector<double> d_input = layernorm_backward(
+          linear_backward(s.normed, d_hidden, n, prefix + "fc1.", g), s.xhat, s.rstd, n,
+          prefix + "ln.", g);
+      for (std::size_t k = 0; k < dh.size(); ++k) dh[k] += d_input[k];
+    }
+    for (std::size_t k = 0; k < dh.size(); ++k) dh[k] *= act_derivative(stem_pre[k]);
+    linear_backward(batch.x, dh, n, "stem.", g);
+    (void)H;
+    return total / n;
+  }
+
+ private:
+  const std::vector<double>& p(const std::string& name) const { return p_.at(name); }
+
+  double act(double x) const {
+    if (config_.activation == Activation::relu) return x > 0 ? x : 0;
+    const double k = std::sqrt(2 / M_PI);
+    return 0.5 * x * (1 + std::tanh(k * (x + 0.044715 * x * x * x)));
+  }
+  double act_derivative(double x) const {
+    if (config_.activation == Activation::relu) return x > 0 ? 1 : 0;
+    const double k = std::sqrt(2 / M_PI);
+    const double t = std::tanh(k * (x + 0.044715 * x * x * x));
+    return 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * k * (1 + 3 * 0.044715 * x * x);
+  }
+  std::vector<double> apply(std::vector<double> v, double (Oracle::*f)(double) const) const {
+    for (double& e : v) e = (this->*f)(e);
+    return v;
+  }
+
+  // y = x W^T + b   x: [n, in], W: [out, in]
+  std::vector<double> linear(const std::vector<double>& x, std::int64_t n,
+                             const std::string& prefix) const {
+    const auto& w = p(prefix + "weight");
+    const auto& bias = p(prefix + "bias");
+    const std::int64_t out = static_cast<std::int64_t>(bias.size());
+    const std::int64_t in = static_cast<std::int64_t>(w.size()) / out;
+    std::vector<double> y(static_cast<std::size_t>(n * out));
+    for (std::int64_t i = 0; i < n; ++i) {
+      for (std::int64_t o = 0; o < out; ++o) {
+        double sum = bias[static_cast<std::size_t>(o)];
+        for (std::int64_t k = 0; k < in; ++k) {
+          sum += x[static_cast<std::size_t>(i * in + k)] * w[static_cast<std::size_t>(o * in + k)];
+        }
+        y[static_cast<std::size_t>(i * out + o)] = sum;
+      }
+    }
+    return y;
+  }
+  // Adds dW, db into g; returns dx = dy W.
+  std::vector<double> linear_backward(const std::vector<double>& x, const std::vector<double>& dy,
+                                      std::int64_t n, const std::string& prefix,
+                                      Gradients& g) const {
+    const auto& w = p(prefix + "weight");
+    const std::int64_t out = static_cast<std::int64_t>(p(prefix + "bias").size());
+    const std::int64_t in = static_cast<std::int64_t>(w.size()) / out;
+    auto& dw = g[prefix + "weight"];
+    auto& db = g[prefix + "bias"];
+    std::vector<double> dx(static_cast<std::size_t>(n * in), 0.0);
+    for (std::int64_t i = 0; i < n; ++i) {
+      for (std::int64_t o = 0; o < out; ++o) {
+        const double d = dy[static_cast<std::size_t>(i * out + o)];
+        db[static_cast<std::size_t>(o)] += d;
+        for (std::int64_t k = 0; k < in; ++k) {
+          dw[static_cast<std::size_t>(o * in + k)] += d * x[static_cast<std::size_t>(i * in + k)];
+          dx[static_cast<std::size_t>(i * in + k)] += d * w[static_cast<std::size_t>(o * in + k)];
+        }
+      }
+    }
+    return dx;
+  }
+  std::vector<double> layernorm(const std::vector<double>& x, std::int64_t n,
+                                const std::string& prefix, std::vector<double>& xhat,
+                                std::vector<double>& rstd) const {
+    const auto& w = p(prefix + "weight");
+    const auto& b = p(prefix + "bias");
+    const std::int64_t H = static_cast<std::int64_t>(w.size());
+    std::vector<double> y(x.size());
+    xhat.assign(x.size(), 0.0);
+    rstd.assign(static_cast<std::size_t>(n), 0.0);
+    for (std::int64_t i = 0; i < n; ++i) {
+      double mean = 0, var = 0;
+      for (std::int64_t j = 0; j < H; ++j) mean += x[static_cast<std::size_t>(i * H + j)];
+      mean /= H;
+      for (std::int64_t j = 0; j < H; ++j) {
+        const double d = x[static_cast<std::size_t>(i * H + j)] - mean;
+        var += d * d;
+      }
+      rstd[static_cast<std::size_t>(i)] = 1 / std::sqrt(var / H + 1e-5);
+      for (std::int64_t j = 0; j < H; ++j) {
+        const std::size_t k = static_cast<std::size_t>(i * H + j);
+        xhat[k] = (x[k] - mean) * rstd[static_cast<std::size_t>(i)];
+        y[k] = xhat[k] * w[static_cast<std::size_t>(j)] + b[static_cast<std::size_t>(j)];
+      }
+    }
+    return y;
+  }
+  // dx = rstd (dxhat - mean(dxhat) - xhat mean(dxhat xhat)), dxhat = dy w; adds dw, db.
+  std::vector<double> layernorm_backward(const std::vector<double>& dy, const std::vector<double>& xhat,
+                                         const std::vector<double>& rstd, std::int64_t n,
+                                         const std::string& prefix, Gradients& g) const {
+    const auto& w = p(prefix + "weight");
+    const std::int64_t H = static_cast<std::int64_t>(w.size());
+    auto& dw = g[prefix + "weight"];
+    auto& db = g[prefix + "bias"];
+    std::vector<double> dx(dy.size());
+    for (std::int64_t i = 0; i < n; ++i) {
+      double mean_d = 0, mean_dx = 0;
+      for (std::int64_t j = 0; j < H; ++j) {
+        const std::size_t k = static_cast<std::size_t>(i * H + j);
+        const double dxhat = dy[k] * w[static_cast<std::size_t>(j)];
+        mean_d += dxhat / H;
+        mean_dx += dxhat * xhat[k] / H;
+        dw[static_cast<std::size_t>(j)] += dy[k] * xhat[k];
+        db[static_cast<std::size_t>(j)] += dy[k];
+      }
+      for (std::int64_t j = 0; j < H; ++j) {
+        const std::size_t k = static_cast<std::size_t>(i * H + j);
+        const double dxhat = dy[k] * w[static_cast<std::size_t>(j)];
+        dx[k] = rstd[static_cast<std::size_t>(i)] * (dxhat - mean_d - xhat[k] * mean_dx);
+      }
+    }
+    return dx;
+  }
+  // The dropout of block b as the kernel defines it: element (i, j) kept with the float
+  // factor 1/(1-p) iff random_uniform(seed, b, (first_row + i) * N + j) >= p.
+  std::vector<double> dropout_mask(const OracleBatch& batch, std::int64_t block, std::int64_t n,
+                                   std::int64_t width) const {
+    std::vector<double> mask(static_cast<std::size_t>(n * width), 1.0);
+    if (!batch.context.training || config_.dropout == 0) return mask;
+    const double keep = detail::dropout_keep_scale(config_.dropout);
+    for (std::int64_t i = 0; i < n; ++i) {
+      for (std::int64_t j = 0; j < width; ++j) {
+        const auto g = static_cast<std::uint64_t>((batch.context.first_row + i) * width + j);
+        const bool kept = random_uniform(batch.context.dropout_seed,
+                                         static_cast<std::uint64_t>(block), g) >= config_.dropout;
+        mask[static_cast<std::size_t>(i * width + j)] = kept ? keep : 0.0;
+      }
+    }
+    return mask;
+  }
+
+  ModelConfig config_;
+  Gradients p_;
+};
+
+// ---- helpers -----------------------------------------------------------------------
+
+struct Batch {
+  Tensor x;       // [rows, D] f32, MemoryCategory::data
+  Tensor labels;  // [rows] i32
+};
+
+Batch make_batch(const ModelConfig& config, std::int64_t rows, std::uint64_t seed,
+                 Device device = Device::cpu()) {
+  const auto x = testing::random_values(rows * config.inputs, seed, -2.0, 2.0);
+  std::vector<std::int32_t> labels(static_cast<std::size_t>(rows));
+  for (std::int64_t i = 0; i < rows; ++i) {
+    labels[static_cast<std::size_t>(i)] =
+        static_cast<std::int32_t>(random_bits(seed, 1, i) % config.classes);
+  }
+  return {testing::make_tensor(x, {rows, config.inputs}, DType::f32, device, MemoryCategory::data),
+          Tensor::from_vector(labels, {rows}, device, MemoryCategory::data)};
+}
+
+OracleBatch oracle_batch(const Batch& batch, const ForwardContext& context) {
+  OracleBatch result{testing::to_doubles(batch.x), {}, batch.x.dim(0), context};
+  for (const double label : testing::to_doubles(batch.labels)) {
+    result.labels.push_back(static_cast<int>(label));
+  }
+  return result;
+}
+
+Gradients parameter_values(const Model& model) {
+  Gradients values;
+  for (const auto& p : model.parameters()) values[p.name] = testing::to_doubles(p.value);
+  return values;
+}
+
+/// The model's gradients of one batch, accumulated in micro-batches of `micro_batch`.
+std::vector<Tensor> accumulated_gradients(const ModelConfig& config, const Batch& batch,
+                                          std::int64_t micro_batch, const ForwardContext& context) {
+  Model model(config, Device::cpu());
+  model.zero_grad();
+  nn::accumulate_gradients(model, batch.x, batch.labels, micro_batch, context);
+  std::vector<Tensor> grads;
+  for (const auto& p : model.parameters()) grads.push_back(p.grad.clone());
+  return grads;
+}
+
+double max_abs(const std::vector<double>& v) {
+  double m = 0;
+  for (const double e : v) m = std::max(m, std::abs(e));
+  return m;
+}
+
+ModelConfig tiny_config(std::int64_t depth, float dropout, Activation act = Activation::gelu) {
+  ModelConfig config;
+  config.inputs = 5;
+  config.hidden = 6;
+  config.expansion = 2;
+  config.classes = 3;
+  config.depth = depth;
+  config.dropout = dropout;
+  config.activation = act;
+  config.seed = 42;
+  return config;
+}
+
+// ---- 1. gradients against the float64 oracle ---------------------------------------
+
+// The oracle's own backward against Richardson-extrapolated central differences of its
+// loss, for every parameter element. The loss is O(1) and computed with a few hundred
+// double operations, so each evaluation is within 1e-13 of the exact value; h = 2^-10
+// makes the rounding part of the error 1.5e-13 / h = 1.5e-10, and the truncation part
+// h^4/30 |f^(5)| stays below 1e-10 for |f^(5)| <= 3e3 (these are smooth compositions of
+// O(1) weights and tanh). GELU only: ReLU's kink would make a difference quotient lie.
+TEST(ModelOracle, BackwardMatchesFiniteDifferencesOfItsLoss) {
+  for (const std::int64_t depth : {0, 2}) {
+    const ModelConfig config = tiny_config(depth, depth == 0 ? 0.0f : 0.25f);
+    const Model model(config, Device::cpu());
+    const ForwardContext context{true, 7, 3};
+    const OracleBatch batch = oracle_batch(make_batch(config, 7, 11), context);
+    Oracle oracle(config, parameter_values(model));
+    Gradients analytic;
+    oracle.loss(batch, &analytic);
+    const double h = 0x1p-10;
+    const double tolerance = testing::richardson_error(h, 1e-13, 3e3);
+    std::int64_t checked = 0;
+    for (auto& [name, values] : oracle.parameters()) {
+      for (std::size_t k = 0; k < values.size(); ++k) {
+        const double numeric =
+            testing::richardson_derivative([&] { return oracle.loss(batch); }, values[k], h);
+        ASSERT_NEAR(analytic[name][k], numeric, tolerance) << name << "[" << k << "], depth " << depth;
+        ++checked;
+      }
+    }
+    EXPECT_EQ(checked, model.parameter_count());
+  }
+}
+
+class ModelGradients : public testing::DeviceTest {};
+
+// The fp32 model against the oracle. Every gradient element is the result of a chain of
+// rounded fp32 operations: the forward path from the input to the loss and back, each
+// step a dot product or reduction of length at most the widths below, then the sum over
+// the batch. Counting one rounding per term, a path has at most
+//   n = 2 * (stem (D + 12) + depth * (LN 3H + 5, fc1 H + 1, act 12, dropout 1, fc2 E*H + 1,
+//            residual 1) + head (3H + 5 + H + 1) + loss (2C + 5)) + batch
+// roundings (x2: the backward retraces the forward; act 12 covers tanh's formula). The
+// first-order error bound of such a computation is gamma(n) times the same computation in
+// absolute values (Higham, ch. 3); we stand in for that magnitude by |g| plus the largest
+// |g| of the same tensor, since a gradient element near 0 is a cancellation of terms the
+// size of its neighbours. (Measured errors sit 10-100x below this.)
+TEST_P(ModelGradients, MatchFloat64Oracle) {
+  for (const std::int64_t depth : {0, 2}) {
+    for (const Activation act : {Activation::gelu, Activation::relu}) {
+      const ModelConfig config = tiny_config(depth, depth == 0 ? 0.0f : 0.25f, act);
+      Model model(config, device());
+      const ForwardContext context{true, 7, 3};
+      const Batch batch = make_batch(config, 7, 11, device());
+      model.zero_grad();
+      const float loss = nn::accumulate_gradients(model, batch.x, batch.labels, 7, context);
+
+      Oracle oracle(config, parameter_values(model));
+      Gradients want;
+      const double want_loss = oracle.loss(oracle_batch(batch, context), &want);
+      const std::int64_t D = config.inputs, H = config.hidden, E = config.expansion * H,
+                         C = config.classes;
+      const std::int64_t path =
+          2 * ((D + 12) + depth * ((3 * H + 5) + (H + 1) + 12 + 1 + (E + 1) + 1) +
+               (3 * H + 5 + H + 1) + (2 * C + 5)) + 7;
+      const double g = testing::gamma(path, DType::f32);
+      EXPECT_NEAR(loss, want_loss, g * std::abs(want_loss));
+      for (const auto& p : model.parameters()) {
+        const auto& w = want.at(p.name);
+        const double scale = max_abs(w);
+        EXPECT_GT(scale, 0) << p.name << " has an all-zero gradient: the test would be vacuous";
+        EXPECT_TRUE(testing::all_close(testing::to_doubles(p.grad), w,
+                                       [&](std::size_t i) { return g * (std::abs(w[i]) + scale); }))
+            << p.name << ", depth " << depth << ", " << nn::activation_name(act);
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, ModelGradients, ::testing::ValuesIn(testing::all_devices()),
+                         testing::device_test_name);
+
+// ---- 2. the equivalence: micro-batches give the big batch's gradients, bit for bit ----
+
+ModelConfig equivalence_config(std::int64_t depth, float dropout, Norm norm = Norm::layer) {
+  ModelConfig config;
+  config.inputs = 12;
+  config.hidden = 16;
+  config.expansion = 4;
+  config.classes = 5;
+  config.depth = depth;
+  config.dropout = dropout;
+  config.norm = norm;
+  config.seed = 2024;
+  return config;
+}
+
+void expect_same_gradients(const std::vector<Tensor>& got, const std::vector<Tensor>& want,
+                           const Model& names, const std::string& what) {
+  const auto parameters = names.parameters();
+  ASSERT_EQ(got.size(), want.size());
+  for (std::size_t k = 0; k < got.size(); ++k) {
+    EXPECT_TRUE(bitwise_equal(got[k], want[k])) << parameters[k].name << ": " << what;
+  }
+}
+
+TEST(GradientAccumulation, MicroBatchesGiveTheBatchGradientsBitForBit) {
+  constexpr std::int64_t kBatch = 128;
+  for (const std::int64_t depth : {0, 4}) {
+    for (const float dropout : {0.0f, 0.1f}) {
+      const ModelConfig config = equivalence_config(depth, dropout);
+      const Batch batch = make_batch(config, kBatch, 5);
+      const ForwardContext context{true, 99, 1000};
+      const std::vector<Tensor> whole = accumulated_gradients(config, batch, kBatch, context);
+      const Model names(config, Device::cpu());
+      for (const std::int64_t micro : {1, 7, 64}) {
+        expect_same_gradients(accumulated_gradients(config, batch, micro, context), whole, names,
+                              "depth " + std::to_string(depth) + ", dropout " +
+                                  std::to_string(dropout) + ", micro-batch " + std::to_string(micro));
+      }
+      if (dropout > 0 && depth > 0) {
+        // Dropout is really on: without it the gradients differ.
+        const auto undropped = accumulated_gradients(equivalence_config(depth, 0.0f), batch,
+                                                     kBatch, context);
+        EXPECT_FALSE(bitwise_equal(undropped[0], whole[0]));
+      }
+    }
+  }
+}
+
+TEST(GradientAccumulation, UnevenLastMicroBatch) {
+  // 1000 = 15 x 64 + 40: the last micro-batch is shorter and still weighs 40/1000.
+  const ModelConfig config = equivalence_config(0, 0.0f);
+  const Batch batch = make_batch(config, 1000, 8);
+  const ForwardContext context{true, 1, 0};
+  const Model names(config, Device::cpu());
+  expect_same_gradients(accumulated_gradients(config, batch, 64, context),
+                        accumulated_gradients(config, batch, 1000, context), names,
+                        "1000 as 15 x 64 + 40");
+}
+
+TEST(GradientAccumulation, BatchNormBreaksTheEquivalence) {
+  // BatchNorm normalises each micro-batch with its own statistics: the gradients differ in
+  // value, not only in rounding. The same model with LayerNorm stays bit for bit.
+  constexpr std::int64_t kBatch = 128;
+  const ForwardContext context{true, 3, 0};
+  for (const Norm norm : {Norm::batch, Norm::layer}) {
+    const ModelConfig config = equivalence_config(2, 0.0f, norm);
+    const Batch batch = make_batch(config, kBatch, 21);
+    const auto whole = accumulated_gradients(config, batch, kBatch, context);
+    const auto micro = accumulated_gradients(config, batch, 8, context);
+    double largest_relative = 0;
+    for (std::size_t k = 0; k < whole.size(); ++k) {
+      const auto a = testing::to_doubles(micro[k]), b = testing::to_doubles(whole[k]);
+      for (std::size_t i = 0; i < a.size(); ++i) {
+        largest_relative = std::max(largest_relative, std::abs(a[i] - b[i]) / max_abs(b));
+      }
+    }
+    if (norm == Norm::batch) {
+      // Far beyond rounding (2^-24 ~ 6e-8): the statistics of 8 samples are not those of 128.
+      EXPECT_GT(largest_relative, 1e-3) << "BatchNorm: micro-batches of 8 vs a batch of 128";
+      std::printf("BatchNorm, micro-batches of 8 vs one batch of 128: largest gradient "
+                  "difference %.3g of the tensor's largest element\n", largest_relative);
+    } else {
+      EXPECT_EQ(largest_relative, 0) << "LayerNorm";
+    }
+  }
+}
+
+/// The parameters after `steps` steps of `options`, each step one batch of `batch_size`
+/// fresh samples accumulated in micro-batches of `micro_batch`.
+std::vector<Tensor> train(const ModelConfig& config, const nn::Optimizer::Options& options,
+                          std::int64_t steps, std::int64_t batch_size, std::int64_t micro_batch) {
+  Model model(config, Device::cpu());
+  nn::Optimizer optimizer(model.parameters(), options);
+  for (std::int64_t step = 0; step < steps; ++step) {
+    const Batch batch = make_batch(config, batch_size, 1000 + static_cast<std::uint64_t>(step));
+    model.zero_grad();
+    nn::accumulate_gradients(model, batch.x, batch.labels, micro_batch,
+                             ForwardContext{true, 77, step * batch_size});
+    optimizer.step();
+  }
+  EXPECT_EQ(optimizer.steps_taken(), steps);
+  std::vector<Tensor> values;
+  for (const auto& p : model.parameters()) values.push_back(p.value.clone());
+  return values;
+}
+
+TEST(GradientAccumulation, FiftyOptimizerStepsGiveTheSameParameters) {
+  constexpr std::int64_t kSteps = 50, kBatch = 128;
+  SgdOptions sgd;
+  sgd.lr = 0.05;
+  sgd.momentum = 0.9;
+  sgd.weight_decay = 1e-4;
+  AdamWOptions adamw;
+  adamw.lr = 3e-3;
+  const ModelConfig config = equivalence_config(4, 0.1f);
+  const Model initial(config, Device::cpu());
+  for (const nn::Optimizer::Options& options : {nn::Optimizer::Options(sgd), nn::Optimizer::Options(adamw)}) {
+    const std::string name = std::holds_alternative<SgdOptions>(options) ? "SGD" : "AdamW";
+    const auto big = train(config, options, kSteps, kBatch, kBatch);
+    const auto micro = train(config, options, kSteps, kBatch, 7);
+    const auto parameters = initial.parameters();
+    for (std::size_t k = 0; k < big.size(); ++k) {
+      EXPECT_TRUE(bitwise_equal(micro[k], big[k])) << name << ": " << parameters[k].name;
+    }
+    EXPECT_FALSE(bitwise_equal(big[0], parameters[0].value)) << name << " did not train";
+  }
+}
+
+// ---- 3. names, shapes, initialisation, files ----------------------------------------
+
+TEST(ModelParameters, NamesAndShapesAreThoseOfThePyTorchModule) {
+  ModelConfig config = equivalence_config(2, 0.0f);  // D 12, H 16, E 4, C 5
+  const std::vector<std::pair<std::string, Shape>> expected = {
+      {"stem.weight", {16, 12}},        {"stem.bias", {16}},
+      {"blocks.0.ln.weight", {16}},     {"blocks.0.ln.bias", {16}},
+      {"blocks.0.fc1.weight", {64, 16}}, {"blocks.0.fc1.bias", {64}},
+      {"blocks.0.fc2.weight", {16, 64}}, {"blocks.0.fc2.bias", {16}},
+      {"blocks.1.ln.weight", {16}},     {"blocks.1.ln.bias", {16}},
+      {"blocks.1.fc1.weight", {64, 16}}, {"blocks.1.fc1.bias", {64}},
+      {"blocks.1.fc2.weight", {16, 64}}, {"blocks.1.fc2.bias", {16}},
+      {"head.weight", {5, 16}},         {"head.bias", {5}},
+      {"head.ln.weight", {16}},         {"head.ln.bias", {16}},
+  };
+  const Model model(config, Device::cpu());
+  const auto parameters = model.parameters();
+  ASSERT_EQ(parameters.size(), expected.size());
+  std::int64_t count = 0;
+  for (std::size_t k = 0; k < expected.size(); ++k) {
+    EXPECT_EQ(parameters[k].name, expected[k].first);
+    EXPECT_EQ(parameters[k].value.shape(), expected[k].second) << expected[k].first;
+    EXPECT_EQ(parameters[k].grad.shape(), expected[k].second) << expected[k].first;
+    EXPECT_EQ(parameters[k].value.category(), MemoryCategory::parameters);
+    EXPECT_EQ(parameters[k].grad.category(), MemoryCategory::gradients);
+    count += shape_numel(expected[k].second);
+  }
+  EXPECT_EQ(model.parameter_count(), count);
+
+  // BatchNorm adds its running statistics to the state_dict, after the norm's parameters.
+  config.norm = Norm::batch;
+  const Model with_batchnorm(config, Device::cpu());
+  EXPECT_EQ(with_batchnorm.parameters().size(), expected.size());
+  const auto state = with_batchnorm.state_dict();
+  ASSERT_EQ(state.size(), expected.size() + 6);
+  EXPECT_EQ(state[4].first, "blocks.0.ln.running_mean");
+  EXPECT_EQ(state[5].first, "blocks.0.ln.running_var");
+  EXPECT_EQ(state.back().first, "head.ln.running_var");
+}
+
+TEST(ModelParameters, InitialisationIsPyTorchsDefaultAndDeterministic) {
+  ModelConfig config = equivalence_config(1, 0.0f);
+  const Model a(config, Device::cpu()), b(config, Device::cpu());
+  config.seed += 1;
+  const Model other(config, Device::cpu());
+  const auto pa = a.parameters(), pb = b.parameters(), po = other.parameters();
+  for (std::size_t k = 0; k < pa.size(); ++k) {
+    EXPECT_TRUE(bitwise_equal(pa[k].value, pb[k].value)) << pa[k].name;
+    const auto values = testing::to_doubles(pa[k].value);
+    if (pa[k].name.find("ln.") != std::string::npos) {
+      const double want = pa[k].name.ends_with("weight") ? 1.0 : 0.0;
+      for (const double v : values) EXPECT_EQ(v, want) << pa[k].name;
+      continue;
+    }
+    EXPECT_FALSE(bitwise_equal(pa[k].value, po[k].value)) << pa[k].name << " ignores the seed";
+    const std::int64_t fan_in = pa[k].name.find("fc2.") != std::string::npos ? 64
+                                : pa[k].name.starts_with("stem.")           ? 12
+                                                                            : 16;
+    const double bound = 1 / std::sqrt(static_cast<double>(fan_in));
+    EXPECT_LE(max_abs(values), bound) << pa[k].name;
+    EXPECT_GT(max_abs(values), 0.5 * bound) << pa[k].name;  // spread over the range
+  }
+}
+
+TEST(ModelFiles, SaveAndLoadRoundTripBitForBit) {
+  ModelConfig config = equivalence_config(2, 0.0f, Norm::batch);
+  Model trained(config, Device::cpu());
+  // A forward in training moves the running statistics away from 0 and 1.
+  trained.forward(make_batch(config, 16, 4).x, ForwardContext{});
+  testing::TemporaryPath path("model.safetensors");
+  trained.save(path.str());
+
+  config.seed += 1;
+  Model loaded(config, Device::cpu());
+  loaded.load(path.str());
+  const auto want = trained.state_dict(), got = loaded.state_dict();
+  ASSERT_EQ(got.size(), want.size());
+  for (std::size_t k = 0; k < want.size(); ++k) {
+    EXPECT_EQ(got[k].first, want[k].first);
+    EXPECT_TRUE(bitwise_equal(got[k].second, want[k].second)) << want[k].first;
+  }
+
+  // A file of another architecture is refused, naming the tensor at fault.
+  Model shallow(equivalence_config(0, 0.0f, Norm::batch), Device::cpu());
+  EXPECT_TRUE(testing::mentions(testing::error_of([&] { shallow.load(path.str()); }),
+                                {"blocks.0.", "not part of this model"}));
+  Model deeper(equivalence_config(3, 0.0f, Norm::batch), Device::cpu());
+  EXPECT_TRUE(testing::mentions(testing::error_of([&] { deeper.load(path.str()); }),
+                                {"no tensor named blocks.2.ln.weight"}));
+}
+
+TEST(ModelMemory, ActivationsAreSavedByForwardAndReleasedByBackward) {
+  const ModelConfig config = equivalence_config(3, 0.1f);
+  Model model(config, Device::cpu());
+  const Batch batch = make_batch(config, 32, 9);
+  const auto& allocator = allocator_for(Device::cpu());
+  const std::size_t before = allocator.stats().live_of(MemoryCategory::activations);
+  const Tensor logits = model.forward(batch.x, ForwardContext{});
+  ASSERT_EQ(model.saved_activations().blocks.size(), 3u);
+  // Allocated per block: normed and the output [b, H], mean and rstd [b], pre-activation and
+  // hidden [b, E*H] (its input is the previous output); outside the blocks: the stem's
+  // pre-activation and h [b, H], the head's normed input [b, H], stats [b], the logits.
+  const std::size_t b = 32, H = 16, E = 64, C = 5;
+  const std::size_t per_block = 4 * (2 * b * H + 2 * b + 2 * b * E);
+  const std::size_t outside = 4 * (2 * b * H + b * H + 2 * b + b * C);
+  EXPECT_EQ(allocator.stats().live_of(MemoryCategory::activations) - before,
+            3 * per_block + outside);
+  const Tensor dlogits = Tensor::zeros(logits.shape(), DType::f32);
+  model.backward(dlogits);
+  EXPECT_FALSE(model.has_saved_activations());
+  EXPECT_EQ(allocator.stats().live_of(MemoryCategory::activations) - before, 4 * b * C)
+      << "only the logits, which the caller holds, stay";
+  EXPECT_TRUE(testing::mentions(testing::error_of([&] { model.backward(dlogits); }),
+                                {"no saved activations"}));
+}
+
+}  // namespace
+}  // namespace bigbatch
