@@ -5,7 +5,7 @@
 set -euo pipefail
 
 packages=(build-essential cmake googletest libgtest-dev libbenchmark-dev zlib1g-dev
-          libopenblas-dev dataset-fashion-mnist doxygen)
+          libopenblas-dev dataset-fashion-mnist doxygen libcli11-dev)
 missing=()
 for package in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" ||
