@@ -1,0 +1,333 @@
+#!/usr/bin/python3
+"""Checks that `bigbatch train` trains the model of docs/model.md as PyTorch does.
+
+What it checks: for SGD (momentum 0.9, weight decay 1e-4) and AdamW (lr 1e-3, weight
+decay 1e-2), each with --micro-batch equal to --batch and with --micro-batch 7 (which does
+not divide the batch), it
+  1. writes a small deterministic data set (512 samples, 20 features, 5 classes) as
+     X.npy (float32) and y.npy (int64) in a temporary folder;
+  2. builds docs/model.md's PyTorch module (LayerNorm, GELU tanh, dropout 0) with
+     PyTorch's default initialisation under a fixed seed and saves its state_dict as
+     safetensors for `bigbatch train --init`;
+  3. runs `bigbatch train --data npy:X.npy,y.npy --init ... --save ... --shuffle off`
+     (step k takes samples k*B .. k*B+B-1, wrapping around the data set);
+  4. trains the same module in PyTorch on the same batches in the same order (mean
+     cross-entropy over the batch, torch.optim.SGD / AdamW, float32, 2 threads), and
+     also in float64 as an estimate of the exact result;
+  5. compares every parameter of bigbatch's --save output with PyTorch's, printing per
+     tensor the max abs difference and the max relative difference (relative to the
+     tensor's largest absolute value), and the per-step losses. The bound is derived
+     from PyTorch's own fp32-vs-float64 difference (see NOISE_FACTOR below); a negative
+     control (PyTorch with LayerNorm eps 1e-6) must fall outside it.
+It prints PASS or FAIL per configuration and exits with status 1 if any fails.
+
+Run (PyTorch's CPU build for the system Python, e.g. Debian's python3-torch):
+    cmake --build build -j2 --target bigbatch
+    /usr/bin/python3 scripts/compare_with_pytorch.py [--bigbatch build/chapters/cli/bigbatch]
+Needs numpy and torch (>= 1.12, for GELU's tanh approximation); uses the `safetensors`
+package when it is importable and writes/reads the format itself otherwise.
+"""
+import argparse
+import json
+import math
+import pathlib
+import struct
+import subprocess
+import sys
+import tempfile
+
+try:
+    import numpy as np
+    import torch
+    from torch import nn
+except ImportError as error:
+    sys.exit(f"compare_with_pytorch.py needs numpy and torch ({error}); on Debian: "
+             "sudo apt-get install python3-numpy python3-torch, then run it with /usr/bin/python3")
+
+try:
+    import safetensors.torch as safetensors_torch
+except ImportError:
+    safetensors_torch = None
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+SAMPLES, FEATURES, CLASSES = 512, 20, 5
+DEPTH, HIDDEN, EXPANSION = 2, 16, 4
+# 100 does not divide 512, so batches straddle the wrap-around (step 5 takes samples
+# 500..511 and 0..87), and 7 does not divide 100, so the last micro-batch is short.
+BATCH, STEPS = 100, 20
+INIT_SEED = 0
+
+CONFIGURATIONS = [
+    # (name, bigbatch flags, PyTorch optimizer factory)
+    ("sgd", ["--optimizer", "sgd", "--lr", "0.05", "--momentum", "0.9", "--weight-decay", "1e-4"],
+     lambda params: torch.optim.SGD(params, lr=0.05, momentum=0.9, weight_decay=1e-4,
+                                    foreach=False)),
+    ("adamw", ["--optimizer", "adamw", "--lr", "1e-3", "--weight-decay", "1e-2"],
+     lambda params: torch.optim.AdamW(params, lr=1e-3, weight_decay=1e-2, foreach=False)),
+]
+MICRO_BATCHES = [BATCH, 7]
+
+# The pass criterion. bigbatch and PyTorch each compute in fp32 and round differently
+# (GEMM and reduction orders, a few fused multiply-adds), so neither equals the exact
+# result; we measure how far PyTorch's own fp32 run lies from its float64 run on the same
+# data, init and optimizer (NOISE, per configuration): that is the size of "fp32
+# rounding accumulated over STEPS steps" for this model and data, by definition, without
+# guessing constants. Two fp32 implementations each within NOISE of the exact trajectory
+# differ by up to 2*NOISE; a different summation order (e.g. a straight sum of length n,
+# error ~n*u, against a blocked one, ~sqrt(n)*u) can be a few times worse than PyTorch's,
+# hence the factor 10. A modelling mistake (a wrong eps, a loss not divided by the
+# global batch, a wrong AdamW bias correction, a shifted batch) changes the parameters by
+# far more: relative differences of 1e-3 and up after 20 steps. The floor keeps the
+# bound meaningful if NOISE happens to be tiny: 2^-20 is 8 units of fp32 roundoff.
+NOISE_FACTOR = 10.0
+RELATIVE_FLOOR = 2.0 ** -20
+
+
+class Block(nn.Module):
+    def __init__(self, hidden, expansion, dropout, norm, act):
+        super().__init__()
+        self.ln = nn.LayerNorm(hidden) if norm == "layer" else nn.BatchNorm1d(hidden)
+        self.fc1 = nn.Linear(hidden, expansion * hidden)
+        self.act = nn.GELU(approximate="tanh") if act == "gelu" else nn.ReLU()
+        self.drop = nn.Dropout(dropout)
+        self.fc2 = nn.Linear(expansion * hidden, hidden)
+
+    def forward(self, h):
+        return h + self.fc2(self.drop(self.act(self.fc1(self.ln(h)))))
+
+
+class Head(nn.Linear):
+    def __init__(self, hidden, classes, norm):
+        super().__init__(hidden, classes)
+        self.ln = nn.LayerNorm(hidden) if norm == "layer" else nn.BatchNorm1d(hidden)
+
+    def forward(self, h):
+        return super().forward(self.ln(h))
+
+
+class ResidualMLP(nn.Module):
+    """docs/model.md's module, copied verbatim."""
+
+    def __init__(self, inputs, hidden, classes, depth, expansion=4, dropout=0.0,
+                 norm="layer", act="gelu"):
+        super().__init__()
+        self.stem = nn.Linear(inputs, hidden)
+        self.act = nn.GELU(approximate="tanh") if act == "gelu" else nn.ReLU()
+        self.blocks = nn.ModuleList(
+            Block(hidden, expansion, dropout, norm, act) for _ in range(depth))
+        self.head = Head(hidden, classes, norm)
+
+    def forward(self, x):
+        h = self.act(self.stem(x))
+        for block in self.blocks:
+            h = block(h)
+        return self.head(h)
+
+
+# ---- data and safetensors -----------------------------------------------------------
+
+def make_dataset():
+    """Gaussian clusters around random class centres: learnable, no constant feature."""
+    rng = np.random.RandomState(1234)
+    centres = rng.normal(size=(CLASSES, FEATURES))
+    labels = np.arange(SAMPLES, dtype=np.int64) % CLASSES  # every class present
+    rng.shuffle(labels)
+    features = centres[labels] + rng.normal(scale=1.5, size=(SAMPLES, FEATURES))
+    return features.astype(np.float32), labels
+
+
+def write_safetensors(path, tensors):
+    """{name: float32 tensor} as safetensors: u64 header length, JSON header, bytes."""
+    if safetensors_torch is not None:
+        safetensors_torch.save_file({k: v.contiguous() for k, v in tensors.items()}, str(path))
+        return
+    header, chunks, offset = {}, [], 0
+    for name, tensor in tensors.items():
+        data = tensor.detach().contiguous().numpy().astype("<f4").tobytes()
+        header[name] = {"dtype": "F32", "shape": list(tensor.shape),
+                        "data_offsets": [offset, offset + len(data)]}
+        chunks.append(data)
+        offset += len(data)
+    encoded = json.dumps(header, separators=(",", ":")).encode()
+    encoded += b" " * (-len(encoded) % 8)  # the format allows padding with spaces
+    with open(path, "wb") as out:
+        out.write(struct.pack("<Q", len(encoded)))
+        out.write(encoded)
+        for chunk in chunks:
+            out.write(chunk)
+
+
+def read_safetensors(path):
+    """{name: float32 tensor} from a safetensors file of F32 tensors."""
+    if safetensors_torch is not None:
+        return safetensors_torch.load_file(str(path))
+    blob = pathlib.Path(path).read_bytes()
+    (length,) = struct.unpack("<Q", blob[:8])
+    header = json.loads(blob[8:8 + length])
+    body = blob[8 + length:]
+    tensors = {}
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        if entry["dtype"] != "F32":
+            raise ValueError(f"{path}: {name} is {entry['dtype']}, expected F32")
+        begin, end = entry["data_offsets"]
+        array = np.frombuffer(body[begin:end], dtype="<f4").reshape(entry["shape"])
+        tensors[name] = torch.from_numpy(array.copy())
+    return tensors
+
+
+# ---- the two trainings ----------------------------------------------------------------
+
+def batch_indices(step):
+    """--shuffle off: step k takes samples k*B .. k*B+B-1, modulo the data set's size."""
+    return np.arange(step * BATCH, (step + 1) * BATCH) % SAMPLES
+
+
+def train_pytorch(init_state, features, labels, make_optimizer, dtype, layer_norm_eps=1e-5):
+    model = ResidualMLP(FEATURES, HIDDEN, CLASSES, DEPTH, EXPANSION).to(dtype)
+    for module in model.modules():
+        if isinstance(module, nn.LayerNorm):
+            module.eps = layer_norm_eps
+    model.load_state_dict({k: v.to(dtype) for k, v in init_state.items()})
+    optimizer = make_optimizer(model.parameters())
+    x_all = torch.from_numpy(features).to(dtype)
+    y_all = torch.from_numpy(labels)
+    losses = []
+    for step in range(STEPS):
+        rows = torch.from_numpy(batch_indices(step))
+        optimizer.zero_grad(set_to_none=True)
+        loss = nn.functional.cross_entropy(model(x_all[rows]), y_all[rows])
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}, losses
+
+
+def train_bigbatch(binary, folder, flags, micro_batch, tag):
+    out = folder / f"out-{tag}.safetensors"
+    log = folder / f"log-{tag}.jsonl"
+    command = [str(binary), "train",
+               "--data", f"npy:{folder / 'X.npy'},{folder / 'y.npy'}",
+               "--init", str(folder / "init.safetensors"), "--save", str(out),
+               "--log", str(log), "--shuffle", "off",
+               "--batch", str(BATCH), "--micro-batch", str(micro_batch),
+               "--steps", str(STEPS), "--depth", str(DEPTH), "--hidden", str(HIDDEN),
+               "--expansion", str(EXPANSION), "--norm", "layer", "--activation", "gelu",
+               "--dropout", "0", "--seed", "0", "--device", "cpu", *flags]
+    result = subprocess.run(command, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise RuntimeError(f"{' '.join(command)}\nexited with {result.returncode}:\n"
+                           f"{result.stdout}{result.stderr}")
+    losses = [json.loads(line)["loss"] for line in log.read_text().splitlines()]
+    return read_safetensors(out), losses
+
+
+# ---- comparison -----------------------------------------------------------------------
+
+def relative_difference(a, b):
+    """max |a - b| / max |b| (b's largest magnitude; 1 if b is all zeros)."""
+    scale = b.abs().max().item() or 1.0
+    return (a.double() - b.double()).abs().max().item() / scale
+
+
+def worst_relative(states, reference):
+    return max(relative_difference(states[name], reference[name]) for name in reference)
+
+
+def compare(name, bigbatch_state, torch_state, bound):
+    missing = set(torch_state) ^ set(bigbatch_state)
+    if missing:
+        print(f"  tensor names differ: {sorted(missing)}")
+        return math.inf
+    print(f"  {'tensor':24s} {'shape':>10s} {'max abs diff':>13s} {'max rel diff':>13s}")
+    worst = 0.0
+    for tensor_name, expected in torch_state.items():
+        actual = bigbatch_state[tensor_name]
+        if tuple(actual.shape) != tuple(expected.shape):
+            print(f"  {tensor_name}: shape {tuple(actual.shape)} != {tuple(expected.shape)}")
+            return math.inf
+        absolute = (actual.double() - expected.double()).abs().max().item()
+        relative = relative_difference(actual, expected)
+        worst = max(worst, relative)
+        shape = "x".join(str(s) for s in expected.shape)
+        flag = "" if relative <= bound else "  <-- over the bound"
+        print(f"  {tensor_name:24s} {shape:>10s} {absolute:13.3e} {relative:13.3e}{flag}")
+    return worst
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--bigbatch", default=str(ROOT / "build/chapters/cli/bigbatch"),
+                        help="the bigbatch binary (default: build/chapters/cli/bigbatch)")
+    args = parser.parse_args()
+    binary = pathlib.Path(args.bigbatch)
+    if not binary.exists():
+        sys.exit(f"{binary} not found: build it with cmake --build build --target bigbatch")
+
+    torch.set_num_threads(2)
+    print(f"torch {torch.__version__}, numpy {np.__version__}, safetensors package: "
+          f"{'yes' if safetensors_torch else 'no (own reader/writer)'}")
+    print(f"data {SAMPLES}x{FEATURES}, {CLASSES} classes; model depth {DEPTH} hidden {HIDDEN} "
+          f"expansion {EXPANSION}; batch {BATCH}, {STEPS} steps, --shuffle off")
+
+    features, labels = make_dataset()
+    torch.manual_seed(INIT_SEED)
+    init_state = ResidualMLP(FEATURES, HIDDEN, CLASSES, DEPTH, EXPANSION).state_dict()
+
+    failures = []
+    with tempfile.TemporaryDirectory(prefix="bigbatch-vs-pytorch-") as name:
+        folder = pathlib.Path(name)
+        np.save(folder / "X.npy", features)
+        np.save(folder / "y.npy", labels)
+        write_safetensors(folder / "init.safetensors", init_state)
+
+        for optimizer_name, flags, make_optimizer in CONFIGURATIONS:
+            torch32, losses32 = train_pytorch(init_state, features, labels, make_optimizer,
+                                              torch.float32)
+            torch64, _ = train_pytorch(init_state, features, labels, make_optimizer,
+                                       torch.float64)
+            noise = worst_relative(torch32, torch64)
+            bound = max(NOISE_FACTOR * noise, RELATIVE_FLOOR)
+            # A negative control: a subtle modelling slip (LayerNorm eps 1e-6, not 1e-5)
+            # must land outside the bound, or the comparison could not catch one.
+            slipped, _ = train_pytorch(init_state, features, labels, make_optimizer,
+                                       torch.float32, layer_norm_eps=1e-6)
+            control = worst_relative(slipped, torch32)
+            print(f"\n{optimizer_name}: torch fp32 vs float64 {noise:.3e} -> bound {bound:.3e}; "
+                  f"control (LayerNorm eps 1e-6) differs by {control:.3e}: "
+                  f"{'detected' if control > bound else 'NOT detected'}")
+            if control <= bound:
+                failures.append(f"{optimizer_name}-control")
+            for micro_batch in MICRO_BATCHES:
+                tag = f"{optimizer_name}-micro{micro_batch}"
+                print(f"\n== {optimizer_name}, batch {BATCH}, micro-batch {micro_batch} ==")
+                bigbatch_state, bigbatch_losses = train_bigbatch(binary, folder, flags,
+                                                                 micro_batch, tag)
+                worst = compare(tag, bigbatch_state, torch32, bound)
+                versus_exact = worst_relative(bigbatch_state, torch64)
+                loss_gap = max(abs(a - b) for a, b in zip(bigbatch_losses, losses32))
+                print(f"  losses: step 1 {losses32[0]:.6f} (torch) {bigbatch_losses[0]:.6f} "
+                      f"(bigbatch); step {STEPS} {losses32[-1]:.6f} / {bigbatch_losses[-1]:.6f}; "
+                      f"max |diff| over steps {loss_gap:.3e}")
+                print(f"  float64 reference: torch fp32 within {noise:.3e}, bigbatch within "
+                      f"{versus_exact:.3e} (max rel diff)")
+                moved = worst_relative(torch32, init_state)
+                print(f"  parameters moved by {moved:.3e} (max rel, from init)")
+                ok = worst <= bound and len(bigbatch_losses) == STEPS
+                print(f"  max rel diff bigbatch vs torch fp32: {worst:.3e}, bound {bound:.3e} "
+                      f"-> {'PASS' if ok else 'FAIL'}")
+                if not ok:
+                    failures.append(tag)
+
+    print()
+    if failures:
+        print(f"FAIL: {', '.join(failures)}")
+        return 1
+    print(f"PASS: all {len(CONFIGURATIONS) * len(MICRO_BATCHES)} configurations")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
