@@ -32,15 +32,8 @@ using nn::ModelConfig;
 using PerParameter = std::vector<std::vector<double>>;  // one vector per parameter
 
 ModelConfig small_config(std::int64_t depth, float dropout) {
-  ModelConfig config;
-  config.inputs = 12;
-  config.hidden = 16;
-  config.expansion = 4;
-  config.classes = 5;
-  config.depth = depth;
-  config.dropout = dropout;
-  config.seed = 7;
-  return config;
+  return {.inputs = 12, .hidden = 16, .expansion = 4, .classes = 5, .depth = depth,
+          .dropout = dropout, .seed = 7};
 }
 
 Dataset synthetic(std::int64_t samples) {

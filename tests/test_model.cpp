@@ -86,16 +86,8 @@ double max_abs(const std::vector<double>& v) {
 }
 
 ModelConfig tiny_config(std::int64_t depth, float dropout, Activation act = Activation::gelu) {
-  ModelConfig config;
-  config.inputs = 5;
-  config.hidden = 6;
-  config.expansion = 2;
-  config.classes = 3;
-  config.depth = depth;
-  config.dropout = dropout;
-  config.activation = act;
-  config.seed = 42;
-  return config;
+  return {.inputs = 5, .hidden = 6, .expansion = 2, .classes = 3, .depth = depth,
+          .dropout = dropout, .activation = act, .seed = 42};
 }
 
 // ---- 1. gradients against the float64 oracle ---------------------------------------
@@ -216,16 +208,8 @@ INSTANTIATE_TEST_SUITE_P(Backends, ModelGradients, ::testing::ValuesIn(testing::
 // ---- 2. the equivalence: micro-batches give the big batch's gradients, bit for bit ----
 
 ModelConfig equivalence_config(std::int64_t depth, float dropout, Norm norm = Norm::layer) {
-  ModelConfig config;
-  config.inputs = 12;
-  config.hidden = 16;
-  config.expansion = 4;
-  config.classes = 5;
-  config.depth = depth;
-  config.dropout = dropout;
-  config.norm = norm;
-  config.seed = 2024;
-  return config;
+  return {.inputs = 12, .hidden = 16, .expansion = 4, .classes = 5, .depth = depth,
+          .dropout = dropout, .norm = norm, .seed = 2024};
 }
 
 void expect_same_gradients(const std::vector<Tensor>& got, const std::vector<Tensor>& want,

@@ -28,15 +28,8 @@ Dataset tiny_data(std::int64_t samples) {
 }
 
 ModelConfig tiny_model(std::int64_t depth, float dropout) {
-  ModelConfig config;
-  config.inputs = 12;
-  config.hidden = 16;
-  config.expansion = 2;
-  config.classes = 5;
-  config.depth = depth;
-  config.dropout = dropout;
-  config.seed = 7;
-  return config;
+  return {.inputs = 12, .hidden = 16, .expansion = 2, .classes = 5, .depth = depth,
+          .dropout = dropout, .seed = 7};
 }
 
 std::vector<std::int64_t> range(std::int64_t begin, std::int64_t end) {
