@@ -1,5 +1,6 @@
 #include "common/memory.hpp"
 
+#include <cstdio>
 #include <cstdlib>
 #include <map>
 #include <memory>

@@ -1,6 +1,7 @@
 #include "common/tensor.hpp"
 
 #include <cstring>
+#include <limits>
 #include <sstream>
 
 #include "common/cuda_runtime.hpp"
@@ -35,6 +36,8 @@ std::int64_t shape_numel(const Shape& shape) {
   std::int64_t n = 1;
   for (const auto d : shape) {
     BIGBATCH_CHECK(d >= 0, "negative dimension in shape ", shape_string(shape));
+    BIGBATCH_CHECK(d == 0 || n <= std::numeric_limits<std::int64_t>::max() / d, "shape ",
+                   shape_string(shape), " has too many elements");
     n *= d;
   }
   return n;
@@ -49,6 +52,11 @@ Tensor::Tensor(Shape shape, DType dtype, Device device, MemoryCategory category)
     std::string why;
     BIGBATCH_CHECK(cuda_rt::available(&why), "cannot create a tensor on ", device.name(),
                    ": ", why);
+    // The CUDA runtime calls in common/cuda_runtime.cpp work on the current device, which
+    // is device 0: until they select the tensor's device, other ordinals are refused
+    // rather than silently placed on device 0.
+    BIGBATCH_CHECK(device.index == 0, "cannot create a tensor on ", device.name(),
+                   ": this version of bigbatch uses one GPU, cuda:0");
   }
   storage_ = std::make_shared<Storage>(nbytes(), device, category);
 }
@@ -122,7 +130,7 @@ void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device
                 std::size_t bytes) {
   if (bytes == 0 || dst == src) return;
   if (dst_device.is_cpu() && src_device.is_cpu()) {
-    std::memcpy(dst, src, bytes);
+    std::memmove(dst, src, bytes);  // views of one storage may overlap
     return;
   }
   const auto kind = dst_device.is_cpu()   ? cuda_rt::CopyKind::device_to_host
@@ -138,7 +146,8 @@ Device parse_device(const std::string& text) {
   if (text == "cuda") return Device::cuda(0);
   if (text.rfind("cuda:", 0) == 0) {
     const std::string number = text.substr(5);
-    if (!number.empty() && number.find_first_not_of("0123456789") == std::string::npos) {
+    if (!number.empty() && number.size() <= 4 &&
+        number.find_first_not_of("0123456789") == std::string::npos) {
       return Device::cuda(std::stoi(number));
     }
   }

@@ -2,7 +2,8 @@
 //
 // One block per row computes the row's max and sum of exponentials with fixed-tree block
 // reductions. The forward writes one loss per row to a workspace; a single thread then adds
-// them in row order, exactly as the CPU does, and accumulates into the loss. The labels were
+// them in row order, the order the CPU uses (the row losses themselves may differ from the
+// CPU's by rounding: tree reductions, expf/logf), and accumulates into the loss. The labels were
 // checked on the host by the dispatcher before any launch.
 #include "kernels/cross_entropy.hpp"
 #include "kernels/cuda_common.cuh"

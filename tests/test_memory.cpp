@@ -124,3 +124,22 @@ TEST(DeviceName, ParsesAndRejects) {
 
 }  // namespace
 }  // namespace bigbatch
+
+namespace bigbatch {
+namespace {
+
+TEST(TensorShape, RefusesAShapeWhoseElementCountOverflows) {
+  EXPECT_THROW(shape_numel({std::int64_t{1} << 32, std::int64_t{1} << 32}), std::invalid_argument);
+  EXPECT_THROW(Tensor({std::int64_t{1} << 40, std::int64_t{1} << 40}, DType::f32),
+               std::invalid_argument);
+  EXPECT_EQ(shape_numel({0, std::int64_t{1} << 62, 7}), 0);
+}
+
+TEST(TensorCopy, OverlappingViewsOfOneStorageCopyAsIfThroughABuffer) {
+  const Tensor t = Tensor::from_vector(std::vector<float>{0, 1, 2, 3, 4, 5}, {6, 1});
+  t.rows(1, 6).copy_from(t.rows(0, 5));  // shift down by one row
+  EXPECT_EQ(t.to_vector<float>(), (std::vector<float>{0, 0, 1, 2, 3, 4}));
+}
+
+}  // namespace
+}  // namespace bigbatch

@@ -11,6 +11,11 @@ Dataset slice(const Dataset& dataset, std::int64_t begin, std::int64_t end) {
 
 void gather_rows(const Dataset& dataset, const std::vector<std::int64_t>& indices,
                  const Tensor& features_out, const Tensor& labels_out) {
+  BIGBATCH_CHECK(dataset.features.device().is_cpu() && dataset.labels.device().is_cpu(),
+                 "gather_rows: the data set must be on the host, got ",
+                 dataset.features.describe());
+  BIGBATCH_CHECK(dataset.labels.dim(0) == dataset.size(), "gather_rows: ", dataset.name, " has ",
+                 dataset.size(), " samples but ", dataset.labels.dim(0), " labels");
   const auto batch = static_cast<std::int64_t>(indices.size());
   const std::int64_t width = dataset.feature_dim();
   const Shape features_shape = {batch, width}, labels_shape = {batch};

@@ -23,7 +23,7 @@ std::size_t skip_whitespace(std::string_view text, std::size_t pos);
 
 /// Reads an optional '-' and decimal digits at text[pos] into `value`, moving `pos` past
 /// them. Returns nullptr, or what is wrong ("expected digits", "integer too large") with
-/// `pos` left where it was found. text[pos] must exist.
+/// `pos` at the character where reading stopped. text[pos] must exist.
 const char* scan_integer(std::string_view text, std::size_t& pos, std::int64_t& value);
 
 }  // namespace bigbatch::io_detail
