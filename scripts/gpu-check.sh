@@ -42,10 +42,11 @@ echo "== test"
   > "$out/ctest.log" 2>&1
 test_status=$?
 tail -5 "$out/ctest.log"
-skipped=$(grep -c 'Skipped' "$out/ctest.log" || true)
+skipped=$(grep -c '\*\*\*Skipped' "$out/ctest.log" || true)
 if [ "$skipped" -gt 0 ]; then
   echo "!! $skipped tests were skipped on a GPU machine:"
-  grep 'Skipped' "$out/ctest.log" | head -20
+  grep '\*\*\*Skipped' "$out/ctest.log" | head -20
+  grep -m1 -o 'CUDA test skipped: .*' "$build/Testing/Temporary/LastTest.log" || true
   test_status=1
 fi
 

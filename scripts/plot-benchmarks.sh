@@ -1,10 +1,20 @@
 #!/usr/bin/env bash
 # Executes the benchmark notebooks headless; they write the figures in docs/figures/.
-# Installs matplotlib and Jupyter's nbconvert with pip when they are missing.
+# Installs matplotlib and Jupyter's nbconvert when they are missing: Debian's packages for
+# the system Python, pip for any other Python first on PATH.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-python3 -c 'import matplotlib, nbconvert, nbclient, ipykernel' 2>/dev/null ||
-  python3 -m pip install --quiet matplotlib nbconvert nbclient ipykernel
+if ! python3 -c 'import matplotlib, nbconvert, nbclient, ipykernel' 2>/dev/null; then
+  if [ "$(command -v python3)" = /usr/bin/python3 ] && command -v apt-get >/dev/null; then
+    sudo=""
+    [ "$(id -u)" -eq 0 ] || sudo="sudo"
+    $sudo apt-get update -qq
+    $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-matplotlib \
+      python3-nbconvert python3-nbclient python3-ipykernel
+  else
+    python3 -m pip install --quiet matplotlib nbconvert nbclient ipykernel
+  fi
+fi
 mkdir -p build/notebooks
 for notebook in notebooks/*.ipynb; do
   python3 -m jupyter nbconvert --to notebook --execute --output-dir build/notebooks "$notebook"

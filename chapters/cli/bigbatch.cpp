@@ -215,11 +215,28 @@ class Progress {
   bool dirty_ = false;
 };
 
+/// Fails early (before any training) when --save could not be written at the end.
+void check_writable(const std::string& path) {
+  const std::string probe = path + ".tmp";
+  std::ofstream out(probe);
+  if (!out) throw UsageError("--save: cannot write " + path);
+  out.close();
+  std::remove(probe.c_str());
+}
+
 int run_train(const TrainOptions& options) {
   if (options.micro_batch > options.batch) {
     throw UsageError("--micro-batch " + std::to_string(options.micro_batch) +
                      " is larger than --batch " + std::to_string(options.batch));
   }
+  // Rows per forward pass, in training and in evaluation: what the memory was sized for.
+  const std::int64_t micro_batch = options.micro_batch > 0 ? options.micro_batch : options.batch;
+  if (options.norm == "batch" && (micro_batch < 2 || options.batch % micro_batch == 1)) {
+    throw UsageError("--norm batch needs at least 2 samples in every micro-batch (batch " +
+                     std::to_string(options.batch) + " in micro-batches of " +
+                     std::to_string(micro_batch) + " leaves one with a single sample)");
+  }
+  if (!options.save.empty()) check_writable(options.save);
   const Device device = choose_device(options.device);
   const Splits splits = load_data(options);
   const std::int64_t classes =
@@ -272,8 +289,7 @@ int run_train(const TrainOptions& options) {
             << " samples, " << splits.train.feature_dim() << " features, " << classes
             << " classes), model depth " << options.depth << " hidden " << options.hidden
             << " (" << model.parameter_count() << " parameters), batch " << options.batch
-            << " in micro-batches of "
-            << (options.micro_batch > 0 ? options.micro_batch : options.batch) << ", "
+            << " in micro-batches of " << micro_batch << ", "
             << trainer.total_steps() << " steps on " << device.name() << "\n";
 
   Progress progress(trainer.total_steps(), options.print_every);
@@ -283,7 +299,7 @@ int run_train(const TrainOptions& options) {
     progress.update(record);
     std::string evaluation;
     if (options.eval_every > 0 && splits.test && record.step % options.eval_every == 0) {
-      const nn::EvaluationResult test = nn::evaluate(model, *splits.test, options.batch);
+      const nn::EvaluationResult test = nn::evaluate(model, *splits.test, micro_batch);
       progress.break_line();
       std::cout << "step " << record.step << ": test loss " << test.loss << ", accuracy "
                 << test.accuracy << "\n";
@@ -307,14 +323,14 @@ int run_train(const TrainOptions& options) {
               static_cast<long long>(trainer.total_steps()), seconds,
               static_cast<double>(trainer.total_steps()) / seconds);
   std::printf("final train loss (last batch): %.4f\n", last_loss);
-  if (splits.test) {
-    const nn::EvaluationResult test = nn::evaluate(model, *splits.test, options.batch);
-    std::printf("test (%s, %lld samples): loss %.4f, accuracy %.4f\n", splits.test->name.c_str(),
-                static_cast<long long>(test.samples), test.loss, test.accuracy);
-  }
-  if (!options.save.empty()) {
+  if (!options.save.empty()) {  // before the evaluation: nothing trained is lost after this
     model.save(options.save);
     std::cout << "saved the parameters to " << options.save << "\n";
+  }
+  if (splits.test) {
+    const nn::EvaluationResult test = nn::evaluate(model, *splits.test, micro_batch);
+    std::printf("test (%s, %lld samples): loss %.4f, accuracy %.4f\n", splits.test->name.c_str(),
+                static_cast<long long>(test.samples), test.loss, test.accuracy);
   }
   std::cout << allocator_for(device).report() << "\n";
   return 0;

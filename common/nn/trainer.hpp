@@ -5,7 +5,8 @@
 // may straddle two epochs. Position p is sample p mod N when shuffle is off (consecutive
 // batches that wrap around), and sample epoch_permutation(N, seed, p / N)[p mod N] when
 // it is on: a fresh permutation per epoch, a pure function of (seed, epoch) through the
-// counter-based RNG, so a run is the same on every machine and can be resumed anywhere.
+// counter-based RNG, so a run is the same on every machine and the data order is a pure
+// function of (seed, step).
 //
 // One step k:
 //   gather the batch's samples into the device tensors x [B, D], labels [B]
@@ -79,7 +80,8 @@ class Trainer {
   std::int64_t steps_done_ = 0;
   std::uint64_t dropout_seed_ = 0;
   Tensor batch_features_, batch_labels_;  // [B, D], [B] on the device
-  // The last two epochs' permutations: a batch straddles at most two epochs.
+  // The last two epochs' permutations: a batch straddles at most two epochs when it is no
+  // larger than the data set (otherwise permutations are recomputed as needed).
   mutable std::int64_t cached_epochs_[2] = {-1, -1};
   mutable std::vector<std::int64_t> cached_permutations_[2];
 };
