@@ -1,4 +1,4 @@
-// model_oracle.hpp: the residual MLP of common/nn in float64, in plain loops (forward and
+// model_oracle.hpp: the residual MLP of nn/ in float64, in plain loops (forward and
 // backward, with the dropout mask the kernel draws), on parameters given by name. Shared by
 // test_model.cpp (one step's gradients, checked by finite differences there) and
 // test_model_float64_runs.cpp (whole training runs in float64).
@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "common/nn/model.hpp"
+#include "nn/model.hpp"
 #include "common/rng.hpp"
 #include "kernels/dropout.hpp"
 

@@ -18,8 +18,8 @@
 
 #include "chapters/02_gradient_accumulation/accumulation.hpp"
 #include "common/data/dataset.hpp"
-#include "common/nn/model.hpp"
-#include "common/nn/training.hpp"
+#include "nn/model.hpp"
+#include "nn/training.hpp"
 #include "kernels/elementwise.hpp"
 #include "tests/harness.hpp"
 

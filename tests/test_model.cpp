@@ -1,4 +1,4 @@
-// test_model.cpp: the residual MLP (common/nn): gradients against a float64 oracle of the
+// test_model.cpp: the residual MLP (nn/): gradients against a float64 oracle of the
 // whole model (itself checked by finite differences), the equivalence of gradient
 // accumulation with one big batch (bit for bit, on the CPU, with LayerNorm; not with
 // BatchNorm), parameter names and shapes, and safetensors round trips.
@@ -11,8 +11,8 @@
 #include <string>
 #include <vector>
 
-#include "common/nn/model.hpp"
-#include "common/nn/training.hpp"
+#include "nn/model.hpp"
+#include "nn/training.hpp"
 #include "kernels/cross_entropy.hpp"
 #include "kernels/dropout.hpp"
 #include "tests/finite_difference.hpp"

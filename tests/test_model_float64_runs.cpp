@@ -1,4 +1,4 @@
-// test_model_float64_runs.cpp: whole training runs of the residual MLP (common/nn) in fp32,
+// test_model_float64_runs.cpp: whole training runs of the residual MLP (nn/) in fp32,
 // through the real code (Model, accumulate_gradients in micro-batches, Optimizer), against
 // the same runs in float64 (the oracle of model_oracle.hpp and the optimizers' update rules
 // of kernels/optimizer.hpp written in double): after 50 steps of SGD with momentum and of
@@ -13,8 +13,8 @@
 #include <variant>
 #include <vector>
 
-#include "common/nn/model.hpp"
-#include "common/nn/training.hpp"
+#include "nn/model.hpp"
+#include "nn/training.hpp"
 #include "tests/harness.hpp"
 #include "tests/model_oracle.hpp"
 

@@ -10,13 +10,14 @@
 #include <vector>
 
 #include "common/data/dataset.hpp"
-#include "common/nn/trainer.hpp"
+#include "chapters/train/trainer.hpp"
+#include "nn/sample_stream.hpp"
 
 namespace bigbatch {
 namespace {
 
 using nn::ModelConfig;
-using nn::TrainConfig;
+using train::TrainConfig;
 
 Dataset tiny_data(std::int64_t samples) {
   SyntheticOptions options;
@@ -54,7 +55,7 @@ TEST(TrainerStream, ShuffleOffTakesConsecutiveBatchesThatWrapAround) {
   config.batch = 4;
   config.steps = 4;
   config.shuffle = false;
-  const nn::Trainer trainer(f.model, f.optimizer, f.data, config);
+  const train::Trainer trainer(f.model, f.optimizer, f.data, config);
   EXPECT_EQ(trainer.batch_indices(0), range(0, 4));
   EXPECT_EQ(trainer.batch_indices(1), range(4, 8));
   EXPECT_EQ(trainer.batch_indices(2), (std::vector<std::int64_t>{8, 9, 0, 1}));
@@ -68,7 +69,7 @@ TEST(TrainerStream, ShuffleOnIsAPermutationPerEpochDeterminedByTheSeed) {
   config.batch = 5;
   config.epochs = 3;
   config.seed = 42;
-  const nn::Trainer trainer(f.model, f.optimizer, f.data, config);
+  const train::Trainer trainer(f.model, f.optimizer, f.data, config);
   EXPECT_EQ(trainer.total_steps(), 6);
   std::vector<std::vector<std::int64_t>> epochs;
   for (std::int64_t epoch = 0; epoch < 3; ++epoch) {
@@ -91,7 +92,7 @@ TEST(TrainerStream, ShuffleOnIsAPermutationPerEpochDeterminedByTheSeed) {
   // A batch that straddles two epochs ends one permutation and starts the next.
   TrainConfig straddling = config;
   straddling.batch = 4;
-  const nn::Trainer trainer4(f.model, f.optimizer, f.data, straddling);
+  const train::Trainer trainer4(f.model, f.optimizer, f.data, straddling);
   const auto& e0 = epochs[0];
   const auto& e1 = epochs[1];
   EXPECT_EQ(trainer4.batch_indices(2), (std::vector<std::int64_t>{e0[8], e0[9], e1[0], e1[1]}));
@@ -110,9 +111,9 @@ std::vector<std::vector<float>> trained_parameters(std::int64_t micro_batch) {
   config.micro_batch = micro_batch;
   config.steps = 20;
   config.seed = 5;
-  nn::Trainer trainer(f.model, f.optimizer, f.data, config);
+  train::Trainer trainer(f.model, f.optimizer, f.data, config);
   std::int64_t steps_seen = 0;
-  trainer.run([&](const nn::StepRecord& record) {
+  trainer.run([&](const train::StepRecord& record) {
     ++steps_seen;
     EXPECT_EQ(record.step, steps_seen);
     EXPECT_EQ(record.samples, 32 * steps_seen);

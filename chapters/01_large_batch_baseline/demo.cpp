@@ -9,9 +9,9 @@
 #include "common/data/dataset.hpp"
 #include "common/format.hpp"
 #include "common/memory.hpp"
-#include "common/nn/model.hpp"
-#include "common/nn/trainer.hpp"
-#include "common/nn/training.hpp"
+#include "nn/model.hpp"
+#include "nn/sample_stream.hpp"
+#include "nn/training.hpp"
 #include "common/report.hpp"
 
 namespace bb = bigbatch;
@@ -96,6 +96,41 @@ std::string row(const char* name, std::size_t measured, const std::string& remar
   return line;
 }
 
+/// The baseline's training loop, written out: every step takes the next B samples of the
+/// run's sample stream, computes their mean loss's gradient in one piece and updates.
+/// (Later chapters run the same loop through chapters/train/trainer.hpp, which adds the
+/// techniques; this chapter shows it bare.)
+class BaselineLoop {
+ public:
+  BaselineLoop(Model& model, bb::nn::Optimizer& optimizer, const bb::Dataset& data,
+               std::int64_t batch, std::uint64_t seed)
+      : model_(model),
+        optimizer_(optimizer),
+        stream_(data, batch, /*shuffle=*/true, seed),
+        dropout_seed_(bb::nn::dropout_seed_for_run(seed)),
+        x_({batch, data.feature_dim()}, bb::DType::f32, model.device(), MemoryCategory::data),
+        labels_({batch}, bb::DType::i32, model.device(), MemoryCategory::data) {}
+
+  /// Optimizer step k (0-based); returns the batch's mean loss.
+  float step(std::int64_t k) {
+    stream_.gather(k, x_, labels_);  // the batch on the device
+    model_.zero_grad();
+    const std::int64_t batch = stream_.batch();
+    // Forward, loss, backward of all B rows at once (one "micro-batch" of B rows).
+    const float loss = bb::nn::accumulate_gradients(model_, x_, labels_, batch,
+                                                    {true, dropout_seed_, k * batch});
+    optimizer_.step();
+    return loss;
+  }
+
+ private:
+  Model& model_;
+  bb::nn::Optimizer& optimizer_;
+  bb::nn::SampleStream stream_;
+  std::uint64_t dropout_seed_;
+  bb::Tensor x_, labels_;
+};
+
 /// Trains the baseline, printing the loss; returns the allocator's books for step 1
 /// (peak measured from what was live when the step began).
 bb::MemoryStats train_baseline(bb::SelfCheck& report, const Setup& s, bool quick) {
@@ -105,30 +140,25 @@ bb::MemoryStats train_baseline(bb::SelfCheck& report, const Setup& s, bool quick
   bb::TrackingAllocator& cpu = bb::allocator_for(bb::Device::cpu());
   Model model(s.config, bb::Device::cpu());
   bb::nn::Optimizer optimizer(model.parameters(), s.adamw);
-  bb::nn::TrainConfig train;
-  train.batch = kBatch;
-  train.steps = s.steps;
-  train.seed = 7;
-  bb::nn::Trainer trainer(model, optimizer, s.train, train);
+  BaselineLoop loop(model, optimizer, s.train, kBatch, /*seed=*/7);
 
   bb::MemoryStats first_step;
   double first_losses = 0, last_losses = 0;
   const std::int64_t window = 5;  // steps averaged at each end, to compare the loss
   const auto start = std::chrono::steady_clock::now();
-  while (trainer.steps_done() < trainer.total_steps()) {
-    const bool measured = trainer.steps_done() == 0;
-    if (measured) cpu.reset_peak();
-    const bb::nn::StepRecord record = trainer.step();
-    if (measured) first_step = cpu.stats();
-    if (record.step <= window) first_losses += record.loss / window;
-    if (record.step > trainer.total_steps() - window) last_losses += record.loss / window;
-    if (record.step == 1 || record.step % s.print_every == 0 ||
-        record.step == trainer.total_steps()) {
+  for (std::int64_t k = 0; k < s.steps; ++k) {
+    const std::int64_t step = k + 1;
+    if (k == 0) cpu.reset_peak();
+    const float loss = loop.step(k);
+    if (k == 0) first_step = cpu.stats();
+    if (step <= window) first_losses += loss / window;
+    if (step > s.steps - window) last_losses += loss / window;
+    if (step == 1 || step % s.print_every == 0 || step == s.steps) {
       char line[96];
       std::snprintf(line, sizeof line, "step %4lld  epoch %.2f  loss %.4f",
-                    static_cast<long long>(record.step),
-                    static_cast<double>(record.samples) / static_cast<double>(s.train.size()),
-                    static_cast<double>(record.loss));
+                    static_cast<long long>(step),
+                    static_cast<double>(step * kBatch) / static_cast<double>(s.train.size()),
+                    static_cast<double>(loss));
       report.note(line);
     }
   }
@@ -214,11 +244,8 @@ CappedStep one_capped_step(const Setup& s, std::int64_t batch) {
   try {
     Model model(s.config, bb::Device::cpu());
     bb::nn::Optimizer optimizer(model.parameters(), s.adamw);
-    bb::nn::TrainConfig train;
-    train.batch = batch;
-    train.steps = 1;
-    bb::nn::Trainer trainer(model, optimizer, s.train, train);
-    trainer.step();
+    BaselineLoop loop(model, optimizer, s.train, batch, /*seed=*/0);
+    loop.step(0);
   } catch (const bb::OutOfMemoryError& error) {
     result.out_of_memory = error.what();
   }

@@ -31,8 +31,8 @@
 #include <vector>
 
 #include "common/memory.hpp"
-#include "common/nn/model.hpp"
-#include "common/nn/training.hpp"
+#include "nn/model.hpp"
+#include "nn/training.hpp"
 #include "common/tensor.hpp"
 
 namespace bigbatch::accumulation {

@@ -1,5 +1,5 @@
 // bigbatch.cpp: the command-line program. `bigbatch train` trains the model of
-// common/nn/model.hpp on a data set with the trainer of common/nn/trainer.hpp.
+// nn/model.hpp on a data set with the trainer of chapters/train/trainer.hpp.
 //
 // Exit codes: 0 success, 1 any other failure, 2 bad input (flags, data, files),
 // 3 out of memory (the allocator's cap, --device-memory, or the device itself).
@@ -20,9 +20,10 @@
 #include "common/data/dataset.hpp"
 #include "common/format.hpp"
 #include "common/memory.hpp"
-#include "common/nn/model.hpp"
-#include "common/nn/trainer.hpp"
-#include "common/nn/training.hpp"
+#include "chapters/train/trainer.hpp"
+#include "nn/model.hpp"
+#include "nn/sample_stream.hpp"
+#include "nn/training.hpp"
 
 namespace bigbatch {
 namespace {
@@ -178,7 +179,7 @@ class Progress {
         every_(print_every > 0 ? print_every : std::max<std::int64_t>(1, total_steps / 20)),
         start_(std::chrono::steady_clock::now()) {}
 
-  void update(const nn::StepRecord& record) {
+  void update(const train::StepRecord& record) {
     const double seconds = elapsed();
     const double rate = seconds > 0 ? static_cast<double>(record.samples) / seconds : 0.0;
     char line[160];
@@ -271,14 +272,14 @@ int run_train(const TrainOptions& options) {
   }
   nn::Optimizer optimizer(model.parameters(), optimizer_options(options));
 
-  nn::TrainConfig config;
+  train::TrainConfig config;
   config.batch = options.batch;
   config.micro_batch = options.micro_batch;
   config.steps = options.steps;
   config.epochs = options.steps == 0 && options.epochs == 0 ? 1 : options.epochs;
   config.shuffle = options.shuffle == "on";
   config.seed = options.seed;
-  nn::Trainer trainer(model, optimizer, splits.train, config);
+  train::Trainer trainer(model, optimizer, splits.train, config);
 
   std::ofstream log;
   if (!options.log.empty()) {
@@ -294,7 +295,7 @@ int run_train(const TrainOptions& options) {
 
   Progress progress(trainer.total_steps(), options.print_every);
   float last_loss = 0;
-  trainer.run([&](const nn::StepRecord& record) {
+  trainer.run([&](const train::StepRecord& record) {
     last_loss = record.loss;
     progress.update(record);
     std::string evaluation;

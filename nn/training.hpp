@@ -17,7 +17,7 @@
 #include <variant>
 #include <vector>
 
-#include "common/nn/model.hpp"
+#include "nn/model.hpp"
 #include "kernels/optimizer.hpp"
 
 namespace bigbatch::nn {

@@ -1,5 +1,5 @@
 // model.cpp: the residual MLP's forward and backward on the kernels (see model.hpp).
-#include "common/nn/model.hpp"
+#include "nn/model.hpp"
 
 #include <cmath>
 #include <map>

@@ -1,5 +1,5 @@
-// trainer.cpp: the sample stream, the training step and evaluation.
-#include "common/nn/trainer.hpp"
+// sample_stream.cpp: the data order of a run, and evaluation.
+#include "nn/sample_stream.hpp"
 
 #include <algorithm>
 #include <numeric>
@@ -40,75 +40,43 @@ std::vector<std::int64_t> epoch_permutation(std::int64_t n, std::uint64_t seed,
   return order;
 }
 
-Trainer::Trainer(Model& model, Optimizer& optimizer, const Dataset& data, TrainConfig config)
-    : model_(model), optimizer_(optimizer), data_(data), config_(config) {
-  BIGBATCH_CHECK(config_.batch > 0, "Trainer: batch must be positive, got ", config_.batch);
-  BIGBATCH_CHECK(config_.micro_batch >= 0 && config_.micro_batch <= config_.batch,
-                 "Trainer: micro_batch must lie in [0, batch = ", config_.batch, "], got ",
-                 config_.micro_batch);
-  if (config_.micro_batch == 0) config_.micro_batch = config_.batch;
-  BIGBATCH_CHECK(data_.size() > 0, "Trainer: the data set '", data_.name, "' is empty");
-  BIGBATCH_CHECK(data_.feature_dim() == model_.config().inputs, "Trainer: the data set has ",
-                 data_.feature_dim(), " features per sample, the model takes ",
-                 model_.config().inputs);
-  BIGBATCH_CHECK(config_.steps > 0 || config_.epochs > 0,
-                 "Trainer: give a positive number of steps or epochs");
-  total_steps_ = config_.steps > 0
-                     ? config_.steps
-                     : (config_.epochs * data_.size() + config_.batch - 1) / config_.batch;
-  dropout_seed_ = random_u64(config_.seed, kDropoutSeedStream, 0);
-  batch_features_ = Tensor({config_.batch, data_.feature_dim()}, DType::f32, model_.device(),
-                           MemoryCategory::data);
-  batch_labels_ = Tensor({config_.batch}, DType::i32, model_.device(), MemoryCategory::data);
+std::uint64_t dropout_seed_for_run(std::uint64_t seed) {
+  return random_u64(seed, kDropoutSeedStream, 0);
 }
 
-const std::vector<std::int64_t>& Trainer::permutation(std::int64_t epoch) const {
+SampleStream::SampleStream(const Dataset& data, std::int64_t batch, bool shuffle,
+                           std::uint64_t seed)
+    : data_(data), batch_(batch), shuffle_(shuffle), seed_(seed) {
+  BIGBATCH_CHECK(batch_ > 0, "SampleStream: batch must be positive, got ", batch_);
+  BIGBATCH_CHECK(data_.size() > 0, "SampleStream: the data set '", data_.name, "' is empty");
+}
+
+const std::vector<std::int64_t>& SampleStream::permutation(std::int64_t epoch) const {
   for (int slot = 0; slot < 2; ++slot) {
     if (cached_epochs_[slot] == epoch) return cached_permutations_[slot];
   }
   // Replace the older epoch: batches move forward through the stream.
   const int slot = cached_epochs_[0] < cached_epochs_[1] ? 0 : 1;
-  cached_permutations_[slot] = epoch_permutation(data_.size(), config_.seed, epoch);
+  cached_permutations_[slot] = epoch_permutation(data_.size(), seed_, epoch);
   cached_epochs_[slot] = epoch;
   return cached_permutations_[slot];
 }
 
-std::vector<std::int64_t> Trainer::batch_indices(std::int64_t step) const {
-  BIGBATCH_CHECK(step >= 0, "Trainer::batch_indices: step must be >= 0, got ", step);
+std::vector<std::int64_t> SampleStream::batch_indices(std::int64_t step) const {
+  BIGBATCH_CHECK(step >= 0, "SampleStream::batch_indices: step must be >= 0, got ", step);
   const std::int64_t n = data_.size();
-  std::vector<std::int64_t> indices(static_cast<std::size_t>(config_.batch));
-  for (std::int64_t b = 0; b < config_.batch; ++b) {
-    const std::int64_t position = step * config_.batch + b;
+  std::vector<std::int64_t> indices(static_cast<std::size_t>(batch_));
+  for (std::int64_t b = 0; b < batch_; ++b) {
+    const std::int64_t position = step * batch_ + b;
     const std::int64_t in_epoch = position % n;
     indices[static_cast<std::size_t>(b)] =
-        config_.shuffle ? permutation(position / n)[static_cast<std::size_t>(in_epoch)]
-                        : in_epoch;
+        shuffle_ ? permutation(position / n)[static_cast<std::size_t>(in_epoch)] : in_epoch;
   }
   return indices;
 }
 
-StepRecord Trainer::step() {
-  const std::int64_t k = steps_done_;
-  gather_rows(data_, batch_indices(k), batch_features_, batch_labels_);
-  model_.zero_grad();
-  const ForwardContext context{true, dropout_seed_, k * config_.batch};
-  const float loss = accumulate_gradients(model_, batch_features_, batch_labels_,
-                                          config_.micro_batch, context);
-  optimizer_.step();
-  ++steps_done_;
-  StepRecord record;
-  record.step = steps_done_;
-  record.loss = loss;
-  record.samples = steps_done_ * config_.batch;
-  record.peak_bytes = allocator_for(model_.device()).stats().peak;
-  return record;
-}
-
-void Trainer::run(const std::function<void(const StepRecord&)>& on_step) {
-  while (steps_done_ < total_steps_) {
-    const StepRecord record = step();
-    if (on_step) on_step(record);
-  }
+void SampleStream::gather(std::int64_t step, const Tensor& x, const Tensor& labels) const {
+  gather_rows(data_, batch_indices(step), x, labels);
 }
 
 EvaluationResult evaluate(Model& model, const Dataset& data, std::int64_t batch) {

@@ -1,5 +1,5 @@
 // training.cpp: gradient accumulation over micro-batches and the optimizer wrapper.
-#include "common/nn/training.hpp"
+#include "nn/training.hpp"
 
 #include <algorithm>
 
