@@ -22,7 +22,8 @@ std::size_t index_of(MemoryCategory c) { return static_cast<std::size_t>(c); }
 void* TrackingAllocator::allocate(std::size_t bytes, MemoryCategory category) {
   if (bytes == 0) return nullptr;
   std::lock_guard lock(mutex_);
-  if (cap_ && (bytes > *cap_ || stats_.live_total > *cap_ - bytes)) {
+  const bool on_device = counts_on_device(category);
+  if (on_device && cap_ && (bytes > *cap_ || stats_.live_total > *cap_ - bytes)) {
     std::ostringstream message;
     message << "out of memory on " << device_.name() << ": cannot allocate "
             << format_bytes(bytes) << " (" << bytes << " bytes) of "
@@ -53,9 +54,10 @@ void* TrackingAllocator::allocate(std::size_t bytes, MemoryCategory category) {
   }
   const std::size_t c = index_of(category);
   stats_.live[c] += bytes;
-  stats_.live_total += bytes;
   stats_.allocation_count += 1;
   if (stats_.live[c] > stats_.peak[c]) stats_.peak[c] = stats_.live[c];
+  if (!on_device) return pointer;
+  stats_.live_total += bytes;
   if (stats_.live_total > stats_.peak_total) {
     stats_.peak_total = stats_.live_total;
     stats_.at_peak = stats_.live;
@@ -73,7 +75,7 @@ void TrackingAllocator::deallocate(void* pointer, std::size_t bytes,
   }
   std::lock_guard lock(mutex_);
   stats_.live[index_of(category)] -= bytes;
-  stats_.live_total -= bytes;
+  if (counts_on_device(category)) stats_.live_total -= bytes;
 }
 
 MemoryStats TrackingAllocator::stats() const {
@@ -102,9 +104,9 @@ std::string TrackingAllocator::describe_live_locked() const {
   std::ostringstream out;
   bool first = true;
   for (std::size_t c = 0; c < kNumMemoryCategories; ++c) {
-    if (stats_.live[c] == 0) continue;
-    out << (first ? "" : ", ") << category_name(static_cast<MemoryCategory>(c)) << " "
-        << format_bytes(stats_.live[c]);
+    const auto category = static_cast<MemoryCategory>(c);
+    if (stats_.live[c] == 0 || !counts_on_device(category)) continue;
+    out << (first ? "" : ", ") << category_name(category) << " " << format_bytes(stats_.live[c]);
     first = false;
   }
   if (first) out << "nothing";
@@ -117,19 +119,24 @@ std::string TrackingAllocator::report() const {
   out << "memory on " << device_.name();
   if (const auto c = cap()) out << " (capped at " << format_bytes(*c) << ")";
   out << "\n";
-  char line[160];
-  std::snprintf(line, sizeof line, "  %-16s %14s %14s %14s\n", "category", "live", "peak",
-                "at total peak");
+  // "at total peak" is the breakdown of one moment and adds up to the total's peak; each
+  // category's own peak may come from another moment, so that column does not add up.
+  char line[192];
+  std::snprintf(line, sizeof line, "  %-16s %12s %14s %16s\n", "category", "live",
+                "at total peak", "own peak");
   out << line;
   for (std::size_t c = 0; c < kNumMemoryCategories; ++c) {
-    std::snprintf(line, sizeof line, "  %-16s %14s %14s %14s\n",
-                  std::string(category_name(static_cast<MemoryCategory>(c))).c_str(),
-                  format_bytes(s.live[c]).c_str(), format_bytes(s.peak[c]).c_str(),
-                  format_bytes(s.at_peak[c]).c_str());
+    const auto category = static_cast<MemoryCategory>(c);
+    const bool on_device = counts_on_device(category);
+    std::snprintf(line, sizeof line, "  %-16s %12s %14s %16s  %s\n",
+                  std::string(category_name(category)).c_str(), format_bytes(s.live[c]).c_str(),
+                  on_device ? format_bytes(s.at_peak[c]).c_str() : "-",
+                  format_bytes(s.peak[c]).c_str(),
+                  std::string(category_remark(category)).c_str());
     out << line;
   }
-  std::snprintf(line, sizeof line, "  %-16s %14s %14s\n", "total", format_bytes(s.live_total).c_str(),
-                format_bytes(s.peak_total).c_str());
+  std::snprintf(line, sizeof line, "  %-16s %12s %14s\n", "total",
+                format_bytes(s.live_total).c_str(), format_bytes(s.peak_total).c_str());
   out << line;
   if (device_.is_cuda()) {
     const auto info = cuda_rt::mem_info();

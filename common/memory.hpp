@@ -10,6 +10,13 @@
 // names the request, the cap and the live bytes by category, exactly where a 2 GiB
 // GPU would have failed. Counts are the bytes requested (no rounding, no allocator
 // overhead), so a predicted peak can be checked against the measured one to the byte.
+//
+// One category stands apart: host_data, the data sets a run reads from. A GPU run keeps
+// them in host memory and copies one batch at a time to the device (that batch is
+// MemoryCategory::data), so host_data is counted in its own row but not in the totals,
+// the peaks' breakdown or the cap. The CPU backend, which stands in for a device, thus
+// reports the same device figures a GPU would, and `--device-memory 48MiB` means 48 MiB
+// for the model, its state, the activations and the batch.
 #pragma once
 
 #include <array>
@@ -33,15 +40,29 @@ enum class MemoryCategory : std::uint8_t {
   activations,      ///< what the forward pass saves for the backward pass
   checkpoints,      ///< activations kept at checkpoint boundaries (recompute)
   workspace,        ///< temporaries that die within an op or a step
-  data,             ///< input batches and labels
+  data,             ///< input batches and labels on the device
+  host_data,        ///< data sets in host memory: outside the totals and the cap
 };
 
-inline constexpr std::size_t kNumMemoryCategories = 8;
+inline constexpr std::size_t kNumMemoryCategories = 9;
+
+/// Why a category may be empty or is set apart, for reports ("" for the others).
+constexpr std::string_view category_remark(MemoryCategory c) {
+  switch (c) {
+    case MemoryCategory::master_weights: return "fp32 weights under fp16 (chapter 03)";
+    case MemoryCategory::checkpoints: return "kept block inputs (chapter 05)";
+    case MemoryCategory::host_data: return "data sets on the host: not in the total";
+    default: return "";
+  }
+}
+
+/// Whether a category is part of the device's totals and cap (all but host_data).
+constexpr bool counts_on_device(MemoryCategory c) { return c != MemoryCategory::host_data; }
 
 constexpr std::string_view category_name(MemoryCategory c) {
   constexpr std::array<std::string_view, kNumMemoryCategories> names = {
       "parameters", "master_weights", "gradients", "optimizer_state",
-      "activations", "checkpoints", "workspace", "data"};
+      "activations", "checkpoints", "workspace", "data", "host_data"};
   return names[static_cast<std::size_t>(c)];
 }
 
@@ -51,8 +72,8 @@ struct MemoryStats {
   PerCategory live{};     ///< bytes allocated and not yet freed, by category
   PerCategory peak{};     ///< the most bytes ever live in each category on its own
   PerCategory at_peak{};  ///< the live bytes by category when the total peaked
-  std::size_t live_total = 0;
-  std::size_t peak_total = 0;
+  std::size_t live_total = 0;  ///< device bytes live now (every category but host_data)
+  std::size_t peak_total = 0;  ///< the most device bytes ever live at once
   std::size_t allocation_count = 0;  ///< allocations made since construction
 
   std::size_t live_of(MemoryCategory c) const { return live[static_cast<std::size_t>(c)]; }

@@ -56,8 +56,8 @@ void check_split(FashionMnistSplit split, std::int64_t samples, std::uint64_t pi
   EXPECT_EQ(data.features.dtype(), DType::f32);
   EXPECT_EQ(data.labels.shape(), (Shape{samples}));
   EXPECT_TRUE(data.features.device().is_cpu());
-  EXPECT_EQ(data.features.category(), MemoryCategory::data);
-  EXPECT_EQ(data.labels.category(), MemoryCategory::data);
+  EXPECT_EQ(data.features.category(), MemoryCategory::host_data);
+  EXPECT_EQ(data.labels.category(), MemoryCategory::host_data);
 
   // Every pixel is exactly static_cast<float>(b) / 255.0f for a byte b.
   const float* pixels = data.features.data<float>();
@@ -239,7 +239,7 @@ TEST(NpyDataset, FlattensFeaturesAndAcceptsAnyIntegerLabels) {
     EXPECT_EQ(data.features.to_vector<float>(), values);
     EXPECT_EQ(data.labels.to_vector<std::int32_t>(), (std::vector<std::int32_t>{0, 3, 1, 3, 2}));
     EXPECT_EQ(data.num_classes, 4);
-    EXPECT_EQ(data.features.category(), MemoryCategory::data);
+    EXPECT_EQ(data.features.category(), MemoryCategory::host_data);
   };
   check_labels(npy_of<std::int64_t>("<i8", {5}, {0, 3, 1, 3, 2}));
   check_labels(npy_of<std::int32_t>("<i4", {5}, {0, 3, 1, 3, 2}));
@@ -336,7 +336,7 @@ TEST(Synthetic, MatchesItsDocumentedDefinition) {
   const Dataset data = make_synthetic(options);
   ASSERT_EQ(data.features.shape(), (Shape{300, 13}));
   EXPECT_EQ(data.num_classes, 4);
-  EXPECT_EQ(data.features.category(), MemoryCategory::data);
+  EXPECT_EQ(data.features.category(), MemoryCategory::host_data);
   const auto x = data.features.to_vector<float>();
   for (std::size_t k = 0; k < x.size(); ++k) {
     ASSERT_EQ(x[k], 2.0f * random_uniform(77, 0, k) - 1.0f) << k;

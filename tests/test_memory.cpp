@@ -39,6 +39,28 @@ TEST_P(DeviceTest, AllocatorCountsExactBytesByCategory) {
   EXPECT_EQ(allocator.stats().live_total, before.live_total);
 }
 
+TEST(HostData, IsCountedInItsOwnRowOutsideTheTotalsAndTheCap) {
+  // A data set held by the host: counted, but neither in the device totals nor the cap
+  // (a GPU run keeps it in host memory), so a cap means the device's bytes alone.
+  TrackingAllocator& allocator = allocator_for(Device::cpu());
+  const MemoryStats before = allocator.stats();
+  allocator.reset_peak();
+  ScopedMemoryCap cap(Device::cpu(), before.live_total + 100);
+  Tensor data_set({1000}, DType::f32, Device::cpu(), MemoryCategory::host_data);  // 4000 B
+  Tensor batch({25}, DType::f32, Device::cpu(), MemoryCategory::data);            // 100 B fit
+  const MemoryStats during = allocator.stats();
+  EXPECT_EQ(during.live_of(MemoryCategory::host_data) - before.live_of(MemoryCategory::host_data),
+            4000u);
+  EXPECT_EQ(during.live_total - before.live_total, 100u);
+  EXPECT_EQ(during.peak_total - before.live_total, 100u);
+  EXPECT_EQ(during.at_peak_of(MemoryCategory::data) - before.live_of(MemoryCategory::data), 100u);
+  EXPECT_THROW(Tensor({1}, DType::f16, Device::cpu(), MemoryCategory::data), OutOfMemoryError)
+      << "the cap must hold for device categories";
+  const std::string report = allocator.report();
+  EXPECT_NE(report.find("host_data"), std::string::npos) << report;
+  EXPECT_NE(report.find("not in the total"), std::string::npos) << report;
+}
+
 TEST_P(DeviceTest, ViewsShareStorageAndAllocateNothing) {
   TrackingAllocator& allocator = allocator_for(device());
   Tensor batch = Tensor::zeros({10, 4}, DType::f32, device(), MemoryCategory::data);

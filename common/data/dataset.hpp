@@ -1,7 +1,8 @@
 // dataset.hpp: the data sources every chapter trains on.
 //
 // A Dataset is a classification data set held on the host: features f32 [N, D] and
-// labels i32 [N] in 0..num_classes-1, both in MemoryCategory::data. Three sources:
+// labels i32 [N] in 0..num_classes-1, both in MemoryCategory::host_data (outside the
+// device totals: common/memory.hpp). Three sources:
 //
 //   load_fashion_mnist   the Fashion-MNIST idx files of the Debian package
 //                        dataset-fashion-mnist (60000 train / 10000 test images of
@@ -24,8 +25,8 @@
 namespace bigbatch {
 
 struct Dataset {
-  Tensor features;               ///< f32 [N, D] on the CPU, MemoryCategory::data
-  Tensor labels;                 ///< i32 [N] on the CPU, MemoryCategory::data
+  Tensor features;               ///< f32 [N, D] on the CPU, MemoryCategory::host_data
+  Tensor labels;                 ///< i32 [N] on the CPU, MemoryCategory::host_data
   std::int64_t num_classes = 0;  ///< labels lie in [0, num_classes)
   std::string name;              ///< e.g. "fashion-mnist/train"
 

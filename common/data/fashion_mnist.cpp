@@ -137,7 +137,7 @@ Tensor read_images(const std::string& path) {
                                         std::to_string(count) + " images");
   file.expect_end("the " + std::to_string(count) + " images");
 
-  Tensor features({count, pixels_per_image}, DType::f32, Device::cpu(), MemoryCategory::data);
+  Tensor features({count, pixels_per_image}, DType::f32, Device::cpu(), MemoryCategory::host_data);
   float* out = features.data<float>();
   for (std::size_t i = 0; i < pixels.size(); ++i) out[i] = static_cast<float>(pixels[i]) / 255.0f;
   return features;
@@ -153,7 +153,7 @@ Tensor read_labels(const std::string& path) {
       file.read_exactly(static_cast<std::size_t>(count), std::to_string(count) + " labels");
   file.expect_end("the " + std::to_string(count) + " labels");
 
-  Tensor labels({count}, DType::i32, Device::cpu(), MemoryCategory::data);
+  Tensor labels({count}, DType::i32, Device::cpu(), MemoryCategory::host_data);
   std::int32_t* out = labels.data<std::int32_t>();
   for (std::size_t i = 0; i < bytes.size(); ++i) {
     if (bytes[i] >= kClasses) {

@@ -24,7 +24,7 @@ Tensor features_from(const NpyArray& array, const std::string& path) {
   std::int64_t width = 1;
   for (std::size_t i = 1; i < array.shape.size(); ++i) width *= array.shape[i];
 
-  Tensor features({samples, width}, DType::f32, Device::cpu(), MemoryCategory::data);
+  Tensor features({samples, width}, DType::f32, Device::cpu(), MemoryCategory::host_data);
   float* out = features.data<float>();
   const std::int64_t count = samples * width;
   if (array.itemsize() == 4) {
@@ -66,7 +66,7 @@ Tensor labels_from(const NpyArray& array, const std::string& path, std::int64_t&
     fail(path, "labels must be 1-D [N], got shape " + shape_string(array.shape));
   }
   const std::int64_t samples = array.shape[0];
-  Tensor labels({samples}, DType::i32, Device::cpu(), MemoryCategory::data);
+  Tensor labels({samples}, DType::i32, Device::cpu(), MemoryCategory::host_data);
   std::int32_t* out = labels.data<std::int32_t>();
   // The largest label leaves room for num_classes = label + 1 in an int32.
   constexpr auto kLargest =

@@ -109,8 +109,8 @@ Dataset make_synthetic(const SyntheticOptions& options) {
   const Teacher teacher = make_teacher(options);
   const std::int64_t n = options.samples, d = options.features;
   Dataset dataset;
-  dataset.features = Tensor({n, d}, DType::f32, Device::cpu(), MemoryCategory::data);
-  dataset.labels = Tensor({n}, DType::i32, Device::cpu(), MemoryCategory::data);
+  dataset.features = Tensor({n, d}, DType::f32, Device::cpu(), MemoryCategory::host_data);
+  dataset.labels = Tensor({n}, DType::i32, Device::cpu(), MemoryCategory::host_data);
   dataset.num_classes = options.classes;
   dataset.name = "synthetic(seed " + std::to_string(options.seed) + ", " + std::to_string(n) + "x" +
                  std::to_string(d) + ", " + std::to_string(options.classes) + " classes)";
