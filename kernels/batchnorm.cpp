@@ -93,6 +93,10 @@ void batchnorm_backward(const Tensor& x, const Tensor& weight, const Tensor& mea
                      {"dweight", &dweight}, {"dbias", &dbias}});
   const Device device =
       detail::common_device(op, {&x, &weight, &mean, &rstd, &dy, &dx, &dweight, &dbias});
+  // LayerNorm's rules hold here too: both backends finish every reduction over the batch
+  // (dweight, dbias and the means dx needs) before the elementwise pass that writes dx[k]
+  // after reading x[k] and dy[k], so dx may be x or dy itself; other sharing is refused.
+  detail::check_normalization_backward_aliasing(op, x, weight, mean, rstd, dy, dx, dweight, dbias);
   if (device.is_cuda()) {
     BIGBATCH_RUN_CUDA(op, cuda::batchnorm_backward(x, weight, mean, rstd, dy, dx, dweight, dbias));
   }

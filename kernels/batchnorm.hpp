@@ -23,6 +23,7 @@
 //                                                 - xhat * mean(dy * xhat)), means over rows (=)
 //     dweight: [N]    f32 (f64 when x is f64)   += sum over rows of dy * xhat          (+=)
 //     dbias:   [N]    f32 (f64 when x is f64)   += sum over rows of dy                 (+=)
+//     Memory sharing as in layernorm.hpp: dx may be dy or x itself; other sharing is refused.
 //
 // Running statistics, as PyTorch (with var_sum the sum of squared deviations from the
 // batch mean):

@@ -1,6 +1,8 @@
 #include "kernels/layernorm.hpp"
 
 #include <algorithm>
+#include <functional>
+#include <utility>
 
 #include "common/half.hpp"
 #include "kernels/cpu_parallel.hpp"
@@ -45,7 +47,55 @@ void check_like_x(const char* op, const char* name, const Tensor& t, const Tenso
   detail::check_shape(op, name, t, x.shape());
 }
 
+/// True when the byte ranges of a and b intersect (an empty tensor shares nothing).
+bool overlaps(const Tensor& a, const Tensor& b) {
+  if (a.nbytes() == 0 || b.nbytes() == 0) return false;
+  const auto* a_begin = static_cast<const char*>(a.raw_data());
+  const auto* b_begin = static_cast<const char*>(b.raw_data());
+  return std::less<>()(a_begin, b_begin + b.nbytes()) &&
+         std::less<>()(b_begin, a_begin + a.nbytes());
+}
+
+/// True when a and b are the same memory: the same first byte and the same length.
+bool same_memory(const Tensor& a, const Tensor& b) {
+  return a.raw_data() == b.raw_data() && a.nbytes() == b.nbytes();
+}
+
+using NamedTensor = std::pair<const char*, const Tensor*>;
+
+void refuse_overlap(const char* op, const NamedTensor& a, const NamedTensor& b,
+                    const char* allowed) {
+  BIGBATCH_CHECK(!overlaps(*a.second, *b.second), op, ": ", a.first, " ", a.second->describe(),
+                 " shares memory with ", b.first, " ", b.second->describe(), "; ", allowed);
+}
+
 }  // namespace
+
+void detail::check_normalization_backward_aliasing(const char* op, const Tensor& x,
+                                                   const Tensor& weight, const Tensor& mean,
+                                                   const Tensor& rstd, const Tensor& dy,
+                                                   const Tensor& dx, const Tensor& dweight,
+                                                   const Tensor& dbias) {
+  const NamedTensor x_{"x", &x}, weight_{"weight", &weight}, mean_{"mean", &mean},
+      rstd_{"rstd", &rstd}, dy_{"dy", &dy}, dx_{"dx", &dx}, dweight_{"dweight", &dweight},
+      dbias_{"dbias", &dbias};
+  // dx: written once per element after that element's last read; the same memory as x or
+  // dy is safe, a partial overlap is not.
+  for (const NamedTensor& input : {x_, dy_}) {
+    if (same_memory(dx, *input.second)) continue;
+    refuse_overlap(op, dx_, input, "dx may be that tensor itself, or apart from it");
+  }
+  for (const NamedTensor& other : {weight_, mean_, rstd_, dweight_, dbias_}) {
+    refuse_overlap(op, dx_, other, "they must be apart");
+  }
+  // dweight and dbias: read, added to and written while every input is still being read.
+  refuse_overlap(op, dweight_, dbias_, "they must be apart");
+  for (const NamedTensor& accumulated : {dweight_, dbias_}) {
+    for (const NamedTensor& input : {x_, weight_, mean_, rstd_, dy_}) {
+      refuse_overlap(op, accumulated, input, "they must be apart");
+    }
+  }
+}
 
 void layernorm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& y,
                        const Tensor& mean, const Tensor& rstd, float eps) {
@@ -74,6 +124,7 @@ void layernorm_backward(const Tensor& x, const Tensor& weight, const Tensor& mea
                                   {{"mean", &mean}, {"rstd", &rstd}});
   const Device device =
       detail::common_device(op, {&x, &weight, &mean, &rstd, &dy, &dx, &dweight, &dbias});
+  detail::check_normalization_backward_aliasing(op, x, weight, mean, rstd, dy, dx, dweight, dbias);
   if (device.is_cuda()) {
     BIGBATCH_RUN_CUDA(op, cuda::layernorm_backward(x, weight, mean, rstd, dy, dx, dweight, dbias));
   }
@@ -202,19 +253,20 @@ void layernorm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias
   throw std::invalid_argument("layernorm_forward: x must be floating point: " + x.describe());
 }
 
+// The parameter gradients first: dx may be dy or x itself (the header's sharing rules).
 void layernorm_backward(const Tensor& x, const Tensor& weight, const Tensor& mean,
                         const Tensor& rstd, const Tensor& dy, const Tensor& dx,
                         const Tensor& dweight, const Tensor& dbias) {
   switch (x.dtype()) {
     case DType::f32:
-      input_gradient<float>(x, weight, mean, rstd, dy, dx);
-      return parameter_gradients<float>(x, mean, rstd, dy, dweight, dbias);
+      parameter_gradients<float>(x, mean, rstd, dy, dweight, dbias);
+      return input_gradient<float>(x, weight, mean, rstd, dy, dx);
     case DType::f16:
-      input_gradient<f16>(x, weight, mean, rstd, dy, dx);
-      return parameter_gradients<f16>(x, mean, rstd, dy, dweight, dbias);
+      parameter_gradients<f16>(x, mean, rstd, dy, dweight, dbias);
+      return input_gradient<f16>(x, weight, mean, rstd, dy, dx);
     case DType::f64:
-      input_gradient<double>(x, weight, mean, rstd, dy, dx);
-      return parameter_gradients<double>(x, mean, rstd, dy, dweight, dbias);
+      parameter_gradients<double>(x, mean, rstd, dy, dweight, dbias);
+      return input_gradient<double>(x, weight, mean, rstd, dy, dx);
     case DType::i32: break;
   }
   throw std::invalid_argument("layernorm_backward: x must be floating point: " + x.describe());

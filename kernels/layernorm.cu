@@ -102,14 +102,17 @@ void backward_typed(const Tensor& x, const Tensor& weight, const Tensor& mean,
                     const Tensor& dweight, const Tensor& dbias) {
   const std::int64_t M = x.dim(0), N = x.dim(1);
   if (M == 0) return;
-  input_gradient_kernel<T><<<row_blocks(M), kThreadsPerBlock>>>(
-      x.data<T>(), weight.data<float>(), mean.data<float>(), rstd.data<float>(), dy.data<T>(),
-      dx.data<T>(), M, N);
-  BIGBATCH_CHECK_LAUNCH("layernorm input_gradient_kernel");
+  // The parameter gradients first, so that dx may be dy or x itself: the stream runs the
+  // launches in order, and input_gradient_kernel writes each dx element after the last
+  // read of it, by the same thread (layernorm.hpp: memory sharing).
   parameter_gradient_kernel<T><<<grid_for(N, kFeatureThreads), kFeatureThreads>>>(
       x.data<T>(), mean.data<float>(), rstd.data<float>(), dy.data<T>(), dweight.data<float>(),
       dbias.data<float>(), M, N);
   BIGBATCH_CHECK_LAUNCH("layernorm parameter_gradient_kernel");
+  input_gradient_kernel<T><<<row_blocks(M), kThreadsPerBlock>>>(
+      x.data<T>(), weight.data<float>(), mean.data<float>(), rstd.data<float>(), dy.data<T>(),
+      dx.data<T>(), M, N);
+  BIGBATCH_CHECK_LAUNCH("layernorm input_gradient_kernel");
 }
 
 }  // namespace

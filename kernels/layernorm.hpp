@@ -36,6 +36,16 @@
 // the big batch's parameter gradients bit for bit, whatever the micro-batch sizes. (This
 // holds for LayerNorm because its statistics are per row; BatchNorm cannot offer it.)
 // dx is per row and is overwritten.
+//
+// Memory sharing in the backward (checked by the dispatcher, the same rules for BatchNorm).
+// dx may be dy itself or x itself (the same memory, as for an in-place backward that saves
+// an [M, N] buffer): both backends compute dweight and dbias first, from the unmodified x
+// and dy, and then write each dx element after the last read of that element's dy and x
+// (on the GPU by the same thread, after the row's reductions have synchronised the block).
+// Any other sharing is refused with an error naming the op and the two tensors: dx
+// overlapping x or dy only partly (another row's values would be overwritten before they
+// are read), dx overlapping weight, mean, rstd, dweight or dbias, and dweight or dbias
+// overlapping each other or any input. The inputs may share memory among themselves.
 #pragma once
 
 #include <cmath>
@@ -67,8 +77,16 @@ void layernorm_backward(const Tensor& x, const Tensor& weight, const Tensor& mea
                         const Tensor& dweight, const Tensor& dbias);
 }  // namespace cuda
 
-// ---- scalar math shared by both backends (and by BatchNorm) ---------------------------
+// ---- shared by both backends (and by BatchNorm) -----------------------------------------
 namespace detail {
+
+/// The memory-sharing rules of a normalisation backward (LayerNorm and BatchNorm, see
+/// above): throws std::invalid_argument naming `op` and the two tensors that share memory.
+/// The tensors must already be on one device.
+void check_normalization_backward_aliasing(const char* op, const Tensor& x, const Tensor& weight,
+                                           const Tensor& mean, const Tensor& rstd,
+                                           const Tensor& dy, const Tensor& dx,
+                                           const Tensor& dweight, const Tensor& dbias);
 
 /// 1 / sqrt(variance + eps): three correctly rounded operations in A (float or double).
 template <class A>

@@ -421,6 +421,103 @@ TEST_P(LayerNorm, MicroBatchesGiveTheBigBatchGradientsBitForBit) {
   }
 }
 
+// ---- memory sharing in the backward ------------------------------------------------------------
+
+/// The backward of p with dx written into `shared`, once the same memory as dy and once as
+/// x (an in-place backward), against a run with a separate dx: dx, dweight and dbias must be
+/// identical bit for bit. The parameter gradients are computed before dx is written; in the
+/// opposite order they would be computed from the overwritten dy or x.
+void expect_in_place_backward_matches(const Problem& p, Device device) {
+  SCOPED_TRACE(::testing::Message() << dtype_name(p.dtype) << " [" << p.M << ", " << p.N
+                                    << "] on " << device.name());
+  const DType stats = compute_dtype(p.dtype);
+  const ForwardOutputs forward = run_forward(p, device);
+  const Tensor w = testing::make_tensor(p.w, {p.N}, stats, device);
+  const auto dweight0 = testing::random_values(p.N, 61, -1, 1);
+  const auto dbias0 = testing::random_values(p.N, 62, -1, 1);
+  const auto make_x = [&] { return testing::make_tensor(p.x, {p.M, p.N}, p.dtype, device); };
+  const auto make_dy = [&] { return testing::make_tensor(p.dy, {p.M, p.N}, p.dtype, device); };
+  struct Gradients {
+    Tensor dweight, dbias;
+  };
+  const auto make_gradients = [&] {
+    return Gradients{testing::make_tensor(dweight0, {p.N}, stats, device),
+                     testing::make_tensor(dbias0, {p.N}, stats, device)};
+  };
+
+  const Tensor dx({p.M, p.N}, p.dtype, device);
+  testing::poison(dx);
+  const Gradients apart = make_gradients();
+  layernorm_backward(make_x(), w, forward.mean, forward.rstd, make_dy(), dx, apart.dweight,
+                     apart.dbias);
+
+  const Tensor dy_in_place = make_dy();
+  const Gradients over_dy = make_gradients();
+  layernorm_backward(make_x(), w, forward.mean, forward.rstd, dy_in_place, dy_in_place,
+                     over_dy.dweight, over_dy.dbias);
+  EXPECT_TRUE(testing::bitwise_equal(dy_in_place, dx)) << "dx written over dy";
+  EXPECT_TRUE(testing::bitwise_equal(over_dy.dweight, apart.dweight)) << "dx written over dy";
+  EXPECT_TRUE(testing::bitwise_equal(over_dy.dbias, apart.dbias)) << "dx written over dy";
+
+  const Tensor x_in_place = make_x();
+  const Gradients over_x = make_gradients();
+  layernorm_backward(x_in_place, w, forward.mean, forward.rstd, make_dy(), x_in_place,
+                     over_x.dweight, over_x.dbias);
+  EXPECT_TRUE(testing::bitwise_equal(x_in_place, dx)) << "dx written over x";
+  EXPECT_TRUE(testing::bitwise_equal(over_x.dweight, apart.dweight)) << "dx written over x";
+  EXPECT_TRUE(testing::bitwise_equal(over_x.dbias, apart.dbias)) << "dx written over x";
+}
+
+TEST_P(LayerNorm, BackwardInPlaceOverDyOrXGivesTheSameGradients) {
+  for (const DType dtype : {DType::f32, DType::f16}) {
+    expect_in_place_backward_matches(make_problem(37, 19, dtype, 950), device());
+    // 300 x 129: several parallel chunks of rows and of features on the CPU.
+    expect_in_place_backward_matches(make_problem(300, 129, dtype, 951), device());
+  }
+}
+
+TEST_P(LayerNorm, BackwardRefusesMemorySharedOtherwise) {
+  const std::int64_t M = 4, N = 8;
+  const Tensor x = Tensor::zeros({M, N}, DType::f32, device());
+  const Tensor dy = Tensor::zeros({M, N}, DType::f32, device());
+  const Tensor w = Tensor::zeros({N}, DType::f32, device());
+  const Tensor mean = Tensor::zeros({M}, DType::f32, device());
+  const Tensor rstd = Tensor::zeros({M}, DType::f32, device());
+  const Tensor dweight = Tensor::zeros({N}, DType::f32, device());
+  const Tensor dbias = Tensor::zeros({N}, DType::f32, device());
+  const Tensor dx = Tensor::zeros({M, N}, DType::f32, device());
+  // dx one row past dy (or x) in the same buffer: row i of dx is row i + 1 of dy.
+  const Tensor shared = Tensor::zeros({M + 1, N}, DType::f32, device());
+  EXPECT_TRUE(testing::mentions(
+      testing::error_of([&] {
+        layernorm_backward(x, w, mean, rstd, shared.rows(0, M), shared.rows(1, M + 1), dweight,
+                           dbias);
+      }),
+      {"layernorm_backward", "dx", "shares memory with dy"}));
+  EXPECT_TRUE(testing::mentions(
+      testing::error_of([&] {
+        layernorm_backward(shared.rows(1, M + 1), w, mean, rstd, dy, shared.rows(0, M), dweight,
+                           dbias);
+      }),
+      {"layernorm_backward", "dx", "shares memory with x"}));
+  // dweight and dbias one tensor; dweight inside x; dx over the saved statistics.
+  EXPECT_TRUE(testing::mentions(
+      testing::error_of([&] { layernorm_backward(x, w, mean, rstd, dy, dx, dweight, dweight); }),
+      {"layernorm_backward", "dweight", "shares memory with dbias"}));
+  EXPECT_TRUE(testing::mentions(testing::error_of([&] {
+                                  layernorm_backward(x, w, mean, rstd, dy, dx,
+                                                     x.reshaped({M * N}).rows(0, N), dbias);
+                                }),
+                                {"layernorm_backward", "dweight", "shares memory with x"}));
+  EXPECT_TRUE(testing::mentions(
+      testing::error_of([&] {
+        layernorm_backward(x, w, dx.reshaped({M * N}).rows(0, M), rstd, dy, dx, dweight, dbias);
+      }),
+      {"layernorm_backward", "dx", "shares memory with mean"}));
+  // Inputs may share memory among themselves: dy the same tensor as x is accepted.
+  EXPECT_NO_THROW(layernorm_backward(x, w, mean, rstd, x, dx, dweight, dbias));
+}
+
 // ---- known answers and argument checks ------------------------------------------------------
 
 // torch 1.13: nn.LayerNorm(4) with weight [1, -0.5, 2, 0.25], bias [0.5, 0, -1, 2] on
