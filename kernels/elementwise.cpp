@@ -16,6 +16,46 @@ namespace {
 
 bool is_f32_or_f16(DType dtype) { return dtype == DType::f32 || dtype == DType::f16; }
 
+/// unscale_and_check_finite reads, checks and rewrites every element once. A tensor listed
+/// twice, or two tensors sharing memory, would be unscaled twice on the CPU and written by
+/// two blocks at once on CUDA (a data race); a tensor sharing found_inf's memory would race
+/// with the flag's store. Refuse them all, naming the positions in the list.
+void check_unscale_tensors_apart(const char* op, const std::vector<Tensor>& tensors,
+                                 const Tensor& found_inf) {
+  struct Range {
+    const char* begin;
+    const char* end;
+    std::size_t index;
+  };
+  std::vector<Range> ranges;
+  const auto* flag = static_cast<const char*>(found_inf.raw_data());
+  for (std::size_t k = 0; k < tensors.size(); ++k) {
+    const Tensor& t = tensors[k];
+    if (t.nbytes() == 0) continue;  // an empty tensor has no memory to share
+    const auto* begin = static_cast<const char*>(t.raw_data());
+    const Range range{begin, begin + t.nbytes(), k};
+    BIGBATCH_CHECK(!(std::less<>()(range.begin, flag + found_inf.nbytes()) &&
+                     std::less<>()(flag, range.end)),
+                   op, ": tensors[", k, "] ", t.describe(), " shares memory with found_inf");
+    ranges.push_back(range);
+  }
+  // Sorted by first byte, a range overlaps an earlier one exactly when it starts before the
+  // furthest end seen so far.
+  std::sort(ranges.begin(), ranges.end(),
+            [](const Range& a, const Range& b) { return std::less<>()(a.begin, b.begin); });
+  for (std::size_t r = 1, furthest = 0; r < ranges.size(); ++r) {
+    const Range& earlier = ranges[furthest];
+    const Range& range = ranges[r];
+    const std::size_t first = std::min(earlier.index, range.index);
+    const std::size_t second = std::max(earlier.index, range.index);
+    BIGBATCH_CHECK(!std::less<>()(range.begin, earlier.end), op, ": tensors[", first, "] ",
+                   tensors[first].describe(), " and tensors[", second, "] ",
+                   tensors[second].describe(),
+                   " share memory (each tensor must be listed once, apart from the others)");
+    if (std::less<>()(earlier.end, range.end)) furthest = r;
+  }
+}
+
 }  // namespace
 
 void detail::check_same_or_disjoint(const char* op, const char* output_name, const Tensor& output,
@@ -64,8 +104,8 @@ void unscale_and_check_finite(const std::vector<Tensor>& tensors, float inv_scal
   for (const Tensor& t : tensors) {
     detail::check_dtype(op, "every tensor", t, DType::f32);
     detail::common_device(op, {&found_inf, &t});
-    detail::check_same_or_disjoint(op, "a tensor", t, "found_inf", found_inf);
   }
+  check_unscale_tensors_apart(op, tensors, found_inf);
   if (found_inf.device().is_cuda()) {
     BIGBATCH_RUN_CUDA(op, cuda::unscale_and_check_finite(tensors, inv_scale, found_inf));
   }

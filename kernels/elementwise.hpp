@@ -22,7 +22,9 @@
 //   with a float scale: every element becomes g * inv_scale (one rounding), and found_inf
 //   becomes exactly 1.0f if any element was inf or NaN before scaling; otherwise it is
 //   left as it was (the caller zeroes it), so one found_inf can collect several calls.
-//   One pass over each tensor (on CUDA: one launch for up to 48 tensors).
+//   One pass over each tensor (on CUDA: one launch for up to 48 tensors). The tensors must
+//   not share memory with each other or with found_inf (a tensor listed twice would be
+//   unscaled twice, and on CUDA written by two blocks at once): such a list is refused.
 //
 // The CPU building blocks of these loops (run_vectorized, the binary16 conversions,
 // check_same_or_disjoint) are not part of this API: they live in cpu_vector.hpp, which

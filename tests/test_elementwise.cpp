@@ -13,6 +13,7 @@
 #include <cmath>
 #include <iostream>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "kernels/cpu_vector.hpp"
@@ -362,6 +363,34 @@ TEST_P(Unscale, RejectsBadArguments) {
     EXPECT_THROW(unscale_and_check_finite(tensors, 1.0f, Tensor({1}, DType::f32)),
                  std::invalid_argument);
   }
+}
+
+// A tensor listed twice would be unscaled twice on the CPU and raced on by two blocks on
+// CUDA; views sharing memory the same; a tensor over found_inf would race with the flag.
+TEST_P(Unscale, RefusesTensorsThatShareMemory) {
+  std::vector<Tensor> tensors = gradients(5);
+  const Tensor found_inf = flag(0.0f);
+  const std::vector<double> before = testing::to_doubles(tensors[1]);
+  std::vector<Tensor> twice = tensors;
+  twice.push_back(tensors[1]);
+  EXPECT_TRUE(testing::mentions(
+      testing::error_of([&] { unscale_and_check_finite(twice, 0.5f, found_inf); }),
+      {"unscale_and_check_finite", "tensors[1]", "tensors[" + std::to_string(tensors.size()) + "]",
+       "share memory"}));
+  // Refused before anything is written.
+  EXPECT_EQ(testing::to_doubles(tensors[1]), before);
+  // Two views of one buffer that overlap by one element, listed apart from each other.
+  const Tensor buffer = testing::random_tensor({9}, DType::f32, device(), 6);
+  const std::vector<Tensor> overlapping = {buffer.rows(0, 5), tensors[0], buffer.rows(4, 9)};
+  EXPECT_TRUE(testing::mentions(
+      testing::error_of([&] { unscale_and_check_finite(overlapping, 0.5f, found_inf); }),
+      {"tensors[0]", "tensors[2]", "share memory"}));
+  // Adjacent views that do not overlap are fine.
+  EXPECT_NO_THROW(
+      unscale_and_check_finite({buffer.rows(0, 4), buffer.rows(4, 9)}, 1.0f, found_inf));
+  EXPECT_TRUE(testing::mentions(
+      testing::error_of([&] { unscale_and_check_finite({found_inf}, 0.5f, found_inf); }),
+      {"tensors[0]", "shares memory with found_inf"}));
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, Cast, ::testing::ValuesIn(testing::all_devices()),
