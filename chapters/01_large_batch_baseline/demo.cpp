@@ -6,13 +6,13 @@
 #include <optional>
 #include <string>
 
-#include "common/data/dataset.hpp"
+#include "chapters/01_large_batch_baseline/baseline.hpp"
 #include "common/format.hpp"
 #include "common/memory.hpp"
+#include "common/report.hpp"
 #include "nn/model.hpp"
 #include "nn/sample_stream.hpp"
 #include "nn/training.hpp"
-#include "common/report.hpp"
 
 namespace bb = bigbatch;
 using bb::MemoryCategory;
@@ -21,17 +21,15 @@ using bb::nn::ModelConfig;
 
 namespace {
 
-constexpr std::int64_t kBatch = 256;         // the batch that fits
-constexpr std::int64_t kWantedBatch = 4096;  // the batch we want
-// The "device": a scaled-down GPU, sized so that the model, its gradients and AdamW's
-// state fit with room for a batch of 256, but not for a batch of 4096.
-constexpr std::size_t kDeviceBytes = std::size_t{48} << 20;
+using bb::baseline::kBatchThatFits;
+using bb::baseline::kDeviceBytes;
+using bb::baseline::kWantedBatch;
+constexpr std::int64_t kBatch = kBatchThatFits;
 
 struct Setup {
-  ModelConfig config;
-  bb::AdamWOptions adamw;
-  bool fashion_mnist = false;  // else synthetic data
-  bb::Dataset train, test;
+  ModelConfig config = bb::baseline::model_config();
+  bb::AdamWOptions adamw = bb::baseline::adamw_options();
+  bb::baseline::Data data;
   std::int64_t steps = 0;  // optimizer steps of the training run
   std::int64_t print_every = 0;
   // The data sets, held by the host (MemoryCategory::host_data): a GPU keeps them in
@@ -42,38 +40,13 @@ struct Setup {
 
 Setup make_setup(bool quick) {
   Setup s;
-  s.config.inputs = 784;
-  s.config.hidden = 256;
-  s.config.expansion = 4;
-  s.config.classes = 10;
-  s.config.depth = 2;
-  s.config.activation = bb::nn::Activation::gelu;
-  s.config.norm = bb::nn::Norm::layer;
-  s.config.seed = 1;
-  s.adamw.lr = 1e-3;
-  s.fashion_mnist = bb::fashion_mnist_available();
-  if (s.fashion_mnist) {
-    s.train = bb::load_fashion_mnist(bb::FashionMnistSplit::train);
-    s.test = bb::load_fashion_mnist(bb::FashionMnistSplit::test);
-  } else {
-    std::printf(
-        "Fashion-MNIST not found in %s (Debian package dataset-fashion-mnist): "
-        "using synthetic data of the same shape instead\n",
-        bb::default_fashion_mnist_directory().c_str());
-    bb::SyntheticOptions options;
-    options.samples = 70000;
-    const bb::Dataset all = bb::make_synthetic(options);
-    s.train = bb::slice(all, 0, 60000);
-    s.test = bb::slice(all, 60000, 70000);
-  }
+  s.data = bb::baseline::load_data(quick);
   if (quick) {
-    s.train = bb::slice(s.train, 0, 4096);
-    s.test = bb::slice(s.test, 0, 1000);
     s.steps = 30;
     s.print_every = 5;
   } else {
     const std::int64_t epochs = 2;
-    s.steps = (epochs * s.train.size() + kBatch - 1) / kBatch;
+    s.steps = (epochs * s.data.train.size() + kBatch - 1) / kBatch;
     s.print_every = 50;
   }
   s.host_bytes =
@@ -97,51 +70,16 @@ std::string row(const char* name, std::size_t measured, const std::string& remar
   return line;
 }
 
-/// The baseline's training loop, written out: every step takes the next B samples of the
-/// run's sample stream, computes their mean loss's gradient in one piece and updates.
-/// (Later chapters run the same loop through chapters/train/trainer.hpp, which adds the
-/// techniques; this chapter shows it bare.)
-class BaselineLoop {
- public:
-  BaselineLoop(Model& model, bb::nn::Optimizer& optimizer, const bb::Dataset& data,
-               std::int64_t batch, std::uint64_t seed)
-      : model_(model),
-        optimizer_(optimizer),
-        stream_(data, batch, /*shuffle=*/true, seed),
-        dropout_seed_(bb::nn::dropout_seed_for_run(seed)),
-        x_({batch, data.feature_dim()}, bb::DType::f32, model.device(), MemoryCategory::data),
-        labels_({batch}, bb::DType::i32, model.device(), MemoryCategory::data) {}
-
-  /// Optimizer step k (0-based); returns the batch's mean loss.
-  float step(std::int64_t k) {
-    stream_.gather(k, x_, labels_);  // the batch on the device
-    model_.zero_grad();
-    const std::int64_t batch = stream_.batch();
-    // Forward, loss, backward of all B rows at once (one "micro-batch" of B rows).
-    const float loss = bb::nn::accumulate_gradients(model_, x_, labels_, batch,
-                                                    {true, dropout_seed_, k * batch});
-    optimizer_.step();
-    return loss;
-  }
-
- private:
-  Model& model_;
-  bb::nn::Optimizer& optimizer_;
-  bb::nn::SampleStream stream_;
-  std::uint64_t dropout_seed_;
-  bb::Tensor x_, labels_;
-};
-
 /// Trains the baseline, printing the loss; returns the allocator's books for step 1
 /// (peak measured from what was live when the step began).
 bb::MemoryStats train_baseline(bb::SelfCheck& report, const Setup& s, bool quick) {
   report.section("(a) The baseline: one batch of " + std::to_string(kBatch) + " per step, " +
-                 std::to_string(s.steps) + " steps on " + s.train.name + " (" +
-                 std::to_string(s.train.size()) + " samples)");
+                 std::to_string(s.steps) + " steps on " + s.data.train.name + " (" +
+                 std::to_string(s.data.train.size()) + " samples)");
   bb::TrackingAllocator& cpu = bb::allocator_for(bb::Device::cpu());
   Model model(s.config, bb::Device::cpu());
   bb::nn::Optimizer optimizer(model.parameters(), s.adamw);
-  BaselineLoop loop(model, optimizer, s.train, kBatch, /*seed=*/7);
+  bb::baseline::BaselineLoop loop(model, optimizer, s.data.train, kBatch, kBatch, /*seed=*/7);
 
   bb::MemoryStats first_step;
   double first_losses = 0, last_losses = 0;
@@ -158,19 +96,19 @@ bb::MemoryStats train_baseline(bb::SelfCheck& report, const Setup& s, bool quick
       char line[96];
       std::snprintf(line, sizeof line, "step %4lld  epoch %.2f  loss %.4f",
                     static_cast<long long>(step),
-                    static_cast<double>(step * kBatch) / static_cast<double>(s.train.size()),
+                    static_cast<double>(step * kBatch) / static_cast<double>(s.data.train.size()),
                     static_cast<double>(loss));
       report.note(line);
     }
   }
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  const bb::nn::EvaluationResult result = bb::nn::evaluate(model, s.test, 1000);
+  const bb::nn::EvaluationResult result = bb::nn::evaluate(model, s.data.test, 1000);
   char line[160];
   std::snprintf(
       line, sizeof line,
       "trained in %.1f s (%.1f ms per step); test (%s, %lld samples): loss %.4f, accuracy %.4f",
-      seconds, 1e3 * seconds / static_cast<double>(s.steps), s.test.name.c_str(),
+      seconds, 1e3 * seconds / static_cast<double>(s.steps), s.data.test.name.c_str(),
       static_cast<long long>(result.samples), result.loss, result.accuracy);
   report.note(line);
   report.check(last_losses < first_losses,
@@ -179,7 +117,7 @@ bb::MemoryStats train_baseline(bb::SelfCheck& report, const Setup& s, bool quick
                    std::to_string(first_losses));
   if (quick) {
     report.note("(--quick: too few steps for an accuracy threshold)");
-  } else if (!s.fashion_mnist) {
+  } else if (!s.data.fashion_mnist) {
     report.note("(synthetic data: the accuracy threshold is Fashion-MNIST's)");
   } else {
     report.check(result.accuracy >= 0.85, "test accuracy >= 0.85 after 2 epochs");
@@ -245,7 +183,7 @@ CappedStep one_capped_step(const Setup& s, std::int64_t batch) {
   try {
     Model model(s.config, bb::Device::cpu());
     bb::nn::Optimizer optimizer(model.parameters(), s.adamw);
-    BaselineLoop loop(model, optimizer, s.train, batch, /*seed=*/0);
+    bb::baseline::BaselineLoop loop(model, optimizer, s.data.train, batch, batch, /*seed=*/0);
     loop.step(0);
   } catch (const bb::OutOfMemoryError& error) {
     result.out_of_memory = error.what();

@@ -1,0 +1,66 @@
+// baseline.cpp: chapter 01's setting and its training loop.
+#include "chapters/01_large_batch_baseline/baseline.hpp"
+
+#include <cstdio>
+
+namespace bigbatch::baseline {
+
+nn::ModelConfig model_config() {
+  return {.inputs = 784, .hidden = 256, .expansion = 4, .classes = 10, .depth = 2,
+          .dropout = 0.0f, .norm = nn::Norm::layer, .activation = nn::Activation::gelu,
+          .seed = 1};
+}
+
+AdamWOptions adamw_options() {
+  AdamWOptions options;
+  options.lr = 1e-3;
+  return options;
+}
+
+Data load_data(bool quick) {
+  Data d;
+  d.fashion_mnist = fashion_mnist_available();
+  if (d.fashion_mnist) {
+    d.train = load_fashion_mnist(FashionMnistSplit::train);
+    d.test = load_fashion_mnist(FashionMnistSplit::test);
+  } else {
+    std::printf(
+        "Fashion-MNIST not found in %s (Debian package dataset-fashion-mnist): "
+        "using synthetic data of the same shape instead\n",
+        default_fashion_mnist_directory().c_str());
+    SyntheticOptions options;
+    options.samples = 70000;
+    const Dataset all = make_synthetic(options);
+    d.train = slice(all, 0, 60000);
+    d.test = slice(all, 60000, 70000);
+  }
+  if (quick) {
+    d.train = slice(d.train, 0, 4096);
+    d.test = slice(d.test, 0, 1000);
+  }
+  return d;
+}
+
+BaselineLoop::BaselineLoop(nn::Model& model, nn::Optimizer& optimizer, const Dataset& data,
+                           std::int64_t batch, std::int64_t micro_batch, std::uint64_t seed)
+    : model_(model),
+      optimizer_(optimizer),
+      stream_(data, batch, /*shuffle=*/true, seed),
+      micro_batch_(micro_batch),
+      dropout_seed_(nn::dropout_seed_for_run(seed)),
+      x_({batch, data.feature_dim()}, DType::f32, model.device(), MemoryCategory::data),
+      labels_({batch}, DType::i32, model.device(), MemoryCategory::data) {}
+
+float BaselineLoop::step(std::int64_t k) {
+  stream_.gather(k, x_, labels_);  // the batch's samples, copied to the device
+  model_.zero_grad();
+  // Forward, loss (divided by the batch's B), backward that adds into the gradients,
+  // micro-batch after micro-batch; with micro_batch == B, all rows at once.
+  const std::int64_t batch = stream_.batch();
+  const float loss = nn::accumulate_gradients(model_, x_, labels_, micro_batch_,
+                                              {true, dropout_seed_, k * batch});
+  optimizer_.step();
+  return loss;
+}
+
+}  // namespace bigbatch::baseline

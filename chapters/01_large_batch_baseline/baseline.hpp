@@ -1,0 +1,60 @@
+// baseline.hpp: chapter 01's component, the setting every later chapter continues from:
+// the model, the optimizer and the data of the baseline, the small device, and the
+// training loop written out by hand.
+//
+//   model   residual MLP, D 784, H 256, expansion 4, depth 2, GELU, LayerNorm (seed 1)
+//   data    Fashion-MNIST (or, without the Debian package, synthetic data of its shape)
+//   device  48 MiB: room for the model, its gradients, AdamW's state and a batch of
+//           256, not for the batch of 4096 we want
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "common/data/dataset.hpp"
+#include "kernels/optimizer.hpp"
+#include "nn/model.hpp"
+#include "nn/sample_stream.hpp"
+#include "nn/training.hpp"
+
+namespace bigbatch::baseline {
+
+inline constexpr std::int64_t kBatchThatFits = 256;
+inline constexpr std::int64_t kWantedBatch = 4096;
+/// The "device": a scaled-down GPU (a cap on the tracking allocator).
+inline constexpr std::size_t kDeviceBytes = std::size_t{48} << 20;
+
+nn::ModelConfig model_config();
+AdamWOptions adamw_options();  ///< lr 1e-3, PyTorch's other defaults
+
+struct Data {
+  Dataset train, test;
+  bool fashion_mnist = false;  ///< else synthetic data of the same shape
+};
+
+/// Fashion-MNIST when the files are installed, else synthetic data of the same shape
+/// (saying so on stdout). `quick` keeps the first 4096 training and 1000 test samples.
+Data load_data(bool quick);
+
+/// The training loop, written out: every step takes the next B samples of the run's
+/// sample stream, computes their mean loss's gradient in micro-batches of `micro_batch`
+/// rows (B for one piece) and updates. chapters/train/trainer.hpp runs the same loop
+/// with every technique of the later chapters; this one shows it bare.
+class BaselineLoop {
+ public:
+  BaselineLoop(nn::Model& model, nn::Optimizer& optimizer, const Dataset& data,
+               std::int64_t batch, std::int64_t micro_batch, std::uint64_t seed);
+
+  /// Optimizer step k (0-based); returns the batch's mean loss.
+  float step(std::int64_t k);
+
+ private:
+  nn::Model& model_;
+  nn::Optimizer& optimizer_;
+  nn::SampleStream stream_;
+  std::int64_t micro_batch_;
+  std::uint64_t dropout_seed_;
+  Tensor x_, labels_;  // the batch on the device, MemoryCategory::data
+};
+
+}  // namespace bigbatch::baseline
