@@ -80,9 +80,17 @@ std::string device_name() {
 }
 
 void check_last_launch(const char* what) {
+  // A bad launch (configuration, missing kernel image) is reported by the launch itself.
   throw_on_error(cudaGetLastError(), what);
-#ifndef NDEBUG
-  throw_on_error(cudaDeviceSynchronize(), what);
+#if BIGBATCH_SYNC_AFTER_LAUNCH
+  // A fault while the kernel runs (an illegal address, a trap) is asynchronous: without this
+  // wait it surfaces at the next synchronising call (often a copy), named after that call.
+  const cudaError_t status = cudaDeviceSynchronize();
+  if (status != cudaSuccess) {
+    throw std::runtime_error(std::string("CUDA error while ") + what +
+                             " ran (found by the synchronisation after its launch): " +
+                             cudaGetErrorName(status) + ": " + cudaGetErrorString(status));
+  }
 #endif
 }
 

@@ -30,7 +30,11 @@ struct MemInfo {
 MemInfo mem_info();
 std::string device_name();
 
-/// Throws std::runtime_error naming `what` when the last launch failed (after a sync).
+/// Throws std::runtime_error naming `what` (the kernel) when the last launch failed. Built
+/// with BIGBATCH_SYNC_AFTER_LAUNCH (Debug builds, the `debug` preset) it then waits for the
+/// kernel to finish (cudaDeviceSynchronize), so that a fault while it runs is reported here,
+/// with the kernel's name, instead of at the next synchronising call; Release builds skip
+/// the wait and keep launches asynchronous.
 void check_last_launch(const char* what);
 
 }  // namespace bigbatch::cuda_rt

@@ -160,7 +160,9 @@ __device__ inline float block_max(float value) {
   return block_reduce(value, [](float a, float b) { return fmaxf(a, b); });
 }
 
-/// After every launch: turns a launch error into an exception naming the kernel.
+/// After every launch: turns a launch error into an exception naming the kernel; with
+/// BIGBATCH_SYNC_AFTER_LAUNCH (Debug builds) also an error while the kernel ran
+/// (cuda_rt::check_last_launch).
 #define BIGBATCH_CHECK_LAUNCH(name) ::bigbatch::cuda_rt::check_last_launch(name)
 
 }  // namespace cuda
