@@ -1,5 +1,6 @@
 // Chapter 00: the foundations every later chapter relies on, shown and checked.
 // See README.md in this folder for the story; run with --quick for the CTest setting.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -30,6 +31,50 @@ std::int64_t count_bit_differences(const Tensor& a, const Tensor& b) {
   std::int64_t differ = 0;
   for (std::size_t i = 0; i < x.size(); ++i) differ += std::memcmp(&x[i], &y[i], sizeof(float)) != 0;
   return differ;
+}
+
+/// max over elements of |a - b| / max |b| (0 when b is all zero).
+double max_relative_difference(const Tensor& a, const Tensor& b) {
+  const auto x = a.to_vector<float>(), y = b.to_vector<float>();
+  double diff = 0, scale = 0;
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    diff = std::max(diff, std::abs(double{x[i]} - y[i]));
+    scale = std::max(scale, std::abs(double{y[i]}));
+  }
+  return scale > 0 ? diff / scale : 0;
+}
+
+/// Whether C = C0 + op(A) op(B) holds for every element within the rounding bound of its
+/// K-term sum: |c - exact| <= gamma(K + 1) (|c0| + sum_k |a_ik b_kj|), gamma(n) =
+/// n u / (1 - n u), u = 2^-24 (Higham, Accuracy and Stability of Numerical Algorithms,
+/// ch. 3). The exact value is formed in double (53 bits: its own error is negligible
+/// beside fp32's). An independent check: a product that writes nothing, skips C0 or
+/// transposes wrongly fails it.
+bool matches_float64_product(const Tensor& c, const Tensor& c0, const Tensor& a, bool trans_a,
+                             const Tensor& b, bool trans_b) {
+  const auto cv = c.to_vector<float>(), c0v = c0.to_vector<float>();
+  const auto av = a.to_vector<float>(), bv = b.to_vector<float>();
+  const std::int64_t m = c.dim(0), n = c.dim(1), k = trans_a ? a.dim(0) : a.dim(1);
+  const double u = 0x1p-24, gamma = (k + 1) * u / (1 - (k + 1) * u);
+  for (std::int64_t i = 0; i < m; ++i) {
+    for (std::int64_t j = 0; j < n; ++j) {
+      double exact = c0v[i * n + j], magnitude = std::abs(exact);
+      for (std::int64_t l = 0; l < k; ++l) {
+        const double term = double{av[trans_a ? l * m + i : i * k + l]} *
+                            bv[trans_b ? j * k + l : l * n + j];
+        exact += term;
+        magnitude += std::abs(term);
+      }
+      if (!(std::abs(cv[i * n + j] - exact) <= gamma * magnitude)) return false;
+    }
+  }
+  return true;
+}
+
+std::string relative(double value) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.2g", value);
+  return text;
 }
 
 Tensor random_matrix(std::int64_t rows, std::int64_t cols, std::uint64_t seed,
@@ -100,40 +145,52 @@ void gemm_is_batch_invariant(bb::SelfCheck& report, bool quick) {
   const std::int64_t batch = quick ? 256 : 1024, in = 784, out = 256;
   const Tensor x = random_matrix(batch, in, 1, MemoryCategory::data);
   const Tensor w = random_matrix(out, in, 2, MemoryCategory::parameters);
-  // Forward: Y = X W^T for the whole batch, then 7 rows at a time.
-  const Tensor y_batch({batch, out}, DType::f32);
+  // Forward: Y = X W^T for the whole batch, then 7 rows at a time. Outputs start as NaN:
+  // a product that wrote nothing would leave them so (beta = 0 ignores what is there).
+  const float nan = std::nanf("");
+  const Tensor y_batch({batch, out}, DType::f32), y_micro({batch, out}, DType::f32);
+  bb::fill(y_batch, nan);
+  bb::fill(y_micro, nan);
   bb::gemm(x, false, w, true, y_batch);
-  const Tensor y_micro({batch, out}, DType::f32);
   for (std::int64_t row = 0; row < batch; row += 7) {
     const std::int64_t end = std::min(batch, row + 7);
     bb::gemm(x.rows(row, end), false, w, true, y_micro.rows(row, end));
   }
+  const Tensor zero = Tensor::zeros({batch, out}, DType::f32);
+  report.check(matches_float64_product(y_batch, zero, x, false, w, true),
+               "Y = X W^T is the product, within fp32's rounding bound of a float64 oracle");
   report.check(count_bit_differences(y_batch, y_micro) == 0,
                "Y = X W^T: " + std::to_string(batch) + " rows at once equal the same rows 7 at a time, bit for bit");
 
-  // Backward: dW = dY^T X summed over samples, whole batch vs chained micro-batches.
+  // Backward: dW += dY^T X over samples, whole batch vs chained micro-batches. Both start
+  // from the same random "earlier gradient" G0, so beta = 1 must continue it.
   const std::int64_t samples = 1000;
   const Tensor dy = random_matrix(samples, out, 3, MemoryCategory::activations);
   const Tensor xs = random_matrix(samples, in, 4, MemoryCategory::data);
-  const Tensor dw_batch = Tensor::zeros({out, in}, DType::f32);
+  const Tensor g0 = random_matrix(out, in, 6, MemoryCategory::gradients);
+  const Tensor dw_batch = g0.clone(), dw_chained = g0.clone(), dw_naive = g0.clone();
   bb::gemm(dy, true, xs, false, dw_batch, 1.0f, 1.0f);
-  const Tensor dw_chained = Tensor::zeros({out, in}, DType::f32);
-  const Tensor dw_naive = Tensor::zeros({out, in}, DType::f32);
   const Tensor partial({out, in}, DType::f32);
   for (std::int64_t row = 0; row < samples; row += 64) {
     const std::int64_t end = std::min(samples, row + 64);
     // Memory-free accumulation: the product continues the sum already in dW (beta = 1).
     bb::gemm(dy.rows(row, end), true, xs.rows(row, end), false, dw_chained, 1.0f, 1.0f);
-    // Naive accumulation: a separate partial gradient, added afterwards.
+    // Naive accumulation: a separate partial gradient (poisoned first), added afterwards.
+    bb::fill(partial, nan);
     bb::gemm(dy.rows(row, end), true, xs.rows(row, end), false, partial);
     bb::axpy(1.0f, partial, dw_naive);
   }
+  report.check(matches_float64_product(dw_batch, g0, dy, true, xs, false),
+               "dW = G0 + dY^T X is the product, within fp32's rounding bound of a float64 oracle");
   report.check(count_bit_differences(dw_batch, dw_chained) == 0,
                "dW over 1000 samples equals 15 x 64 + 40 chained with beta = 1, bit for bit");
   const std::int64_t naive_differ = count_bit_differences(dw_batch, dw_naive);
   report.note("the naive way (sum each micro-batch apart, then add) differs in " +
               std::to_string(naive_differ) + " of " + std::to_string(out * in) +
-              " elements: same math, another summation order");
+              " elements, by at most " + relative(max_relative_difference(dw_naive, dw_batch)) +
+              " of the largest element: same math, another summation order (rounding)");
+  report.check(matches_float64_product(dw_naive, g0, dy, true, xs, false),
+               "the naive sum is within the same rounding bound of the float64 oracle");
 }
 
 void dropout_follows_the_sample(bb::SelfCheck& report) {
