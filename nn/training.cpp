@@ -65,6 +65,14 @@ void Optimizer::step() {
   }
 }
 
+double Optimizer::learning_rate() const {
+  return std::visit([](const auto& options) { return options.lr; }, options_);
+}
+
+void Optimizer::set_learning_rate(double lr) {
+  std::visit([lr](auto& options) { options.lr = lr; }, options_);
+}
+
 std::vector<std::pair<std::string, Tensor>> Optimizer::state() const {
   std::vector<std::pair<std::string, Tensor>> result;
   const bool sgd = std::holds_alternative<SgdOptions>(options_);

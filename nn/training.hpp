@@ -43,6 +43,11 @@ class Optimizer {
 
   /// One update of every parameter from its gradient (the gradients are not changed).
   void step();
+  /// The learning rate of the next step() (a schedule sets it before every step).
+  double learning_rate() const;
+  /// Sets the learning rate of the following steps; everything else is kept (the step
+  /// count, the momentum buffers, Adam's moments and bias corrections).
+  void set_learning_rate(double lr);
   /// Optimizer steps taken so far.
   std::int64_t steps_taken() const { return steps_; }
   const Options& options() const { return options_; }

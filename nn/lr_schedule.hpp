@@ -1,0 +1,56 @@
+// lr_schedule.hpp: the learning rate of every optimizer step, as a pure function of the
+// step, and the batch-size scaling rules of large-batch training.
+//
+// Steps are OPTIMIZER steps, counted from 0 (gradient accumulation does not change them:
+// a batch of 4096 in micro-batches of 256 is one step). With base rate lr, T steps in
+// all and W warm-up steps, step i uses
+//
+//   warm-up, i < W:    lr * (i + 1) / W          linear, from lr / W at step 0 to lr at W - 1
+//   constant, i >= W:  lr
+//   cosine, i >= W:    lr * (1 + cos(pi * (i - W) / (T - W))) / 2
+//
+// which are PyTorch's closed forms, stepped once per optimizer step:
+//   warm-up   torch.optim.lr_scheduler.LinearLR(start_factor=1/W, end_factor=1,
+//             total_iters=W-1): factor start + (1 - start) * min(i, W-1) / (W-1) = (i+1)/W
+//   cosine    torch.optim.lr_scheduler.CosineAnnealingLR(T_max=T-W, eta_min=0):
+//             eta_min + (lr - eta_min) * (1 + cos(pi * T_cur / T_max)) / 2, T_cur = i - W
+// joined as SequentialLR(schedulers=[warm-up, cosine], milestones=[W]). The warm-up starts
+// at lr / W rather than 0 so that no step is wasted on a zero update (Goyal et al. 2017,
+// "Accurate, Large Minibatch SGD": a gradual warm-up from a small rate).
+// The cosine never reaches 0: the last step, i = T - 1, uses lr (1 + cos(pi (T-1-W)/(T-W)))/2.
+//
+// The scaling rules (Goyal et al. 2017 for the linear rule with SGD; the square-root rule
+// is the one commonly used with Adam) set the base rate from a rate tuned at a reference
+// batch: linear lr * B / B_ref, sqrt lr * sqrt(B / B_ref), none lr.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace bigbatch::nn {
+
+enum class LrScheduleKind { constant, cosine };
+enum class LrScale { none, linear, sqrt };
+
+struct LrSchedule {
+  double base_lr = 0;                ///< the rate after warm-up (already scaled)
+  std::int64_t total_steps = 1;      ///< T, optimizer steps of the run
+  std::int64_t warmup_steps = 0;     ///< W, linear warm-up steps (0: none)
+  LrScheduleKind kind = LrScheduleKind::constant;
+};
+
+/// The learning rate of optimizer step `step` (0-based). A constant schedule without
+/// warm-up returns base_lr itself, so training is bit for bit that of a fixed rate.
+/// Throws std::invalid_argument for step < 0, total_steps < 1 or warmup_steps < 0.
+double lr_at(const LrSchedule& schedule, std::int64_t step);
+
+/// The base rate for `batch` under a scaling rule tuned at `reference_batch`:
+/// none: lr; linear: lr * batch / reference; sqrt: lr * sqrt(batch / reference).
+/// Throws std::invalid_argument unless both batches are positive.
+double scaled_learning_rate(double lr, LrScale scale, std::int64_t batch,
+                            std::int64_t reference_batch);
+
+std::string lr_schedule_name(LrScheduleKind kind);  ///< "constant", "cosine"
+std::string lr_scale_name(LrScale scale);           ///< "none", "linear", "sqrt"
+
+}  // namespace bigbatch::nn
