@@ -533,7 +533,12 @@ TEST_P(BatchNorm, MicroBatchesAreNotTheBigBatch) {
     return Run{Tensor({M, N}, DType::f32, device()), Tensor({M, N}, DType::f32, device()),
                Tensor::zeros({N}, DType::f32, device()), Tensor::zeros({N}, DType::f32, device())};
   };
-  const auto run_on = [&](const Run& run, std::int64_t begin, std::int64_t end) {
+  // In double, per feature j: sum_i dy X with X = (x - mean) rstd from the statistics each
+  // backward was given (the ones its forward saved), and sum_i |dy X|.
+  std::vector<double> exact_big(N, 0.0), exact_micro(N, 0.0), magnitude_big(N, 0.0),
+      magnitude_micro(N, 0.0);
+  const auto run_on = [&](const Run& run, std::int64_t begin, std::int64_t end,
+                          std::vector<double>& exact, std::vector<double>& magnitude) {
     const Tensor mean({N}, DType::f32, device()), rstd({N}, DType::f32, device());
     const Tensor running_mean = Tensor::zeros({N}, DType::f32, device());
     const Tensor running_var = testing::make_tensor(std::vector<double>(N, 1.0), {N},
@@ -542,10 +547,20 @@ TEST_P(BatchNorm, MicroBatchesAreNotTheBigBatch) {
                             running_mean, running_var);
     batchnorm_backward(x.rows(begin, end), w, mean, rstd, dy.rows(begin, end),
                        run.dx.rows(begin, end), run.dweight, run.dbias);
+    const auto saved_mean = testing::to_doubles(mean), saved_rstd = testing::to_doubles(rstd);
+    for (std::int64_t i = begin; i < end; ++i) {
+      for (std::int64_t j = 0; j < N; ++j) {
+        const double term = p.dy[i * N + j] * (p.x[i * N + j] - saved_mean[j]) * saved_rstd[j];
+        exact[j] += term;
+        magnitude[j] += std::abs(term);
+      }
+    }
   };
   const Run big = make_run(), micro = make_run();
-  run_on(big, 0, M);
-  for (std::int64_t begin = 0; begin < M; begin += slice) run_on(micro, begin, begin + slice);
+  run_on(big, 0, M, exact_big, magnitude_big);
+  for (std::int64_t begin = 0; begin < M; begin += slice) {
+    run_on(micro, begin, begin + slice, exact_micro, magnitude_micro);
+  }
 
   const auto largest_difference = [](const Tensor& a, const Tensor& b) {
     const auto va = testing::to_doubles(a), vb = testing::to_doubles(b);
@@ -563,7 +578,23 @@ TEST_P(BatchNorm, MicroBatchesAreNotTheBigBatch) {
   RecordProperty("max_dweight_difference", std::to_string(dweight_difference));
   // Rounding alone would stay below ~gamma(1024 + 8) (|w xhat| + |b|) ~ 1e-3 for y here.
   EXPECT_GT(y_difference, 1e-2);
-  EXPECT_GT(dweight_difference, 0.0);
+  // dweight: each run computes, per feature, one product dy * fl(fl(x - mean) rstd) and one
+  // addition per sample, in sample order from 0, with the statistics its forward saved
+  // (batchnorm.hpp): M terms of 3 roundings each and M additions, within
+  // gamma(M + 3) sum_i |dy X| of the exact sum (as batchnorm_backward_reference bounds it).
+  // So the two runs' difference is within e_j = gamma(M + 3) (magnitude_big + magnitude_micro)
+  // of the exact difference of the sums, and were the statistics the same, the two runs
+  // would differ by at most e_j: a difference above e_j is the statistics, not rounding.
+  const auto got_big = testing::to_doubles(big.dweight), got_micro = testing::to_doubles(micro.dweight);
+  double largest_excess = 0;
+  for (std::int64_t j = 0; j < N; ++j) {
+    const double e = testing::gamma(M + 3, DType::f32) * (magnitude_big[j] + magnitude_micro[j]);
+    const double got_difference = got_micro[j] - got_big[j];
+    EXPECT_NEAR(got_difference, exact_micro[j] - exact_big[j], e) << "dweight difference, feature " << j;
+    largest_excess = std::max(largest_excess, std::abs(got_difference) / e);
+  }
+  std::cout << "largest |dweight difference| / rounding bound: " << largest_excess << "\n";
+  EXPECT_GT(largest_excess, 1.0) << "dweight differs by no more than rounding could make it";
   // dbias is a plain sum of dy, unaffected by the statistics: the same either way.
   EXPECT_TRUE(testing::bitwise_equal(micro.dbias, big.dbias));
 }
