@@ -4,10 +4,15 @@
 //   reason, when no GPU is present (BIGBATCH_SKIP_WITHOUT_DEVICE).
 // - Poison: outputs are filled with NaN (i32: a sentinel) before every op, so an
 //   element the op forgot to write fails the comparison.
-// - Tolerances come from the dtype's unit roundoff u and the reduction length n:
-//   gamma(n) = n*u / (1 - n*u) bounds the relative error of an n-term sum computed
-//   in any order (Higham, "Accuracy and Stability of Numerical Algorithms", 2nd ed.,
-//   Lemma 3.1), which makes the bound a proof, not a guess.
+// - Tolerances come from the dtype's unit roundoff u and the number n of roundings on a
+//   computation's path: gamma(n) = n*u / (1 - n*u) bounds the error of an n-term sum
+//   computed in any order relative to the sum of the terms' magnitudes (Higham, "Accuracy
+//   and Stability of Numerical Algorithms", 2nd ed., Lemma 3.1 and section 4.2). Where a
+//   test computes those magnitudes (the op tests), its tolerance is a proof for that
+//   computation. Where it cannot, a tolerance rests on something not derived: a stand-in
+//   for the magnitude, an assumed derivative bound, a growth factor or an accuracy
+//   measured rather than proven. The comment at each such tolerance says which part is
+//   derived and which is not, and gives the measured margin.
 // - Oracles run in double on the CPU; finite differences are central differences
 //   (Richardson-extrapolated ones, with their error bound: finite_difference.hpp).
 // - The CPU loops are compiled for several vector instruction sets: every one must give
