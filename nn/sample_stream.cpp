@@ -45,38 +45,57 @@ std::uint64_t dropout_seed_for_run(std::uint64_t seed) {
 }
 
 SampleStream::SampleStream(const Dataset& data, std::int64_t batch, bool shuffle,
-                           std::uint64_t seed)
+                           std::uint64_t seed, LastBatch last_batch)
     : data_(data), batch_(batch), shuffle_(shuffle), seed_(seed) {
   BIGBATCH_CHECK(batch_ > 0, "SampleStream: batch must be positive, got ", batch_);
-  BIGBATCH_CHECK(data_.size() > 0, "SampleStream: the data set '", data_.name, "' is empty");
+  const std::int64_t n = data_.size();
+  BIGBATCH_CHECK(n > 0, "SampleStream: the data set '", data_.name, "' is empty");
+  BIGBATCH_CHECK(last_batch == LastBatch::keep_short || batch_ <= n,
+                 "SampleStream: dropping the short last batch leaves no batch of ", batch_,
+                 " in the ", n, " samples of '", data_.name, "'");
+  batches_per_epoch_ = last_batch == LastBatch::drop ? n / batch_ : (n + batch_ - 1) / batch_;
 }
 
 const std::vector<std::int64_t>& SampleStream::permutation(std::int64_t epoch) const {
-  for (int slot = 0; slot < 2; ++slot) {
-    if (cached_epochs_[slot] == epoch) return cached_permutations_[slot];
+  if (cached_epoch_ != epoch) {
+    cached_permutation_ = epoch_permutation(data_.size(), seed_, epoch);
+    cached_epoch_ = epoch;
   }
-  // Replace the older epoch: batches move forward through the stream.
-  const int slot = cached_epochs_[0] < cached_epochs_[1] ? 0 : 1;
-  cached_permutations_[slot] = epoch_permutation(data_.size(), seed_, epoch);
-  cached_epochs_[slot] = epoch;
-  return cached_permutations_[slot];
+  return cached_permutation_;
+}
+
+BatchPosition SampleStream::position(std::int64_t step) const {
+  BIGBATCH_CHECK(step >= 0, "SampleStream::position: step must be >= 0, got ", step);
+  const std::int64_t n = data_.size();
+  BatchPosition p;
+  p.epoch = step / batches_per_epoch_;
+  p.index = step % batches_per_epoch_;
+  const std::int64_t begin = p.index * batch_;
+  p.size = std::min(batch_, n - begin);
+  p.first_row = p.epoch * n + begin;
+  return p;
 }
 
 std::vector<std::int64_t> SampleStream::batch_indices(std::int64_t step) const {
-  BIGBATCH_CHECK(step >= 0, "SampleStream::batch_indices: step must be >= 0, got ", step);
-  const std::int64_t n = data_.size();
-  std::vector<std::int64_t> indices(static_cast<std::size_t>(batch_));
-  for (std::int64_t b = 0; b < batch_; ++b) {
-    const std::int64_t position = step * batch_ + b;
-    const std::int64_t in_epoch = position % n;
-    indices[static_cast<std::size_t>(b)] =
-        shuffle_ ? permutation(position / n)[static_cast<std::size_t>(in_epoch)] : in_epoch;
+  const BatchPosition p = position(step);
+  const std::int64_t begin = p.index * batch_;
+  std::vector<std::int64_t> indices(static_cast<std::size_t>(p.size));
+  if (shuffle_) {
+    const std::vector<std::int64_t>& order = permutation(p.epoch);
+    std::copy_n(order.begin() + begin, p.size, indices.begin());
+  } else {
+    std::iota(indices.begin(), indices.end(), begin);
   }
   return indices;
 }
 
 void SampleStream::gather(std::int64_t step, const Tensor& x, const Tensor& labels) const {
-  gather_rows(data_, batch_indices(step), x, labels);
+  const std::vector<std::int64_t> indices = batch_indices(step);
+  const auto rows = static_cast<std::int64_t>(indices.size());
+  BIGBATCH_CHECK(x.rank() == 2 && x.dim(0) == rows, "SampleStream::gather: step ", step,
+                 "'s batch has ", rows, " samples, x is ", x.describe(),
+                 " (pass x.rows(0, ", rows, ") for a short batch)");
+  gather_rows(data_, indices, x, labels);
 }
 
 EvaluationResult evaluate(Model& model, const Dataset& data, std::int64_t batch) {

@@ -1,12 +1,15 @@
 // sample_stream.hpp: which samples a training step sees, as a pure function of
 // (seed, step), and evaluation over a data set.
 //
-// Training reads an endless stream of samples: epoch e is positions [e N, (e + 1) N) of
-// the stream, and step k takes positions [k B, k B + B), so a batch may straddle two
-// epochs. Position p is sample p mod N when shuffle is off (consecutive batches that wrap
-// around), and sample epoch_permutation(N, seed, p / N)[p mod N] when it is on: a fresh
-// permutation per epoch, a pure function of (seed, epoch) through the counter-based RNG,
-// so a run's data order is the same on every machine and can be resumed at any step.
+// Training runs in epochs, as a PyTorch DataLoader does: epoch e is one pass over the N
+// samples in the order order_e, cut into consecutive batches of B. An epoch has ceil(N / B)
+// batches, the last one short (N mod B samples, when B does not divide N), or floor(N / B)
+// batches when the short one is dropped (drop_last); a batch never straddles two epochs.
+// Step k is batch j = k mod batches_per_epoch of epoch e = k / batches_per_epoch: it takes
+// positions [j B, min(j B + B, N)) of order_e. order_e is 0, 1, ..., N-1 when shuffle is
+// off and epoch_permutation(N, seed, e) when it is on: a fresh permutation per epoch, a
+// pure function of (seed, epoch) through the counter-based RNG, so a run's data order is
+// the same on every machine and can be resumed at any step.
 #pragma once
 
 #include <cstdint>
@@ -25,18 +28,38 @@ std::vector<std::int64_t> epoch_permutation(std::int64_t n, std::uint64_t seed,
 /// permutations never use).
 std::uint64_t dropout_seed_for_run(std::uint64_t seed);
 
-/// The batches of B samples a run takes from a data set, step after step.
+/// Where a step's batch lies in the run.
+struct BatchPosition {
+  std::int64_t epoch = 0;      ///< e, 0-based
+  std::int64_t index = 0;      ///< j, the batch's place in its epoch, 0-based
+  std::int64_t size = 0;       ///< samples in the batch: B, or N mod B for a short last one
+  std::int64_t first_row = 0;  ///< e N + j B: the run's index of the batch's first sample
+                               ///< (unique for every sample of the run; keys dropout)
+};
+
+/// Whether an epoch's last batch of N mod B samples is trained or dropped.
+enum class LastBatch { keep_short, drop };
+
+/// The batches of up to B samples a run takes from a data set, epoch after epoch.
 class SampleStream {
  public:
-  /// Checks batch > 0 and a non-empty data set.
-  SampleStream(const Dataset& data, std::int64_t batch, bool shuffle, std::uint64_t seed);
+  /// Checks batch > 0, a non-empty data set and, with LastBatch::drop, batch <= N.
+  /// LastBatch::drop is the default so that a loop holding B-row tensors (chapter 01's)
+  /// always gets full batches; the trainer chooses explicitly.
+  SampleStream(const Dataset& data, std::int64_t batch, bool shuffle, std::uint64_t seed,
+               LastBatch last_batch = LastBatch::drop);
 
   std::int64_t batch() const { return batch_; }
   const Dataset& data() const { return data_; }
+  /// ceil(N / B), or floor(N / B) with LastBatch::drop.
+  std::int64_t batches_per_epoch() const { return batches_per_epoch_; }
 
-  /// The sample indices of step k (0-based), in batch order.
+  /// The epoch, place, size and first row of step k's batch (k >= 0).
+  BatchPosition position(std::int64_t step) const;
+  /// The sample indices of step k (0-based), in batch order: position(k).size of them.
   std::vector<std::int64_t> batch_indices(std::int64_t step) const;
-  /// Copies step k's samples into x [B, D] f32 and labels [B] i32 (on any device).
+  /// Copies step k's samples into x [b, D] f32 and labels [b] i32 (on any device), where
+  /// b = position(k).size: pass x.rows(0, b) of a B-row tensor for a short batch.
   void gather(std::int64_t step, const Tensor& x, const Tensor& labels) const;
 
  private:
@@ -46,10 +69,10 @@ class SampleStream {
   std::int64_t batch_;
   bool shuffle_;
   std::uint64_t seed_;
-  // The last two epochs' permutations: a batch straddles at most two epochs when it is no
-  // larger than the data set (otherwise permutations are recomputed as needed).
-  mutable std::int64_t cached_epochs_[2] = {-1, -1};
-  mutable std::vector<std::int64_t> cached_permutations_[2];
+  std::int64_t batches_per_epoch_ = 0;
+  // The permutation of the epoch last asked for: steps move forward through the epochs.
+  mutable std::int64_t cached_epoch_ = -1;
+  mutable std::vector<std::int64_t> cached_permutation_;
 };
 
 struct EvaluationResult {

@@ -1,6 +1,8 @@
-// test_trainer.cpp: the trainer's sample stream (consecutive wrapping batches, or a
-// per-epoch permutation determined by the seed), bit-identical training with and without
-// gradient accumulation through the trainer, and evaluate() against a hand count.
+// test_trainer.cpp: the trainer's sample stream (whole epochs of batches, the last one
+// short or dropped, in data order or a per-epoch permutation determined by the seed),
+// bit-identical training with and without gradient accumulation through the trainer (short
+// last batches included), the learning-rate schedule reaching the optimizer, and
+// evaluate() against a hand count.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -49,33 +51,75 @@ struct Fixture {
         optimizer(model.parameters(), AdamWOptions{}) {}
 };
 
-TEST(TrainerStream, ShuffleOffTakesConsecutiveBatchesThatWrapAround) {
+TEST(TrainerStream, ShuffleOffTakesWholeEpochsWithAShortLastBatch) {
+  // N = 10, B = 4: an epoch is 3 batches of 4, 4 and 10 mod 4 = 2 samples.
   Fixture f(10, tiny_model(0, 0.0f));
   TrainConfig config;
   config.batch = 4;
-  config.steps = 4;
+  config.epochs = 2;
   config.shuffle = false;
   const train::Trainer trainer(f.model, f.optimizer, f.data, config);
+  EXPECT_EQ(trainer.batches_per_epoch(), 3);
+  EXPECT_EQ(trainer.total_steps(), 6);
   EXPECT_EQ(trainer.batch_indices(0), range(0, 4));
   EXPECT_EQ(trainer.batch_indices(1), range(4, 8));
-  EXPECT_EQ(trainer.batch_indices(2), (std::vector<std::int64_t>{8, 9, 0, 1}));
-  EXPECT_EQ(trainer.batch_indices(3), range(2, 6));
-  EXPECT_EQ(trainer.batch_indices(5), range(0, 4));  // positions 20..23 = 2 epochs later
+  EXPECT_EQ(trainer.batch_indices(2), range(8, 10));  // short: never straddles into epoch 1
+  EXPECT_EQ(trainer.batch_indices(3), range(0, 4));   // epoch 1 starts afresh
+  EXPECT_EQ(trainer.batch_indices(5), range(8, 10));
+
+  // --drop-last: 2 batches per epoch, the 2 left-over samples are not trained.
+  TrainConfig dropping = config;
+  dropping.drop_last = true;
+  const train::Trainer trainer_dropping(f.model, f.optimizer, f.data, dropping);
+  EXPECT_EQ(trainer_dropping.batches_per_epoch(), 2);
+  EXPECT_EQ(trainer_dropping.total_steps(), 4);
+  EXPECT_EQ(trainer_dropping.batch_indices(2), range(0, 4));
+  EXPECT_EQ(trainer_dropping.batch_indices(3), range(4, 8));
+}
+
+TEST(TrainerStream, BatchesPerEpochAreCeilOrFloorOfNOverB) {
+  // N = 2000, B = 64: 2000 = 31 x 64 + 16, so 32 batches per epoch (the last of 16
+  // samples) and 31 with drop_last.
+  const Dataset data = tiny_data(2000);
+  const nn::SampleStream keeping(data, 64, true, 1, nn::LastBatch::keep_short);
+  const nn::SampleStream dropping(data, 64, true, 1, nn::LastBatch::drop);
+  EXPECT_EQ(keeping.batches_per_epoch(), 32);
+  EXPECT_EQ(dropping.batches_per_epoch(), 31);
+  const nn::BatchPosition last = keeping.position(31);
+  EXPECT_EQ(last.epoch, 0);
+  EXPECT_EQ(last.size, 16);
+  EXPECT_EQ(last.first_row, 31 * 64);
+  const nn::BatchPosition next = keeping.position(32);
+  EXPECT_EQ(next.epoch, 1);
+  EXPECT_EQ(next.index, 0);
+  EXPECT_EQ(next.size, 64);
+  EXPECT_EQ(next.first_row, 2000);
+  EXPECT_EQ(dropping.position(31).epoch, 1);
+  // A batch larger than the data set: one short batch per epoch, or nothing to drop to.
+  const nn::SampleStream whole(data, 5000, false, 1, nn::LastBatch::keep_short);
+  EXPECT_EQ(whole.batches_per_epoch(), 1);
+  EXPECT_EQ(whole.batch_indices(3), range(0, 2000));
+  EXPECT_THROW(nn::SampleStream(data, 5000, false, 1, nn::LastBatch::drop), std::exception);
 }
 
 TEST(TrainerStream, ShuffleOnIsAPermutationPerEpochDeterminedByTheSeed) {
+  // N = 10, B = 4: the batches of epoch e are positions [0, 4), [4, 8), [8, 10) of
+  // epoch_permutation(10, seed, e).
   Fixture f(10, tiny_model(0, 0.0f));
   TrainConfig config;
-  config.batch = 5;
+  config.batch = 4;
   config.epochs = 3;
   config.seed = 42;
   const train::Trainer trainer(f.model, f.optimizer, f.data, config);
-  EXPECT_EQ(trainer.total_steps(), 6);
+  EXPECT_EQ(trainer.total_steps(), 9);
   std::vector<std::vector<std::int64_t>> epochs;
   for (std::int64_t epoch = 0; epoch < 3; ++epoch) {
-    std::vector<std::int64_t> order = trainer.batch_indices(2 * epoch);
-    const std::vector<std::int64_t> second = trainer.batch_indices(2 * epoch + 1);
-    order.insert(order.end(), second.begin(), second.end());
+    std::vector<std::int64_t> order;
+    for (std::int64_t j = 0; j < 3; ++j) {
+      const std::vector<std::int64_t> batch = trainer.batch_indices(3 * epoch + j);
+      EXPECT_EQ(batch.size(), j < 2 ? 4u : 2u);
+      order.insert(order.end(), batch.begin(), batch.end());
+    }
     EXPECT_EQ(order, nn::epoch_permutation(10, 42, epoch));
     std::vector<std::int64_t> sorted = order;
     std::sort(sorted.begin(), sorted.end());
@@ -85,17 +129,17 @@ TEST(TrainerStream, ShuffleOnIsAPermutationPerEpochDeterminedByTheSeed) {
   EXPECT_NE(epochs[0], epochs[1]);
   EXPECT_NE(epochs[1], epochs[2]);
   EXPECT_NE(epochs[0], range(0, 10));
-  // The same seed gives the same stream, another seed another.
+
+  // The order is a pure function of (seed, epoch): a fresh stream asked for epoch 2's
+  // second batch first, then epoch 0's, gives the same samples as walking in order.
+  const nn::SampleStream fresh(f.data, 4, true, 42, nn::LastBatch::keep_short);
+  EXPECT_EQ(fresh.batch_indices(7), (std::vector<std::int64_t>(epochs[2].begin() + 4,
+                                                               epochs[2].begin() + 8)));
+  EXPECT_EQ(fresh.batch_indices(0), (std::vector<std::int64_t>(epochs[0].begin(),
+                                                               epochs[0].begin() + 4)));
+  // The same seed gives the same permutation, another seed another.
   EXPECT_EQ(nn::epoch_permutation(1000, 42, 1), nn::epoch_permutation(1000, 42, 1));
   EXPECT_NE(nn::epoch_permutation(1000, 42, 1), nn::epoch_permutation(1000, 43, 1));
-
-  // A batch that straddles two epochs ends one permutation and starts the next.
-  TrainConfig straddling = config;
-  straddling.batch = 4;
-  const train::Trainer trainer4(f.model, f.optimizer, f.data, straddling);
-  const auto& e0 = epochs[0];
-  const auto& e1 = epochs[1];
-  EXPECT_EQ(trainer4.batch_indices(2), (std::vector<std::int64_t>{e0[8], e0[9], e1[0], e1[1]}));
 }
 
 TEST(TrainerStream, LargePermutationIsAPermutation) {
@@ -104,46 +148,117 @@ TEST(TrainerStream, LargePermutationIsAPermutation) {
   EXPECT_EQ(order, range(0, 1025));
 }
 
-std::vector<std::vector<float>> trained_parameters(std::int64_t micro_batch) {
-  Fixture f(100, tiny_model(2, 0.25f));
-  TrainConfig config;
-  config.batch = 32;
-  config.micro_batch = micro_batch;
-  config.steps = 20;
-  config.seed = 5;
-  train::Trainer trainer(f.model, f.optimizer, f.data, config);
-  std::int64_t steps_seen = 0;
-  trainer.run([&](const train::StepRecord& record) {
-    ++steps_seen;
-    EXPECT_EQ(record.step, steps_seen);
-    EXPECT_EQ(record.samples, 32 * steps_seen);
-    EXPECT_TRUE(std::isfinite(record.loss));
-    EXPECT_GT(record.peak_bytes[static_cast<std::size_t>(MemoryCategory::data)], 0u);
-  });
-  EXPECT_EQ(steps_seen, 20);
+std::vector<std::vector<float>> parameter_values(const nn::Model& model) {
   std::vector<std::vector<float>> values;
-  for (const nn::NamedParameter& p : f.model.parameters()) {
+  for (const nn::NamedParameter& p : model.parameters()) {
     values.push_back(p.value.to_vector<float>());
   }
   return values;
 }
 
-TEST(TrainerAccumulation, MicroBatchesOfSevenGiveBitIdenticalParameters) {
-  // LayerNorm on the fp32 CPU backend: micro-batch gradients are those of the batch bit
-  // for bit (docs/model.md), dropout masks follow the global row (first_row = k B), so
-  // 20 steps through the trainer must agree exactly, with 32 = 4 x 7 + 4 uneven.
-  const auto whole = trained_parameters(32);
-  const auto accumulated = trained_parameters(7);
-  ASSERT_EQ(whole.size(), accumulated.size());
-  for (std::size_t i = 0; i < whole.size(); ++i) {
-    ASSERT_EQ(whole[i].size(), accumulated[i].size());
-    EXPECT_EQ(std::memcmp(whole[i].data(), accumulated[i].data(), whole[i].size() * sizeof(float)),
-              0)
+void expect_bit_identical(const std::vector<std::vector<float>>& a,
+                          const std::vector<std::vector<float>>& b) {
+  ASSERT_EQ(a.size(), b.size());
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    ASSERT_EQ(a[i].size(), b[i].size());
+    EXPECT_EQ(std::memcmp(a[i].data(), b[i].data(), a[i].size() * sizeof(float)), 0)
         << "parameter " << i << " differs";
   }
+}
+
+// N = 100, B = 32: every epoch is 32, 32, 32 and a short batch of 100 mod 32 = 4.
+std::vector<std::vector<float>> trained_parameters(std::int64_t micro_batch,
+                                                   nn::LrScheduleKind schedule,
+                                                   std::int64_t warmup_steps) {
+  Fixture f(100, tiny_model(2, 0.25f));
+  TrainConfig config;
+  config.batch = 32;
+  config.micro_batch = micro_batch;
+  config.steps = 10;  // epochs 0 and 1, and half of epoch 2
+  config.seed = 5;
+  config.lr_schedule = schedule;
+  config.warmup_steps = warmup_steps;
+  train::Trainer trainer(f.model, f.optimizer, f.data, config);
+  std::int64_t steps_seen = 0, samples = 0;
+  trainer.run([&](const train::StepRecord& record) {
+    ++steps_seen;
+    const std::int64_t expected_rows = steps_seen % 4 == 0 ? 4 : 32;
+    samples += expected_rows;
+    EXPECT_EQ(record.step, steps_seen);
+    EXPECT_EQ(record.batch_samples, expected_rows);
+    EXPECT_EQ(record.samples, samples);
+    EXPECT_DOUBLE_EQ(record.epoch, static_cast<double>(steps_seen) / 4.0);
+    EXPECT_TRUE(std::isfinite(record.loss));
+    EXPECT_GT(record.memory.peak_of(MemoryCategory::data), 0u);
+    EXPECT_GT(record.memory.peak_total, 0u);
+  });
+  EXPECT_EQ(steps_seen, 10);
+  return parameter_values(f.model);
+}
+
+TEST(TrainerAccumulation, MicroBatchesOfSevenGiveBitIdenticalParameters) {
+  // LayerNorm on the fp32 CPU backend: micro-batch gradients are those of the batch bit
+  // for bit (docs/model.md), dropout masks follow the run's row (first_row = e N + j B),
+  // so 10 steps through the trainer must agree exactly, with 32 = 4 x 7 + 4 uneven and
+  // the short last batch of each epoch (4 samples, one micro-batch) included.
+  const auto whole = trained_parameters(32, nn::LrScheduleKind::constant, 0);
+  const auto accumulated = trained_parameters(7, nn::LrScheduleKind::constant, 0);
+  expect_bit_identical(whole, accumulated);
   // And training moved them: the test would be vacuous otherwise.
   Fixture untouched(100, tiny_model(2, 0.25f));
   EXPECT_NE(untouched.model.parameters()[0].value.to_vector<float>(), whole[0]);
+}
+
+TEST(TrainerAccumulation, MicroBatchesAgreeUnderAWarmUpAndCosineSchedule) {
+  const auto whole = trained_parameters(32, nn::LrScheduleKind::cosine, 3);
+  const auto accumulated = trained_parameters(5, nn::LrScheduleKind::cosine, 3);
+  expect_bit_identical(whole, accumulated);
+  // The schedule changed the training: it is not the constant rate's.
+  EXPECT_NE(whole, trained_parameters(32, nn::LrScheduleKind::constant, 0));
+}
+
+TEST(TrainerSchedule, TheOptimizerUsesTheScheduledRateOfEveryStep) {
+  Fixture f(100, tiny_model(1, 0.0f));
+  TrainConfig config;
+  config.batch = 32;
+  config.steps = 6;
+  config.lr_schedule = nn::LrScheduleKind::cosine;
+  config.warmup_steps = 2;
+  train::Trainer trainer(f.model, f.optimizer, f.data, config);
+  const nn::LrSchedule expected{1e-3, 6, 2, nn::LrScheduleKind::cosine};  // AdamW's 1e-3
+  EXPECT_EQ(trainer.lr_schedule().base_lr, 1e-3);
+  trainer.run([&](const train::StepRecord& record) {
+    EXPECT_EQ(record.learning_rate, nn::lr_at(expected, record.step - 1));
+    EXPECT_EQ(f.optimizer.learning_rate(), record.learning_rate);
+  });
+  EXPECT_EQ(f.optimizer.steps_taken(), 6);
+}
+
+TEST(TrainerSchedule, AConstantScheduleTrainsAsTheFixedRateLoopBitForBit) {
+  // The loop written out by hand, without any schedule: the trainer with the constant
+  // schedule must give the same bits (setting the rate to itself changes nothing).
+  Fixture by_hand(100, tiny_model(2, 0.25f));
+  {
+    const nn::SampleStream stream(by_hand.data, 32, true, 5, nn::LastBatch::keep_short);
+    const std::uint64_t dropout_seed = nn::dropout_seed_for_run(5);
+    for (std::int64_t k = 0; k < 6; ++k) {
+      const nn::BatchPosition batch = stream.position(k);
+      const Tensor x({batch.size, 12}, DType::f32, Device::cpu(), MemoryCategory::data);
+      const Tensor labels({batch.size}, DType::i32, Device::cpu(), MemoryCategory::data);
+      stream.gather(k, x, labels);
+      by_hand.model.zero_grad();
+      nn::accumulate_gradients(by_hand.model, x, labels, 32, {true, dropout_seed, batch.first_row});
+      by_hand.optimizer.step();
+    }
+  }
+  Fixture trained(100, tiny_model(2, 0.25f));
+  TrainConfig config;
+  config.batch = 32;
+  config.steps = 6;
+  config.seed = 5;
+  train::Trainer trainer(trained.model, trained.optimizer, trained.data, config);
+  trainer.run();
+  expect_bit_identical(parameter_values(by_hand.model), parameter_values(trained.model));
 }
 
 TEST(TrainerEvaluate, MatchesAHandCountOfTheLogits) {

@@ -3,24 +3,33 @@
 //
 // Exit codes: 0 success, 1 any other failure, 2 bad input (flags, data, files),
 // 3 out of memory (the allocator's cap, --device-memory, or the device itself).
+// Every error is one line on stderr that names the flag or file at fault.
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <optional>
+#include <set>
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <variant>
+#include <vector>
 
 #include "common/cuda_runtime.hpp"
 #include "common/data/dataset.hpp"
 #include "common/format.hpp"
+#include "common/io/safetensors.hpp"
 #include "common/memory.hpp"
 #include "chapters/train/trainer.hpp"
+#include "nn/lr_schedule.hpp"
 #include "nn/model.hpp"
 #include "nn/sample_stream.hpp"
 #include "nn/training.hpp"
@@ -31,6 +40,9 @@ namespace {
 constexpr int kExitFailure = 1;
 constexpr int kExitBadInput = 2;
 constexpr int kExitOutOfMemory = 3;
+constexpr const char* kExitCodes =
+    "Exit codes: 0 success; 1 any other failure; 2 bad input (flags, data or files; "
+    "nothing is trained); 3 out of memory (past --device-memory or the device's own).";
 
 /// A mistake of the user's: reported without a stack of context, exit code 2.
 class UsageError : public std::runtime_error {
@@ -52,8 +64,13 @@ struct TrainOptions {
   std::string activation = "gelu";
   std::string optimizer = "adamw";
   std::optional<double> lr, momentum, weight_decay;
+  std::string lr_schedule = "constant";
+  std::int64_t warmup_steps = 0;
+  std::string lr_scale = "none";
+  std::int64_t lr_reference_batch = 256;
   std::int64_t steps = 0;
   std::int64_t epochs = 0;
+  bool drop_last = false;
   std::uint64_t seed = 0;
   std::string shuffle = "on";
   std::string device = "cpu";
@@ -61,6 +78,7 @@ struct TrainOptions {
   std::string init, save, log;
   std::int64_t eval_every = 0;
   std::int64_t print_every = 0;
+  std::set<std::string> given;  ///< the flags on the command line, e.g. "--depth"
 };
 
 struct Splits {
@@ -135,28 +153,45 @@ Device choose_device(const std::string& text) {
   return device;
 }
 
+/// The learning rate the user asked for, before scaling: --lr or the optimizer's default.
+double base_learning_rate(const TrainOptions& options) {
+  return options.lr.value_or(options.optimizer == "sgd" ? 0.05 : 1e-3);
+}
+
+nn::LrScale lr_scale(const TrainOptions& options) {
+  if (options.lr_scale == "linear") return nn::LrScale::linear;
+  if (options.lr_scale == "sqrt") return nn::LrScale::sqrt;
+  return nn::LrScale::none;
+}
+
+/// The optimizer's options, its learning rate scaled for the batch by --lr-scale.
 nn::Optimizer::Options optimizer_options(const TrainOptions& options) {
+  const double lr = nn::scaled_learning_rate(base_learning_rate(options), lr_scale(options),
+                                             options.batch, options.lr_reference_batch);
   if (options.optimizer == "sgd") {
     SgdOptions sgd;
-    sgd.lr = options.lr.value_or(0.05);
+    sgd.lr = lr;
     sgd.momentum = options.momentum.value_or(0.9);
     sgd.weight_decay = options.weight_decay.value_or(0.0);
     return sgd;
   }
   if (options.momentum) throw UsageError("--momentum applies to --optimizer sgd only");
   AdamWOptions adamw;
-  adamw.lr = options.lr.value_or(1e-3);
+  adamw.lr = lr;
   adamw.weight_decay = options.weight_decay.value_or(1e-2);
   return adamw;
 }
 
-/// {"parameters":123,"master_weights":0,...}
-std::string peak_json(const MemoryStats::PerCategory& peak) {
+/// {"parameters":123,"master_weights":0,...}: the device's categories (not host_data).
+std::string bytes_json(const MemoryStats::PerCategory& bytes) {
   std::ostringstream out;
   out << '{';
+  bool first = true;
   for (std::size_t c = 0; c < kNumMemoryCategories; ++c) {
-    out << (c ? "," : "") << '"' << category_name(static_cast<MemoryCategory>(c))
-        << "\":" << peak[c];
+    const auto category = static_cast<MemoryCategory>(c);
+    if (!counts_on_device(category)) continue;
+    out << (first ? "" : ",") << '"' << category_name(category) << "\":" << bytes[c];
+    first = false;
   }
   out << '}';
   return out.str();
@@ -170,7 +205,24 @@ std::string json_number(double value) {
   return text;
 }
 
-/// Progress: one line rewritten in place on a terminal, plain lines every N steps else.
+/// 75 s as "1:15", 4000 s as "1:06:40".
+std::string clock_time(double seconds) {
+  const auto total = static_cast<long long>(std::max(0.0, seconds) + 0.5);
+  char text[32];
+  if (total >= 3600) {
+    std::snprintf(text, sizeof text, "%lld:%02lld:%02lld", total / 3600, total / 60 % 60,
+                  total % 60);
+  } else {
+    std::snprintf(text, sizeof text, "%lld:%02lld", total / 60, total % 60);
+  }
+  return text;
+}
+
+/// Progress: one line rewritten in place on a terminal (at most ten times a second),
+/// plain lines otherwise: the first step, every N steps and the last. Speeds are those of
+/// the steps since the previous line (the current speed, not the run's average), timed by
+/// the trainer, so evaluation between steps does not count; the ETA is the remaining steps
+/// at that speed.
 class Progress {
  public:
   Progress(std::int64_t total_steps, std::int64_t print_every)
@@ -180,24 +232,41 @@ class Progress {
         start_(std::chrono::steady_clock::now()) {}
 
   void update(const train::StepRecord& record) {
-    const double seconds = elapsed();
-    const double rate = seconds > 0 ? static_cast<double>(record.samples) / seconds : 0.0;
-    char line[160];
-    if (terminal_) {
-      constexpr int kWidth = 30;
-      const int filled = static_cast<int>(kWidth * record.step / total_);
-      std::snprintf(line, sizeof line, "\rstep %lld/%lld [%s%s] loss %.4f  %.0f samples/s ",
-                    static_cast<long long>(record.step), static_cast<long long>(total_),
-                    std::string(filled, '=').c_str(), std::string(kWidth - filled, ' ').c_str(),
-                    record.loss, rate);
-      std::cout << line << std::flush;
-      dirty_ = true;
-    } else if (record.step % every_ == 0 || record.step == total_) {
-      std::snprintf(line, sizeof line, "step %lld/%lld  loss %.4f  %.0f samples/s\n",
-                    static_cast<long long>(record.step), static_cast<long long>(total_),
-                    record.loss, rate);
-      std::cout << line << std::flush;
+    window_steps_ += 1;
+    window_samples_ += record.batch_samples;
+    window_seconds_ += record.seconds;
+    const bool first_or_last = record.step == 1 || record.step == total_;
+    const double now = elapsed();
+    if (terminal_ ? !(first_or_last || now - last_draw_ >= 0.1)
+                  : !(first_or_last || record.step % every_ == 0)) {
+      return;
     }
+    const double seconds_per_step = window_seconds_ / static_cast<double>(window_steps_);
+    const double samples_per_second =
+        window_seconds_ > 0 ? static_cast<double>(window_samples_) / window_seconds_ : 0.0;
+    const double eta = seconds_per_step * static_cast<double>(total_ - record.step);
+    char numbers[200];
+    std::snprintf(numbers, sizeof numbers,
+                  "epoch %.2f  loss %.4f  lr %.3g  %.1f ms/step  %.0f samples/s  elapsed %s  "
+                  "ETA %s",
+                  record.epoch, record.loss, record.learning_rate, 1e3 * seconds_per_step,
+                  samples_per_second, clock_time(now).c_str(), clock_time(eta).c_str());
+    const std::string counter =
+        "step " + std::to_string(record.step) + "/" + std::to_string(total_);
+    if (terminal_) {
+      constexpr int kWidth = 20;
+      const auto filled = static_cast<std::size_t>(kWidth * record.step / total_);
+      std::cout << '\r' << counter << " [" << std::string(filled, '=')
+                << std::string(kWidth - filled, ' ') << "] " << numbers << "\033[K"
+                << std::flush;
+      dirty_ = true;
+    } else {
+      std::cout << counter << "  " << numbers << "\n" << std::flush;
+    }
+    last_draw_ = now;
+    window_steps_ = 0;
+    window_samples_ = 0;
+    window_seconds_ = 0;
   }
   /// Ends the rewritten line before anything else is printed.
   void break_line() {
@@ -213,8 +282,46 @@ class Progress {
   bool terminal_;
   std::int64_t every_;
   std::chrono::steady_clock::time_point start_;
+  double last_draw_ = 0;
+  std::int64_t window_steps_ = 0, window_samples_ = 0;
+  double window_seconds_ = 0;
   bool dirty_ = false;
 };
+
+/// The memory of the training step with the highest peak, by category at that moment
+/// (the rows add up to the total), beside what is live now; host data in its own row.
+std::string step_memory_report(Device device, const MemoryStats& step, std::int64_t steps) {
+  const TrackingAllocator& allocator = allocator_for(device);
+  const MemoryStats now = allocator.stats();
+  std::ostringstream out;
+  out << "memory on " << device.name();
+  if (const auto cap = allocator.cap()) out << " (capped at " << format_bytes(*cap) << ")";
+  out << ": the training step's peak (the highest of the " << steps
+      << " steps), by category at that moment, and what is live now\n";
+  char line[192];
+  std::snprintf(line, sizeof line, "  %-16s %16s %12s\n", "category", "at step's peak",
+                "live now");
+  out << line;
+  for (std::size_t c = 0; c < kNumMemoryCategories; ++c) {
+    const auto category = static_cast<MemoryCategory>(c);
+    const bool on_device = counts_on_device(category);
+    std::snprintf(line, sizeof line, "  %-16s %16s %12s  %s\n",
+                  std::string(category_name(category)).c_str(),
+                  on_device ? format_bytes(step.at_peak[c]).c_str() : "-",
+                  format_bytes(now.live[c]).c_str(),
+                  std::string(category_remark(category)).c_str());
+    out << line;
+  }
+  std::snprintf(line, sizeof line, "  %-16s %16s %12s\n", "total",
+                format_bytes(step.peak_total).c_str(), format_bytes(now.live_total).c_str());
+  out << line;
+  if (device.is_cuda()) {
+    const auto info = cuda_rt::mem_info();
+    out << "  cudaMemGetInfo: " << format_bytes(info.free_bytes) << " free of "
+        << format_bytes(info.total_bytes) << "\n";
+  }
+  return out.str();
+}
 
 /// Fails early (before any training) when --save could not be written at the end.
 void check_writable(const std::string& path) {
@@ -225,6 +332,99 @@ void check_writable(const std::string& path) {
   std::remove(probe.c_str());
 }
 
+/// The model's shape from the flags, or, with --init, from the file's metadata (written
+/// by Model::save) where no flag says otherwise; a flag that disagrees with the file is
+/// refused by name. A file without bigbatch's metadata (e.g. from PyTorch) keeps the
+/// flags' shape, and Model::load checks every tensor against it.
+nn::ModelConfig model_config(const TrainOptions& options, std::int64_t inputs,
+                             std::int64_t classes) {
+  nn::ModelConfig config;
+  config.inputs = inputs;
+  config.classes = classes;
+  config.hidden = options.hidden;
+  config.expansion = options.expansion;
+  config.depth = options.depth;
+  config.dropout = options.dropout;
+  config.norm = options.norm == "batch" ? nn::Norm::batch : nn::Norm::layer;
+  config.activation = options.activation == "relu" ? nn::Activation::relu : nn::Activation::gelu;
+  config.seed = options.seed;
+  if (options.init.empty()) return config;
+
+  std::map<std::string, std::string> metadata;
+  try {
+    metadata = load_safetensors_metadata(options.init);
+  } catch (const std::runtime_error& e) {
+    throw UsageError(std::string("--init: ") + e.what());
+  }
+  if (metadata["format"] != "bigbatch residual MLP") return config;
+  const std::string file = "--init " + options.init + ": ";
+  auto whole_number = [&](const std::string& key) {
+    std::int64_t value = 0;
+    const std::string& text = metadata[key];
+    const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+    if (error != std::errc() || end != text.data() + text.size()) {
+      throw UsageError(file + "the metadata's " + key + " is '" + text + "', not a number");
+    }
+    return value;
+  };
+  // A shape flag: taken from the file unless given, refused when given and different.
+  auto size_field = [&](const std::string& key, std::int64_t& field) {
+    const std::int64_t stored = whole_number(key);
+    if (options.given.count("--" + key) && stored != field) {
+      throw UsageError(file + "the file's model has " + key + " " + std::to_string(stored) +
+                       ", --" + key + " says " + std::to_string(field));
+    }
+    field = stored;
+  };
+  size_field("hidden", config.hidden);
+  size_field("expansion", config.expansion);
+  size_field("depth", config.depth);
+  auto name_field = [&](const std::string& key, const std::string& flag_value) {
+    const std::string& stored = metadata[key];
+    if (options.given.count("--" + key) && stored != flag_value) {
+      throw UsageError(file + "the file's model has " + key + " " + stored + ", --" + key +
+                       " says " + flag_value);
+    }
+    return stored;
+  };
+  const std::string norm = name_field("norm", options.norm);
+  const std::string activation = name_field("activation", options.activation);
+  if ((norm != "layer" && norm != "batch") || (activation != "gelu" && activation != "relu")) {
+    throw UsageError(file + "unknown norm '" + norm + "' or activation '" + activation + "'");
+  }
+  config.norm = norm == "batch" ? nn::Norm::batch : nn::Norm::layer;
+  config.activation = activation == "relu" ? nn::Activation::relu : nn::Activation::gelu;
+  // inputs and classes come from the data: the file must agree with it.
+  if (whole_number("inputs") != inputs) {
+    throw UsageError(file + "the file's model has inputs " + metadata["inputs"] +
+                     ", --data has " + std::to_string(inputs) + " features per sample");
+  }
+  if (whole_number("classes") != classes) {
+    throw UsageError(file + "the file's model has classes " + metadata["classes"] +
+                     ", --data has " + std::to_string(classes) + " classes");
+  }
+  return config;
+}
+
+/// Refuses a BatchNorm micro-batch of a single sample (its variance is 0: PyTorch refuses
+/// it too), in any batch of the run: the full ones and an epoch's short last one.
+void check_batchnorm_micro_batches(std::int64_t batch, std::int64_t micro_batch,
+                                   std::int64_t short_batch) {
+  auto leaves_one = [&](std::int64_t rows) {
+    return rows > 0 && (std::min(rows, micro_batch) == 1 || rows % micro_batch == 1);
+  };
+  if (leaves_one(batch)) {
+    throw UsageError("--norm batch needs at least 2 samples in every micro-batch (batch " +
+                     std::to_string(batch) + " in micro-batches of " +
+                     std::to_string(micro_batch) + " leaves one with a single sample)");
+  }
+  if (leaves_one(short_batch)) {
+    throw UsageError("--norm batch needs at least 2 samples in every micro-batch (each "
+                     "epoch's last batch of " + std::to_string(short_batch) +
+                     " samples leaves one with a single sample; --drop-last drops it)");
+  }
+}
+
 int run_train(const TrainOptions& options) {
   if (options.micro_batch > options.batch) {
     throw UsageError("--micro-batch " + std::to_string(options.micro_batch) +
@@ -232,16 +432,21 @@ int run_train(const TrainOptions& options) {
   }
   // Rows per forward pass, in training and in evaluation: what the memory was sized for.
   const std::int64_t micro_batch = options.micro_batch > 0 ? options.micro_batch : options.batch;
-  if (options.norm == "batch" && (micro_batch < 2 || options.batch % micro_batch == 1)) {
-    throw UsageError("--norm batch needs at least 2 samples in every micro-batch (batch " +
-                     std::to_string(options.batch) + " in micro-batches of " +
-                     std::to_string(micro_batch) + " leaves one with a single sample)");
-  }
+  if (options.norm == "batch") check_batchnorm_micro_batches(options.batch, micro_batch, 0);
   if (!options.save.empty()) check_writable(options.save);
   const Device device = choose_device(options.device);
   const Splits splits = load_data(options);
+  const std::int64_t samples = splits.train.size();
   const std::int64_t classes =
       std::max(splits.train.num_classes, splits.test ? splits.test->num_classes : 0);
+  if (options.drop_last && options.batch > samples) {
+    throw UsageError("--drop-last with --batch " + std::to_string(options.batch) +
+                     " leaves no batch: " + splits.train.name + " has " +
+                     std::to_string(samples) + " training samples");
+  }
+  if (options.norm == "batch" && !options.drop_last) {
+    check_batchnorm_micro_batches(options.batch, micro_batch, samples % options.batch);
+  }
 
   if (!options.device_memory.empty()) {
     try {
@@ -251,18 +456,9 @@ int run_train(const TrainOptions& options) {
     }
   }
 
-  nn::ModelConfig model_config;
-  model_config.inputs = splits.train.feature_dim();
-  model_config.hidden = options.hidden;
-  model_config.expansion = options.expansion;
-  model_config.classes = classes;
-  model_config.depth = options.depth;
-  model_config.dropout = options.dropout;
-  model_config.norm = options.norm == "batch" ? nn::Norm::batch : nn::Norm::layer;
-  model_config.activation =
-      options.activation == "relu" ? nn::Activation::relu : nn::Activation::gelu;
-  model_config.seed = options.seed;
-  nn::Model model(model_config, device);
+  const nn::ModelConfig config_of_model =
+      model_config(options, splits.train.feature_dim(), classes);
+  nn::Model model(config_of_model, device);
   if (!options.init.empty()) {
     try {
       model.load(options.init);
@@ -277,8 +473,12 @@ int run_train(const TrainOptions& options) {
   config.micro_batch = options.micro_batch;
   config.steps = options.steps;
   config.epochs = options.steps == 0 && options.epochs == 0 ? 1 : options.epochs;
+  config.drop_last = options.drop_last;
   config.shuffle = options.shuffle == "on";
   config.seed = options.seed;
+  config.lr_schedule =
+      options.lr_schedule == "cosine" ? nn::LrScheduleKind::cosine : nn::LrScheduleKind::constant;
+  config.warmup_steps = options.warmup_steps;
   train::Trainer trainer(model, optimizer, splits.train, config);
 
   std::ofstream log;
@@ -286,12 +486,44 @@ int run_train(const TrainOptions& options) {
     log.open(options.log);
     if (!log) throw UsageError("--log: cannot write " + options.log);
   }
-  std::cout << "bigbatch train: " << splits.train.name << " (" << splits.train.size()
-            << " samples, " << splits.train.feature_dim() << " features, " << classes
-            << " classes), model depth " << options.depth << " hidden " << options.hidden
-            << " (" << model.parameter_count() << " parameters), batch " << options.batch
-            << " in micro-batches of " << micro_batch << ", "
-            << trainer.total_steps() << " steps on " << device.name() << "\n";
+  if (options.norm == "batch" && micro_batch < options.batch) {
+    std::cerr << "bigbatch train: warning: --norm batch normalises each micro-batch of "
+              << micro_batch << " with its own statistics, so the update is not the one a "
+              << "batch of " << options.batch << " in one piece would give (gradient "
+              << "accumulation is exact for --norm layer)\n";
+  }
+
+  // What is trained, then how: the two header lines.
+  const std::int64_t accumulation_steps = (options.batch + micro_batch - 1) / micro_batch;
+  std::cout << "bigbatch train: " << splits.train.name << " (" << samples << " samples, "
+            << splits.train.feature_dim() << " features, " << classes
+            << " classes), model depth " << config_of_model.depth << " hidden "
+            << config_of_model.hidden << " (" << model.parameter_count() << " parameters), "
+            << trainer.total_steps() << (trainer.total_steps() == 1 ? " step" : " steps")
+            << " (" << trainer.batches_per_epoch() << " per epoch) on " << device.name() << "\n";
+  const nn::LrSchedule& schedule = trainer.lr_schedule();
+  std::ostringstream lr;
+  lr << schedule.base_lr;
+  if (options.lr_scale != "none") {
+    lr << " (" << base_learning_rate(options) << " scaled " << options.lr_scale << " for batch "
+       << options.batch << " against " << options.lr_reference_batch << ")";
+  }
+  lr << " " << nn::lr_schedule_name(schedule.kind);
+  if (schedule.warmup_steps > 0) {
+    lr << " after " << schedule.warmup_steps << " linear warm-up steps from lr/"
+       << schedule.warmup_steps;
+  }
+  const double weight_decay = std::visit([](const auto& o) { return o.weight_decay; },
+                                         optimizer.options());
+  std::cout << "optimizer " << options.optimizer << ", lr " << lr.str() << ", weight decay "
+            << weight_decay << ", seed " << options.seed << ", batch " << options.batch
+            << ", micro-batch " << micro_batch << ": " << accumulation_steps
+            << (accumulation_steps == 1 ? " accumulation step" : " accumulation steps")
+            << " per optimizer step";
+  if (options.batch % micro_batch != 0) {
+    std::cout << " (the last micro-batch has " << options.batch % micro_batch << " samples)";
+  }
+  std::cout << "\n" << std::flush;
 
   Progress progress(trainer.total_steps(), options.print_every);
   float last_loss = 0;
@@ -308,9 +540,13 @@ int run_train(const TrainOptions& options) {
                    ",\"test_accuracy\":" + json_number(test.accuracy);
     }
     if (log.is_open()) {
-      log << "{\"step\":" << record.step << ",\"loss\":" << json_number(record.loss)
-          << ",\"samples\":" << record.samples << ",\"peak_bytes\":"
-          << peak_json(record.peak_bytes) << evaluation << "}\n";
+      log << "{\"step\":" << record.step << ",\"epoch\":" << json_number(record.epoch)
+          << ",\"loss\":" << json_number(record.loss) << ",\"lr\":"
+          << json_number(record.learning_rate) << ",\"samples\":" << record.samples
+          << ",\"time_s\":" << json_number(progress.elapsed())
+          << ",\"step_time_s\":" << json_number(record.seconds)
+          << ",\"peak_bytes_total\":" << record.memory.peak_total
+          << ",\"peak_bytes\":" << bytes_json(record.memory.at_peak) << evaluation << "}\n";
     }
   });
   progress.break_line();
@@ -320,9 +556,9 @@ int run_train(const TrainOptions& options) {
     if (!log) throw std::runtime_error("--log: writing " + options.log + " failed");
   }
 
-  std::printf("trained %lld steps in %.1f s (%.1f steps/s)\n",
-              static_cast<long long>(trainer.total_steps()), seconds,
-              static_cast<double>(trainer.total_steps()) / seconds);
+  std::printf("trained %lld steps in %s (%.1f ms/step on average)\n",
+              static_cast<long long>(trainer.total_steps()), clock_time(seconds).c_str(),
+              1e3 * seconds / static_cast<double>(trainer.total_steps()));
   std::printf("final train loss (last batch): %.4f\n", last_loss);
   if (!options.save.empty()) {  // before the evaluation: nothing trained is lost after this
     model.save(options.save);
@@ -333,69 +569,149 @@ int run_train(const TrainOptions& options) {
     std::printf("test (%s, %lld samples): loss %.4f, accuracy %.4f\n", splits.test->name.c_str(),
                 static_cast<long long>(test.samples), test.loss, test.accuracy);
   }
-  std::cout << allocator_for(device).report() << "\n";
+  std::cout << step_memory_report(device, trainer.largest_step_memory(), trainer.total_steps());
   return 0;
 }
 
+// ---- flags ------------------------------------------------------------------------------
+
+/// A whole number >= minimum, refused in words ("--batch: must be at least 1, got 0")
+/// rather than with CLI11's range check, which prints the type's limits.
+CLI::Validator whole_number_from(std::int64_t minimum) {
+  const std::string what = minimum == 0 ? "0 or more" : "at least " + std::to_string(minimum);
+  return CLI::Validator(
+      [minimum, what](std::string& text) -> std::string {
+        std::int64_t value = 0;
+        const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+        if (error == std::errc::result_out_of_range) return "'" + text + "' is too large";
+        if (error != std::errc() || end != text.data() + text.size()) {
+          return "expected a whole number, got '" + text + "'";
+        }
+        if (value < minimum) return "must be " + what + ", got " + text;
+        return {};
+      },
+      minimum == 0 ? ">=0" : ">=" + std::to_string(minimum));
+}
+
+/// A real number in [low, high], refused in words.
+CLI::Validator real_number_in(double low, double high, const std::string& what) {
+  return CLI::Validator(
+      [low, high, what](std::string& text) -> std::string {
+        char* end = nullptr;
+        const double value = std::strtod(text.c_str(), &end);
+        if (text.empty() || end != text.c_str() + text.size() || !std::isfinite(value)) {
+          return "expected a number, got '" + text + "'";
+        }
+        if (value < low || value > high) return "must be " + what + ", got " + text;
+        return {};
+      },
+      what);
+}
+
+/// One of a few words, refused with the list ("--norm: expected layer or batch, got x").
+CLI::Validator one_of(const std::vector<std::string>& words) {
+  std::string list;
+  for (std::size_t i = 0; i < words.size(); ++i) {
+    list += (i == 0 ? "" : i + 1 == words.size() ? " or " : ", ") + words[i];
+  }
+  return CLI::Validator(
+      [words, list](std::string& text) -> std::string {
+        if (std::find(words.begin(), words.end(), text) != words.end()) return {};
+        return "expected " + list + ", got '" + text + "'";
+      },
+      list);
+}
+
 void add_train_flags(CLI::App& train, TrainOptions& o) {
+  const CLI::Validator positive = whole_number_from(1), non_negative = whole_number_from(0);
   train.add_option("--data", o.data,
                    "fashion-mnist (train split; the test split is reported), synthetic "
                    "(10% held out for testing) or npy:FEATURES.npy,LABELS.npy")
       ->capture_default_str();
   train.add_option("--test-data", o.test_data, "npy:FEATURES.npy,LABELS.npy: a test split");
   train.add_option("--samples", o.synthetic_samples, "samples of --data synthetic")
-      ->capture_default_str()->check(CLI::PositiveNumber);
+      ->capture_default_str()->check(positive);
   train.add_option("--batch", o.batch, "samples per optimizer step")
-      ->capture_default_str()->check(CLI::PositiveNumber);
+      ->capture_default_str()->check(positive);
   train.add_option("--micro-batch", o.micro_batch,
                    "rows per forward/backward (gradient accumulation; default: --batch; "
                    "need not divide it)")
-      ->check(CLI::PositiveNumber);
-  train.add_option("--depth", o.depth, "residual blocks")
-      ->capture_default_str()->check(CLI::NonNegativeNumber);
-  train.add_option("--hidden", o.hidden, "width of the residual stream")
-      ->capture_default_str()->check(CLI::PositiveNumber);
-  train.add_option("--expansion", o.expansion, "blocks' inner width / hidden")
-      ->capture_default_str()->check(CLI::PositiveNumber);
+      ->check(positive);
+  train.add_option("--depth", o.depth, "residual blocks (with --init: the file's)")
+      ->capture_default_str()->check(non_negative);
+  train.add_option("--hidden", o.hidden, "width of the residual stream (with --init: the file's)")
+      ->capture_default_str()->check(positive);
+  train.add_option("--expansion", o.expansion,
+                   "blocks' inner width / hidden (with --init: the file's)")
+      ->capture_default_str()->check(positive);
   train.add_option("--dropout", o.dropout, "dropout probability inside the blocks")
-      ->capture_default_str()->check(CLI::Range(0.0f, 0.999f));
-  train.add_option("--norm", o.norm, "layer or batch")
-      ->capture_default_str()->check(CLI::IsMember({"layer", "batch"}));
-  train.add_option("--activation", o.activation, "gelu (tanh approximation) or relu")
-      ->capture_default_str()->check(CLI::IsMember({"gelu", "relu"}));
+      ->capture_default_str()->check(real_number_in(0.0, 0.999, "in [0, 0.999]"));
+  train.add_option("--norm", o.norm, "layer or batch (with --init: the file's)")
+      ->capture_default_str()->check(one_of({"layer", "batch"}));
+  train.add_option("--activation", o.activation,
+                   "gelu (tanh approximation) or relu (with --init: the file's)")
+      ->capture_default_str()->check(one_of({"gelu", "relu"}));
   train.add_option("--optimizer", o.optimizer, "sgd or adamw")
-      ->capture_default_str()->check(CLI::IsMember({"sgd", "adamw"}));
-  train.add_option("--lr", o.lr, "learning rate [default: 1e-3 for adamw, 0.05 for sgd]")
-      ->check(CLI::NonNegativeNumber);
+      ->capture_default_str()->check(one_of({"sgd", "adamw"}));
+  const CLI::Validator non_negative_real = real_number_in(0.0, HUGE_VAL, "0 or more");
+  train.add_option("--lr", o.lr,
+                   "learning rate at --lr-reference-batch [default: 1e-3 for adamw, 0.05 "
+                   "for sgd]")
+      ->check(non_negative_real);
+  train.add_option("--lr-scale", o.lr_scale,
+                   "none, linear (lr x batch / reference: Goyal et al. 2017, for SGD) or "
+                   "sqrt (lr x sqrt(batch / reference): common for Adam)")
+      ->capture_default_str()->check(one_of({"none", "linear", "sqrt"}));
+  train.add_option("--lr-reference-batch", o.lr_reference_batch,
+                   "the batch --lr was tuned for (--lr-scale)")
+      ->capture_default_str()->check(positive);
+  train.add_option("--lr-schedule", o.lr_schedule,
+                   "constant, or cosine: lr (1 + cos(pi t / T)) / 2 over the T optimizer "
+                   "steps after the warm-up (PyTorch's CosineAnnealingLR, eta_min 0)")
+      ->capture_default_str()->check(one_of({"constant", "cosine"}));
+  train.add_option("--warmup-steps", o.warmup_steps,
+                   "W optimizer steps of linear warm-up: step i < W uses lr (i + 1) / W "
+                   "(PyTorch's LinearLR with start_factor 1/W)")
+      ->capture_default_str()->check(non_negative);
   train.add_option("--momentum", o.momentum, "SGD momentum [default: 0.9]")
-      ->check(CLI::NonNegativeNumber);
+      ->check(non_negative_real);
   train.add_option("--weight-decay", o.weight_decay,
                    "weight decay [default: 0.01 for adamw, 0 for sgd]")
-      ->check(CLI::NonNegativeNumber);
-  auto* steps = train.add_option("--steps", o.steps, "optimizer steps")
-                    ->check(CLI::PositiveNumber);
+      ->check(non_negative_real);
+  auto* steps = train.add_option("--steps", o.steps,
+                                 "optimizer steps; they continue across epochs")
+                    ->check(positive);
   auto* epochs = train.add_option("--epochs", o.epochs,
-                                  "passes over the training data [default: 1 when --steps "
-                                  "is not given]")
-                     ->check(CLI::PositiveNumber);
+                                  "whole passes over the training data, as in PyTorch: an "
+                                  "epoch is ceil(N / batch) steps, the last batch short "
+                                  "(N mod batch samples) unless --drop-last; a batch never "
+                                  "spans two epochs [default: 1 when --steps is not given]")
+                     ->check(positive);
   steps->excludes(epochs);
+  train.add_flag("--drop-last", o.drop_last,
+                 "drop each epoch's short last batch: floor(N / batch) steps per epoch");
   train.add_option("--seed", o.seed, "initialisation, shuffling and dropout seed")
       ->capture_default_str();
   train.add_option("--shuffle", o.shuffle, "on: a fresh permutation per epoch; off: data order")
-      ->capture_default_str()->check(CLI::IsMember({"on", "off"}));
+      ->capture_default_str()->check(one_of({"on", "off"}));
   train.add_option("--device", o.device, "cpu, cuda or cuda:N")->capture_default_str();
   train.add_option("--device-memory", o.device_memory,
-                   "cap the device's tracked memory (e.g. 2GiB, 300MB; on the cpu the data "
-                   "set counts too); past it the run fails with exit code 3");
-  train.add_option("--init", o.init, "initial parameters from a safetensors file (from --save)");
+                   "cap the device's tracked memory (e.g. 48MiB, 2GiB; the data sets stay on "
+                   "the host and do not count); past it the run fails with exit code 3");
+  train.add_option("--init", o.init,
+                   "initial parameters from a safetensors file (from --save); the model's "
+                   "shape is the file's, a shape flag that disagrees is refused");
   train.add_option("--save", o.save, "write the trained parameters as safetensors");
-  train.add_option("--log", o.log, "one JSON line per step: step, loss, samples, peak_bytes");
+  train.add_option("--log", o.log,
+                   "one JSON line per step: step, epoch (fractional), loss, lr, samples, "
+                   "time_s (since the start), step_time_s, peak_bytes_total (the step's own "
+                   "peak on the device) and peak_bytes (its breakdown by category)");
   train.add_option("--eval-every", o.eval_every, "evaluate on the test split every N steps")
-      ->check(CLI::NonNegativeNumber);
+      ->check(non_negative);
   train.add_option("--print-every", o.print_every,
                    "steps between progress lines when stdout is not a terminal [default: "
-                   "steps/20]")
-      ->check(CLI::NonNegativeNumber);
+                   "steps/20; the first and last steps are always printed]")
+      ->check(non_negative);
 }
 
 }  // namespace
@@ -405,14 +721,28 @@ int main(int argc, char** argv) {
   using namespace bigbatch;
   CLI::App app{"bigbatch: large effective batches on one GPU"};
   app.require_subcommand(1);
+  app.set_version_flag("--version", std::string("bigbatch ") + BIGBATCH_VERSION);
+  app.footer(kExitCodes);
   TrainOptions options;
   CLI::App* train = app.add_subcommand("train", "train the residual MLP on a data set");
+  train->footer(kExitCodes);
   add_train_flags(*train, options);
   try {
     app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
   } catch (const CLI::ParseError& e) {
-    const int code = app.exit(e);  // prints help, or the error with a hint
-    return code == 0 ? 0 : kExitBadInput;
+    // One line naming the flag, not CLI11's two (the error, then a hint).
+    std::cerr << "bigbatch" << (train->parsed() ? " train" : "") << ": " << e.what()
+              << " (see bigbatch" << (train->parsed() ? " train" : "") << " --help)\n";
+    return kExitBadInput;
+  }
+  for (const CLI::Option* option : train->get_options()) {
+    if (option->count() > 0) options.given.insert(option->get_name());
   }
   try {
     return run_train(options);

@@ -1,6 +1,8 @@
 // trainer.cpp: the training step.
 #include "chapters/train/trainer.hpp"
 
+#include <chrono>
+
 namespace bigbatch::train {
 
 Trainer::Trainer(nn::Model& model, nn::Optimizer& optimizer, const Dataset& data,
@@ -8,7 +10,8 @@ Trainer::Trainer(nn::Model& model, nn::Optimizer& optimizer, const Dataset& data
     : model_(model),
       optimizer_(optimizer),
       config_(config),
-      stream_(data, config.batch, config.shuffle, config.seed) {
+      stream_(data, config.batch, config.shuffle, config.seed,
+              config.drop_last ? nn::LastBatch::drop : nn::LastBatch::keep_short) {
   BIGBATCH_CHECK(config_.micro_batch >= 0 && config_.micro_batch <= config_.batch,
                  "Trainer: micro_batch must lie in [0, batch = ", config_.batch, "], got ",
                  config_.micro_batch);
@@ -18,9 +21,12 @@ Trainer::Trainer(nn::Model& model, nn::Optimizer& optimizer, const Dataset& data
                  model_.config().inputs);
   BIGBATCH_CHECK(config_.steps > 0 || config_.epochs > 0,
                  "Trainer: give a positive number of steps or epochs");
-  total_steps_ = config_.steps > 0
-                     ? config_.steps
-                     : (config_.epochs * data.size() + config_.batch - 1) / config_.batch;
+  BIGBATCH_CHECK(config_.warmup_steps >= 0, "Trainer: warmup_steps must be >= 0, got ",
+                 config_.warmup_steps);
+  total_steps_ =
+      config_.steps > 0 ? config_.steps : config_.epochs * stream_.batches_per_epoch();
+  schedule_ = {optimizer_.learning_rate(), total_steps_, config_.warmup_steps,
+               config_.lr_schedule};
   dropout_seed_ = nn::dropout_seed_for_run(config_.seed);
   batch_features_ = Tensor({config_.batch, data.feature_dim()}, DType::f32, model_.device(),
                            MemoryCategory::data);
@@ -28,19 +34,40 @@ Trainer::Trainer(nn::Model& model, nn::Optimizer& optimizer, const Dataset& data
 }
 
 StepRecord Trainer::step() {
+  const auto start = std::chrono::steady_clock::now();
+  TrackingAllocator& allocator = allocator_for(model_.device());
+  allocator.reset_peak();  // this step's peak, not the run's
+
   const std::int64_t k = steps_done_;
-  stream_.gather(k, batch_features_, batch_labels_);
+  const nn::BatchPosition batch = stream_.position(k);
+  const Tensor x = batch_features_.rows(0, batch.size);
+  const Tensor labels = batch_labels_.rows(0, batch.size);
+  stream_.gather(k, x, labels);
+  const double lr = nn::lr_at(schedule_, k);
+  optimizer_.set_learning_rate(lr);
   model_.zero_grad();
-  const nn::ForwardContext context{true, dropout_seed_, k * config_.batch};
-  const float loss = nn::accumulate_gradients(model_, batch_features_, batch_labels_,
-                                              config_.micro_batch, context);
+  const nn::ForwardContext context{true, dropout_seed_, batch.first_row};
+  const float loss = nn::accumulate_gradients(model_, x, labels, config_.micro_batch, context,
+                                              /*global_count=*/batch.size);
   optimizer_.step();
+
   ++steps_done_;
+  samples_done_ += batch.size;
   StepRecord record;
   record.step = steps_done_;
   record.loss = loss;
-  record.samples = steps_done_ * config_.batch;
-  record.peak_bytes = allocator_for(model_.device()).stats().peak;
+  record.batch_samples = batch.size;
+  record.samples = samples_done_;
+  record.epoch = static_cast<double>(batch.epoch) +
+                 static_cast<double>(batch.index + 1) /
+                     static_cast<double>(stream_.batches_per_epoch());
+  record.learning_rate = lr;
+  record.memory = allocator.stats();
+  if (record.memory.peak_total > largest_step_memory_.peak_total) {
+    largest_step_memory_ = record.memory;
+  }
+  record.seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return record;
 }
 

@@ -2,15 +2,18 @@
 // `bigbatch` program. It sits above every chapter: it may use any chapter's component,
 // and no chapter uses it (chapter 01 writes its loop out by hand, to show it).
 //
-// One step k:
-//   gather the batch's samples into the device tensors x [B, D], labels [B]
-//                             (nn::SampleStream; MemoryCategory::data, reused)
+// One step k (an optimizer step; nn::SampleStream says which batch it is):
+//   batch = the k-th batch of the run: epoch e, b samples (B, or fewer at an epoch's end)
+//   gather its samples into x [b, D], labels [b]: rows 0..b-1 of the device tensors of
+//                             B rows (MemoryCategory::data, allocated once, reused)
+//   optimizer.set_learning_rate(lr_at(schedule, k))
 //   model.zero_grad()
 //   loss = nn::accumulate_gradients(model, x, labels, micro_batch,
-//                                   {training, dropout_seed, first_row = k B})
+//                                   {training, dropout_seed, first_row}, global count b)
 //   optimizer.step()
-// first_row = k B is the batch's position in the stream, so every sample of the run
+// first_row = e N + j B is the batch's place in the run, so every sample of the run
 // draws its own dropout mask, and the same one whatever the micro-batch size.
+// The allocator's peak is reset before each step, so a step reports its own peak.
 #pragma once
 
 #include <cstdint>
@@ -19,6 +22,7 @@
 
 #include "common/data/dataset.hpp"
 #include "common/memory.hpp"
+#include "nn/lr_schedule.hpp"
 #include "nn/model.hpp"
 #include "nn/sample_stream.hpp"
 #include "nn/training.hpp"
@@ -29,28 +33,39 @@ struct TrainConfig {
   std::int64_t batch = 256;        ///< B, samples per optimizer step
   std::int64_t micro_batch = 0;    ///< rows per forward/backward; 0 = batch
   std::int64_t steps = 0;          ///< steps to run; when 0, `epochs` decides
-  std::int64_t epochs = 0;         ///< ceil(epochs N / B) steps (when steps is 0)
+  std::int64_t epochs = 0;         ///< whole passes over the data (when steps is 0)
+  bool drop_last = false;          ///< drop each epoch's short last batch (N mod B samples)
   bool shuffle = true;             ///< a fresh permutation per epoch, else data order
   std::uint64_t seed = 0;          ///< the permutations' and the dropout masks' seed
+  /// The learning rate per optimizer step; the base rate is the optimizer's at the start.
+  nn::LrScheduleKind lr_schedule = nn::LrScheduleKind::constant;
+  std::int64_t warmup_steps = 0;   ///< linear warm-up steps (nn/lr_schedule.hpp)
 };
 
 /// What one step reports.
 struct StepRecord {
   std::int64_t step = 0;           ///< 1 for the first step
   float loss = 0;                  ///< the batch's mean loss
+  std::int64_t batch_samples = 0;  ///< samples in this step's batch
   std::int64_t samples = 0;        ///< samples seen so far, this step's included
-  MemoryStats::PerCategory peak_bytes{};  ///< the device allocator's peaks by category
+  double epoch = 0;                ///< epochs done: e + (j + 1) / batches per epoch
+  double learning_rate = 0;        ///< the rate this step used
+  double seconds = 0;              ///< the step's wall time
+  MemoryStats memory;              ///< the device allocator during this step only:
+                                   ///< peak_total, at_peak (its breakdown), peak per category
 };
 
 class Trainer {
  public:
   /// Checks the configuration (batch > 0, 0 <= micro_batch <= batch, steps or epochs
-  /// positive, a non-empty data set whose features fit the model) and allocates the
-  /// batch tensors on the model's device.
+  /// positive, warmup_steps >= 0, a non-empty data set whose features fit the model) and
+  /// allocates the batch tensors on the model's device.
   Trainer(nn::Model& model, nn::Optimizer& optimizer, const Dataset& data, TrainConfig config);
 
   std::int64_t total_steps() const { return total_steps_; }
   std::int64_t steps_done() const { return steps_done_; }
+  std::int64_t batches_per_epoch() const { return stream_.batches_per_epoch(); }
+  const nn::LrSchedule& lr_schedule() const { return schedule_; }
 
   /// The sample indices of step k (0-based), in batch order.
   std::vector<std::int64_t> batch_indices(std::int64_t step) const {
@@ -62,15 +77,22 @@ class Trainer {
   /// Runs the remaining steps, calling on_step after each.
   void run(const std::function<void(const StepRecord&)>& on_step = {});
 
+  /// The memory of the step with the highest peak so far (the training step's peak,
+  /// whatever evaluation or saving allocated between steps).
+  const MemoryStats& largest_step_memory() const { return largest_step_memory_; }
+
  private:
   nn::Model& model_;
   nn::Optimizer& optimizer_;
   TrainConfig config_;
   nn::SampleStream stream_;
+  nn::LrSchedule schedule_;
   std::int64_t total_steps_ = 0;
   std::int64_t steps_done_ = 0;
+  std::int64_t samples_done_ = 0;
   std::uint64_t dropout_seed_ = 0;
   Tensor batch_features_, batch_labels_;  // [B, D], [B] on the device
+  MemoryStats largest_step_memory_;
 };
 
 }  // namespace bigbatch::train
