@@ -28,9 +28,12 @@ void add_bias(const Tensor& y, const Tensor& bias) {
 void bias_backward(const Tensor& dy, const Tensor& dbias) {
   const Device device = detail::common_device("bias_backward", {&dy, &dbias});
   detail::check_rank("bias_backward", "dy", dy, 2);
-  BIGBATCH_CHECK(dy.dtype() == DType::f32 || (dy.dtype() == DType::f64 && device.is_cpu()),
-                 "bias_backward: dy must be f32 (f64 on the CPU), got ", dy.describe());
-  detail::check_dtype("bias_backward", "dbias", dbias, dy.dtype());
+  BIGBATCH_CHECK(dy.dtype() == DType::f32 || dy.dtype() == DType::f16 ||
+                     (dy.dtype() == DType::f64 && device.is_cpu()),
+                 "bias_backward: dy must be f32 or f16 (f64 on the CPU), got ", dy.describe());
+  // f16 gradients (mixed precision) are summed in f32: dbias is a parameter gradient.
+  detail::check_dtype("bias_backward", "dbias", dbias,
+                      dy.dtype() == DType::f64 ? DType::f64 : DType::f32);
   detail::check_shape("bias_backward", "dbias", dbias, {dy.dim(1)});
   detail::check_same_or_disjoint("bias_backward", "dbias", dbias, "dy", dy);
   if (device.is_cuda()) BIGBATCH_RUN_CUDA("bias_backward", cuda::bias_backward(dy, dbias));
@@ -62,9 +65,9 @@ void add_bias_typed(const Tensor& y, const Tensor& bias) {
 // order; the columns of one row are independent additions, which is what vectorises.
 // Eight rows at a time go through a register before the running sum is stored again:
 // still one addition per row, in row order, but an eighth of the loads and stores.
-template <class T>
+template <class T, class G = T>  // T: the sums' type; G: dy's (f16 widens exactly)
 void bias_backward_typed(const Tensor& dy, const Tensor& dbias) {
-  const T* grad = dy.data<T>();
+  const G* grad = dy.data<G>();
   T* sum = dbias.data<T>();
   const std::int64_t rows = dy.dim(0), cols = dy.dim(1);
   constexpr std::int64_t kRowsPerPass = 8;
@@ -82,16 +85,18 @@ void bias_backward_typed(const Tensor& dy, const Tensor& dbias) {
         const std::int64_t block_end = std::min(block + kBlock, col_end);
         std::int64_t i = 0;
         for (; i + kRowsPerPass <= rows; i += kRowsPerPass) {
-          const T* row = grad + i * cols;
+          const G* row = grad + i * cols;
           for (std::int64_t j = block; j < block_end; ++j) {
             T running = sum[j];
-            for (std::int64_t r = 0; r < kRowsPerPass; ++r) running = running + row[r * cols + j];
+            for (std::int64_t r = 0; r < kRowsPerPass; ++r) {
+              running = running + load(row + r * cols + j);
+            }
             sum[j] = running;
           }
         }
         for (; i < rows; ++i) {
-          const T* row = grad + i * cols;
-          for (std::int64_t j = block; j < block_end; ++j) sum[j] = sum[j] + row[j];
+          const G* row = grad + i * cols;
+          for (std::int64_t j = block; j < block_end; ++j) sum[j] = sum[j] + load(row + j);
         }
       }
     });
@@ -112,6 +117,7 @@ void add_bias(const Tensor& y, const Tensor& bias) {
 
 void bias_backward(const Tensor& dy, const Tensor& dbias) {
   if (dy.dtype() == DType::f64) return bias_backward_typed<double>(dy, dbias);
+  if (dy.dtype() == DType::f16) return bias_backward_typed<float, f16>(dy, dbias);
   bias_backward_typed<float>(dy, dbias);
 }
 

@@ -15,11 +15,12 @@ __global__ void add_bias_kernel(T* y, const float* bias, std::int64_t n, std::in
 // dy: [rows, cols], dbias: [cols]. One thread per column adds the rows in order (the
 // contract in bias.hpp); neighbouring threads read neighbouring columns, so each row's
 // reads coalesce.
-__global__ void bias_backward_kernel(const float* dy, float* dbias, std::int64_t rows,
+template <class G>  // dy's element type, float or __half (widened exactly)
+__global__ void bias_backward_kernel(const G* dy, float* dbias, std::int64_t rows,
                                      std::int64_t cols) {
   for (const std::int64_t j : grid_stride(cols)) {
     float sum = dbias[j];
-    for (std::int64_t i = 0; i < rows; ++i) sum += dy[i * cols + j];
+    for (std::int64_t i = 0; i < rows; ++i) sum = __fadd_rn(sum, to_float(dy[i * cols + j]));
     dbias[j] = sum;
   }
 }
@@ -39,8 +40,10 @@ void add_bias(const Tensor& y, const Tensor& bias) {
 void bias_backward(const Tensor& dy, const Tensor& dbias) {
   const std::int64_t cols = dy.dim(1);
   if (cols == 0) return;
-  bias_backward_kernel<<<grid_for(cols), kThreadsPerBlock>>>(dy.data<float>(), dbias.data<float>(),
-                                                             dy.dim(0), cols);
+  dispatch_f16_f32("bias_backward", dy.dtype(), [&]<class G>(ElementType<G>) {
+    bias_backward_kernel<<<grid_for(cols), kThreadsPerBlock>>>(
+        dy.data<G>(), dbias.data<float>(), dy.dim(0), cols);
+  });
   BIGBATCH_CHECK_LAUNCH("bias_backward_kernel");
 }
 

@@ -2,7 +2,7 @@
 //
 //   add_bias(y, bias)          y: [M, N] f32 or f16; bias: [N] f32    y[i][j] = y[i][j] + bias[j]
 //                                                                     (in place: =)
-//   bias_backward(dy, dbias)   dy: [M, N] f32; dbias: [N] f32         dbias[j] += sum_i dy[i][j]
+//   bias_backward(dy, dbias)   dy: [M, N] f32 or f16; dbias: [N] f32  dbias[j] += sum_i dy[i][j]
 //                                                                     (ACCUMULATES: +=)
 //
 // add_bias computes the sum in float and rounds once to y's dtype.

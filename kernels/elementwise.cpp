@@ -88,8 +88,10 @@ void scale(const Tensor& x, float s) {
 
 void axpy(float alpha, const Tensor& x, const Tensor& y) {
   const Device device = detail::common_device("axpy", {&x, &y});
-  detail::check_dtype("axpy", "y", y, DType::f32);
   BIGBATCH_CHECK(is_f32_or_f16(x.dtype()), "axpy: x must be f32 or f16, got ", x.describe());
+  BIGBATCH_CHECK(y.dtype() == DType::f32 || (y.dtype() == DType::f16 && x.dtype() == DType::f16),
+                 "axpy: y must be f32, or f16 with an f16 x; got y ", y.describe(), " and x ",
+                 x.describe());
   detail::check_shape("axpy", "y", y, x.shape());
   detail::check_same_or_disjoint("axpy", "y", y, "x", x);
   if (device.is_cuda()) BIGBATCH_RUN_CUDA("axpy", cuda::axpy(alpha, x, y));
@@ -181,15 +183,15 @@ void scale_typed(const Tensor& x, float s) {
   });
 }
 
-template <class X>
+template <class X, class Y = float>
 void axpy_typed(float alpha, const Tensor& x, const Tensor& y) {
   const X* in = x.data<X>();
-  float* out = y.data<float>();
+  Y* out = y.data<Y>();
   parallel_for(x.numel(), kElementwiseGrain, [&](std::int64_t begin, std::int64_t end) {
     run_vectorized([&] {
       for (std::int64_t i = begin; i < end; ++i) {
         const float product = alpha * load(in + i);
-        out[i] = out[i] + product;
+        store(out + i, load(out + i) + product);  // an f16 y: rounded once more, on store
       }
     });
   });
@@ -228,6 +230,7 @@ void scale(const Tensor& x, float s) {
 }
 
 void axpy(float alpha, const Tensor& x, const Tensor& y) {
+  if (y.dtype() == DType::f16) return axpy_typed<f16, f16>(alpha, x, y);
   if (x.dtype() == DType::f16) return axpy_typed<f16>(alpha, x, y);
   axpy_typed<float>(alpha, x, y);
 }

@@ -20,11 +20,12 @@ __global__ void scale_kernel(T* data, std::int64_t n, float s) {
   }
 }
 
-template <class X>
-__global__ void axpy_kernel(float alpha, const X* x, float* y, std::int64_t n) {
+template <class X, class Y>
+__global__ void axpy_kernel(float alpha, const X* x, Y* y, std::int64_t n) {
   for (const std::int64_t i : grid_stride(n)) {
-    // two roundings, as on the CPU: nvcc would otherwise fuse this into an fma
-    y[i] = __fadd_rn(y[i], __fmul_rn(alpha, to_float(x[i])));
+    // two roundings, as on the CPU: nvcc would otherwise fuse this into an fma (and a
+    // third, to f16, when y is f16)
+    y[i] = from_float<Y>(__fadd_rn(to_float(y[i]), __fmul_rn(alpha, to_float(x[i]))));
   }
 }
 
@@ -62,9 +63,9 @@ void launch_scale(const Tensor& x, float s) {
   BIGBATCH_CHECK_LAUNCH("scale_kernel");
 }
 
-template <class X>
+template <class X, class Y>
 void launch_axpy(float alpha, const Tensor& x, const Tensor& y) {
-  axpy_kernel<<<grid_for(x.numel()), kThreadsPerBlock>>>(alpha, x.data<X>(), y.data<float>(),
+  axpy_kernel<<<grid_for(x.numel()), kThreadsPerBlock>>>(alpha, x.data<X>(), y.data<Y>(),
                                                          x.numel());
   BIGBATCH_CHECK_LAUNCH("axpy_kernel");
 }
@@ -91,8 +92,9 @@ void scale(const Tensor& x, float s) {
 
 void axpy(float alpha, const Tensor& x, const Tensor& y) {
   if (x.numel() == 0) return;
+  if (y.dtype() == DType::f16) return launch_axpy<__half, __half>(alpha, x, y);
   dispatch_f16_f32("axpy", x.dtype(),
-                   [&]<class X>(ElementType<X>) { launch_axpy<X>(alpha, x, y); });
+                   [&]<class X>(ElementType<X>) { launch_axpy<X, float>(alpha, x, y); });
 }
 
 void unscale_and_check_finite(const std::vector<Tensor>& tensors, float inv_scale,

@@ -3,7 +3,7 @@
 //   cast(src, dst)          src, dst: same shape; f32->f16, f16->f32,
 //                           f32->f32 or f16->f16                          dst = src
 //   scale(x, s)             x: any shape, f32 or f16                      x = x * s
-//   axpy(alpha, x, y)       y: f32; x: same shape, f32 or f16             y += alpha * x
+//   axpy(alpha, x, y)       y: f32, x f32 or f16; or y, x both f16        y += alpha * x
 //   unscale_and_check_finite(tensors, inv_scale, found_inf)
 //                           tensors: f32, any shapes, one device          g = g * inv_scale
 //                           found_inf: f32 [1], the same device           found_inf = 1 if any g
@@ -18,6 +18,8 @@
 // - axpy computes y + (alpha * x) with two roundings in float: the product, then the
 //   sum (never a fused multiply-add). With alpha == 1 the product is exact, so the
 //   result is exactly the float sum y + x. An f16 x is first converted to float (exact).
+//   An f16 y (with an f16 x: the residual stream under mixed precision) is widened
+//   exactly, and the float result is rounded once more, to f16, on store.
 // - unscale_and_check_finite is PyTorch's _amp_foreach_non_finite_check_and_unscale_
 //   with a float scale: every element becomes g * inv_scale (one rounding), and found_inf
 //   becomes exactly 1.0f if any element was inf or NaN before scaling; otherwise it is

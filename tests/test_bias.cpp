@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "kernels/bias.hpp"
+#include "kernels/elementwise.hpp"
 #include "tests/harness.hpp"
 
 namespace bigbatch {
@@ -120,6 +121,20 @@ TEST_P(Bias, MicroBatchesGiveTheBatchGradientBitForBit) {
   }
 }
 
+// Mixed precision: an f16 dy is widened exactly to f32, so its sum is the f32 path's on
+// the widened values, addition for addition (an independent route: cast, then f32).
+TEST_P(Bias, HalfGradientsAreSummedInFloatLikeTheirWidenedCopy) {
+  const Tensor dy16 = testing::random_tensor({1000, 77}, DType::f16, device(), 18);
+  const Tensor dy32({1000, 77}, DType::f32, device());
+  cast(dy16, dy32);
+  const Tensor start = testing::random_tensor({77}, DType::f32, device(), 19);
+  const Tensor from_half = start.clone(), from_float = start.clone();
+  bias_backward(dy16, from_half);
+  bias_backward(dy32, from_float);
+  EXPECT_TRUE(testing::bitwise_equal(from_half, from_float));
+  EXPECT_FALSE(testing::bitwise_equal(from_half, start)) << "nothing was added";
+}
+
 TEST(BiasCuda, MatchesTheCpuBitForBit) {
   const Device device = Device::cuda();
   BIGBATCH_SKIP_WITHOUT_DEVICE(device);
@@ -132,12 +147,14 @@ TEST(BiasCuda, MatchesTheCpuBitForBit) {
     add_bias(y_cpu, bias.to(Device::cpu()));
     EXPECT_TRUE(testing::bitwise_equal(y, y_cpu)) << dtype_name(dtype);
   }
-  const Tensor dy = testing::random_tensor(shape, DType::f32, device, 10);
-  const Tensor dbias = testing::random_tensor({shape[1]}, DType::f32, device, 11);
-  const Tensor dbias_cpu = dbias.to(Device::cpu());
-  bias_backward(dy, dbias);
-  bias_backward(dy.to(Device::cpu()), dbias_cpu);
-  EXPECT_TRUE(testing::bitwise_equal(dbias, dbias_cpu));
+  for (const DType dtype : {DType::f32, DType::f16}) {
+    const Tensor dy = testing::random_tensor(shape, dtype, device, 10);
+    const Tensor dbias = testing::random_tensor({shape[1]}, DType::f32, device, 11);
+    const Tensor dbias_cpu = dbias.to(Device::cpu());
+    bias_backward(dy, dbias);
+    bias_backward(dy.to(Device::cpu()), dbias_cpu);
+    EXPECT_TRUE(testing::bitwise_equal(dbias, dbias_cpu)) << dtype_name(dtype);
+  }
 }
 
 TEST_P(Bias, RejectsBadArguments) {
@@ -146,7 +163,9 @@ TEST_P(Bias, RejectsBadArguments) {
   EXPECT_THROW(add_bias(y, Tensor({3}, DType::f16, device())), std::invalid_argument);
   EXPECT_THROW(add_bias(Tensor({12}, DType::f32, device()), bias), std::invalid_argument);
   EXPECT_THROW(add_bias(Tensor({4, 3}, DType::i32, device()), bias), std::invalid_argument);
-  EXPECT_THROW(bias_backward(Tensor({4, 3}, DType::f16, device()), bias), std::invalid_argument);
+  EXPECT_THROW(bias_backward(Tensor({4, 3}, DType::i32, device()), bias), std::invalid_argument);
+  EXPECT_THROW(bias_backward(Tensor({4, 3}, DType::f16, device()), Tensor({3}, DType::f16, device())),
+               std::invalid_argument);
   EXPECT_THROW(bias_backward(y, Tensor({4}, DType::f32, device())), std::invalid_argument);
   EXPECT_THROW(bias_backward(y, Tensor({3}, DType::f64, device())), std::invalid_argument);
   if (device().is_cuda()) {

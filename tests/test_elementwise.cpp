@@ -266,6 +266,27 @@ TEST_P(Axpy, IsARoundedProductThenARoundedSum) {
   }
 }
 
+// The residual stream under mixed precision: y f16 += x f16, the float result of the
+// f32 path rounded once more, to nearest even, on store.
+TEST_P(Axpy, IntoHalfIsTheFloatResultRoundedOnceMore) {
+  for (const float alpha : {1.0f, -0.3f}) {
+    for (const std::int64_t n : kOddSizes) {
+      const Tensor x = testing::make_tensor(wide_range_values(n, 31), {n}, DType::f16, device());
+      const Tensor y = testing::random_tensor({n}, DType::f16, device(), 37, -4.0, 4.0);
+      const auto x_exact = testing::to_doubles(x), y_before = testing::to_doubles(y);
+      axpy(alpha, x, y);
+      std::vector<double> want(y_before.size());
+      for (std::size_t i = 0; i < want.size(); ++i) {
+        const float product = static_cast<float>(alpha * x_exact[i]);
+        const float sum = static_cast<float>(y_before[i] + product);
+        want[i] = static_cast<double>(static_cast<f16>(sum));
+      }
+      ASSERT_TRUE(same_bits_or_both_nan(testing::to_doubles(y), want))
+          << "alpha " << alpha << " n = " << n;
+    }
+  }
+}
+
 TEST_P(Axpy, RejectsBadArguments) {
   const Tensor x({5}, DType::f32, device());
   EXPECT_THROW(axpy(1.0f, x, Tensor({5}, DType::f16, device())), std::invalid_argument);
@@ -431,11 +452,14 @@ TEST(ElementwiseSimd, EveryLevelGivesTheBaselineBits) {
       scale(out, 0.3f);
       return {out};
     });
-    expect_every_simd_level_agrees([&]() -> std::vector<Tensor> {
-      Tensor y = testing::random_tensor({n}, DType::f32, Device::cpu(), 2);
-      axpy(0.7f, x, y);
-      return {y};
-    });
+    for (const DType y_dtype : {DType::f32, DType::f16}) {
+      if (y_dtype == DType::f16 && x.dtype() != DType::f16) continue;
+      expect_every_simd_level_agrees([&]() -> std::vector<Tensor> {
+        Tensor y = testing::random_tensor({n}, y_dtype, Device::cpu(), 2);
+        axpy(0.7f, x, y);
+        return {y};
+      });
+    }
   }
   expect_every_simd_level_agrees([&]() -> std::vector<Tensor> {
     Tensor g = f32.clone();
