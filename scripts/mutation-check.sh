@@ -1,0 +1,338 @@
+#!/usr/bin/env bash
+# mutation-check.sh: proves that the tests can fail. It plants each deliberate bug of
+# scripts/mutations.txt, one at a time, in a CPU-only build, runs the tests, and checks that
+# at least one of them fails; then it takes the bug out again and moves on.
+#
+# Usage:
+#   scripts/mutation-check.sh                 every mutation on the list
+#   scripts/mutation-check.sh --only ID[,ID]  the named mutations only
+#   scripts/mutation-check.sh --list          print the list and exit
+#   scripts/mutation-check.sh -j N            build and test with N jobs (default: nproc)
+#   scripts/mutation-check.sh --rev REV       test the committed revision REV instead of the
+#                                             tracked files as they are in the working tree
+#   scripts/mutation-check.sh --keep          keep the temporary copy (its path is printed)
+#   scripts/mutation-check.sh --mutations FILE  another list in the same format
+#
+# The working tree is never touched: the tracked files (as they are now, edits included;
+# a new file must be tracked, `git add -N` is enough) are copied into a temporary folder,
+# configured once (-DBIGBATCH_CUDA=OFF -DBIGBATCH_BUILD_BENCH=OFF, Release) and built once,
+# and the whole suite must pass there before any bug is planted. Then, for each mutation:
+# its original snippet must occur exactly once in its file (else the entry is STALE), the
+# snippet is replaced, the test programs the entry names are rebuilt (incrementally) and
+# their CTest tests run (every test when the entry names none; the chapter demos are the
+# CTest tests chapter_NN_name, run with --quick), and the verdict is KILLED (with the
+# failing tests' names) or SURVIVED; a mutation that does not compile is an error of the
+# list. The file is restored before the next mutation.
+#
+# Exit status: 0 when every mutation was killed; 1 when one survived, was stale or did not
+# compile; 2 for a usage error or when the unmutated copy does not build or pass.
+set -euo pipefail
+
+repo=$(cd "$(dirname "$0")/.." && pwd)
+list_file="$repo/scripts/mutations.txt"
+jobs=$(nproc)
+only=""
+rev=""
+list_only=0
+keep=0
+
+usage() { sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "$0"; }
+die() { echo "mutation-check: $*" >&2; exit 2; }
+
+while (($#)); do
+  case "$1" in
+    --only) [ $# -ge 2 ] || die "--only needs a list of ids"; only="$2"; shift 2 ;;
+    --only=*) only="${1#--only=}"; shift ;;
+    --list) list_only=1; shift ;;
+    -j) [ $# -ge 2 ] || die "-j needs a number"; jobs="$2"; shift 2 ;;
+    -j*) jobs="${1#-j}"; shift ;;
+    --rev) [ $# -ge 2 ] || die "--rev needs a revision"; rev="$2"; shift 2 ;;
+    --keep) keep=1; shift ;;
+    --mutations) [ $# -ge 2 ] || die "--mutations needs a file"; list_file="$2"; shift 2 ;;
+    -h|--help) usage; exit 0 ;;
+    *) usage >&2; die "unknown argument: $1" ;;
+  esac
+done
+[[ "$jobs" =~ ^[1-9][0-9]*$ ]] || die "-j needs a positive number, got '$jobs'"
+
+# ---- the list --------------------------------------------------------------------------
+# Parallel arrays, one element per entry.
+ids=() files=() descriptions=() originals=() replacements=() programs=()
+
+add_entry() {  # the block just read, from the variables set by read_list
+  [ -n "$e_id$e_file$e_description$e_original$e_replacement$e_programs" ] || return 0
+  local missing=""
+  for key in id file description original replacement; do
+    local var="e_$key"
+    [ -n "${!var}" ] || missing+=" $key"
+  done
+  [ -z "$missing" ] || die "$list_file: the entry ending at line $line_number lacks:$missing"
+  for existing in "${ids[@]}"; do
+    [ "$existing" != "$e_id" ] || die "$list_file: id '$e_id' appears twice"
+  done
+  ids+=("$e_id") files+=("$e_file") descriptions+=("$e_description")
+  originals+=("$e_original") replacements+=("$e_replacement") programs+=("$e_programs")
+}
+
+read_list() {
+  local line key value
+  e_id="" e_file="" e_description="" e_original="" e_replacement="" e_programs=""
+  line_number=0
+  while IFS= read -r line || [ -n "$line" ]; do
+    line_number=$((line_number + 1))
+    line="${line%$'\r'}"
+    if [[ "$line" =~ ^[[:space:]]*$ ]]; then
+      add_entry
+      e_id="" e_file="" e_description="" e_original="" e_replacement="" e_programs=""
+      continue
+    fi
+    [[ "$line" == \#* ]] && continue
+    [[ "$line" == *": "* ]] || die "$list_file:$line_number: expected 'key: value', got: $line"
+    key="${line%%: *}"
+    value="${line#*: }"
+    case "$key" in
+      id) [[ "$value" =~ ^[A-Za-z0-9-]+$ ]] || die "$list_file:$line_number: bad id '$value'"
+          e_id="$value" ;;
+      file) e_file="$value" ;;
+      description) e_description="$value" ;;
+      original) e_original="$value" ;;
+      replacement) e_replacement="$value" ;;
+      programs) e_programs="$value" ;;
+      *) die "$list_file:$line_number: unknown key '$key'" ;;
+    esac
+  done < "$list_file"
+  add_entry
+}
+
+[ -f "$list_file" ] || die "no mutation list at $list_file"
+read_list
+((${#ids[@]})) || die "$list_file holds no mutation"
+
+# The entries to run: all, or those named by --only (each must exist).
+selected=()
+if [ -n "$only" ]; then
+  IFS=',' read -r -a wanted <<< "$only"
+  for id in "${wanted[@]}"; do
+    found=""
+    for i in "${!ids[@]}"; do
+      if [ "${ids[$i]}" = "$id" ]; then found=$i; fi
+    done
+    [ -n "$found" ] || die "--only: no mutation with id '$id' (see --list)"
+    selected+=("$found")
+  done
+else
+  selected=("${!ids[@]}")
+fi
+
+if ((list_only)); then
+  for i in "${selected[@]}"; do
+    printf '%-38s %s\n' "${ids[$i]}" "${descriptions[$i]}"
+    printf '%-38s %s\n' "" "${files[$i]}; programs: ${programs[$i]:-all tests}"
+  done
+  echo "${#selected[@]} mutation(s)"
+  exit 0
+fi
+
+# ---- a private copy and its build ------------------------------------------------------
+start_time=$SECONDS
+work=$(mktemp -d "${TMPDIR:-/tmp}/bigbatch-mutation.XXXXXX")
+cleanup() {
+  if ((keep)); then echo "kept the copy in $work"; else rm -rf "$work"; fi
+}
+trap cleanup EXIT
+
+copy="$work/src"
+mkdir -p "$copy"
+if [ -n "$rev" ]; then
+  git -C "$repo" archive --format=tar "$rev" | tar -xf - -C "$copy"
+  echo "copied revision $rev to $copy"
+else
+  # Tracked files as they are on disk; a tracked file deleted in the working tree is skipped.
+  (cd "$repo" && git ls-files -z --cached |
+     tar --null -T - --ignore-failed-read -cf - 2>/dev/null) | tar -xf - -C "$copy"
+  echo "copied the tracked files of $repo to $copy"
+fi
+
+build="$copy/build-mutation"
+logs="$work/logs"
+mkdir -p "$logs"
+generator=()
+if command -v ninja > /dev/null; then generator=(-G Ninja); fi
+
+echo "configuring and building (CPU only, -j $jobs)"
+if ! cmake -S "$copy" -B "$build" "${generator[@]}" -DBIGBATCH_CUDA=OFF \
+       -DBIGBATCH_BUILD_BENCH=OFF -DCMAKE_BUILD_TYPE=Release > "$logs/configure.log" 2>&1; then
+  tail -n 40 "$logs/configure.log" >&2
+  die "the unmutated copy does not configure"
+fi
+if ! cmake --build "$build" -j "$jobs" > "$logs/build.log" 2>&1; then
+  tail -n 40 "$logs/build.log" >&2
+  die "the unmutated copy does not build"
+fi
+echo "built in $((SECONDS - start_time)) s"
+
+failed_log="$build/Testing/Temporary/LastTestsFailed.log"
+
+# run_tests LOG [CTEST ARGS...]: runs CTest in the build folder; sets `failed_tests` to the
+# names of the tests that failed (empty when all passed).
+run_tests() {
+  local log="$1"
+  shift
+  rm -f "$failed_log"
+  local status=0
+  (cd "$build" && ctest -j "$jobs" --timeout 120 "$@") > "$log" 2>&1 || status=$?
+  failed_tests=()
+  if [ -f "$failed_log" ]; then
+    # "N:NAME"; a parameterised GoogleTest name ends in "  # GetParam() = ...": dropped.
+    mapfile -t failed_tests < <(sed -e 's/^[0-9]*://' -e 's/  # GetParam() = .*//' "$failed_log")
+  fi
+  if ((status != 0 && ${#failed_tests[@]} == 0)); then
+    failed_tests=("(ctest exited with status $status; see the log)")
+  fi
+}
+
+run_tests "$logs/baseline-tests.log"
+if ((${#failed_tests[@]})); then
+  tail -n 40 "$logs/baseline-tests.log" >&2
+  die "the unmutated copy fails these tests: ${failed_tests[*]}"
+fi
+echo "the unmutated copy passes every test ($((SECONDS - start_time)) s so far)"
+
+# Which program each CTest test runs: `ctest -N -V` prints "N: Test command: PATH ARGS"
+# before "Test #N: NAME". test_program[N] is the basename of PATH.
+declare -A test_program=()
+while IFS=$'\t' read -r number program; do
+  test_program[$number]="$program"
+done < <(cd "$build" && ctest -N -V 2> /dev/null |
+           sed -n 's|^ *\([0-9][0-9]*\): Test command: \([^ ]*\).*|\1\t\2|p' |
+           while IFS=$'\t' read -r n path; do printf '%s\t%s\n' "$n" "${path##*/}"; done)
+((${#test_program[@]})) || die "could not read the tests' commands from 'ctest -N -V'"
+
+# ctest_selection PROGRAM...: the CTest arguments that run exactly those programs' tests
+# (-I START,END,STRIDE,N,N,...); fails when a program has no test.
+ctest_selection() {
+  local numbers=() program number found
+  for program in "$@"; do
+    found=0
+    for number in "${!test_program[@]}"; do
+      if [ "${test_program[$number]}" = "$program" ]; then numbers+=("$number"); found=1; fi
+    done
+    ((found)) || { echo "no CTest test runs the program '$program'" >&2; return 1; }
+  done
+  local first="${numbers[0]}"
+  local joined
+  joined=$(IFS=','; echo "${numbers[*]}")
+  echo "-I $first,$first,1,$joined"
+}
+
+# apply FILE ORIGINAL REPLACEMENT: replaces the one occurrence of ORIGINAL; prints the
+# number of occurrences and fails when it is not exactly one.
+apply() {
+  MUTATION_ORIGINAL="$2" MUTATION_REPLACEMENT="$3" perl -e '
+    my $file = $ARGV[0];
+    my ($original, $replacement) = @ENV{qw(MUTATION_ORIGINAL MUTATION_REPLACEMENT)};
+    open(my $in, "<", $file) or die "cannot read $file: $!\n";
+    my $text = do { local $/; <$in> };
+    close($in);
+    my ($count, $at, $first) = (0, 0, -1);
+    while (($at = index($text, $original, $at)) >= 0) {
+      $first = $at if $count == 0;
+      ++$count;
+      ++$at;
+    }
+    if ($count != 1) { print "$count\n"; exit 1; }
+    substr($text, $first, length($original)) = $replacement;
+    open(my $out, ">", $file) or die "cannot write $file: $!\n";
+    print $out $text;
+    close($out);
+  ' "$1"
+}
+
+# ---- the mutations ---------------------------------------------------------------------
+verdicts=() catchers=() seconds=()
+killed=0 survived=0 stale=0 broken=0
+count=${#selected[@]}
+position=0
+for i in "${selected[@]}"; do
+  position=$((position + 1))
+  id="${ids[$i]}"
+  file="$copy/${files[$i]}"
+  mutation_start=$SECONDS
+  printf '[%d/%d] %s (%s) ... ' "$position" "$count" "$id" "${files[$i]}"
+  catchers[$i]=""
+  if [ ! -f "$file" ]; then
+    verdicts[$i]="STALE"
+    catchers[$i]="${files[$i]} does not exist"
+    stale=$((stale + 1))
+    echo "STALE"
+    seconds[$i]=$((SECONDS - mutation_start))
+    continue
+  fi
+  backup="$work/original"
+  cp -p "$file" "$backup"
+  if ! occurrences=$(apply "$file" "${originals[$i]}" "${replacements[$i]}"); then
+    verdicts[$i]="STALE"
+    catchers[$i]="the original snippet occurs ${occurrences:-?} times in ${files[$i]}"
+    stale=$((stale + 1))
+    echo "STALE"
+    seconds[$i]=$((SECONDS - mutation_start))
+    continue
+  fi
+
+  read -r -a targets <<< "${programs[$i]}"
+  build_args=()
+  test_args=()
+  if ((${#targets[@]})); then
+    build_args=(--target "${targets[@]}")
+    if ! selection=$(ctest_selection "${targets[@]}"); then
+      cp "$backup" "$file"
+      die "mutation '$id' names a program without CTest tests: ${programs[$i]}"
+    fi
+    read -r -a test_args <<< "$selection"
+  fi
+
+  if ! cmake --build "$build" -j "$jobs" "${build_args[@]}" > "$logs/$id.build.log" 2>&1; then
+    verdicts[$i]="DID NOT COMPILE"
+    catchers[$i]="the compiler says: $(grep -m 1 -E 'error' "$logs/$id.build.log" |
+                                         sed "s|$copy/||" || true)"
+    broken=$((broken + 1))
+    echo "DID NOT COMPILE"
+    grep -m 5 -E 'error' "$logs/$id.build.log" | sed "s|$copy/||; s/^/    /" || true
+  else
+    run_tests "$logs/$id.tests.log" "${test_args[@]}"
+    if ((${#failed_tests[@]})); then
+      verdicts[$i]="KILLED"
+      catchers[$i]=$(IFS=','; echo "${failed_tests[*]}" | sed 's/,/, /g')
+      killed=$((killed + 1))
+    else
+      verdicts[$i]="SURVIVED"
+      survived=$((survived + 1))
+    fi
+    echo "${verdicts[$i]}"
+  fi
+  # Restore the file: its new modification time makes the next build recompile it.
+  cp "$backup" "$file"
+  touch "$file"
+  seconds[$i]=$((SECONDS - mutation_start))
+done
+
+# ---- the report ------------------------------------------------------------------------
+echo
+printf '%-38s %-16s %5s  %s\n' "mutation" "verdict" "time" "description"
+printf '%s\n' "$(printf '%.0s-' {1..110})"
+for i in "${selected[@]}"; do
+  printf '%-38s %-16s %4ss  %s\n' "${ids[$i]}" "${verdicts[$i]}" "${seconds[$i]}" \
+    "${descriptions[$i]}"
+  case "${verdicts[$i]}" in
+    KILLED) echo "      caught by: ${catchers[$i]}" ;;
+    SURVIVED) echo "      no test failed (programs run: ${programs[$i]:-all tests})" ;;
+    *) echo "      ${catchers[$i]}" ;;
+  esac
+done
+echo
+echo "total time: $((SECONDS - start_time)) s"
+summary="mutations: $killed killed, $survived survived"
+((stale == 0)) || summary+=", $stale stale"
+((broken == 0)) || summary+=", $broken did not compile"
+echo "$summary"
+((survived == 0 && stale == 0 && broken == 0))
