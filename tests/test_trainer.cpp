@@ -261,6 +261,30 @@ TEST(TrainerSchedule, AConstantScheduleTrainsAsTheFixedRateLoopBitForBit) {
   expect_bit_identical(parameter_values(by_hand.model), parameter_values(trained.model));
 }
 
+TEST(TrainerMemory, AStepReportsItsOwnPeakOnTheDevice) {
+  // 8 MiB allocated and freed before the step (as an evaluation between steps would) must
+  // not show in the step's peak: the trainer measures each step from a fresh peak.
+  Fixture f(100, tiny_model(1, 0.0f));
+  TrainConfig config;
+  config.batch = 32;
+  config.steps = 2;
+  train::Trainer trainer(f.model, f.optimizer, f.data, config);
+  const std::size_t big = std::size_t{8} << 20;
+  { const Tensor between_steps({static_cast<std::int64_t>(big / 4)}, DType::f32, Device::cpu(),
+                               MemoryCategory::workspace); }
+  const train::StepRecord record = trainer.step();
+  EXPECT_GT(record.memory.peak_total, 0u);
+  EXPECT_LT(record.memory.peak_total, big);
+  // The device's categories at that moment add up to the step's peak; the host's data
+  // sets (whose live bytes the breakdown also records) are not part of it.
+  std::size_t sum = 0;
+  for (std::size_t c = 0; c < kNumMemoryCategories; ++c) {
+    if (counts_on_device(static_cast<MemoryCategory>(c))) sum += record.memory.at_peak[c];
+  }
+  EXPECT_EQ(sum, record.memory.peak_total);
+  EXPECT_EQ(trainer.largest_step_memory().peak_total, record.memory.peak_total);
+}
+
 TEST(TrainerEvaluate, MatchesAHandCountOfTheLogits) {
   Fixture f(23, tiny_model(1, 0.5f));  // dropout must be off in evaluation
   const nn::EvaluationResult result = nn::evaluate(f.model, f.data, 5);  // 4 x 5 + 3
