@@ -22,21 +22,36 @@ namespace {
 constexpr float kNormEps = 1e-5f;
 constexpr float kBatchNormMomentum = 0.1f;
 
-/// One entry of the state_dict: a parameter (with its gradient) or a buffer (grad null).
+/// One entry of the state_dict: a parameter (with its gradient and, under fp16, its f16
+/// working copy) or a buffer (grad null).
 struct StateEntry {
   std::string name;
   Tensor* value;
   Tensor* grad;
+  Tensor* half = nullptr;
 };
 
 Tensor parameter_tensor(Shape shape, Device device) {
   return Tensor(std::move(shape), DType::f32, device, MemoryCategory::parameters);
 }
 
-Linear make_linear(std::int64_t in, std::int64_t out, Device device) {
-  return {parameter_tensor({out, in}, device), parameter_tensor({out}, device),
-          Tensor::zeros({out, in}, DType::f32, device, MemoryCategory::gradients),
-          Tensor::zeros({out}, DType::f32, device, MemoryCategory::gradients)};
+/// Under fp16 the f32 weight is the optimizer's master copy and the forward reads an f16
+/// working copy (written by refresh_half_copies and by every optimizer step).
+Linear make_linear(std::int64_t in, std::int64_t out, Device device, Precision precision) {
+  const bool mixed = precision == Precision::fp16;
+  Linear layer{Tensor({out, in}, DType::f32, device,
+                      mixed ? MemoryCategory::master_weights : MemoryCategory::parameters),
+               parameter_tensor({out}, device),
+               Tensor::zeros({out, in}, DType::f32, device, MemoryCategory::gradients),
+               Tensor::zeros({out}, DType::f32, device, MemoryCategory::gradients),
+               {}};
+  if (mixed) layer.weight_half = Tensor({out, in}, DType::f16, device, MemoryCategory::parameters);
+  return layer;
+}
+
+/// The weight a Linear's forward and backward multiply by.
+const Tensor& working_weight(const Linear& layer) {
+  return layer.weight_half.defined() ? layer.weight_half : layer.weight;
 }
 
 NormLayer make_norm(Norm kind, std::int64_t features, Device device) {
@@ -68,7 +83,7 @@ void init_uniform(Tensor t, std::int64_t fan_in, std::uint64_t seed, std::uint64
 }
 
 void append_linear(std::vector<StateEntry>& entries, const std::string& prefix, Linear& layer) {
-  entries.push_back({prefix + "weight", &layer.weight, &layer.weight_grad});
+  entries.push_back({prefix + "weight", &layer.weight, &layer.weight_grad, &layer.weight_half});
   entries.push_back({prefix + "bias", &layer.bias, &layer.bias_grad});
 }
 
@@ -98,26 +113,18 @@ std::vector<StateEntry> state_entries(Linear& stem, std::vector<Block>& blocks,
   return entries;
 }
 
-Tensor activation_tensor(Shape shape, Device device) {
-  return Tensor(std::move(shape), DType::f32, device, MemoryCategory::activations);
-}
-
-Tensor workspace_tensor(Shape shape, Device device) {
-  return Tensor(std::move(shape), DType::f32, device, MemoryCategory::workspace);
-}
-
-// y = x W^T + b.   x: [b, in], y: [b, out]
+// y = x W^T + b.   x: [b, in], y: [b, out] (f16 x: an f16 or f32 y)
 void linear_forward(const Linear& layer, const Tensor& x, const Tensor& y) {
-  gemm(x, false, layer.weight, true, y);
+  gemm(x, false, working_weight(layer), true, y);
   add_bias(y, layer.bias);
 }
 
-// dW += dy^T x, db += sum of dy's rows, and dx = dy W when dx is defined.
-// x: [b, in], dy: [b, out], dx: [b, in]
+// dW += dy^T x (f32, whatever x's and dy's dtype), db += sum of dy's rows, and dx = dy W
+// when dx is defined.   x: [b, in], dy: [b, out], dx: [b, in]
 void linear_backward(const Linear& layer, const Tensor& x, const Tensor& dy, const Tensor& dx) {
   gemm(dy, true, x, false, layer.weight_grad, 1.0f, 1.0f);
   bias_backward(dy, layer.bias_grad);
-  if (dx.defined()) gemm(dy, false, layer.weight, false, dx);
+  if (dx.defined()) gemm(dy, false, working_weight(layer), false, dx);
 }
 
 void activation_forward(Activation kind, const Tensor& x, const Tensor& y) {
@@ -150,6 +157,27 @@ bool dropout_active(const ModelConfig& config, const ForwardContext& context) {
 
 std::string norm_name(Norm norm) { return norm == Norm::layer ? "layer" : "batch"; }
 std::string activation_name(Activation act) { return act == Activation::gelu ? "gelu" : "relu"; }
+std::string precision_name(Precision precision) {
+  return precision == Precision::fp16 ? "fp16" : "fp32";
+}
+
+DType Model::activation_dtype() const {
+  return config_.precision == Precision::fp16 ? DType::f16 : DType::f32;
+}
+
+Tensor Model::activation_tensor(Shape shape) const {
+  return Tensor(std::move(shape), activation_dtype(), device_, MemoryCategory::activations);
+}
+
+Tensor Model::workspace_tensor(Shape shape) const {
+  return Tensor(std::move(shape), activation_dtype(), device_, MemoryCategory::workspace);
+}
+
+void Model::refresh_half_copies() {
+  for (const NamedParameter& p : parameters()) {
+    if (p.half.defined()) cast(p.value, p.half);
+  }
+}
 
 Model::Model(const ModelConfig& config, Device device) : config_(config), device_(device) {
   BIGBATCH_CHECK(config.inputs > 0 && config.hidden > 0 && config.expansion > 0 &&
@@ -160,12 +188,14 @@ Model::Model(const ModelConfig& config, Device device) : config_(config), device
   BIGBATCH_CHECK(config.dropout >= 0.0f && config.dropout < 1.0f,
                  "Model: dropout must be in [0, 1), got ", config.dropout);
   const std::int64_t hidden = config.hidden, inner = config.expansion * config.hidden;
-  stem_ = make_linear(config.inputs, hidden, device);
+  const Precision precision = config.precision;
+  stem_ = make_linear(config.inputs, hidden, device, precision);
   for (std::int64_t i = 0; i < config.depth; ++i) {
-    blocks_.push_back({make_norm(config.norm, hidden, device), make_linear(hidden, inner, device),
-                       make_linear(inner, hidden, device)});
+    blocks_.push_back({make_norm(config.norm, hidden, device),
+                       make_linear(hidden, inner, device, precision),
+                       make_linear(inner, hidden, device, precision)});
   }
-  head_ = make_linear(hidden, config.classes, device);
+  head_ = make_linear(hidden, config.classes, device, precision);
   head_ln_ = make_norm(config.norm, hidden, device);
 
   // Linear weights and biases are drawn; stream = the index in parameters(). A Linear's
@@ -181,13 +211,17 @@ Model::Model(const ModelConfig& config, Device device) : config_(config), device
     }
     ++parameter_index;
   }
+  refresh_half_copies();
 }
 
 std::vector<NamedParameter> Model::parameters() const {
   auto& self = const_cast<Model&>(*this);  // the entries point into members; nothing is changed
   std::vector<NamedParameter> result;
   for (const StateEntry& entry : state_entries(self.stem_, self.blocks_, self.head_, self.head_ln_)) {
-    if (entry.grad != nullptr) result.push_back({entry.name, *entry.value, *entry.grad});
+    if (entry.grad != nullptr) {
+      result.push_back({entry.name, *entry.value, *entry.grad,
+                        entry.half != nullptr ? *entry.half : Tensor()});
+    }
   }
   return result;
 }
@@ -214,16 +248,20 @@ void Model::zero_grad() {
 Tensor Model::norm_forward(const NormLayer& layer, const Tensor& x, bool training, Tensor& mean,
                            Tensor& rstd) {
   const std::int64_t rows = x.dim(0), features = x.dim(1);
-  Tensor y = activation_tensor({rows, features}, device_);
+  // Statistics in f32 whatever the activations' dtype.
+  const auto statistics = [&](std::int64_t n) {
+    return Tensor({n}, DType::f32, device_, MemoryCategory::activations);
+  };
+  Tensor y = activation_tensor({rows, features});
   if (config_.norm == Norm::layer) {
-    mean = activation_tensor({rows}, device_);
-    rstd = activation_tensor({rows}, device_);
+    mean = statistics(rows);
+    rstd = statistics(rows);
     layernorm_forward(x, layer.weight, layer.bias, y, mean, rstd, kNormEps);
   } else if (training) {
     BIGBATCH_CHECK(rows >= 2, "Model: BatchNorm in training needs at least 2 samples per "
                    "micro-batch, got ", rows);
-    mean = activation_tensor({features}, device_);
-    rstd = activation_tensor({features}, device_);
+    mean = statistics(features);
+    rstd = statistics(features);
     batchnorm_forward_train(x, layer.weight, layer.bias, y, mean, rstd, layer.running_mean,
                             layer.running_var, kBatchNormMomentum, kNormEps);
   } else {
@@ -237,7 +275,7 @@ Tensor Model::norm_forward(const NormLayer& layer, const Tensor& x, bool trainin
 
 Tensor Model::norm_backward(const NormLayer& layer, const Tensor& x, const Tensor& mean,
                             const Tensor& rstd, const Tensor& dy) {
-  Tensor dx = workspace_tensor(x.shape(), device_);
+  Tensor dx = workspace_tensor(x.shape());
   if (config_.norm == Norm::layer) {
     layernorm_backward(x, layer.weight, mean, rstd, dy, dx, layer.weight_grad, layer.bias_grad);
   } else {
@@ -254,15 +292,15 @@ Tensor Model::block_forward(std::size_t index, const Tensor& h, const ForwardCon
   const std::int64_t rows = h.dim(0), inner = config_.expansion * config_.hidden;
   saved.input = h;
   saved.normed = norm_forward(block.ln, h, context.training, saved.mean, saved.rstd);
-  saved.pre_activation = activation_tensor({rows, inner}, device_);
+  saved.pre_activation = activation_tensor({rows, inner});
   linear_forward(block.fc1, saved.normed, saved.pre_activation);
-  saved.hidden = activation_tensor({rows, inner}, device_);
+  saved.hidden = activation_tensor({rows, inner});
   activation_forward(config_.activation, saved.pre_activation, saved.hidden);
   if (dropout_active(config_, context)) {
     dropout_forward(saved.hidden, saved.hidden, dropout_spec(config_, context, index));
   }
   // output = h + fc2(...): PyTorch's order, the branch first, then one float addition.
-  Tensor output = activation_tensor({rows, config_.hidden}, device_);
+  Tensor output = activation_tensor({rows, config_.hidden});
   linear_forward(block.fc2, saved.hidden, output);
   axpy(1.0f, h, output);
   return output;
@@ -272,13 +310,13 @@ Tensor Model::block_backward(std::size_t index, const BlockActivations& saved,
                              const Tensor& d_output, const ForwardContext& context) {
   const Block& block = blocks_.at(index);
   // d_hidden: [b, E*H], the gradient of fc2's input, then (in place) of fc1's output.
-  Tensor d_hidden = workspace_tensor(saved.hidden.shape(), device_);
+  Tensor d_hidden = workspace_tensor(saved.hidden.shape());
   linear_backward(block.fc2, saved.hidden, d_output, d_hidden);
   if (dropout_active(config_, context)) {
     dropout_backward(d_hidden, d_hidden, dropout_spec(config_, context, index));
   }
   activation_backward(config_.activation, saved.pre_activation, d_hidden, d_hidden);
-  Tensor d_normed = workspace_tensor(saved.normed.shape(), device_);
+  Tensor d_normed = workspace_tensor(saved.normed.shape());
   linear_backward(block.fc1, saved.normed, d_hidden, d_normed);
   // The residual: d_input = d_output + (the branch's gradient through ln).
   Tensor d_input = norm_backward(block.ln, saved.input, saved.mean, saved.rstd, d_normed);
@@ -293,11 +331,16 @@ Tensor Model::forward(const Tensor& x, const ForwardContext& context) {
                  ", the model on ", device_.name());
   saved_ = SavedActivations{};
   saved_.context = context;
-  saved_.input = x;
   const std::int64_t rows = x.dim(0);
-  saved_.stem_pre_activation = activation_tensor({rows, config_.hidden}, device_);
-  linear_forward(stem_, x, saved_.stem_pre_activation);
-  Tensor h = activation_tensor({rows, config_.hidden}, device_);
+  if (activation_dtype() == DType::f32) {
+    saved_.input = x;
+  } else {
+    saved_.input = activation_tensor({rows, config_.inputs});  // the stem reads x in f16
+    cast(x, saved_.input);
+  }
+  saved_.stem_pre_activation = activation_tensor({rows, config_.hidden});
+  linear_forward(stem_, saved_.input, saved_.stem_pre_activation);
+  Tensor h = activation_tensor({rows, config_.hidden});
   activation_forward(config_.activation, saved_.stem_pre_activation, h);
 
   saved_.blocks.resize(blocks_.size());
@@ -308,7 +351,8 @@ Tensor Model::forward(const Tensor& x, const ForwardContext& context) {
   saved_.head_input = h;
   saved_.head_normed =
       norm_forward(head_ln_, h, context.training, saved_.head_mean, saved_.head_rstd);
-  Tensor logits = activation_tensor({rows, config_.classes}, device_);
+  // Logits in f32 in either precision: the loss and softmax run in f32.
+  Tensor logits({rows, config_.classes}, DType::f32, device_, MemoryCategory::activations);
   linear_forward(head_, saved_.head_normed, logits);
   return logits;
 }
@@ -323,8 +367,16 @@ void Model::backward(const Tensor& dlogits) {
   SavedActivations saved = std::move(saved_);
   saved_ = SavedActivations{};
 
-  Tensor d_normed = workspace_tensor({rows, config_.hidden}, device_);
-  linear_backward(head_, saved.head_normed, dlogits, d_normed);
+  // Under fp16 the head's backward multiplies f16 operands: dlogits is rounded to f16
+  // here, the one place where a gradient (times the loss scale) enters f16.
+  Tensor d_head = dlogits;
+  if (activation_dtype() != DType::f32) {
+    d_head = workspace_tensor(dlogits.shape());
+    cast(dlogits, d_head);
+  }
+  Tensor d_normed = workspace_tensor({rows, config_.hidden});
+  linear_backward(head_, saved.head_normed, d_head, d_normed);
+  d_head = Tensor();
   Tensor dh = norm_backward(head_ln_, saved.head_input, saved.head_mean, saved.head_rstd, d_normed);
   saved.head_input = saved.head_normed = saved.head_mean = saved.head_rstd = Tensor();
 
@@ -371,6 +423,7 @@ void Model::load(const std::string& path) {
     }
   }
   for (auto [name, tensor] : state) tensor.copy_from(loaded.at(name));
+  refresh_half_copies();
 }
 
 }  // namespace bigbatch::nn

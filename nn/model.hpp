@@ -29,7 +29,26 @@
 // MemoryCategory::workspace. The saved activations of one block are one BlockActivations,
 // so a later chapter can drop them and recompute them with block_forward().
 //
-// All tensors are f32 for now: inputs [b, D] f32, labels [b] i32.
+// Precision (ModelConfig::precision), written once for both backends:
+//
+//   what                                  fp32          fp16 (mixed precision)
+//   Linear weights the forward reads      f32           f16 working copy (parameters)
+//   Linear weights the optimizer updates  the same      f32 master copy (master_weights)
+//   biases, norm weights and statistics   f32           f32
+//   parameter gradients                   f32 (+=)      f32 (+=): fp16 GEMMs write f32
+//   input x (saved for stem's backward)   f32, as is    rounded to f16 (activations)
+//   activations and their gradients       f32           f16 (matmuls accumulate in f32,
+//                                                       round once on store)
+//   LayerNorm/BatchNorm statistics        f32           f32
+//   logits, loss, softmax, dlogits        f32           f32 (dlogits rounded to f16 as it
+//                                                       enters the head's backward)
+//
+// The optimizer writes the f16 working copy from the updated master in the same pass
+// (kernels/optimizer.hpp); load() and the constructor write it from the master. A loss
+// scale S enters once, in the cross-entropy's backward (nn::accumulate_gradients), so
+// every f16 gradient is S times the true one; it leaves at the optimizer boundary.
+//
+// Inputs are [b, D] f32, labels [b] i32, logits [b, C] f32, in either precision.
 #pragma once
 
 #include <cstdint>
@@ -43,6 +62,7 @@
 namespace bigbatch::nn {
 
 enum class Norm { layer, batch };
+enum class Precision { fp32, fp16 };
 enum class Activation { gelu, relu };
 
 struct ModelConfig {
@@ -55,13 +75,15 @@ struct ModelConfig {
   Norm norm = Norm::layer;
   Activation activation = Activation::gelu;
   std::uint64_t seed = 0;  ///< initialisation seed
+  Precision precision = Precision::fp32;  ///< fp16: mixed precision (the table above)
 };
 
 /// A trainable tensor, named as in PyTorch's state_dict, and its gradient buffer.
 struct NamedParameter {
   std::string name;
-  Tensor value;  ///< MemoryCategory::parameters
-  Tensor grad;   ///< the same shape, MemoryCategory::gradients, accumulated (+=)
+  Tensor value;  ///< f32: MemoryCategory::parameters, or master_weights under fp16
+  Tensor grad;   ///< the same shape, f32, MemoryCategory::gradients, accumulated (+=)
+  Tensor half;   ///< the f16 working copy the forward reads (fp16 Linear weights), or none
 };
 
 /// What one forward pass needs to know besides its input.
@@ -75,6 +97,7 @@ struct ForwardContext {
 struct Linear {
   Tensor weight, bias;            // [out, in], [out]
   Tensor weight_grad, bias_grad;  // the same shapes
+  Tensor weight_half;             // [out, in] f16 under fp16, else undefined
 };
 
 /// nn.LayerNorm(H) or nn.BatchNorm1d(H): weight (gamma), bias (beta), and for BatchNorm
@@ -104,7 +127,7 @@ struct BlockActivations {
 /// Everything one forward() saved: the stem, the blocks, the head.
 struct SavedActivations {
   ForwardContext context;
-  Tensor input;                  // x, not copied          [b, D]
+  Tensor input;                  // x (f32: not copied; fp16: rounded) [b, D]
   Tensor stem_pre_activation;    // stem(x)                [b, H]
   std::vector<BlockActivations> blocks;
   Tensor head_input;             // h entering the head    [b, H]
@@ -122,6 +145,8 @@ class Model {
 
   const ModelConfig& config() const { return config_; }
   Device device() const { return device_; }
+  /// The dtype of activations and their gradients: f16 under fp16, else f32.
+  DType activation_dtype() const;
 
   /// The trainable tensors in PyTorch's named_parameters() order.
   std::vector<NamedParameter> parameters() const;
@@ -164,6 +189,10 @@ class Model {
                       Tensor& rstd);
   Tensor norm_backward(const NormLayer& layer, const Tensor& x, const Tensor& mean,
                        const Tensor& rstd, const Tensor& dy);
+  Tensor activation_tensor(Shape shape) const;  // activation_dtype(), activations
+  Tensor workspace_tensor(Shape shape) const;   // activation_dtype(), workspace
+  /// Writes every f16 working copy from its f32 master (no-op under fp32).
+  void refresh_half_copies();
 
   ModelConfig config_;
   Device device_;
@@ -175,6 +204,7 @@ class Model {
 };
 
 std::string norm_name(Norm norm);              ///< "layer", "batch"
+std::string precision_name(Precision precision);  ///< "fp32", "fp16"
 std::string activation_name(Activation act);  ///< "gelu", "relu"
 
 }  // namespace bigbatch::nn

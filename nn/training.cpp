@@ -10,7 +10,7 @@ namespace bigbatch::nn {
 
 float accumulate_gradients(Model& model, const Tensor& x, const Tensor& labels,
                            std::int64_t micro_batch, const ForwardContext& context,
-                           std::int64_t global_count) {
+                           std::int64_t global_count, float loss_scale) {
   const std::int64_t rows = x.rank() == 2 ? x.dim(0) : -1;
   BIGBATCH_CHECK(rows > 0 && labels.dtype() == DType::i32 && (labels.shape() == Shape{rows}),
                  "accumulate_gradients: x must be [B, D] with B > 0 and labels i32 [B], got ",
@@ -28,7 +28,7 @@ float accumulate_gradients(Model& model, const Tensor& x, const Tensor& labels,
     const Tensor logits = model.forward(x_micro, micro_context);
     cross_entropy_forward(logits, labels_micro, loss, count);
     const Tensor dlogits(logits.shape(), DType::f32, model.device(), MemoryCategory::workspace);
-    cross_entropy_backward(logits, labels_micro, dlogits, count);
+    cross_entropy_backward(logits, labels_micro, dlogits, count, loss_scale);
     model.backward(dlogits);
   }
   return loss.to_vector<float>()[0];
@@ -57,10 +57,10 @@ void Optimizer::step() {
   ++steps_;
   for (const ParameterState& s : states_) {
     if (const auto* sgd = std::get_if<SgdOptions>(&options_)) {
-      sgd_step(s.parameter.value, s.parameter.grad, s.first, *sgd, steps_);
+      sgd_step(s.parameter.value, s.parameter.grad, s.first, *sgd, steps_, s.parameter.half);
     } else {
       adamw_step(s.parameter.value, s.parameter.grad, s.first, s.second,
-                 std::get<AdamWOptions>(options_), steps_);
+                 std::get<AdamWOptions>(options_), steps_, s.parameter.half);
     }
   }
 }

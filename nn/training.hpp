@@ -28,13 +28,17 @@ namespace bigbatch::nn {
 /// context.first_row is the global index of x's row 0; micro-batch k starts at
 /// context.first_row + k * micro_batch. Returns these rows' share of the mean loss
 /// (the whole batch's mean loss when global_count is B).
+/// loss_scale S multiplies dlogits (and so every gradient) and not the returned loss: the
+/// loss scale of mixed precision enters here, once (1 leaves the gradients as they are).
 float accumulate_gradients(Model& model, const Tensor& x, const Tensor& labels,
                            std::int64_t micro_batch, const ForwardContext& context,
-                           std::int64_t global_count = 0);
+                           std::int64_t global_count = 0, float loss_scale = 1.0f);
 
 /// SGD (with momentum) or AdamW over all of a model's parameters, with PyTorch's rules
 /// (kernels/optimizer.hpp). Its state tensors (momentum buffers, Adam moments) are
-/// allocated once, on the parameters' device, in MemoryCategory::optimizer_state.
+/// allocated once, on the parameters' device, in MemoryCategory::optimizer_state. It
+/// updates each parameter's f32 value and, in the same pass, writes its f16 working copy
+/// when it has one (mixed precision).
 class Optimizer {
  public:
   using Options = std::variant<SgdOptions, AdamWOptions>;
