@@ -10,7 +10,8 @@ not divide the batch), it
      PyTorch's default initialisation under a fixed seed and saves its state_dict as
      safetensors for `bigbatch train --init`;
   3. runs `bigbatch train --data npy:X.npy,y.npy --init ... --save ... --shuffle off`
-     (step k takes samples k*B .. k*B+B-1, wrapping around the data set);
+     (epochs in data order, each cut into batches of B with a short last one, as a
+     PyTorch DataLoader with shuffle=False and drop_last=False cuts them);
   4. trains the same module in PyTorch on the same batches in the same order (mean
      cross-entropy over the batch, torch.optim.SGD / AdamW, float32, 2 threads), and
      also in float64 as an estimate of the exact result;
@@ -62,8 +63,9 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 SAMPLES, FEATURES, CLASSES = 512, 20, 5
 DEPTH, HIDDEN, EXPANSION = 2, 16, 4
-# 100 does not divide 512, so batches straddle the wrap-around (step 5 takes samples
-# 500..511 and 0..87), and 7 does not divide 100, so the last micro-batch is short.
+# 100 does not divide 512, so each epoch ends with a short batch (steps 5, 11 and 17 take
+# samples 500..511: 12 of them, micro-batches of 7 and 5), and 7 does not divide 100, so
+# the last micro-batch of a full batch is short too.
 BATCH, STEPS = 100, 20
 INIT_SEED = 0
 
@@ -87,13 +89,13 @@ MICRO_BATCHES = [BATCH, 7]
 # PyTorch's (a straight sum of length n errs by up to ~n*u, a blocked one by ~sqrt(n)*u).
 # The factor 10 is EMPIRICAL, not derived: no bound on either library's rounding over 20
 # training steps is available to derive it from. Measured (2026-11-30, Debian 12's
-# python3-torch 1.13.1, 2-core x86-64): bigbatch differs from PyTorch fp32 by 0.82 x NOISE
-# (SGD) and 0.31 x NOISE (AdamW), 12x and 32x inside the bound, while the negative control
-# (LayerNorm eps 1e-6) lands at 129 x and 98 x NOISE, 12.9x and 9.8x outside it; every
-# run prints these ratios. A modelling mistake (a wrong eps, a loss not divided by the
-# global batch, a wrong AdamW bias correction, a shifted batch) moves the parameters by
-# far more than rounding does: the eps slip by 6e-5 to 7e-5 (relative) after 20 steps,
-# against NOISE of 5e-7 to 7e-7. The floor keeps the bound
+# python3-torch 1.13.1, 2-core x86-64): bigbatch differs from PyTorch fp32 by 0.98 x NOISE
+# (SGD) and 0.31 x NOISE (AdamW), 10x and 32x inside the bound, while the negative control
+# (LayerNorm eps 1e-6) lands at 121 x and 52 x NOISE, 12x and 5.2x outside it; every run
+# prints these ratios. A modelling mistake (a wrong eps, a loss not divided by the global
+# batch, a wrong AdamW bias correction, a shifted batch) moves the parameters by far more
+# than rounding does: the eps slip by 4e-5 to 8e-5 (relative) after 20 steps, against
+# NOISE of 7e-7. The floor keeps the bound
 # meaningful if NOISE happens to be tiny: 2^-20 is 8 units of fp32 roundoff.
 NOISE_FACTOR = 10.0
 RELATIVE_FLOOR = 2.0 ** -20
@@ -196,8 +198,11 @@ def read_safetensors(path):
 # ---- the two trainings ----------------------------------------------------------------
 
 def batch_indices(step):
-    """--shuffle off: step k takes samples k*B .. k*B+B-1, modulo the data set's size."""
-    return np.arange(step * BATCH, (step + 1) * BATCH) % SAMPLES
+    """--shuffle off (nn/sample_stream.hpp): an epoch is ceil(N / B) batches, the last one
+    short, and never straddles two epochs; step k is batch k mod ceil(N / B) of its epoch."""
+    batches_per_epoch = -(-SAMPLES // BATCH)
+    first = (step % batches_per_epoch) * BATCH
+    return np.arange(first, min(first + BATCH, SAMPLES))
 
 
 def train_pytorch(init_state, features, labels, make_optimizer, dtype, layer_norm_eps=1e-5):
