@@ -421,7 +421,8 @@ void check_batchnorm_micro_batches(std::int64_t batch, std::int64_t micro_batch,
   if (leaves_one(short_batch)) {
     throw UsageError("--norm batch needs at least 2 samples in every micro-batch (each "
                      "epoch's last batch of " + std::to_string(short_batch) +
-                     " samples leaves one with a single sample; --drop-last drops it)");
+                     (short_batch == 1 ? " sample" : " samples") +
+                     " leaves one with a single sample; --drop-last drops it)");
   }
 }
 
@@ -502,17 +503,20 @@ int run_train(const TrainOptions& options) {
             << trainer.total_steps() << (trainer.total_steps() == 1 ? " step" : " steps")
             << " (" << trainer.batches_per_epoch() << " per epoch) on " << device.name() << "\n";
   const nn::LrSchedule& schedule = trainer.lr_schedule();
-  std::ostringstream lr;
+  std::ostringstream lr;  // "0.002 = 0.001 x sqrt(1024/256) (cosine after 5 linear ...)"
   lr << schedule.base_lr;
   if (options.lr_scale != "none") {
-    lr << " (" << base_learning_rate(options) << " scaled " << options.lr_scale << " for batch "
-       << options.batch << " against " << options.lr_reference_batch << ")";
+    const std::string ratio = std::to_string(options.batch) + "/" +
+                              std::to_string(options.lr_reference_batch);
+    lr << " = " << base_learning_rate(options) << " x "
+       << (options.lr_scale == "sqrt" ? "sqrt(" + ratio + ")" : ratio);
   }
-  lr << " " << nn::lr_schedule_name(schedule.kind);
+  lr << " (" << nn::lr_schedule_name(schedule.kind);
   if (schedule.warmup_steps > 0) {
     lr << " after " << schedule.warmup_steps << " linear warm-up steps from lr/"
        << schedule.warmup_steps;
   }
+  lr << ")";
   const double weight_decay = std::visit([](const auto& o) { return o.weight_decay; },
                                          optimizer.options());
   std::cout << "optimizer " << options.optimizer << ", lr " << lr.str() << ", weight decay "
