@@ -1,0 +1,50 @@
+// loss_scaling.hpp: chapter 03's component. Under fp16, gradients smaller than 2^-24
+// become zero; the loss scale S multiplies the loss's gradient (and so, by linearity,
+// every gradient) to lift them into fp16's range, and is divided out again before the
+// optimizer sees them. The scale enters once and leaves once:
+//
+//   enters   nn::accumulate_gradients(..., loss_scale = S): dlogits = S (p - y) / B,
+//            every micro-batch of the optimizer step with the same S
+//   leaves   unscale_gradients(model, S): every f32 parameter gradient g = g * (1/S),
+//            in one fused pass that also reports whether any was inf or NaN (overflow)
+//
+// With an overflow the step must be skipped: a non-finite gradient would write inf or NaN
+// into the weights. StaticLossScaler keeps S fixed and says whether to step; chapter 04's
+// DynamicLossScaler also moves S.
+#pragma once
+
+#include "common/tensor.hpp"
+#include "nn/model.hpp"
+
+namespace bigbatch::loss_scaling {
+
+/// g = g * (1 / scale) for every parameter gradient of the model, in one pass per tensor
+/// (kernels/elementwise.hpp's unscale_and_check_finite); returns true when any gradient
+/// held an inf or a NaN before (an overflow). Reads one float back from the device: the
+/// one host synchronisation of an optimizer step. `found_inf` is an f32 [1] tensor on
+/// the model's device, reused across steps.
+bool unscale_gradients(const nn::Model& model, float scale, const Tensor& found_inf);
+
+/// A fixed loss scale S (a power of two keeps scaling and unscaling exact).
+class StaticLossScaler {
+ public:
+  /// Throws std::invalid_argument unless scale is finite and positive.
+  explicit StaticLossScaler(float scale);
+
+  float scale() const { return scale_; }
+
+  /// At the optimizer boundary, after the last micro-batch's backward: unscales the
+  /// gradients and returns whether the step may be taken (false on an overflow: the
+  /// caller skips the optimizer step and zeroes the gradients).
+  bool unscale_and_check(const nn::Model& model);
+
+  /// Optimizer steps skipped so far because of an overflow.
+  std::int64_t skipped_steps() const { return skipped_; }
+
+ private:
+  float scale_;
+  std::int64_t skipped_ = 0;
+  Tensor found_inf_;  // allocated on first use, on the model's device
+};
+
+}  // namespace bigbatch::loss_scaling

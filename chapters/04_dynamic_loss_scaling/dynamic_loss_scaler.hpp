@@ -1,0 +1,84 @@
+// dynamic_loss_scaler.hpp: chapter 04's component, a loss scale that finds itself.
+//
+// PyTorch's GradScaler rules, with its defaults:
+//   - start at S = 2^16;
+//   - an optimizer step whose gradients hold an inf or a NaN (an overflow) is skipped,
+//     S is multiplied by the backoff factor 0.5 and the run of clean steps restarts;
+//   - after 2000 consecutive clean optimizer steps, S is multiplied by the growth
+//     factor 2.
+// and three additions that GradScaler lacks:
+//   - hysteresis H (DeepSpeed's name): back off only on the H-th overflow in a row
+//     (H = 1 is GradScaler); every overflow still skips its step;
+//   - a maximum scale: growth stops there;
+//   - a minimum scale: a backoff that would go below it stops the run with
+//     LossScaleUnderflowError instead of letting S collapse towards zero (a NaN in the
+//     data or a diverged model overflows at any scale).
+//
+// Under gradient accumulation the scale is constant within an optimizer step: every
+// micro-batch's backward uses scale(), and update() runs once, at the boundary, after the
+// unscale. The counters count optimizer steps, not micro-batches.
+#pragma once
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+#include "chapters/03_fp16_static_loss_scaling/loss_scaling.hpp"
+
+namespace bigbatch::loss_scaling {
+
+struct DynamicScalerOptions {
+  float initial_scale = 65536.0f;  ///< 2^16, GradScaler's init_scale
+  float growth_factor = 2.0f;
+  float backoff_factor = 0.5f;
+  std::int64_t growth_interval = 2000;  ///< clean optimizer steps before a growth
+  std::int64_t hysteresis = 1;          ///< overflows in a row before a backoff
+  float min_scale = 1.0f;               ///< a backoff below it is an error
+  float max_scale = 16777216.0f;        ///< 2^24: growth stops here
+};
+
+/// Thrown when an overflow would take the scale below its minimum.
+class LossScaleUnderflowError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+/// What the scaler decided at one optimizer boundary.
+struct ScaleUpdate {
+  bool overflow = false;  ///< the gradients held an inf or a NaN: the step is skipped
+  float scale_used = 0;   ///< the scale this step's gradients were computed with
+  float next_scale = 0;   ///< the scale of the next step
+};
+
+class DynamicLossScaler {
+ public:
+  /// Throws std::invalid_argument for options out of range (factors, interval,
+  /// hysteresis, or min <= initial <= max violated).
+  explicit DynamicLossScaler(DynamicScalerOptions options = {});
+
+  /// The scale of the current optimizer step (constant over its micro-batches).
+  float scale() const { return scale_; }
+  const DynamicScalerOptions& options() const { return options_; }
+
+  /// The rule alone, for one optimizer step whose gradients did (or did not) overflow:
+  /// moves the scale and the counters. Throws LossScaleUnderflowError at the minimum.
+  ScaleUpdate update(bool overflow);
+
+  /// At the boundary: unscales the model's gradients with scale(), checks them, and
+  /// applies update(). The caller takes the optimizer step unless result.overflow.
+  ScaleUpdate unscale_and_update(const nn::Model& model);
+
+  std::int64_t clean_steps_in_a_row() const { return clean_run_; }
+  std::int64_t overflows_in_a_row() const { return overflow_run_; }
+  std::int64_t skipped_steps() const { return skipped_; }
+
+ private:
+  DynamicScalerOptions options_;
+  float scale_;
+  std::int64_t clean_run_ = 0;
+  std::int64_t overflow_run_ = 0;
+  std::int64_t skipped_ = 0;
+  Tensor found_inf_;
+};
+
+}  // namespace bigbatch::loss_scaling
