@@ -44,10 +44,8 @@ enum class LastBatch { keep_short, drop };
 class SampleStream {
  public:
   /// Checks batch > 0, a non-empty data set and, with LastBatch::drop, batch <= N.
-  /// LastBatch::drop is the default so that a loop holding B-row tensors (chapter 01's)
-  /// always gets full batches; the trainer chooses explicitly.
   SampleStream(const Dataset& data, std::int64_t batch, bool shuffle, std::uint64_t seed,
-               LastBatch last_batch = LastBatch::drop);
+               LastBatch last_batch);
 
   std::int64_t batch() const { return batch_; }
   const Dataset& data() const { return data_; }

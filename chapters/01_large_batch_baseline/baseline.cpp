@@ -45,20 +45,21 @@ BaselineLoop::BaselineLoop(nn::Model& model, nn::Optimizer& optimizer, const Dat
                            std::int64_t batch, std::int64_t micro_batch, std::uint64_t seed)
     : model_(model),
       optimizer_(optimizer),
-      stream_(data, batch, /*shuffle=*/true, seed),
+      stream_(data, batch, /*shuffle=*/true, seed, nn::LastBatch::keep_short),
       micro_batch_(micro_batch),
       dropout_seed_(nn::dropout_seed_for_run(seed)),
       x_({batch, data.feature_dim()}, DType::f32, model.device(), MemoryCategory::data),
       labels_({batch}, DType::i32, model.device(), MemoryCategory::data) {}
 
 float BaselineLoop::step(std::int64_t k) {
-  stream_.gather(k, x_, labels_);  // the batch's samples, copied to the device
+  const nn::BatchPosition batch = stream_.position(k);
+  const Tensor x = x_.rows(0, batch.size), labels = labels_.rows(0, batch.size);
+  stream_.gather(k, x, labels);  // the batch's samples, copied to the device
   model_.zero_grad();
-  // Forward, loss (divided by the batch's B), backward that adds into the gradients,
-  // micro-batch after micro-batch; with micro_batch == B, all rows at once.
-  const std::int64_t batch = stream_.batch();
-  const float loss = nn::accumulate_gradients(model_, x_, labels_, micro_batch_,
-                                              {true, dropout_seed_, k * batch});
+  // Forward, loss (divided by the batch's size), backward that adds into the gradients,
+  // micro-batch after micro-batch; with micro_batch >= the batch, all rows at once.
+  const float loss = nn::accumulate_gradients(model_, x, labels, micro_batch_,
+                                              {true, dropout_seed_, batch.first_row});
   optimizer_.step();
   return loss;
 }

@@ -36,10 +36,11 @@ struct Data {
 /// (saying so on stdout). `quick` keeps the first 4096 training and 1000 test samples.
 Data load_data(bool quick);
 
-/// The training loop, written out: every step takes the next B samples of the run's
-/// sample stream, computes their mean loss's gradient in micro-batches of `micro_batch`
-/// rows (B for one piece) and updates. chapters/train/trainer.hpp runs the same loop
-/// with every technique of the later chapters; this one shows it bare.
+/// The training loop, written out: every step takes the next batch of the run's sample
+/// stream (B samples; an epoch's last batch is short, as with PyTorch's DataLoader),
+/// computes its mean loss's gradient in micro-batches of `micro_batch` rows (B for one
+/// piece) and updates. chapters/train/trainer.hpp runs the same loop with every technique
+/// of the later chapters; this one shows it bare.
 class BaselineLoop {
  public:
   BaselineLoop(nn::Model& model, nn::Optimizer& optimizer, const Dataset& data,
@@ -47,6 +48,8 @@ class BaselineLoop {
 
   /// Optimizer step k (0-based); returns the batch's mean loss.
   float step(std::int64_t k);
+  /// Optimizer steps per pass over the data: ceil(N / B).
+  std::int64_t steps_per_epoch() const { return stream_.batches_per_epoch(); }
 
  private:
   nn::Model& model_;

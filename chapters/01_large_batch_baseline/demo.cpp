@@ -46,7 +46,8 @@ Setup make_setup(bool quick) {
     s.print_every = 5;
   } else {
     const std::int64_t epochs = 2;
-    s.steps = (epochs * s.data.train.size() + kBatch - 1) / kBatch;
+    // Whole passes, as PyTorch's DataLoader makes them: ceil(N / B) steps per epoch.
+    s.steps = epochs * ((s.data.train.size() + kBatch - 1) / kBatch);
     s.print_every = 50;
   }
   s.host_bytes =
@@ -96,7 +97,7 @@ bb::MemoryStats train_baseline(bb::SelfCheck& report, const Setup& s, bool quick
       char line[96];
       std::snprintf(line, sizeof line, "step %4lld  epoch %.2f  loss %.4f",
                     static_cast<long long>(step),
-                    static_cast<double>(step * kBatch) / static_cast<double>(s.data.train.size()),
+                    static_cast<double>(step) / static_cast<double>(loop.steps_per_epoch()),
                     static_cast<double>(loss));
       report.note(line);
     }
