@@ -9,7 +9,8 @@
 // Precision: f32 uses CUBLAS_COMPUTE_32F_PEDANTIC, which forbids TF32 and every other
 // reduced-precision shortcut, so the result is true fp32 arithmetic. f16 operands use
 // CUBLAS_COMPUTE_32F: tensor cores multiply the f16 values exactly and accumulate in fp32;
-// an f16 C is rounded once when stored. With beta == 0 cuBLAS does not read C.
+// an f16 C is rounded once when stored (the handle's math mode disallows reductions in
+// reduced precision). With beta == 0 cuBLAS does not read C.
 #include <cublas_v2.h>
 
 #include <climits>
@@ -69,6 +70,11 @@ cublasHandle_t handle_for(int device) {
   if (device >= static_cast<int>(handles.size())) handles.resize(device + 1, nullptr);
   if (handles[device] == nullptr) {
     check_cublas(cublasCreate(&handles[device]), "cublasCreate");
+    // Without this flag cuBLAS may reduce partial sums in the output's type (f16 for an
+    // f16 C), which would break the one rounding on store that gemm.hpp promises.
+    check_cublas(cublasSetMathMode(handles[device],
+                                   CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION),
+                 "cublasSetMathMode");
   }
   return handles[device];
 }
