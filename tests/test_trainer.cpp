@@ -14,6 +14,7 @@
 #include "common/data/dataset.hpp"
 #include "chapters/train/trainer.hpp"
 #include "nn/sample_stream.hpp"
+#include "tests/harness.hpp"
 
 namespace bigbatch {
 namespace {
@@ -232,6 +233,47 @@ TEST(TrainerSchedule, TheOptimizerUsesTheScheduledRateOfEveryStep) {
     EXPECT_EQ(f.optimizer.learning_rate(), record.learning_rate);
   });
   EXPECT_EQ(f.optimizer.steps_taken(), 6);
+}
+
+// Mixed precision with dynamic loss scaling, at the optimizer boundary: a step whose
+// scaled gradients overflow f16 (S = 2^30: the scaled dlogits exceed 65504) is skipped:
+// the weights, their f16 copies and AdamW's state keep their bits, the scale halves, and
+// the schedule does not advance (it counts optimizer steps taken, so the next step still
+// uses the warm-up's first rate).
+TEST(TrainerLossScaling, AnOverflowingStepIsSkippedAndTheScheduleWaits) {
+  ModelConfig model_config = tiny_model(1, 0.0f);
+  model_config.precision = nn::Precision::fp16;
+  Fixture f(100, model_config);
+  TrainConfig config;
+  config.batch = 32;
+  config.micro_batch = 8;
+  config.steps = 2;
+  config.warmup_steps = 4;
+  config.loss_scaling = train::LossScaling::dynamic;
+  config.dynamic_scaling = {.initial_scale = 1073741824.0f, .growth_interval = 100,
+                            .min_scale = 1, .max_scale = 1073741824.0f};
+  train::Trainer trainer(f.model, f.optimizer, f.data, config);
+  std::vector<Tensor> before;
+  for (const auto& p : f.model.parameters()) {
+    before.push_back(p.value.clone());
+    if (p.half.defined()) before.push_back(p.half.clone());
+  }
+  const train::StepRecord first = trainer.step();
+  EXPECT_TRUE(first.skipped);
+  EXPECT_EQ(first.loss_scale, 1073741824.0f);
+  EXPECT_EQ(f.optimizer.steps_taken(), 0);
+  std::size_t i = 0;
+  for (const auto& p : f.model.parameters()) {
+    EXPECT_TRUE(testing::bitwise_equal(p.value, before[i++])) << p.name;
+    if (p.half.defined()) EXPECT_TRUE(testing::bitwise_equal(p.half, before[i++])) << p.name;
+  }
+  for (const auto& [name, state] : f.optimizer.state()) {
+    for (const double v : testing::to_doubles(state)) ASSERT_EQ(v, 0.0) << name;
+  }
+  const train::StepRecord second = trainer.step();
+  EXPECT_EQ(second.loss_scale, 536870912.0f) << "the scale halves after an overflow";
+  EXPECT_EQ(second.learning_rate, first.learning_rate) << "a skipped step advanced the schedule";
+  EXPECT_EQ(second.skipped_steps, second.skipped ? 2 : 1);
 }
 
 TEST(TrainerSchedule, AConstantScheduleTrainsAsTheFixedRateLoopBitForBit) {

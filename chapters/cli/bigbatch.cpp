@@ -78,6 +78,9 @@ struct TrainOptions {
   std::string init, save, log;
   std::int64_t eval_every = 0;
   std::int64_t print_every = 0;
+  std::string precision = "fp32";
+  std::string loss_scale = "none";  ///< none, static:S or dynamic
+  loss_scaling::DynamicScalerOptions scaling;  ///< --scale-*: for --loss-scale dynamic
   std::set<std::string> given;  ///< the flags on the command line, e.g. "--depth"
 };
 
@@ -225,8 +228,9 @@ std::string clock_time(double seconds) {
 /// at that speed.
 class Progress {
  public:
-  Progress(std::int64_t total_steps, std::int64_t print_every)
+  Progress(std::int64_t total_steps, std::int64_t print_every, bool show_scale)
       : total_(total_steps),
+        show_scale_(show_scale),
         terminal_(::isatty(STDOUT_FILENO) != 0),
         every_(print_every > 0 ? print_every : std::max<std::int64_t>(1, total_steps / 20)),
         start_(std::chrono::steady_clock::now()) {}
@@ -251,17 +255,25 @@ class Progress {
                   "ETA %s",
                   record.epoch, record.loss, record.learning_rate, 1e3 * seconds_per_step,
                   samples_per_second, clock_time(now).c_str(), clock_time(eta).c_str());
+    std::string scale;
+    if (show_scale_) {
+      char text[64];
+      std::snprintf(text, sizeof text, "  scale %g  skipped %lld",
+                    static_cast<double>(record.loss_scale),
+                    static_cast<long long>(record.skipped_steps));
+      scale = text;
+    }
     const std::string counter =
         "step " + std::to_string(record.step) + "/" + std::to_string(total_);
     if (terminal_) {
       constexpr int kWidth = 20;
       const auto filled = static_cast<std::size_t>(kWidth * record.step / total_);
       std::cout << '\r' << counter << " [" << std::string(filled, '=')
-                << std::string(kWidth - filled, ' ') << "] " << numbers << "\033[K"
+                << std::string(kWidth - filled, ' ') << "] " << numbers << scale << "\033[K"
                 << std::flush;
       dirty_ = true;
     } else {
-      std::cout << counter << "  " << numbers << "\n" << std::flush;
+      std::cout << counter << "  " << numbers << scale << "\n" << std::flush;
     }
     last_draw_ = now;
     window_steps_ = 0;
@@ -279,6 +291,7 @@ class Progress {
 
  private:
   std::int64_t total_;
+  bool show_scale_;
   bool terminal_;
   std::int64_t every_;
   std::chrono::steady_clock::time_point start_;
@@ -348,6 +361,7 @@ nn::ModelConfig model_config(const TrainOptions& options, std::int64_t inputs,
   config.norm = options.norm == "batch" ? nn::Norm::batch : nn::Norm::layer;
   config.activation = options.activation == "relu" ? nn::Activation::relu : nn::Activation::gelu;
   config.seed = options.seed;
+  config.precision = options.precision == "fp16" ? nn::Precision::fp16 : nn::Precision::fp32;
   if (options.init.empty()) return config;
 
   std::map<std::string, std::string> metadata;
@@ -426,6 +440,63 @@ void check_batchnorm_micro_batches(std::int64_t batch, std::int64_t micro_batch,
   }
 }
 
+/// --loss-scale and --scale-*: what the trainer does at each optimizer boundary.
+void configure_loss_scaling(const TrainOptions& options, train::TrainConfig& config) {
+  const bool dynamic = options.loss_scale == "dynamic";
+  for (const char* flag : {"--scale-init", "--scale-growth", "--scale-backoff", "--scale-interval",
+                           "--scale-min", "--scale-max", "--scale-hysteresis"}) {
+    if (options.given.count(flag) && !dynamic) {
+      throw UsageError(std::string(flag) + " applies to --loss-scale dynamic only");
+    }
+  }
+  if (options.loss_scale == "none") return;
+  if (dynamic) {
+    const auto& o = options.scaling;
+    if (!(o.growth_factor > 1)) throw UsageError("--scale-growth must be greater than 1");
+    if (!(o.backoff_factor < 1)) throw UsageError("--scale-backoff must be less than 1");
+    if (!(o.min_scale <= o.max_scale)) {
+      throw UsageError("--scale-min must not exceed --scale-max");
+    }
+    if (!(o.min_scale <= o.initial_scale && o.initial_scale <= o.max_scale)) {
+      throw UsageError("--scale-init must lie between --scale-min and --scale-max");
+    }
+    config.loss_scaling = train::LossScaling::dynamic;
+    config.dynamic_scaling = options.scaling;
+    return;
+  }
+  const std::string prefix = "static:";
+  char* end = nullptr;
+  const std::string number = options.loss_scale.substr(prefix.size());
+  const double scale = std::strtod(number.c_str(), &end);
+  if (options.loss_scale.rfind(prefix, 0) != 0 || number.empty() ||
+      end != number.c_str() + number.size() || !(scale > 0) || !(scale < 3.4e38)) {
+    throw UsageError("--loss-scale: expected none, static:S with S > 0 (e.g. static:1024) or "
+                     "dynamic, got '" + options.loss_scale + "'");
+  }
+  config.loss_scaling = train::LossScaling::fixed;
+  config.fixed_scale = static_cast<float>(scale);
+}
+
+/// "fp16 (f32 master weights), loss scale dynamic: 65536, x2 after 2000 clean steps, ..."
+std::string precision_description(const TrainOptions& options, const train::TrainConfig& c) {
+  std::ostringstream out;
+  out << options.precision << (options.precision == "fp16" ? " (f32 master weights)" : "")
+      << ", loss scale ";
+  switch (c.loss_scaling) {
+    case train::LossScaling::none: out << "none"; break;
+    case train::LossScaling::fixed: out << "static " << c.fixed_scale; break;
+    case train::LossScaling::dynamic: {
+      const auto& d = c.dynamic_scaling;
+      out << "dynamic from " << d.initial_scale << " (x" << d.growth_factor << " after "
+          << d.growth_interval << " clean steps, x" << d.backoff_factor << " after "
+          << d.hysteresis << (d.hysteresis == 1 ? " overflow" : " overflows in a row")
+          << ", within [" << d.min_scale << ", " << d.max_scale << "])";
+      break;
+    }
+  }
+  return out.str();
+}
+
 int run_train(const TrainOptions& options) {
   if (options.micro_batch > options.batch) {
     throw UsageError("--micro-batch " + std::to_string(options.micro_batch) +
@@ -480,6 +551,7 @@ int run_train(const TrainOptions& options) {
   config.lr_schedule =
       options.lr_schedule == "cosine" ? nn::LrScheduleKind::cosine : nn::LrScheduleKind::constant;
   config.warmup_steps = options.warmup_steps;
+  configure_loss_scaling(options, config);
   train::Trainer trainer(model, optimizer, splits.train, config);
 
   std::ofstream log;
@@ -527,12 +599,16 @@ int run_train(const TrainOptions& options) {
   if (options.batch % micro_batch != 0) {
     std::cout << " (the last micro-batch has " << options.batch % micro_batch << " samples)";
   }
-  std::cout << "\n" << std::flush;
+  std::cout << "\nprecision " << precision_description(options, config) << "\n" << std::flush;
 
-  Progress progress(trainer.total_steps(), options.print_every);
-  float last_loss = 0;
+  Progress progress(trainer.total_steps(), options.print_every,
+                    config.loss_scaling != train::LossScaling::none);
+  float last_loss = 0, last_scale = 1;
+  std::int64_t skipped = 0;
   trainer.run([&](const train::StepRecord& record) {
     last_loss = record.loss;
+    last_scale = record.loss_scale;
+    skipped = record.skipped_steps;
     progress.update(record);
     std::string evaluation;
     if (options.eval_every > 0 && splits.test && record.step % options.eval_every == 0) {
@@ -549,6 +625,8 @@ int run_train(const TrainOptions& options) {
           << json_number(record.learning_rate) << ",\"samples\":" << record.samples
           << ",\"time_s\":" << json_number(progress.elapsed())
           << ",\"step_time_s\":" << json_number(record.seconds)
+          << ",\"loss_scale\":" << json_number(record.loss_scale)
+          << ",\"skipped\":" << (record.skipped ? "true" : "false")
           << ",\"peak_bytes_total\":" << record.memory.peak_total
           << ",\"peak_bytes\":" << bytes_json(record.memory.at_peak) << evaluation << "}\n";
     }
@@ -564,6 +642,11 @@ int run_train(const TrainOptions& options) {
               static_cast<long long>(trainer.total_steps()), clock_time(seconds).c_str(),
               1e3 * seconds / static_cast<double>(trainer.total_steps()));
   std::printf("final train loss (last batch): %.4f\n", last_loss);
+  if (config.loss_scaling != train::LossScaling::none) {
+    std::printf("loss scale: %g at the end; %lld of %lld steps skipped on an overflow\n",
+                static_cast<double>(last_scale), static_cast<long long>(skipped),
+                static_cast<long long>(trainer.total_steps()));
+  }
   if (!options.save.empty()) {  // before the evaluation: nothing trained is lost after this
     model.save(options.save);
     std::cout << "saved the parameters to " << options.save << "\n";
@@ -708,10 +791,40 @@ void add_train_flags(CLI::App& train, TrainOptions& o) {
   train.add_option("--save", o.save, "write the trained parameters as safetensors");
   train.add_option("--log", o.log,
                    "one JSON line per step: step, epoch (fractional), loss, lr, samples, "
-                   "time_s (since the start), step_time_s, peak_bytes_total (the step's own "
-                   "peak on the device) and peak_bytes (its breakdown by category)");
+                   "time_s (since the start), step_time_s, loss_scale, skipped (an overflow), "
+                   "peak_bytes_total (the step's own peak on the device) and peak_bytes (its "
+                   "breakdown by category)");
   train.add_option("--eval-every", o.eval_every, "evaluate on the test split every N steps")
       ->check(non_negative);
+  train.add_option("--precision", o.precision,
+                   "fp32, or fp16: mixed precision with f16 weights and activations, f32 "
+                   "master weights, gradients, statistics and loss (nn/model.hpp)")
+      ->capture_default_str()->check(one_of({"fp32", "fp16"}));
+  train.add_option("--loss-scale", o.loss_scale,
+                   "none, static:S (a fixed scale, e.g. static:1024: overflowing steps are "
+                   "skipped) or dynamic (GradScaler's rules; --scale-*)")
+      ->capture_default_str();
+  const CLI::Validator positive_real = real_number_in(1e-30, 3.4e38, "positive");
+  train.add_option("--scale-init", o.scaling.initial_scale, "dynamic: the first scale")
+      ->capture_default_str()->check(positive_real);
+  train.add_option("--scale-growth", o.scaling.growth_factor,
+                   "dynamic: the factor after --scale-interval clean steps (> 1)")
+      ->capture_default_str()->check(positive_real);
+  train.add_option("--scale-backoff", o.scaling.backoff_factor,
+                   "dynamic: the factor on an overflow (in (0, 1))")
+      ->capture_default_str()->check(positive_real);
+  train.add_option("--scale-interval", o.scaling.growth_interval,
+                   "dynamic: clean optimizer steps in a row before a growth")
+      ->capture_default_str()->check(positive);
+  train.add_option("--scale-min", o.scaling.min_scale,
+                   "dynamic: a backoff below it stops the run (exit code 1)")
+      ->capture_default_str()->check(positive_real);
+  train.add_option("--scale-max", o.scaling.max_scale, "dynamic: growth stops here")
+      ->capture_default_str()->check(positive_real);
+  train.add_option("--scale-hysteresis", o.scaling.hysteresis,
+                   "dynamic: overflows in a row before a backoff (every overflow skips its "
+                   "step)")
+      ->capture_default_str()->check(positive);
   train.add_option("--print-every", o.print_every,
                    "steps between progress lines when stdout is not a terminal [default: "
                    "steps/20; the first and last steps are always printed]")

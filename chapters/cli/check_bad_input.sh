@@ -42,6 +42,13 @@ done <<TABLE
 --depth|$small --init $init --depth 3
 --norm|$small --init $init --norm batch
 --frobnicate|$small --frobnicate
+--precision|$small --precision fp8
+--loss-scale|$small --loss-scale static:abc
+--loss-scale|$small --loss-scale static:0
+--scale-init|$small --scale-init 8
+--scale-backoff|$small --loss-scale dynamic --scale-backoff 2
+--scale-init|$small --loss-scale dynamic --scale-init 4 --scale-min 8
+--scale-hysteresis|$small --loss-scale dynamic --scale-hysteresis 0
 TABLE
 rm -f stderr.txt
 if [ "$failures" -ne 0 ]; then echo "$failures bad inputs were not refused as expected"; exit 1; fi

@@ -28,6 +28,10 @@ Trainer::Trainer(nn::Model& model, nn::Optimizer& optimizer, const Dataset& data
   schedule_ = {optimizer_.learning_rate(), total_steps_, config_.warmup_steps,
                config_.lr_schedule};
   dropout_seed_ = nn::dropout_seed_for_run(config_.seed);
+  if (config_.loss_scaling == LossScaling::fixed) fixed_scaler_.emplace(config_.fixed_scale);
+  if (config_.loss_scaling == LossScaling::dynamic) {
+    dynamic_scaler_.emplace(config_.dynamic_scaling);
+  }
   batch_features_ = Tensor({config_.batch, data.feature_dim()}, DType::f32, model_.device(),
                            MemoryCategory::data);
   batch_labels_ = Tensor({config_.batch}, DType::i32, model_.device(), MemoryCategory::data);
@@ -43,13 +47,25 @@ StepRecord Trainer::step() {
   const Tensor x = batch_features_.rows(0, batch.size);
   const Tensor labels = batch_labels_.rows(0, batch.size);
   stream_.gather(k, x, labels);
-  const double lr = nn::lr_at(schedule_, k);
+  const double lr = nn::lr_at(schedule_, optimizer_steps_);
   optimizer_.set_learning_rate(lr);
   model_.zero_grad();
+  // The scale is constant over the step's micro-batches; it changes only at the boundary.
+  const float scale = fixed_scaler_     ? fixed_scaler_->scale()
+                      : dynamic_scaler_ ? dynamic_scaler_->scale()
+                                        : 1.0f;
   const nn::ForwardContext context{true, dropout_seed_, batch.first_row};
   const float loss = nn::accumulate_gradients(model_, x, labels, config_.micro_batch, context,
-                                              /*global_count=*/batch.size);
-  optimizer_.step();
+                                              /*global_count=*/batch.size, scale);
+  bool overflow = false;  // the boundary: unscale, check, and (dynamic) move the scale
+  if (fixed_scaler_) overflow = !fixed_scaler_->unscale_and_check(model_);
+  if (dynamic_scaler_) overflow = dynamic_scaler_->unscale_and_update(model_).overflow;
+  if (overflow) {
+    ++skipped_steps_;  // the gradients are zeroed before the next step's first micro-batch
+  } else {
+    optimizer_.step();
+    ++optimizer_steps_;
+  }
 
   ++steps_done_;
   samples_done_ += batch.size;
@@ -62,6 +78,9 @@ StepRecord Trainer::step() {
                  static_cast<double>(batch.index + 1) /
                      static_cast<double>(stream_.batches_per_epoch());
   record.learning_rate = lr;
+  record.loss_scale = scale;
+  record.skipped = overflow;
+  record.skipped_steps = skipped_steps_;
   record.memory = allocator.stats();
   if (record.memory.peak_total > largest_step_memory_.peak_total) {
     largest_step_memory_ = record.memory;

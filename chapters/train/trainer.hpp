@@ -6,11 +6,16 @@
 //   batch = the k-th batch of the run: epoch e, b samples (B, or fewer at an epoch's end)
 //   gather its samples into x [b, D], labels [b]: rows 0..b-1 of the device tensors of
 //                             B rows (MemoryCategory::data, allocated once, reused)
-//   optimizer.set_learning_rate(lr_at(schedule, k))
+//   optimizer.set_learning_rate(lr_at(schedule, steps taken))
 //   model.zero_grad()
 //   loss = nn::accumulate_gradients(model, x, labels, micro_batch,
-//                                   {training, dropout_seed, first_row}, global count b)
+//                                   {training, dropout_seed, first_row}, global count b,
+//                                   loss scale S: 1, the static S, or the dynamic one's)
+//   the boundary, with a loss scaler (chapters 03-04): unscale every gradient by 1/S and
+//     check it; on an overflow skip the optimizer step (and, dynamic, back off S)
 //   optimizer.step()
+// The learning-rate schedule counts optimizer steps taken: a skipped step does not
+// advance it (PyTorch warns when a scheduler steps before its optimizer for this reason).
 // first_row = e N + j B is the batch's place in the run, so every sample of the run
 // draws its own dropout mask, and the same one whatever the micro-batch size.
 // The allocator's peak is reset before each step, so a step reports its own peak.
@@ -18,8 +23,11 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <vector>
 
+#include "chapters/03_fp16_static_loss_scaling/loss_scaling.hpp"
+#include "chapters/04_dynamic_loss_scaling/dynamic_loss_scaler.hpp"
 #include "common/data/dataset.hpp"
 #include "common/memory.hpp"
 #include "nn/lr_schedule.hpp"
@@ -28,6 +36,9 @@
 #include "nn/training.hpp"
 
 namespace bigbatch::train {
+
+/// How the loss is scaled under mixed precision (chapters 03-04).
+enum class LossScaling { none, fixed, dynamic };
 
 struct TrainConfig {
   std::int64_t batch = 256;        ///< B, samples per optimizer step
@@ -40,6 +51,9 @@ struct TrainConfig {
   /// The learning rate per optimizer step; the base rate is the optimizer's at the start.
   nn::LrScheduleKind lr_schedule = nn::LrScheduleKind::constant;
   std::int64_t warmup_steps = 0;   ///< linear warm-up steps (nn/lr_schedule.hpp)
+  LossScaling loss_scaling = LossScaling::none;
+  float fixed_scale = 1.0f;        ///< S of LossScaling::fixed
+  loss_scaling::DynamicScalerOptions dynamic_scaling;  ///< for LossScaling::dynamic
 };
 
 /// What one step reports.
@@ -50,6 +64,9 @@ struct StepRecord {
   std::int64_t samples = 0;        ///< samples seen so far, this step's included
   double epoch = 0;                ///< epochs done: e + (j + 1) / batches per epoch
   double learning_rate = 0;        ///< the rate this step used
+  float loss_scale = 1;            ///< the scale S this step's gradients were computed with
+  bool skipped = false;            ///< an overflow: no optimizer step was taken
+  std::int64_t skipped_steps = 0;  ///< skipped so far, this one included
   double seconds = 0;              ///< the step's wall time
   MemoryStats memory;              ///< the device allocator during this step only:
                                    ///< peak_total, at_peak (its breakdown), peak per category
@@ -87,6 +104,10 @@ class Trainer {
   TrainConfig config_;
   nn::SampleStream stream_;
   nn::LrSchedule schedule_;
+  std::optional<loss_scaling::StaticLossScaler> fixed_scaler_;
+  std::optional<loss_scaling::DynamicLossScaler> dynamic_scaler_;
+  std::int64_t optimizer_steps_ = 0;  // steps taken: the schedule's clock
+  std::int64_t skipped_steps_ = 0;
   std::int64_t total_steps_ = 0;
   std::int64_t steps_done_ = 0;
   std::int64_t samples_done_ = 0;

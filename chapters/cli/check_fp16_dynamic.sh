@@ -1,0 +1,23 @@
+#!/bin/sh
+# check_fp16_dynamic.sh BIGBATCH
+# Mixed precision with dynamic loss scaling: a first scale of 2^30 overflows f16 (the
+# scaled dlogits exceed 65504), so step 1 must be skipped and the scale halved; the header
+# names the precision and the rule, the log carries the scale and the skip, and the run
+# ends with the count of skipped steps.
+set -u
+bigbatch=$1
+"$bigbatch" train --data synthetic --samples 2000 --depth 1 --hidden 32 --steps 3 --batch 64 \
+  --micro-batch 16 --precision fp16 --loss-scale dynamic --scale-init 1073741824 \
+  --scale-max 1073741824 --log fp16.jsonl > fp16.txt
+code=$?
+cat fp16.txt
+fail() { echo "FAIL: $1"; exit 1; }
+[ "$code" -eq 0 ] || fail "exit code $code"
+grep -q '^precision fp16 (f32 master weights), loss scale dynamic from 1.07374e+09' fp16.txt ||
+  fail "the header does not name the precision and the rule"
+head -n 1 fp16.jsonl | grep -q '"loss_scale":1.07374182e+09,"skipped":true' ||
+  fail "step 1 did not overflow at 2^30: $(head -n 1 fp16.jsonl)"
+sed -n 2p fp16.jsonl | grep -q '"loss_scale":536870912,' ||
+  fail "the scale did not halve: $(sed -n 2p fp16.jsonl)"
+grep -q ' steps skipped on an overflow' fp16.txt || fail "no count of skipped steps"
+echo "ok"
