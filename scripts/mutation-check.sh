@@ -20,11 +20,11 @@
 # cases, the chapter demos (chapter_NN_name, run with --quick) and the bigbatch smoke
 # tests; not the PyTorch comparison, which trains for minutes and needs torch. Every test
 # must pass on the unmutated copy. Then, for each mutation: its original snippet must
-# occur exactly once in its file (else the entry is STALE); the snippet is replaced; the
-# test programs the entry names are rebuilt (incrementally) and their CTest tests run
-# (every test when it names none); the verdict is KILLED, with the failing tests' names,
-# or SURVIVED. A mutation that does not compile is an error of the list. The file is
-# restored before the next mutation.
+# occur exactly once in its file and each program it names must have CTest tests (else
+# the entry is STALE); the snippet is replaced; the test programs the entry names are
+# rebuilt (incrementally) and their CTest tests run (every test when it names none); the
+# verdict is KILLED, with the failing tests' names, or SURVIVED. A mutation that does not
+# compile is an error of the list. The file is restored before the next mutation.
 #
 # Exit status: 0 when every mutation was killed; 1 when one survived, was stale or did not
 # compile; 2 for a usage error or when the unmutated copy does not build or pass.
@@ -289,9 +289,15 @@ for i in "${selected[@]}"; do
   test_args=("${all_tests[@]}")
   if ((${#targets[@]})); then
     build_args=(--target "${targets[@]}")
-    if ! selection=$(ctest_selection "${targets[@]}"); then
+    if ! selection=$(ctest_selection "${targets[@]}" 2>&1); then
       cp "$backup" "$file"
-      die "mutation '$id' names a program without CTest tests: ${programs[$i]}"
+      touch "$file"
+      verdicts[$i]="STALE"
+      catchers[$i]="$selection"
+      stale=$((stale + 1))
+      echo "STALE"
+      seconds[$i]=$((SECONDS - mutation_start))
+      continue
     fi
     read -r -a test_args <<< "$selection"
   fi
