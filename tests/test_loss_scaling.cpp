@@ -16,6 +16,7 @@
 #include "nn/model.hpp"
 #include "nn/training.hpp"
 #include "tests/harness.hpp"
+#include "tests/labelled_batch.hpp"
 
 namespace bigbatch {
 namespace {
@@ -126,20 +127,7 @@ ModelConfig fp16_config() {
           .dropout = 0.1f, .seed = 3, .precision = Precision::fp16};
 }
 
-struct Batch {
-  Tensor x, labels;
-};
-
-Batch make_batch(const ModelConfig& config, std::int64_t rows, std::uint64_t seed) {
-  std::vector<std::int32_t> labels(static_cast<std::size_t>(rows));
-  for (std::int64_t i = 0; i < rows; ++i) {
-    labels[static_cast<std::size_t>(i)] =
-        static_cast<std::int32_t>(random_bits(seed, 1, i) % config.classes);
-  }
-  return {testing::random_tensor({rows, config.inputs}, DType::f32, Device::cpu(), seed,
-                                 -2.0, 2.0),
-          Tensor::from_vector(labels, {rows}, Device::cpu(), MemoryCategory::data)};
-}
+using Batch = testing::LabelledBatch;
 
 std::vector<Tensor> snapshot(const Model& model, const nn::Optimizer& optimizer) {
   std::vector<Tensor> copies;
@@ -176,7 +164,7 @@ TEST(LossScalingAtTheBoundary, AnInfInOneMicroBatchSkipsTheWholeStep) {
   nn::Optimizer optimizer(model.parameters(), AdamWOptions{});
   DynamicLossScaler scaler({.initial_scale = 1024, .growth_interval = 100, .min_scale = 1,
                             .max_scale = 65536});
-  const Batch clean = make_batch(config, 24, 1);
+  const Batch clean = testing::random_labelled_batch(config, 24, 1);
   ASSERT_TRUE(scaled_step(model, optimizer, scaler, clean)) << "a clean step was skipped";
 
   // The second of three micro-batches holds an input beyond f16's range: it becomes inf
@@ -207,7 +195,7 @@ TEST(LossScalingAtTheBoundary, AnInfInOneMicroBatchSkipsTheWholeStep) {
 TEST(LossScalingAtTheBoundary, UnscalingAPowerOfTwoGivesTheUnscaledGradientsExactly) {
   ModelConfig config = fp16_config();
   config.precision = Precision::fp32;
-  const Batch batch = make_batch(config, 20, 2);
+  const Batch batch = testing::random_labelled_batch(config, 20, 2);
   Model plain(config, Device::cpu()), scaled(config, Device::cpu());
   plain.zero_grad();
   scaled.zero_grad();
@@ -231,7 +219,7 @@ TEST(LossScalingAtTheBoundary, AStaticScaleRescuesGradientsThatUnderflowInF16) {
   ModelConfig config = fp16_config();
   config.dropout = 0;
   const std::int64_t global_count = std::int64_t{1} << 20;
-  const Batch batch = make_batch(config, 64, 3);
+  const Batch batch = testing::random_labelled_batch(config, 64, 3);
   const auto gradients = [&](Precision precision, float scale) {
     ModelConfig c = config;
     c.precision = precision;

@@ -14,6 +14,7 @@
 #include "nn/model.hpp"
 #include "nn/training.hpp"
 #include "tests/harness.hpp"
+#include "tests/labelled_batch.hpp"
 
 namespace bigbatch {
 namespace {
@@ -29,20 +30,7 @@ ModelConfig small_config(Precision precision, float dropout = 0.1f) {
           .dropout = dropout, .seed = 5, .precision = precision};
 }
 
-struct Batch {
-  Tensor x, labels;
-};
-
-Batch make_batch(const ModelConfig& config, std::int64_t rows, std::uint64_t seed) {
-  std::vector<std::int32_t> labels(static_cast<std::size_t>(rows));
-  for (std::int64_t i = 0; i < rows; ++i) {
-    labels[static_cast<std::size_t>(i)] =
-        static_cast<std::int32_t>(random_bits(seed, 1, i) % config.classes);
-  }
-  return {testing::random_tensor({rows, config.inputs}, DType::f32, Device::cpu(), seed,
-                                 -2.0, 2.0),
-          Tensor::from_vector(labels, {rows}, Device::cpu(), MemoryCategory::data)};
-}
+using Batch = testing::LabelledBatch;
 
 std::vector<Tensor> gradients_of(const Model& model) {
   std::vector<Tensor> grads;
@@ -62,7 +50,7 @@ std::vector<Tensor> accumulated(const ModelConfig& config, const Batch& batch,
 TEST(MixedPrecision, LinearWeightsHaveAnF32MasterAndAnF16WorkingCopy) {
   Model model(small_config(Precision::fp16), Device::cpu());
   nn::Optimizer optimizer(model.parameters(), AdamWOptions{});
-  const Batch batch = make_batch(model.config(), 16, 1);
+  const Batch batch = testing::random_labelled_batch(model.config(), 16, 1);
   model.zero_grad();
   nn::accumulate_gradients(model, batch.x, batch.labels, 16, {true, 3, 0});
   optimizer.step();
@@ -123,7 +111,7 @@ TEST(MixedPrecision, BytesByCategoryArePredictedToTheByte) {
     SCOPED_TRACE(nn::precision_name(precision));
     const ModelConfig config = small_config(precision, 0.0f);
     const std::int64_t rows = 40;
-    const Batch batch = make_batch(config, rows, 2);
+    const Batch batch = testing::random_labelled_batch(config, rows, 2);
     const MemoryStats before = cpu.stats();
     Model model(config, Device::cpu());
     nn::Optimizer optimizer(model.parameters(), AdamWOptions{});
@@ -151,7 +139,7 @@ TEST(MixedPrecision, BytesByCategoryArePredictedToTheByte) {
 TEST(MixedPrecision, MicroBatchesEqualTheBatchBitForBit) {
   const ModelConfig config = small_config(Precision::fp16);
   for (const std::int64_t rows : {64, 100}) {
-    const Batch batch = make_batch(config, rows, 3);
+    const Batch batch = testing::random_labelled_batch(config, rows, 3);
     const std::vector<Tensor> whole = accumulated(config, batch, rows);
     for (const std::int64_t micro : {1, 7, 64}) {
       if (micro > rows) continue;
@@ -171,7 +159,7 @@ TEST(MixedPrecision, MicroBatchesEqualTheBatchBitForBit) {
 // entered once and nothing else changed.
 TEST(MixedPrecision, LossScaleEntersOnceAsAnExactPowerOfTwo) {
   const ModelConfig config = small_config(Precision::fp32);
-  const Batch batch = make_batch(config, 48, 4);
+  const Batch batch = testing::random_labelled_batch(config, 48, 4);
   const std::vector<Tensor> plain = accumulated(config, batch, 16);
   const std::vector<Tensor> scaled = accumulated(config, batch, 16, 1024.0f);
   for (std::size_t i = 0; i < plain.size(); ++i) {
@@ -186,7 +174,7 @@ TEST(MixedPrecision, LossScaleEntersOnceAsAnExactPowerOfTwo) {
 // normalised error ||g16 - g32|| / ||g32|| per parameter tensor measured 1.6e-3 at worst
 // here; checked at 3e-2 (a margin of about 19x), far below the ~1 of a wrong gradient.
 TEST(MixedPrecision, Fp16GradientsFollowFp32) {
-  const Batch batch = make_batch(small_config(Precision::fp32), 64, 5);
+  const Batch batch = testing::random_labelled_batch(small_config(Precision::fp32), 64, 5);
   const std::vector<Tensor> g32 = accumulated(small_config(Precision::fp32), batch, 16);
   const std::vector<Tensor> g16 = accumulated(small_config(Precision::fp16), batch, 16);
   double worst = 0;
