@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs the CPU kernel benchmarks and writes Google Benchmark JSON to
-# bench/results/cpu-kernels.json (the file the notebooks read).
+# bench/results/cpu-kernels.json (the file the notebooks read), then the whole-step
+# benchmarks (fp32 and fp16) to bench/results/cpu-training.json.
 #
 # Usage: scripts/run-benchmarks.sh [extra Google Benchmark flags]
 #
@@ -26,3 +27,8 @@ build/bench/bench_kernels --benchmark_out=bench/results/cpu-kernels.json \
   --benchmark_out_format=json --benchmark_repetitions=5 \
   --benchmark_report_aggregates_only=true --benchmark_enable_random_interleaving=true "$@"
 echo "wrote bench/results/cpu-kernels.json"
+build/bench/bench_training --benchmark_out=bench/results/cpu-training.json \
+  --benchmark_out_format=json --benchmark_repetitions=5 \
+  --benchmark_report_aggregates_only=true --benchmark_enable_random_interleaving=true \
+  --benchmark_filter=/cpu/ "$@"
+echo "wrote bench/results/cpu-training.json"
