@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "kernels/elementwise.hpp"
+#include "nn/memory_model.hpp"
 #include "nn/model.hpp"
 #include "nn/training.hpp"
 #include "tests/harness.hpp"
@@ -75,36 +76,8 @@ TEST(MixedPrecision, LinearWeightsHaveAnF32MasterAndAnF16WorkingCopy) {
   EXPECT_EQ(linear_weights, 2 + 2 * 3);  // stem, head and two per block
 }
 
-// What the allocator counts, predicted from the configuration alone. Linear weights cost
-// 4 bytes (fp32) or 4 + 2 (fp16: master and working copy); biases and norm weights 4.
-// Activations saved by forward() (model.hpp's SavedActivations), per sample, with s the
-// activations' element size: the stem's pre-activation and output (2H s), per block the
-// normed input, fc1's output, the dropped-out hidden layer and the block's output
-// (2H s + 2EH s) and LayerNorm's mean and rstd (8 bytes), the head's normed input (H s)
-// and statistics (8), the logits (4C, f32 in both precisions), and under fp16 the input
-// rounded to f16 (2D; fp32 reads x itself). The category peaks at the end of forward().
-struct Prediction {
-  std::size_t parameters = 0, master_weights = 0, gradients = 0, optimizer_state = 0;
-  std::size_t activations = 0;
-};
-
-Prediction predict(const ModelConfig& c, std::int64_t rows) {
-  const bool mixed = c.precision == Precision::fp16;
-  const std::int64_t d = c.inputs, h = c.hidden, inner = c.expansion * c.hidden, k = c.classes;
-  const std::int64_t weights = d * h + c.depth * 2 * h * inner + h * k;
-  const std::int64_t others = h + c.depth * (2 * h + inner + h) + k + 2 * h;  // biases, norms
-  Prediction p;
-  p.parameters = static_cast<std::size_t>(mixed ? 2 * weights + 4 * others : 4 * (weights + others));
-  p.master_weights = static_cast<std::size_t>(mixed ? 4 * weights : 0);
-  p.gradients = static_cast<std::size_t>(4 * (weights + others));
-  p.optimizer_state = 2 * p.gradients;  // AdamW: exp_avg and exp_avg_sq, f32
-  const std::int64_t s = mixed ? 2 : 4;
-  const std::int64_t per_sample = 2 * h * s + c.depth * ((2 * h + 2 * inner) * s + 8) +
-                                  h * s + 8 + 4 * k + (mixed ? 2 * d : 0);
-  p.activations = static_cast<std::size_t>(rows * per_sample);
-  return p;
-}
-
+// nn::predict_memory (nn/memory_model.hpp) against the allocator's counts: every category
+// to the byte, in both precisions.
 TEST(MixedPrecision, BytesByCategoryArePredictedToTheByte) {
   TrackingAllocator& cpu = allocator_for(Device::cpu());
   for (const Precision precision : {Precision::fp32, Precision::fp16}) {
@@ -116,12 +89,12 @@ TEST(MixedPrecision, BytesByCategoryArePredictedToTheByte) {
     Model model(config, Device::cpu());
     nn::Optimizer optimizer(model.parameters(), AdamWOptions{});
     const MemoryStats built = cpu.stats();
-    const Prediction want = predict(config, rows);
+    const nn::PredictedBytes want = nn::predict_memory(config, rows);
     const auto grew = [&](MemoryCategory c) { return built.live_of(c) - before.live_of(c); };
     EXPECT_EQ(grew(MemoryCategory::parameters), want.parameters);
     EXPECT_EQ(grew(MemoryCategory::master_weights), want.master_weights);
     EXPECT_EQ(grew(MemoryCategory::gradients), want.gradients);
-    EXPECT_EQ(grew(MemoryCategory::optimizer_state), want.optimizer_state);
+    EXPECT_EQ(grew(MemoryCategory::optimizer_state), want.adamw_state);
     cpu.reset_peak();
     const std::size_t live_activations = cpu.stats().live_of(MemoryCategory::activations);
     const Tensor logits = model.forward(batch.x, {true, 1, 0});
@@ -129,8 +102,8 @@ TEST(MixedPrecision, BytesByCategoryArePredictedToTheByte) {
               want.activations);
   }
   // fp16 halves what each saved element costs; the statistics and logits stay f32.
-  const Prediction fp32 = predict(small_config(Precision::fp32), 1000);
-  const Prediction fp16 = predict(small_config(Precision::fp16), 1000);
+  const nn::PredictedBytes fp32 = nn::predict_memory(small_config(Precision::fp32), 1000);
+  const nn::PredictedBytes fp16 = nn::predict_memory(small_config(Precision::fp16), 1000);
   EXPECT_LT(fp16.activations * 10, fp32.activations * 6);
 }
 
