@@ -51,16 +51,18 @@ BaselineLoop::BaselineLoop(nn::Model& model, nn::Optimizer& optimizer, const Dat
       x_({batch, data.feature_dim()}, DType::f32, model.device(), MemoryCategory::data),
       labels_({batch}, DType::i32, model.device(), MemoryCategory::data) {}
 
-float BaselineLoop::step(std::int64_t k) {
+float BaselineLoop::step(std::int64_t k, float loss_scale,
+                         const std::function<bool()>& at_boundary) {
   const nn::BatchPosition batch = stream_.position(k);
   const Tensor x = x_.rows(0, batch.size), labels = labels_.rows(0, batch.size);
   stream_.gather(k, x, labels);  // the batch's samples, copied to the device
   model_.zero_grad();
   // Forward, loss (divided by the batch's size), backward that adds into the gradients,
   // micro-batch after micro-batch; with micro_batch >= the batch, all rows at once.
-  const float loss = nn::accumulate_gradients(model_, x, labels, micro_batch_,
-                                              {true, dropout_seed_, batch.first_row});
-  optimizer_.step();
+  const float loss =
+      nn::accumulate_gradients(model_, x, labels, micro_batch_,
+                               {true, dropout_seed_, batch.first_row}, batch.size, loss_scale);
+  if (at_boundary()) optimizer_.step();
   return loss;
 }
 

@@ -10,6 +10,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 
 #include "common/data/dataset.hpp"
 #include "kernels/optimizer.hpp"
@@ -47,7 +48,13 @@ class BaselineLoop {
                std::int64_t batch, std::int64_t micro_batch, std::uint64_t seed);
 
   /// Optimizer step k (0-based); returns the batch's mean loss.
-  float step(std::int64_t k);
+  float step(std::int64_t k) {
+    return step(k, 1.0f, [] { return true; });
+  }
+  /// The same step with a loss scale S (chapter 03) and a hook at the optimizer boundary,
+  /// after the last micro-batch's backward: the optimizer steps only if it returns true
+  /// (a loss scaler unscales and checks the gradients there).
+  float step(std::int64_t k, float loss_scale, const std::function<bool()>& at_boundary);
   /// Optimizer steps per pass over the data: ceil(N / B).
   std::int64_t steps_per_epoch() const { return stream_.batches_per_epoch(); }
 
