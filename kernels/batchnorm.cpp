@@ -4,6 +4,7 @@
 
 #include "common/half.hpp"
 #include "kernels/cpu_parallel.hpp"
+#include "kernels/cpu_vector.hpp"
 #include "kernels/dispatch.hpp"
 #include "kernels/scalar_math.hpp"
 
@@ -126,8 +127,8 @@ void normalize_features(const T* xs, const Tensor& weight, const Tensor& bias,
   parallel_for(M, chunk_of(N), [&](std::int64_t begin, std::int64_t end) {
     for (std::int64_t i = begin; i < end; ++i) {
       for (std::int64_t j = 0; j < N; ++j) {
-        const A xhat = detail::normalize(static_cast<A>(xs[i * N + j]), means[j], rstds[j]);
-        ys[i * N + j] = static_cast<T>(xhat * w[j] + b[j]);
+        const A xhat = detail::normalize(load(xs + (i * N + j)), means[j], rstds[j]);
+        store(ys + (i * N + j), xhat * w[j] + b[j]);
       }
     }
   });
@@ -149,14 +150,14 @@ void forward_train_typed(const Tensor& x, const Tensor& weight, const Tensor& bi
   parallel_for(N, chunk_of(M), [&](std::int64_t first, std::int64_t last) {
     std::fill(means + first, means + last, A(0));
     for (std::int64_t i = 0; i < M; ++i) {
-      for (std::int64_t j = first; j < last; ++j) means[j] += static_cast<A>(xs[i * N + j]);
+      for (std::int64_t j = first; j < last; ++j) means[j] += load(xs + (i * N + j));
     }
     for (std::int64_t j = first; j < last; ++j) means[j] /= static_cast<A>(M);
     // rstd holds the sum of squared deviations until it becomes 1 / sqrt(var + eps).
     std::fill(rstds + first, rstds + last, A(0));
     for (std::int64_t i = 0; i < M; ++i) {
       for (std::int64_t j = first; j < last; ++j) {
-        const A deviation = static_cast<A>(xs[i * N + j]) - means[j];
+        const A deviation = load(xs + (i * N + j)) - means[j];
         rstds[j] += deviation * deviation;
       }
     }
@@ -210,8 +211,8 @@ void backward_typed(const Tensor& x, const Tensor& weight, const Tensor& mean, c
     std::fill(mean_dy_xhat + first, mean_dy_xhat + last, A(0));
     for (std::int64_t i = 0; i < M; ++i) {
       for (std::int64_t j = first; j < last; ++j) {
-        const A g = static_cast<A>(dys[i * N + j]);
-        const A g_xhat = g * detail::normalize(static_cast<A>(xs[i * N + j]), means[j], rstds[j]);
+        const A g = load(dys + (i * N + j));
+        const A g_xhat = g * detail::normalize(load(xs + (i * N + j)), means[j], rstds[j]);
         mean_dy[j] += g;
         mean_dy_xhat[j] += g_xhat;
         db[j] += g;
@@ -227,10 +228,9 @@ void backward_typed(const Tensor& x, const Tensor& weight, const Tensor& mean, c
   parallel_for(M, chunk_of(N), [&](std::int64_t begin, std::int64_t end) {
     for (std::int64_t i = begin; i < end; ++i) {
       for (std::int64_t j = 0; j < N; ++j) {
-        const A g = static_cast<A>(dys[i * N + j]);
-        const A xhat = detail::normalize(static_cast<A>(xs[i * N + j]), means[j], rstds[j]);
-        dxs[i * N + j] =
-            static_cast<T>((w[j] * rstds[j]) * ((g - mean_dy[j]) - xhat * mean_dy_xhat[j]));
+        const A g = load(dys + (i * N + j));
+        const A xhat = detail::normalize(load(xs + (i * N + j)), means[j], rstds[j]);
+        store(dxs + (i * N + j), (w[j] * rstds[j]) * ((g - mean_dy[j]) - xhat * mean_dy_xhat[j]));
       }
     }
   });

@@ -6,6 +6,7 @@
 
 #include "common/half.hpp"
 #include "kernels/cpu_parallel.hpp"
+#include "kernels/cpu_vector.hpp"
 #include "kernels/dispatch.hpp"
 #include "kernels/scalar_math.hpp"
 
@@ -157,17 +158,17 @@ void forward_typed(const Tensor& x, const Tensor& weight, const Tensor& bias, co
     for (std::int64_t i = begin; i < end; ++i) {
       const T* row = xs + i * N;
       A sum = 0;
-      for (std::int64_t j = 0; j < N; ++j) sum += static_cast<A>(row[j]);
+      for (std::int64_t j = 0; j < N; ++j) sum += load(row + j);
       const A mu = sum / static_cast<A>(N);
       A squared_deviations = 0;
       for (std::int64_t j = 0; j < N; ++j) {
-        const A deviation = static_cast<A>(row[j]) - mu;
+        const A deviation = load(row + j) - mu;
         squared_deviations += deviation * deviation;
       }
       const A r = detail::inverse_std(squared_deviations / static_cast<A>(N), static_cast<A>(eps));
       T* out = ys + i * N;
       for (std::int64_t j = 0; j < N; ++j) {
-        out[j] = static_cast<T>(detail::normalize(static_cast<A>(row[j]), mu, r) * w[j] + b[j]);
+        store(out + j, detail::normalize(load(row + j), mu, r) * w[j] + b[j]);
       }
       means[i] = mu;
       rstds[i] = r;
@@ -195,17 +196,17 @@ void input_gradient(const Tensor& x, const Tensor& weight, const Tensor& mean, c
       const A mu = means[i], r = rstds[i];
       A sum_g = 0, sum_g_xhat = 0;
       for (std::int64_t j = 0; j < N; ++j) {
-        const A g = static_cast<A>(dy_row[j]) * w[j];
+        const A g = load(dy_row + j) * w[j];
         sum_g += g;
-        sum_g_xhat += g * detail::normalize(static_cast<A>(x_row[j]), mu, r);
+        sum_g_xhat += g * detail::normalize(load(x_row + j), mu, r);
       }
       const A mean_g = sum_g / static_cast<A>(N);
       const A mean_g_xhat = sum_g_xhat / static_cast<A>(N);
       T* dx_row = dxs + i * N;
       for (std::int64_t j = 0; j < N; ++j) {
-        const A g = static_cast<A>(dy_row[j]) * w[j];
-        const A xhat = detail::normalize(static_cast<A>(x_row[j]), mu, r);
-        dx_row[j] = static_cast<T>(r * ((g - mean_g) - xhat * mean_g_xhat));
+        const A g = load(dy_row + j) * w[j];
+        const A xhat = detail::normalize(load(x_row + j), mu, r);
+        store(dx_row + j, r * ((g - mean_g) - xhat * mean_g_xhat));
       }
     }
   });
@@ -232,8 +233,8 @@ void parameter_gradients(const Tensor& x, const Tensor& mean, const Tensor& rstd
       const T* x_row = xs + i * N;
       const T* dy_row = dys + i * N;
       for (std::int64_t j = first; j < last; ++j) {
-        const A g = static_cast<A>(dy_row[j]);
-        dw[j] += g * detail::normalize(static_cast<A>(x_row[j]), means[i], rstds[i]);
+        const A g = load(dy_row + j);
+        dw[j] += g * detail::normalize(load(x_row + j), means[i], rstds[i]);
         db[j] += g;
       }
     }
