@@ -4,6 +4,9 @@
 // CTest setting.
 #include <cmath>
 #include <cstdio>
+#include <fstream>
+#include <map>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -95,6 +98,25 @@ struct Lost {
   double zero = 0, subnormal = 0;
 };
 
+/// floor(log2 |v|) of every nonzero element, counted: a histogram of magnitudes.
+std::map<int, std::int64_t> log2_histogram(const Tensor& x) {
+  std::map<int, std::int64_t> counts;
+  for (const float v : x.to_vector<float>()) {
+    if (v != 0.0f) ++counts[static_cast<int>(std::floor(std::log2(std::abs(v))))];
+  }
+  return counts;
+}
+
+std::string json_histogram(const std::map<int, std::int64_t>& counts) {
+  std::ostringstream out;
+  out << '{';
+  for (auto it = counts.begin(); it != counts.end(); ++it) {
+    out << (it == counts.begin() ? "" : ",") << '"' << it->first << "\":" << it->second;
+  }
+  out << '}';
+  return out.str();
+}
+
 Lost lost_in_f16(const Tensor& x) {
   const std::vector<float> values = x.to_vector<float>();
   Lost lost;
@@ -114,7 +136,10 @@ Lost lost_in_f16(const Tensor& x) {
   return lost;
 }
 
-void underflow_grows_with_the_batch(bb::SelfCheck& report, const bb::baseline::Data& data) {
+/// For the figure (notebooks/mixed_precision.ipynb): per effective batch B, the log2
+/// histogram of |dlogits| without scaling and with S = B, and the shares lost in f16.
+void underflow_grows_with_the_batch(bb::SelfCheck& report, const bb::baseline::Data& data,
+                                    std::ostringstream& figure_data) {
   report.section("(b) The problem: the loss's gradient carries 1/B, and fp16 stops at 2^-24");
   // dlogits = S (p - y) / B for 256 real samples of a batch of B (the global count), as the
   // first gradient of the backward pass; the f16 cast is where small values are lost.
@@ -125,18 +150,28 @@ void underflow_grows_with_the_batch(bb::SelfCheck& report, const bb::baseline::D
   report.note("fraction of the nonzero dlogits that become 0 / subnormal in f16:");
   double lost_at[3] = {0, 0, 0};
   int i = 0;
+  figure_data << "\"dlogits\":[";
   for (const std::int64_t b : {256, 4096, 65536}) {
     bb::cross_entropy_backward(logits, batch.labels, dlogits, static_cast<float>(b));
     const Lost unscaled = lost_in_f16(dlogits);
+    const std::string unscaled_histogram = json_histogram(log2_histogram(dlogits));
     const float scale = static_cast<float>(b);  // S = B makes dlogits S (p - y) / B = p - y
     bb::cross_entropy_backward(logits, batch.labels, dlogits, static_cast<float>(b), scale);
     const Lost scaled = lost_in_f16(dlogits);
+    figure_data << (i == 0 ? "" : ",") << "{\"batch\":" << b << ",\"scale\":" << scale
+                << ",\"zero\":" << unscaled.zero << ",\"subnormal\":" << unscaled.subnormal
+                << ",\"scaled_zero\":" << scaled.zero
+                << ",\"scaled_subnormal\":" << scaled.subnormal
+                << ",\"log2_histogram\":" << unscaled_histogram
+                << ",\"scaled_log2_histogram\":" << json_histogram(log2_histogram(dlogits))
+                << "}";
     report.note("  B = " + std::to_string(b) + ":  S = 1: " + number(100 * unscaled.zero, "%.1f") +
                 "% zero, " + number(100 * unscaled.subnormal, "%.1f") + "% subnormal;  S = " +
                 std::to_string(b) + ": " + number(100 * scaled.zero, "%.1f") + "% zero, " +
                 number(100 * scaled.subnormal, "%.1f") + "% subnormal");
     lost_at[i++] = unscaled.zero + unscaled.subnormal;
   }
+  figure_data << "]";
   report.check(lost_at[0] < lost_at[1] && lost_at[1] < lost_at[2],
                "the share lost to f16 grows with the effective batch");
 
@@ -203,17 +238,38 @@ void scale_too_large(bb::SelfCheck& report, const bb::baseline::Data& data) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const bool quick = argc > 1 && std::string(argv[1]) == "--quick";
-  if (argc > 1 && !quick) {
-    std::printf("usage: %s [--quick]\n  Shows and checks fp16 mixed precision with a static loss "
-                "scale (see chapters/03_fp16_static_loss_scaling/README.md).\n", argv[0]);
-    return std::string(argv[1]) == "--help" ? 0 : 2;
+  bool quick = false;
+  std::string data_file;  // --write-data FILE: the figure's data, as JSON
+  for (int a = 1; a < argc; ++a) {
+    const std::string arg = argv[a];
+    if (arg == "--quick") {
+      quick = true;
+    } else if (arg == "--write-data" && a + 1 < argc) {
+      data_file = argv[++a];
+    } else {
+      std::printf("usage: %s [--quick] [--write-data FILE]\n  Shows and checks fp16 mixed "
+                  "precision with a static loss scale (see "
+                  "chapters/03_fp16_static_loss_scaling/README.md).\n  --write-data FILE  "
+                  "the histograms of (b) as JSON, for notebooks/mixed_precision.ipynb\n",
+                  argv[0]);
+      return arg == "--help" ? 0 : 2;
+    }
   }
   std::printf("Chapter 03: fp16 mixed precision, static loss scaling\n");
   const bb::baseline::Data data = bb::baseline::load_data(quick);
   bb::SelfCheck report("chapter 03");
   memory_halves(report, data);
-  underflow_grows_with_the_batch(report, data);
+  std::ostringstream figure_data;
+  figure_data.precision(9);  // scales and losses as floats print back exactly
+  underflow_grows_with_the_batch(report, data, figure_data);
   scale_too_large(report, data);
+  if (!data_file.empty()) {
+    std::ofstream out(data_file);
+    out << "{" << figure_data.str() << "}\n";
+    if (!out) {
+      std::fprintf(stderr, "cannot write %s\n", data_file.c_str());
+      return 1;
+    }
+  }
   return report.finish();
 }

@@ -4,6 +4,8 @@
 // CTest setting.
 #include <cmath>
 #include <cstdio>
+#include <fstream>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -55,8 +57,10 @@ void the_rule(bb::SelfCheck& report) {
   report.check(scaler.skipped_steps() == 3, "every overflow skipped its step (3)");
 }
 
+/// figure_data gets the run's trajectory (per step: the scale used, whether the step was
+/// skipped, the loss) for notebooks/mixed_precision.ipynb.
 void trains_from_a_scale_too_large(bb::SelfCheck& report, const bb::baseline::Data& data,
-                                   bool quick) {
+                                   bool quick, std::ostringstream& figure_data) {
   namespace base = bb::baseline;
   const std::int64_t batch = base::kBatchThatFits, micro = 64, steps = quick ? 30 : 120;
   report.section("(b) fp16, batch " + std::to_string(batch) + " as micro-batches of " +
@@ -81,6 +85,9 @@ void trains_from_a_scale_too_large(bb::SelfCheck& report, const bb::baseline::Da
       backoffs += update.next_scale < update.scale_used;
       return !update.overflow;
     });
+    figure_data << (k == 0 ? "" : ",") << "{\"step\":" << k + 1 << ",\"scale\":" << scale
+                << ",\"skipped\":" << (skipped ? "true" : "false") << ",\"loss\":" << loss
+                << "}";
     if (!skipped) {
       losses.push_back(loss);
       if (first_taken < 0) first_taken = k;
@@ -116,16 +123,36 @@ void trains_from_a_scale_too_large(bb::SelfCheck& report, const bb::baseline::Da
 }  // namespace
 
 int main(int argc, char** argv) {
-  const bool quick = argc > 1 && std::string(argv[1]) == "--quick";
-  if (argc > 1 && !quick) {
-    std::printf("usage: %s [--quick]\n  Shows and checks dynamic loss scaling "
-                "(see chapters/04_dynamic_loss_scaling/README.md).\n", argv[0]);
-    return std::string(argv[1]) == "--help" ? 0 : 2;
+  bool quick = false;
+  std::string data_file;  // --write-data FILE: the figure's data, as JSON
+  for (int a = 1; a < argc; ++a) {
+    const std::string arg = argv[a];
+    if (arg == "--quick") {
+      quick = true;
+    } else if (arg == "--write-data" && a + 1 < argc) {
+      data_file = argv[++a];
+    } else {
+      std::printf("usage: %s [--quick] [--write-data FILE]\n  Shows and checks dynamic loss "
+                  "scaling (see chapters/04_dynamic_loss_scaling/README.md).\n  --write-data "
+                  "FILE  the trajectory of (b) as JSON, for notebooks/mixed_precision.ipynb\n",
+                  argv[0]);
+      return arg == "--help" ? 0 : 2;
+    }
   }
   std::printf("Chapter 04: dynamic loss scaling\n");
   const bb::baseline::Data data = bb::baseline::load_data(quick);
   bb::SelfCheck report("chapter 04");
   the_rule(report);
-  trains_from_a_scale_too_large(report, data, quick);
+  std::ostringstream figure_data;
+  figure_data.precision(9);  // scales and losses as floats print back exactly
+  trains_from_a_scale_too_large(report, data, quick, figure_data);
+  if (!data_file.empty()) {
+    std::ofstream out(data_file);
+    out << "{\"trajectory\":[" << figure_data.str() << "]}\n";
+    if (!out) {
+      std::fprintf(stderr, "cannot write %s\n", data_file.c_str());
+      return 1;
+    }
+  }
   return report.finish();
 }

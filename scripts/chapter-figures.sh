@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Regenerates the figures of chapters 03 and 04: runs their demos with --write-data (the
+# data goes to bench/results/), then executes the notebooks headless
+# (scripts/plot-benchmarks.sh), which write docs/figures/.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/install-deps.sh
+scripts/build.sh >/dev/null
+mkdir -p bench/results
+build/chapters/chapter_03_fp16_static_loss_scaling --write-data bench/results/chapter03-fp16-dlogits.json
+build/chapters/chapter_04_dynamic_loss_scaling --write-data bench/results/chapter04-scale-trajectory.json
+scripts/plot-benchmarks.sh
