@@ -4,9 +4,14 @@
 //   report.section("Uneven micro-batches");
 //   report.check(bitwise, "15 x 64 + 40 equals one batch of 1000, bit for bit");
 //   return report.finish();   // prints PASSED/FAILED, returns the exit status
+//
+// and the command line every demo takes: --quick (the CTest setting) and, for a demo that
+// draws a figure, --write-data FILE (parse_demo_options, write_demo_data).
 #pragma once
 
 #include <cstdio>
+#include <fstream>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -45,5 +50,39 @@ class SelfCheck {
   int checks_ = 0;
   int failures_ = 0;
 };
+
+struct DemoOptions {
+  bool quick = false;     ///< --quick: the CTest setting (smaller and faster)
+  std::string data_file;  ///< --write-data FILE: the figure's data, as JSON
+};
+
+/// Parses a demo's arguments into `options`. On --help or an unknown argument prints
+/// "usage: PROGRAM [--quick] [--write-data FILE]" and `about`, and returns the exit status
+/// to end with (0 for --help, 2 otherwise); returns std::nullopt to go on.
+inline std::optional<int> parse_demo_options(int argc, char** argv, const std::string& about,
+                                             DemoOptions& options) {
+  for (int a = 1; a < argc; ++a) {
+    const std::string arg = argv[a];
+    if (arg == "--quick") {
+      options.quick = true;
+    } else if (arg == "--write-data" && a + 1 < argc) {
+      options.data_file = argv[++a];
+    } else {
+      std::printf("usage: %s [--quick] [--write-data FILE]\n%s\n", argv[0], about.c_str());
+      return arg == "--help" ? 0 : 2;
+    }
+  }
+  return std::nullopt;
+}
+
+/// Writes `json` to the --write-data file when one was given; false (with a message on
+/// stderr) when it cannot be written.
+inline bool write_demo_data(const DemoOptions& options, const std::string& json) {
+  if (options.data_file.empty()) return true;
+  std::ofstream out(options.data_file);
+  out << json << "\n";
+  if (!out) std::fprintf(stderr, "cannot write %s\n", options.data_file.c_str());
+  return static_cast<bool>(out);
+}
 
 }  // namespace bigbatch

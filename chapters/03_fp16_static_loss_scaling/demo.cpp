@@ -4,7 +4,6 @@
 // CTest setting.
 #include <cmath>
 #include <cstdio>
-#include <fstream>
 #include <map>
 #include <sstream>
 #include <string>
@@ -238,23 +237,16 @@ void scale_too_large(bb::SelfCheck& report, const bb::baseline::Data& data) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool quick = false;
-  std::string data_file;  // --write-data FILE: the figure's data, as JSON
-  for (int a = 1; a < argc; ++a) {
-    const std::string arg = argv[a];
-    if (arg == "--quick") {
-      quick = true;
-    } else if (arg == "--write-data" && a + 1 < argc) {
-      data_file = argv[++a];
-    } else {
-      std::printf("usage: %s [--quick] [--write-data FILE]\n  Shows and checks fp16 mixed "
-                  "precision with a static loss scale (see "
-                  "chapters/03_fp16_static_loss_scaling/README.md).\n  --write-data FILE  "
-                  "the histograms of (b) as JSON, for notebooks/mixed_precision.ipynb\n",
-                  argv[0]);
-      return arg == "--help" ? 0 : 2;
-    }
+  bb::DemoOptions options;
+  if (const auto status = bb::parse_demo_options(
+          argc, argv,
+          "  Shows and checks fp16 mixed precision with a static loss scale (see\n"
+          "  chapters/03_fp16_static_loss_scaling/README.md).\n"
+          "  --write-data FILE  the histograms of (b) as JSON, for notebooks/mixed_precision.ipynb",
+          options)) {
+    return *status;
   }
+  const bool quick = options.quick;
   std::printf("Chapter 03: fp16 mixed precision, static loss scaling\n");
   const bb::baseline::Data data = bb::baseline::load_data(quick);
   bb::SelfCheck report("chapter 03");
@@ -263,13 +255,6 @@ int main(int argc, char** argv) {
   figure_data.precision(9);  // scales and losses as floats print back exactly
   underflow_grows_with_the_batch(report, data, figure_data);
   scale_too_large(report, data);
-  if (!data_file.empty()) {
-    std::ofstream out(data_file);
-    out << "{" << figure_data.str() << "}\n";
-    if (!out) {
-      std::fprintf(stderr, "cannot write %s\n", data_file.c_str());
-      return 1;
-    }
-  }
+  if (!bb::write_demo_data(options, "{" + figure_data.str() + "}")) return 1;
   return report.finish();
 }

@@ -4,7 +4,6 @@
 // CTest setting.
 #include <cmath>
 #include <cstdio>
-#include <fstream>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -123,22 +122,16 @@ void trains_from_a_scale_too_large(bb::SelfCheck& report, const bb::baseline::Da
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool quick = false;
-  std::string data_file;  // --write-data FILE: the figure's data, as JSON
-  for (int a = 1; a < argc; ++a) {
-    const std::string arg = argv[a];
-    if (arg == "--quick") {
-      quick = true;
-    } else if (arg == "--write-data" && a + 1 < argc) {
-      data_file = argv[++a];
-    } else {
-      std::printf("usage: %s [--quick] [--write-data FILE]\n  Shows and checks dynamic loss "
-                  "scaling (see chapters/04_dynamic_loss_scaling/README.md).\n  --write-data "
-                  "FILE  the trajectory of (b) as JSON, for notebooks/mixed_precision.ipynb\n",
-                  argv[0]);
-      return arg == "--help" ? 0 : 2;
-    }
+  bb::DemoOptions options;
+  if (const auto status = bb::parse_demo_options(
+          argc, argv,
+          "  Shows and checks dynamic loss scaling (see\n"
+          "  chapters/04_dynamic_loss_scaling/README.md).\n"
+          "  --write-data FILE  the trajectory of (b) as JSON, for notebooks/mixed_precision.ipynb",
+          options)) {
+    return *status;
   }
+  const bool quick = options.quick;
   std::printf("Chapter 04: dynamic loss scaling\n");
   const bb::baseline::Data data = bb::baseline::load_data(quick);
   bb::SelfCheck report("chapter 04");
@@ -146,13 +139,6 @@ int main(int argc, char** argv) {
   std::ostringstream figure_data;
   figure_data.precision(9);  // scales and losses as floats print back exactly
   trains_from_a_scale_too_large(report, data, quick, figure_data);
-  if (!data_file.empty()) {
-    std::ofstream out(data_file);
-    out << "{\"trajectory\":[" << figure_data.str() << "]}\n";
-    if (!out) {
-      std::fprintf(stderr, "cannot write %s\n", data_file.c_str());
-      return 1;
-    }
-  }
+  if (!bb::write_demo_data(options, "{\"trajectory\":[" + figure_data.str() + "]}")) return 1;
   return report.finish();
 }
