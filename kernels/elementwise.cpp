@@ -21,7 +21,7 @@ bool is_f32_or_f16(DType dtype) { return dtype == DType::f32 || dtype == DType::
 /// two blocks at once on CUDA (a data race); a tensor sharing found_inf's memory would race
 /// with the flag's store. Refuse them all, naming the positions in the list.
 void check_unscale_tensors_apart(const char* op, const std::vector<Tensor>& tensors,
-                                 const Tensor& found_inf) {
+                                 const Tensor& found_inf, const char* output_name = "found_inf") {
   struct Range {
     const char* begin;
     const char* end;
@@ -36,7 +36,7 @@ void check_unscale_tensors_apart(const char* op, const std::vector<Tensor>& tens
     const Range range{begin, begin + t.nbytes(), k};
     BIGBATCH_CHECK(!(std::less<>()(range.begin, flag + found_inf.nbytes()) &&
                      std::less<>()(flag, range.end)),
-                   op, ": tensors[", k, "] ", t.describe(), " shares memory with found_inf");
+                   op, ": tensors[", k, "] ", t.describe(), " shares memory with ", output_name);
     ranges.push_back(range);
   }
   // Sorted by first byte, a range overlaps an earlier one exactly when it starts before the
@@ -98,9 +98,11 @@ void axpy(float alpha, const Tensor& x, const Tensor& y) {
   cpu::axpy(alpha, x, y);
 }
 
-void unscale_and_check_finite(const std::vector<Tensor>& tensors, float inv_scale,
-                              const Tensor& found_inf) {
-  const char* op = "unscale_and_check_finite";
+namespace {
+
+/// The checks both forms of unscale_and_check_finite make on the tensors and found_inf.
+void check_unscale_arguments(const char* op, const std::vector<Tensor>& tensors,
+                             const Tensor& found_inf) {
   detail::check_dtype(op, "found_inf", found_inf, DType::f32);
   detail::check_shape(op, "found_inf", found_inf, {1});
   for (const Tensor& t : tensors) {
@@ -108,10 +110,42 @@ void unscale_and_check_finite(const std::vector<Tensor>& tensors, float inv_scal
     detail::common_device(op, {&found_inf, &t});
   }
   check_unscale_tensors_apart(op, tensors, found_inf);
+}
+
+}  // namespace
+
+void unscale_and_check_finite(const std::vector<Tensor>& tensors, float inv_scale,
+                              const Tensor& found_inf) {
+  const char* op = "unscale_and_check_finite";
+  check_unscale_arguments(op, tensors, found_inf);
   if (found_inf.device().is_cuda()) {
     BIGBATCH_RUN_CUDA(op, cuda::unscale_and_check_finite(tensors, inv_scale, found_inf));
   }
   cpu::unscale_and_check_finite(tensors, inv_scale, found_inf);
+}
+
+std::int64_t squared_norm_chunks(const std::vector<Tensor>& tensors) {
+  std::int64_t chunks = 0;
+  for (const Tensor& t : tensors) chunks += (t.numel() + kNormChunk - 1) / kNormChunk;
+  return chunks;
+}
+
+void unscale_and_check_finite(const std::vector<Tensor>& tensors, float inv_scale,
+                              const Tensor& found_inf, const Tensor& squared_norm) {
+  const char* op = "unscale_and_check_finite";
+  check_unscale_arguments(op, tensors, found_inf);
+  detail::check_dtype(op, "squared_norm", squared_norm, DType::f64);
+  detail::check_shape(op, "squared_norm", squared_norm, {1});
+  detail::common_device(op, {&found_inf, &squared_norm});
+  check_unscale_tensors_apart(op, tensors, squared_norm, "squared_norm");
+  check_unscale_tensors_apart(op, {found_inf}, squared_norm, "squared_norm");
+  const Tensor chunk_sums({std::max<std::int64_t>(squared_norm_chunks(tensors), 1)}, DType::f64,
+                          found_inf.device(), MemoryCategory::workspace);
+  if (found_inf.device().is_cuda()) {
+    BIGBATCH_RUN_CUDA(op, cuda::unscale_and_check_finite(tensors, inv_scale, found_inf,
+                                                          squared_norm, chunk_sums));
+  }
+  cpu::unscale_and_check_finite(tensors, inv_scale, found_inf, squared_norm, chunk_sums);
 }
 
 namespace cpu {
@@ -216,6 +250,38 @@ bool unscale_one(const Tensor& t, float inv_scale) {
   return any_non_finite.load();
 }
 
+/// The 32-lane tree of a CUDA warp's shuffle-down sum: for d = 16, 8, 4, 2, 1 lane i < d
+/// adds lane i + d; lane 0 ends with the sum. Its order is the one every backend uses.
+double warp_tree_sum(double* lanes) {
+  for (int d = 16; d > 0; d /= 2) {
+    for (int i = 0; i < d; ++i) lanes[i] += lanes[i + d];
+  }
+  return lanes[0];
+}
+
+/// One chunk of at most kNormChunk elements: g = g * inv_scale, non_finite |= any g was inf
+/// or NaN, and the sum of the new g^2 in the order elementwise.hpp states.
+double unscale_chunk(float* data, std::int64_t n, float inv_scale, std::uint32_t& non_finite) {
+  double lanes[kNormLanes] = {};
+  const std::int64_t rows = (n + kNormLanes - 1) / kNormLanes;
+  for (std::int64_t r = 0; r < rows; ++r) {
+    float* row = data + r * kNormLanes;
+    const int width = static_cast<int>(std::min<std::int64_t>(kNormLanes, n - r * kNormLanes));
+    run_vectorized([&] {
+      for (int l = 0; l < width; ++l) {
+        const std::uint32_t exponent = scalar_math::float_bits(row[l]) & 0x7f800000u;
+        non_finite |= static_cast<std::uint32_t>(exponent == 0x7f800000u);
+        const float g = row[l] * inv_scale;
+        row[l] = g;
+        lanes[l] += static_cast<double>(g) * static_cast<double>(g);  // exact square
+      }
+    });
+  }
+  double groups[32] = {};
+  for (int w = 0; w < kNormLanes / 32; ++w) groups[w] = warp_tree_sum(lanes + 32 * w);
+  return warp_tree_sum(groups);
+}
+
 }  // namespace
 
 void cast(const Tensor& src, const Tensor& dst) {
@@ -240,6 +306,34 @@ void unscale_and_check_finite(const std::vector<Tensor>& tensors, float inv_scal
   bool any_non_finite = false;
   for (const Tensor& t : tensors) any_non_finite |= unscale_one(t, inv_scale);
   if (any_non_finite) found_inf.data<float>()[0] = 1.0f;
+}
+
+void unscale_and_check_finite(const std::vector<Tensor>& tensors, float inv_scale,
+                              const Tensor& found_inf, const Tensor& squared_norm,
+                              const Tensor& chunk_sums) {
+  double* sums = chunk_sums.data<double>();
+  std::atomic<bool> any_non_finite{false};
+  std::int64_t first_chunk = 0;
+  for (const Tensor& t : tensors) {
+    float* data = t.data<float>();
+    const std::int64_t n = t.numel();
+    const std::int64_t chunks = (n + kNormChunk - 1) / kNormChunk;
+    // Whole chunks per thread: a chunk's sum never depends on the thread count.
+    parallel_for(chunks, kElementwiseGrain / kNormChunk, [&](std::int64_t begin, std::int64_t end) {
+      for (std::int64_t c = begin; c < end; ++c) {
+        std::uint32_t non_finite = 0;
+        sums[first_chunk + c] =
+            unscale_chunk(data + c * kNormChunk, std::min(kNormChunk, n - c * kNormChunk),
+                          inv_scale, non_finite);
+        if (non_finite != 0) any_non_finite.store(true, std::memory_order_relaxed);
+      }
+    });
+    first_chunk += chunks;
+  }
+  double total = 0.0;
+  for (std::int64_t c = 0; c < first_chunk; ++c) total += sums[c];
+  squared_norm.data<double>()[0] = total;
+  if (any_non_finite.load()) found_inf.data<float>()[0] = 1.0f;
 }
 
 }  // namespace cpu

@@ -50,6 +50,53 @@ __global__ void unscale_kernel(TensorList list, float inv_scale, float* found_in
   if (non_finite) *found_inf = 1.0f;
 }
 
+// One block of kNormLanes threads per chunk of kNormChunk elements (blockIdx.x: the chunk,
+// blockIdx.y: the tensor): unscale, check, and the chunk's sum of squares in the order
+// elementwise.hpp states (the CPU computes the same sums, term for term).
+struct ChunkOffsets {
+  std::int64_t first[kTensorsPerLaunch];  // the tensor's first chunk in chunk_sums
+};
+
+__device__ inline double warp_tree_sum(double value) {
+  for (int d = 16; d > 0; d /= 2) value = __dadd_rn(value, __shfl_down_sync(0xffffffffu, value, d));
+  return value;
+}
+
+__global__ void unscale_norm_kernel(TensorList list, ChunkOffsets offsets, float inv_scale,
+                                    float* found_inf, double* chunk_sums) {
+  float* data = list.data[blockIdx.y];
+  const std::int64_t n = list.numel[blockIdx.y];
+  const std::int64_t begin = static_cast<std::int64_t>(blockIdx.x) * kNormChunk;
+  if (begin >= n) return;  // the grid covers the largest tensor; the whole block leaves
+  const int lane = static_cast<int>(threadIdx.x);
+  bool non_finite = false;
+  double sum = 0.0;
+  for (std::int64_t i = begin + lane; i < begin + kNormChunk && i < n; i += kNormLanes) {
+    const float g = data[i];
+    non_finite |= !isfinite(g);
+    const float unscaled = __fmul_rn(g, inv_scale);
+    data[i] = unscaled;
+    sum = __dadd_rn(sum, __dmul_rn(unscaled, unscaled));  // the square is exact
+  }
+  __shared__ double group_sums[kNormLanes / 32];
+  sum = warp_tree_sum(sum);
+  if (lane % 32 == 0) group_sums[lane / 32] = sum;
+  __syncthreads();
+  if (lane < 32) {
+    sum = warp_tree_sum(lane < kNormLanes / 32 ? group_sums[lane] : 0.0);
+    if (lane == 0) chunk_sums[offsets.first[blockIdx.y] + blockIdx.x] = sum;
+  }
+  if (non_finite) *found_inf = 1.0f;
+}
+
+// The chunks' sums, added in order by one thread: the order is the contract, and there are
+// numel / 4096 of them (about 300 for a million parameters).
+__global__ void sum_in_order_kernel(const double* chunk_sums, std::int64_t n, double* total) {
+  double sum = 0.0;
+  for (std::int64_t c = 0; c < n; ++c) sum = __dadd_rn(sum, chunk_sums[c]);
+  *total = sum;
+}
+
 template <class Src, class Dst>
 void launch_convert(const Tensor& src, const Tensor& dst) {
   convert_kernel<<<grid_for(src.numel()), kThreadsPerBlock>>>(src.data<Src>(), dst.data<Dst>(),
@@ -113,6 +160,34 @@ void unscale_and_check_finite(const std::vector<Tensor>& tensors, float inv_scal
     unscale_kernel<<<grid, kThreadsPerBlock>>>(list, inv_scale, found_inf.data<float>());
     BIGBATCH_CHECK_LAUNCH("unscale_kernel");
   }
+}
+
+void unscale_and_check_finite(const std::vector<Tensor>& tensors, float inv_scale,
+                              const Tensor& found_inf, const Tensor& squared_norm,
+                              const Tensor& chunk_sums) {
+  std::int64_t first_chunk = 0;
+  for (std::size_t first = 0; first < tensors.size(); first += kTensorsPerLaunch) {
+    const std::size_t count = std::min<std::size_t>(kTensorsPerLaunch, tensors.size() - first);
+    TensorList list{};
+    ChunkOffsets offsets{};
+    std::int64_t most_chunks = 0;
+    for (std::size_t k = 0; k < count; ++k) {
+      const std::int64_t n = tensors[first + k].numel();
+      list.data[k] = tensors[first + k].data<float>();
+      list.numel[k] = n;
+      offsets.first[k] = first_chunk;
+      first_chunk += (n + kNormChunk - 1) / kNormChunk;
+      most_chunks = std::max(most_chunks, (n + kNormChunk - 1) / kNormChunk);
+    }
+    if (most_chunks == 0) continue;
+    const dim3 grid(static_cast<unsigned>(most_chunks), static_cast<unsigned>(count));
+    unscale_norm_kernel<<<grid, kNormLanes>>>(list, offsets, inv_scale, found_inf.data<float>(),
+                                              chunk_sums.data<double>());
+    BIGBATCH_CHECK_LAUNCH("unscale_norm_kernel");
+  }
+  sum_in_order_kernel<<<1, 1>>>(chunk_sums.data<double>(), first_chunk,
+                                squared_norm.data<double>());
+  BIGBATCH_CHECK_LAUNCH("sum_in_order_kernel");
 }
 
 }  // namespace bigbatch::cuda

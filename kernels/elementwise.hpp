@@ -9,6 +9,12 @@
 //                           found_inf: f32 [1], the same device           found_inf = 1 if any g
 //                                                                         was inf or NaN, else
 //                                                                         left as it was
+//   unscale_and_check_finite(tensors, inv_scale, found_inf, squared_norm)
+//                           as above, and in the same pass:
+//                           squared_norm: f64 [1], the same device        squared_norm = the
+//                                                                         sum of every new g^2
+//   squared_norm_chunks(tensors)                                          the f64 workspace
+//                                                                         elements it allocates
 //
 // Arithmetic, identical on both backends:
 // - cast f32->f16 rounds to nearest even; values at or above 65520 in magnitude become
@@ -28,11 +34,23 @@
 //   not share memory with each other or with found_inf (a tensor listed twice would be
 //   unscaled twice, and on CUDA written by two blocks at once): such a list is refused.
 //
+// - The squared norm (gradient clipping's, kernels' callers take the square root) is summed
+//   in float64 in one fixed order, the same on both backends, so CPU and CUDA agree to the
+//   bit and a run gives the same norm at every thread count. Each tensor is cut into
+//   chunks of kNormChunk = 4096 elements (the last one short); in a chunk, lane l of 256
+//   adds the squares of elements l, l + 256, l + 512, ... in that order (a square of a
+//   float is exact in float64); the 256 lanes are summed as CUDA's warp shuffles do: in
+//   each group of 32, lane i takes lane i + d for d = 16, 8, 4, 2, 1, then the 8 group sums
+//   the same way (padded to 32 with zeros); the chunks' sums are then added in order, tensor
+//   by tensor. The chunk sums live in one f64 workspace tensor of squared_norm_chunks(tensors)
+//   elements, allocated for the call.
+//
 // The CPU building blocks of these loops (run_vectorized, the binary16 conversions,
 // check_same_or_disjoint) are not part of this API: they live in cpu_vector.hpp, which
 // the files that use them include directly.
 #pragma once
 
+#include <cstdint>
 #include <vector>
 
 #include "common/tensor.hpp"
@@ -44,6 +62,12 @@ void scale(const Tensor& x, float s);
 void axpy(float alpha, const Tensor& x, const Tensor& y);
 void unscale_and_check_finite(const std::vector<Tensor>& tensors, float inv_scale,
                               const Tensor& found_inf);
+void unscale_and_check_finite(const std::vector<Tensor>& tensors, float inv_scale,
+                              const Tensor& found_inf, const Tensor& squared_norm);
+std::int64_t squared_norm_chunks(const std::vector<Tensor>& tensors);
+
+inline constexpr std::int64_t kNormChunk = 4096;  ///< elements per chunk of the squared norm
+inline constexpr int kNormLanes = 256;            ///< lanes per chunk (CUDA: threads per block)
 
 namespace cpu {
 void cast(const Tensor& src, const Tensor& dst);
@@ -51,6 +75,10 @@ void scale(const Tensor& x, float s);
 void axpy(float alpha, const Tensor& x, const Tensor& y);
 void unscale_and_check_finite(const std::vector<Tensor>& tensors, float inv_scale,
                               const Tensor& found_inf);
+/// chunk_sums: f64 [squared_norm_chunks(tensors)], the workspace
+void unscale_and_check_finite(const std::vector<Tensor>& tensors, float inv_scale,
+                              const Tensor& found_inf, const Tensor& squared_norm,
+                              const Tensor& chunk_sums);
 }  // namespace cpu
 
 namespace cuda {
@@ -59,6 +87,10 @@ void scale(const Tensor& x, float s);
 void axpy(float alpha, const Tensor& x, const Tensor& y);
 void unscale_and_check_finite(const std::vector<Tensor>& tensors, float inv_scale,
                               const Tensor& found_inf);
+/// chunk_sums: f64 [squared_norm_chunks(tensors)], the workspace
+void unscale_and_check_finite(const std::vector<Tensor>& tensors, float inv_scale,
+                              const Tensor& found_inf, const Tensor& squared_norm,
+                              const Tensor& chunk_sums);
 }  // namespace cuda
 
 }  // namespace bigbatch

@@ -16,6 +16,7 @@
 #include "chapters/train/trainer.hpp"
 #include "nn/sample_stream.hpp"
 #include "tests/harness.hpp"
+#include "tests/tiny_training.hpp"
 
 namespace bigbatch {
 namespace {
@@ -23,19 +24,8 @@ namespace {
 using nn::ModelConfig;
 using train::TrainConfig;
 
-Dataset tiny_data(std::int64_t samples) {
-  SyntheticOptions options;
-  options.samples = samples;
-  options.features = 12;
-  options.classes = 5;
-  options.teacher_hidden = 8;
-  return make_synthetic(options);
-}
-
-ModelConfig tiny_model(std::int64_t depth, float dropout) {
-  return {.inputs = 12, .hidden = 16, .expansion = 2, .classes = 5, .depth = depth,
-          .dropout = dropout, .seed = 7};
-}
+using testing::tiny_data;
+using testing::tiny_model;
 
 std::vector<std::int64_t> range(std::int64_t begin, std::int64_t end) {
   std::vector<std::int64_t> values(static_cast<std::size_t>(end - begin));
@@ -238,9 +228,9 @@ TEST(TrainerSchedule, TheOptimizerUsesTheScheduledRateOfEveryStep) {
 
 // Mixed precision with dynamic loss scaling, at the optimizer boundary: a step whose
 // scaled gradients overflow f16 (S = 2^30: the scaled dlogits exceed 65504) is skipped:
-// the weights, their f16 copies and AdamW's state keep their bits, the scale halves, and
-// the schedule does not advance (it counts optimizer steps taken, so the next step still
-// uses the warm-up's first rate).
+// not clipped, the weights, their f16 copies and AdamW's state keep their bits, the scale
+// halves, and the schedule does not advance (it counts optimizer steps taken, so the next
+// step still uses the warm-up's first rate).
 TEST(TrainerLossScaling, AnOverflowingStepIsSkippedAndTheScheduleWaits) {
   ModelConfig model_config = tiny_model(1, 0.0f);
   model_config.precision = nn::Precision::fp16;
@@ -253,6 +243,7 @@ TEST(TrainerLossScaling, AnOverflowingStepIsSkippedAndTheScheduleWaits) {
   config.loss_scaling = train::LossScaling::dynamic;
   config.dynamic_scaling = {.initial_scale = 1073741824.0f, .growth_interval = 100,
                             .min_scale = 1, .max_scale = 1073741824.0f};
+  config.clip_grad_norm = 0.05f;
   train::Trainer trainer(f.model, f.optimizer, f.data, config);
   std::vector<Tensor> before;
   for (const auto& p : f.model.parameters()) {
@@ -262,11 +253,15 @@ TEST(TrainerLossScaling, AnOverflowingStepIsSkippedAndTheScheduleWaits) {
   const train::StepRecord first = trainer.step();
   EXPECT_TRUE(first.skipped);
   EXPECT_EQ(first.loss_scale, 1073741824.0f);
+  EXPECT_FALSE(std::isfinite(first.grad_norm));
+  EXPECT_EQ(first.clip_factor, 1.0f) << "an overflowing step was clipped";
   EXPECT_EQ(f.optimizer.steps_taken(), 0);
   std::size_t i = 0;
   for (const auto& p : f.model.parameters()) {
     EXPECT_TRUE(testing::bitwise_equal(p.value, before[i++])) << p.name;
-    if (p.half.defined()) EXPECT_TRUE(testing::bitwise_equal(p.half, before[i++])) << p.name;
+    if (p.half.defined()) {
+      EXPECT_TRUE(testing::bitwise_equal(p.half, before[i++])) << p.name;
+    }
   }
   for (const auto& [name, state] : f.optimizer.state()) {
     for (const double v : testing::to_doubles(state)) ASSERT_EQ(v, 0.0) << name;

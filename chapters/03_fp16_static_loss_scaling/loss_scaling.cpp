@@ -10,7 +10,8 @@
 
 namespace bigbatch::loss_scaling {
 
-bool unscale_gradients(const nn::Model& model, float scale, const Tensor& found_inf) {
+bool unscale_gradients(const nn::Model& model, float scale, const Tensor& found_inf,
+                       const Tensor* squared_norm) {
   BIGBATCH_CHECK(std::isfinite(scale) && scale > 0.0f,
                  "unscale_gradients: the scale must be finite and positive, got ", scale);
   std::vector<Tensor> gradients;
@@ -18,7 +19,11 @@ bool unscale_gradients(const nn::Model& model, float scale, const Tensor& found_
   fill(found_inf, 0.0);
   // 1/S is exact for a power of two; otherwise one rounding, as in PyTorch's GradScaler,
   // which also multiplies by the float reciprocal.
-  unscale_and_check_finite(gradients, 1.0f / scale, found_inf);
+  if (squared_norm != nullptr) {
+    unscale_and_check_finite(gradients, 1.0f / scale, found_inf, *squared_norm);
+  } else {
+    unscale_and_check_finite(gradients, 1.0f / scale, found_inf);
+  }
   return found_inf.to_vector<float>()[0] != 0.0f;
 }
 

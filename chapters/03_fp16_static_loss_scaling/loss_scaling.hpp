@@ -22,8 +22,11 @@ namespace bigbatch::loss_scaling {
 /// (kernels/elementwise.hpp's unscale_and_check_finite); returns true when any gradient
 /// held an inf or a NaN before (an overflow). Reads one float back from the device: the
 /// one host synchronisation of an optimizer step. `found_inf` is an f32 [1] tensor on
-/// the model's device, reused across steps.
-bool unscale_gradients(const nn::Model& model, float scale, const Tensor& found_inf);
+/// the model's device, reused across steps. With squared_norm (f64 [1], the same device),
+/// the same pass also writes the sum of the unscaled gradients' squares there (gradient
+/// clipping's norm, chapter 04).
+bool unscale_gradients(const nn::Model& model, float scale, const Tensor& found_inf,
+                       const Tensor* squared_norm = nullptr);
 
 /// A fixed loss scale S (a power of two keeps scaling and unscaling exact).
 class StaticLossScaler {

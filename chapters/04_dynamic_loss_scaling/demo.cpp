@@ -1,6 +1,7 @@
 // Chapter 04: dynamic loss scaling. The rule on a scripted sequence, then chapter 01's
 // model trained in fp16 from a scale far too large: the scale finds itself, overflowing
-// steps are skipped, and the run trains. See README.md in this folder; --quick is the
+// steps are skipped, and the run trains. Last, the optimizer boundary in order, with
+// gradient clipping and the three mistakes it avoids, measured. See README.md in this folder; --quick is the
 // CTest setting.
 #include <cmath>
 #include <cstdio>
@@ -10,6 +11,8 @@
 
 #include "chapters/01_large_batch_baseline/baseline.hpp"
 #include "chapters/04_dynamic_loss_scaling/dynamic_loss_scaler.hpp"
+#include "chapters/04_dynamic_loss_scaling/gradient_clipping.hpp"
+#include "nn/lr_schedule.hpp"
 #include "common/report.hpp"
 #include "nn/model.hpp"
 #include "nn/training.hpp"
@@ -119,6 +122,111 @@ void trains_from_a_scale_too_large(bb::SelfCheck& report, const bb::baseline::Da
   report.check(n >= 2 * window && last < first, "the run trains: the loss falls");
 }
 
+/// The first `rows` training samples as device tensors.
+struct Rows {
+  bb::Tensor x, labels;
+};
+Rows first_rows(const bb::Dataset& data, std::int64_t rows) {
+  return {data.features.rows(0, rows).to(bb::Device::cpu()),
+          data.labels.rows(0, rows).to(bb::Device::cpu())};
+}
+
+void the_boundary(bb::SelfCheck& report, const bb::baseline::Data& data) {
+  namespace base = bb::baseline;
+  namespace clip = bb::clipping;
+  const std::int64_t batch = base::kBatchThatFits, micro = 64;
+  const float max_norm = 0.5f;
+  report.section("(c) The optimizer boundary, in order: clip once, after the unscale");
+  report.note("last micro-batch backward -> unscale (x 1/S), check, measure the norm (one "
+              "pass) -> overflow? skip: no clip, no step, the schedule stays, S backs off -> "
+              "clip to the norm limit -> optimizer step at the schedule's rate -> the schedule "
+              "advances -> the scale's growth counter -> zero the gradients");
+  const Rows rows = first_rows(data.train, batch);
+  const bb::nn::ForwardContext context{true, 11, 0};
+  bb::nn::Model model(base::model_config(), bb::Device::cpu());
+  clip::BoundaryCheck check;
+
+  // The right way, with and without micro-batches: one norm, of the step's gradient.
+  model.zero_grad();
+  bb::nn::accumulate_gradients(model, rows.x, rows.labels, batch, context);
+  const clip::GradientStats whole = check.unscale_and_measure(model, 1.0f);
+  clip::clip_gradients(model, whole.norm, max_norm);
+  const clip::Gradients clipped_whole = clip::gradients_of(model);
+  model.zero_grad();
+  bb::nn::accumulate_gradients(model, rows.x, rows.labels, micro, context);
+  const clip::GradientStats parts = check.unscale_and_measure(model, 1.0f);
+  clip::clip_gradients(model, parts.norm, max_norm);
+  report.note("batch " + std::to_string(batch) + ": gradient norm " + number(whole.norm) +
+              ", clipped to " + number(max_norm) + " (factor " +
+              number(clip::clip_factor(whole.norm, max_norm)) + ")");
+  report.check(whole.norm > max_norm && parts.norm == whole.norm &&
+                   clip::gradients_of(model) == clipped_whole,
+               "micro-batches of " + std::to_string(micro) +
+                   " clip to the same bits as the whole batch (one norm, of the sum)");
+
+  // Mistake 1: clipping the running gradient after every micro-batch.
+  std::vector<clip::Gradients> contributions;
+  for (std::int64_t begin = 0; begin < batch; begin += micro) {
+    model.zero_grad();
+    bb::nn::ForwardContext part = context;
+    part.first_row = begin;
+    bb::nn::accumulate_gradients(model, rows.x.rows(begin, begin + micro),
+                                 rows.labels.rows(begin, begin + micro), micro, part, batch);
+    contributions.push_back(clip::gradients_of(model));
+  }
+  model.zero_grad();
+  clip::accumulate_clipping_each_micro_batch(model, rows.x, rows.labels, micro, context, batch,
+                                             max_norm);
+  const clip::Gradients mistaken = clip::gradients_of(model);
+  const double off = clip::largest_difference(mistaken, clipped_whole);
+  const double off_prediction = clip::largest_difference(
+      mistaken, clip::predict_clipping_each_micro_batch(contributions, max_norm));
+  report.note("mistake 1, clip every micro-batch: the same norm (the last clip sets it) in "
+              "another direction: " +
+              number(100 * clip::distance(mistaken, clipped_whole) / clip::norm_of(clipped_whole),
+                     "%.1f%%") +
+              " of the update off, an element by up to " + number(off) +
+              "; the float64 replay of the rule predicts every element to " +
+              number(off_prediction));
+  // The replay differs by float roundings only (test_gradient_clipping bounds it by 1e-6
+  // of the limit); the mistake is many orders larger.
+  report.check(off_prediction <= 1e-6 * max_norm && off > 1e3 * off_prediction,
+               "clipping every micro-batch gives what its replay predicts, not the step's clip");
+
+  // Mistake 2: clipping before unscaling holds the true gradient to max_norm / S.
+  const float scale = 1024.0f;
+  model.zero_grad();
+  bb::nn::accumulate_gradients(model, rows.x, rows.labels, micro, context, batch, scale);
+  const clip::GradientStats scaled = check.unscale_and_measure(model, 1.0f);  // no unscale yet
+  clip::clip_gradients(model, scaled.norm, max_norm);
+  const clip::GradientStats after = check.unscale_and_measure(model, scale);
+  report.note("mistake 2, clip before unscaling (S = 1024): norm " + number(after.norm) +
+              " after the step's unscale, the limit was " + number(max_norm) +
+              ": predicted " + number(max_norm / scale) + " (the limit / S)");
+  report.check(std::fabs(after.norm - max_norm / scale) <= 1e-5 * max_norm / scale,
+               "clipping before unscaling clips at the limit / S, as predicted");
+
+  // Mistake 3: a schedule that counts steps run instead of steps taken.
+  const bb::nn::LrSchedule warmup{1e-3, 8, 4, bb::nn::LrScheduleKind::constant};
+  const std::vector<bool> skipped = {true, true, false, false, false};
+  std::string right = "lr by steps taken:", wrong = "lr by steps run:  ";
+  std::int64_t taken = 0;
+  bool first_taken_is_warm_up_start = false;
+  for (std::size_t k = 0; k < skipped.size(); ++k) {
+    const double by_taken = bb::nn::lr_at(warmup, taken);
+    const double by_run = bb::nn::lr_at(warmup, static_cast<std::int64_t>(k));
+    right += " " + number(by_taken) + (skipped[k] ? "(skip)" : "");
+    wrong += " " + number(by_run) + (skipped[k] ? "(skip)" : "");
+    if (!skipped[k] && taken == 0) first_taken_is_warm_up_start = by_taken == warmup.base_lr / 4;
+    if (!skipped[k]) ++taken;
+  }
+  report.note("mistake 3, 4 warm-up steps, the first 2 skipped on an overflow:");
+  report.note("  " + right);
+  report.note("  " + wrong + "  (the warm-up's first half lost)");
+  report.check(first_taken_is_warm_up_start,
+               "the first step taken gets the warm-up's first rate, lr / 4");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -139,6 +247,7 @@ int main(int argc, char** argv) {
   std::ostringstream figure_data;
   figure_data.precision(9);  // scales and losses as floats print back exactly
   trains_from_a_scale_too_large(report, data, quick, figure_data);
+  the_boundary(report, data);
   if (!bb::write_demo_data(options, "{\"trajectory\":[" + figure_data.str() + "]}")) return 1;
   return report.finish();
 }

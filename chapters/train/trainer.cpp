@@ -2,6 +2,9 @@
 #include "chapters/train/trainer.hpp"
 
 #include <chrono>
+#include <cmath>
+#include <limits>
+#include <string>
 
 namespace bigbatch::train {
 
@@ -21,6 +24,9 @@ Trainer::Trainer(nn::Model& model, nn::Optimizer& optimizer, const Dataset& data
                  model_.config().inputs);
   BIGBATCH_CHECK(config_.steps > 0 || config_.epochs > 0,
                  "Trainer: give a positive number of steps or epochs");
+  BIGBATCH_CHECK(config_.clip_grad_norm >= 0.0f && std::isfinite(config_.clip_grad_norm),
+                 "Trainer: clip_grad_norm must be finite and >= 0 (0: off), got ",
+                 config_.clip_grad_norm);
   BIGBATCH_CHECK(config_.warmup_steps >= 0, "Trainer: warmup_steps must be >= 0, got ",
                  config_.warmup_steps);
   total_steps_ =
@@ -57,15 +63,29 @@ StepRecord Trainer::step() {
   const nn::ForwardContext context{true, dropout_seed_, batch.first_row};
   const float loss = nn::accumulate_gradients(model_, x, labels, config_.micro_batch, context,
                                               /*global_count=*/batch.size, scale);
-  bool overflow = false;  // the boundary: unscale, check, and (dynamic) move the scale
-  if (fixed_scaler_) overflow = !fixed_scaler_->unscale_and_check(model_);
-  if (dynamic_scaler_) overflow = dynamic_scaler_->unscale_and_update(model_).overflow;
+  // The boundary, in gradient_clipping.hpp's order.
+  const bool scaling = fixed_scaler_ || dynamic_scaler_;
+  const bool clip = config_.clip_grad_norm > 0.0f;
+  clipping::GradientStats gradients{false, std::numeric_limits<float>::quiet_NaN()};
+  if (scaling || clip) gradients = boundary_.unscale_and_measure(model_, scale);  // 1, 3
+  const bool overflow = gradients.overflow;
+  if (overflow && !scaling) {
+    throw NonFiniteGradientError("step " + std::to_string(k + 1) +
+                                 ": a gradient is inf or NaN (the global norm is " +
+                                 std::to_string(gradients.norm) +
+                                 "); without a loss scaler the step cannot be skipped, so "
+                                 "the run stops before the weights are written");
+  }
+  float factor = 1.0f;
   if (overflow) {
-    ++skipped_steps_;  // the gradients are zeroed before the next step's first micro-batch
+    ++skipped_steps_;  // 2: no clip, no step, the schedule stays
   } else {
-    optimizer_.step();
+    if (clip) factor = clipping::clip_gradients(model_, gradients.norm, config_.clip_grad_norm);
+    optimizer_.step();  // 5, with lr_at(schedule_, optimizer_steps_)
     ++optimizer_steps_;
   }
+  if (dynamic_scaler_) dynamic_scaler_->update(overflow);  // 2 (back off) or 6 (count it)
+  // 7: the gradients are zeroed before the next step's first micro-batch.
 
   ++steps_done_;
   samples_done_ += batch.size;
@@ -80,6 +100,8 @@ StepRecord Trainer::step() {
   record.learning_rate = lr;
   record.loss_scale = scale;
   record.skipped = overflow;
+  record.grad_norm = gradients.norm;
+  record.clip_factor = factor;
   record.skipped_steps = skipped_steps_;
   record.memory = allocator.stats();
   if (record.memory.peak_total > largest_step_memory_.peak_total) {

@@ -11,11 +11,16 @@
 //   loss = nn::accumulate_gradients(model, x, labels, micro_batch,
 //                                   {training, dropout_seed, first_row}, global count b,
 //                                   loss scale S: 1, the static S, or the dynamic one's)
-//   the boundary, with a loss scaler (chapters 03-04): unscale every gradient by 1/S and
-//     check it; on an overflow skip the optimizer step (and, dynamic, back off S)
-//   optimizer.step()
+//   the boundary (chapters/04_dynamic_loss_scaling/gradient_clipping.hpp), with a loss
+//     scaler or clipping: one pass unscales every gradient by 1/S, checks it and measures
+//     the global norm; an overflow skips the step (no clip, no optimizer step, the
+//     schedule stays) and, dynamic, backs S off; otherwise clip to the norm limit, then
+//   optimizer.step(), and the dynamic scale's growth counter counts the step
 // The learning-rate schedule counts optimizer steps taken: a skipped step does not
 // advance it (PyTorch warns when a scheduler steps before its optimizer for this reason).
+// Without a loss scaler, an inf or NaN gradient found by that pass stops the run
+// (NonFiniteGradientError): there is no scale to back off, and stepping would write it
+// into the weights.
 // first_row = e N + j B is the batch's place in the run, so every sample of the run
 // draws its own dropout mask, and the same one whatever the micro-batch size.
 // The allocator's peak is reset before each step, so a step reports its own peak.
@@ -24,10 +29,12 @@
 #include <cstdint>
 #include <functional>
 #include <optional>
+#include <stdexcept>
 #include <vector>
 
 #include "chapters/03_fp16_static_loss_scaling/loss_scaling.hpp"
 #include "chapters/04_dynamic_loss_scaling/dynamic_loss_scaler.hpp"
+#include "chapters/04_dynamic_loss_scaling/gradient_clipping.hpp"
 #include "common/data/dataset.hpp"
 #include "common/memory.hpp"
 #include "nn/lr_schedule.hpp"
@@ -54,6 +61,15 @@ struct TrainConfig {
   LossScaling loss_scaling = LossScaling::none;
   float fixed_scale = 1.0f;        ///< S of LossScaling::fixed
   loss_scaling::DynamicScalerOptions dynamic_scaling;  ///< for LossScaling::dynamic
+  /// Clip the step's unscaled gradients to this global L2 norm (PyTorch's
+  /// clip_grad_norm_); 0 turns clipping off.
+  float clip_grad_norm = 0.0f;
+};
+
+/// A gradient held an inf or a NaN in a run without a loss scaler.
+class NonFiniteGradientError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
 };
 
 /// What one step reports.
@@ -66,6 +82,10 @@ struct StepRecord {
   double learning_rate = 0;        ///< the rate this step used
   float loss_scale = 1;            ///< the scale S this step's gradients were computed with
   bool skipped = false;            ///< an overflow: no optimizer step was taken
+  /// The global L2 norm of the step's unscaled gradients, before clipping; measured when
+  /// a loss scaler or clipping is on, else NaN. Inf or NaN on a skipped step.
+  float grad_norm = 0;
+  float clip_factor = 1;           ///< what clipping multiplied the gradients by (1: none)
   std::int64_t skipped_steps = 0;  ///< skipped so far, this one included
   double seconds = 0;              ///< the step's wall time
   MemoryStats memory;              ///< the device allocator during this step only:
@@ -106,6 +126,7 @@ class Trainer {
   nn::LrSchedule schedule_;
   std::optional<loss_scaling::StaticLossScaler> fixed_scaler_;
   std::optional<loss_scaling::DynamicLossScaler> dynamic_scaler_;
+  clipping::BoundaryCheck boundary_;
   std::int64_t optimizer_steps_ = 0;  // steps taken: the schedule's clock
   std::int64_t skipped_steps_ = 0;
   std::int64_t total_steps_ = 0;

@@ -1,0 +1,145 @@
+// gradient_clipping.cpp: the boundary's measuring pass and clipping by the global norm.
+#include "chapters/04_dynamic_loss_scaling/gradient_clipping.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+#include "chapters/03_fp16_static_loss_scaling/loss_scaling.hpp"
+#include "common/check.hpp"
+#include "kernels/elementwise.hpp"
+
+namespace bigbatch::clipping {
+
+GradientStats BoundaryCheck::unscale_and_measure(const nn::Model& model, float scale) {
+  if (!found_inf_.defined()) {
+    found_inf_ = Tensor({1}, DType::f32, model.device(), MemoryCategory::workspace);
+    squared_norm_ = Tensor({1}, DType::f64, model.device(), MemoryCategory::workspace);
+  }
+  GradientStats stats;
+  stats.overflow = loss_scaling::unscale_gradients(model, scale, found_inf_, &squared_norm_);
+  // The square root of the float64 sum, rounded once to float: within half an ulp of the
+  // exact norm whenever the sum itself is (it is for any realistic parameter count).
+  stats.norm = static_cast<float>(std::sqrt(squared_norm_.to_vector<double>()[0]));
+  return stats;
+}
+
+float clip_factor(float norm, float max_norm) {
+  BIGBATCH_CHECK(max_norm > 0.0f, "clip_factor: max_norm must be positive, got ", max_norm);
+  // PyTorch: clip_coef = max_norm / (total_norm + 1e-6), clamped to at most 1, in float.
+  return std::min(1.0f, max_norm / (norm + 1e-6f));
+}
+
+float clip_gradients(const nn::Model& model, float norm, float max_norm) {
+  const float factor = clip_factor(norm, max_norm);
+  if (factor < 1.0f) {
+    for (const nn::NamedParameter& p : model.parameters()) scale(p.grad, factor);
+  }
+  return factor;
+}
+
+float accumulate_clipping_each_micro_batch(nn::Model& model, const Tensor& x,
+                                           const Tensor& labels, std::int64_t micro_batch,
+                                           const nn::ForwardContext& context,
+                                           std::int64_t global_count, float max_norm) {
+  const std::int64_t rows = x.shape()[0];
+  BIGBATCH_CHECK(micro_batch > 0, "accumulate_clipping_each_micro_batch: micro_batch must be "
+                                  "positive, got ", micro_batch);
+  BoundaryCheck check;
+  float loss = 0;
+  for (std::int64_t begin = 0; begin < rows; begin += micro_batch) {
+    const std::int64_t end = std::min(rows, begin + micro_batch);
+    nn::ForwardContext part = context;
+    part.first_row = context.first_row + begin;
+    loss += nn::accumulate_gradients(model, x.rows(begin, end), labels.rows(begin, end),
+                                     end - begin, part, global_count > 0 ? global_count : rows);
+    // The mistake: the running sum's norm, clipped micro-batch by micro-batch.
+    clip_gradients(model, check.unscale_and_measure(model, 1.0f).norm, max_norm);
+  }
+  return loss;
+}
+
+Gradients gradients_of(const nn::Model& model) {
+  Gradients g;
+  for (const nn::NamedParameter& p : model.parameters()) {
+    const std::vector<float> values = p.grad.to_vector<float>();
+    g.emplace_back(values.begin(), values.end());
+  }
+  return g;
+}
+
+double norm_of(const Gradients& g) {
+  double sum = 0;
+  for (const std::vector<double>& t : g) {
+    for (const double v : t) sum += v * v;
+  }
+  return std::sqrt(sum);
+}
+
+namespace {
+
+void add_into(Gradients& sum, const Gradients& c) {
+  if (sum.empty()) {
+    sum = c;
+    return;
+  }
+  for (std::size_t p = 0; p < c.size(); ++p) {
+    for (std::size_t i = 0; i < c[p].size(); ++i) sum[p][i] += c[p][i];
+  }
+}
+
+void clip_in_float64(Gradients& g, double max_norm) {
+  const double factor = std::min(1.0, max_norm / (norm_of(g) + 1e-6));
+  for (std::vector<double>& t : g) {
+    for (double& v : t) v *= factor;
+  }
+}
+
+}  // namespace
+
+Gradients predict_clipping_each_micro_batch(const std::vector<Gradients>& contributions,
+                                            double max_norm) {
+  Gradients running;
+  for (const Gradients& c : contributions) {
+    add_into(running, c);
+    clip_in_float64(running, max_norm);
+  }
+  return running;
+}
+
+Gradients predict_clipping_the_step(const std::vector<Gradients>& contributions,
+                                    double max_norm) {
+  Gradients sum;
+  for (const Gradients& c : contributions) add_into(sum, c);
+  clip_in_float64(sum, max_norm);
+  return sum;
+}
+
+namespace {
+
+/// Calls f(a_i, b_i) for every element pair of two gradients of the same shapes.
+template <class F>
+void for_each_pair(const char* op, const Gradients& a, const Gradients& b, const F& f) {
+  BIGBATCH_CHECK(a.size() == b.size(), op, ": ", a.size(), " and ", b.size(), " tensors");
+  for (std::size_t p = 0; p < a.size(); ++p) {
+    BIGBATCH_CHECK(a[p].size() == b[p].size(), op, ": tensor ", p, " has ", a[p].size(),
+                   " and ", b[p].size(), " elements");
+    for (std::size_t i = 0; i < a[p].size(); ++i) f(a[p][i], b[p][i]);
+  }
+}
+
+}  // namespace
+
+double largest_difference(const Gradients& a, const Gradients& b) {
+  double largest = 0;
+  for_each_pair("largest_difference", a, b,
+                [&](double x, double y) { largest = std::max(largest, std::fabs(x - y)); });
+  return largest;
+}
+
+double distance(const Gradients& a, const Gradients& b) {
+  double sum = 0;
+  for_each_pair("distance", a, b, [&](double x, double y) { sum += (x - y) * (x - y); });
+  return std::sqrt(sum);
+}
+
+}  // namespace bigbatch::clipping
