@@ -54,6 +54,7 @@ struct TrainOptions {
   std::string data = "synthetic";
   std::string test_data;
   std::int64_t synthetic_samples = 60000;
+  std::int64_t synthetic_features = 784;
   std::int64_t batch = 256;
   std::int64_t micro_batch = 0;
   std::int64_t depth = 2;
@@ -80,6 +81,7 @@ struct TrainOptions {
   std::int64_t print_every = 0;
   std::string precision = "fp32";
   std::string loss_scale = "none";  ///< none, static:S or dynamic
+  float clip_grad_norm = 0;         ///< 0: off
   loss_scaling::DynamicScalerOptions scaling;  ///< --scale-*: for --loss-scale dynamic
   std::set<std::string> given;  ///< the flags on the command line, e.g. "--depth"
 };
@@ -117,6 +119,7 @@ Splits load_data(const TrainOptions& options) {
   } else if (options.data == "synthetic") {
     SyntheticOptions synthetic;
     synthetic.samples = options.synthetic_samples;
+    synthetic.features = options.synthetic_features;
     const Dataset all = make_synthetic(synthetic);
     // A deterministic hold-out: the last 10% of the samples.
     const std::int64_t held_out = all.size() / 10;
@@ -228,9 +231,10 @@ std::string clock_time(double seconds) {
 /// at that speed.
 class Progress {
  public:
-  Progress(std::int64_t total_steps, std::int64_t print_every, bool show_scale)
+  Progress(std::int64_t total_steps, std::int64_t print_every, bool show_scale, bool show_norm)
       : total_(total_steps),
         show_scale_(show_scale),
+        show_norm_(show_norm),
         terminal_(::isatty(STDOUT_FILENO) != 0),
         every_(print_every > 0 ? print_every : std::max<std::int64_t>(1, total_steps / 20)),
         start_(std::chrono::steady_clock::now()) {}
@@ -263,6 +267,12 @@ class Progress {
                     static_cast<long long>(record.skipped_steps));
       scale = text;
     }
+    if (show_norm_) {
+      char text[64];
+      std::snprintf(text, sizeof text, "  norm %.3g%s", static_cast<double>(record.grad_norm),
+                    record.clip_factor < 1.0f ? " (clipped)" : "");
+      scale += text;
+    }
     const std::string counter =
         "step " + std::to_string(record.step) + "/" + std::to_string(total_);
     if (terminal_) {
@@ -292,6 +302,7 @@ class Progress {
  private:
   std::int64_t total_;
   bool show_scale_;
+  bool show_norm_;
   bool terminal_;
   std::int64_t every_;
   std::chrono::steady_clock::time_point start_;
@@ -551,6 +562,7 @@ int run_train(const TrainOptions& options) {
   config.lr_schedule =
       options.lr_schedule == "cosine" ? nn::LrScheduleKind::cosine : nn::LrScheduleKind::constant;
   config.warmup_steps = options.warmup_steps;
+  config.clip_grad_norm = options.clip_grad_norm;
   configure_loss_scaling(options, config);
   train::Trainer trainer(model, optimizer, splits.train, config);
 
@@ -602,7 +614,11 @@ int run_train(const TrainOptions& options) {
   std::cout << "\nprecision " << precision_description(options, config) << "\n" << std::flush;
 
   Progress progress(trainer.total_steps(), options.print_every,
-                    config.loss_scaling != train::LossScaling::none);
+                    config.loss_scaling != train::LossScaling::none,
+                    config.clip_grad_norm > 0.0f);
+  // The boundary's pass measures the gradients' norm when it runs: with a scaler or clipping.
+  const bool norm_measured =
+      config.loss_scaling != train::LossScaling::none || config.clip_grad_norm > 0.0f;
   float last_loss = 0, last_scale = 1;
   std::int64_t skipped = 0;
   trainer.run([&](const train::StepRecord& record) {
@@ -627,6 +643,10 @@ int run_train(const TrainOptions& options) {
           << ",\"step_time_s\":" << json_number(record.seconds)
           << ",\"loss_scale\":" << json_number(record.loss_scale)
           << ",\"skipped\":" << (record.skipped ? "true" : "false")
+          << (!norm_measured
+                  ? std::string()
+                  : ",\"grad_norm\":" + json_number(record.grad_norm) +
+                        ",\"clip_factor\":" + json_number(record.clip_factor))
           << ",\"peak_bytes_total\":" << record.memory.peak_total
           << ",\"peak_bytes\":" << bytes_json(record.memory.at_peak) << evaluation << "}\n";
     }
@@ -710,6 +730,7 @@ CLI::Validator one_of(const std::vector<std::string>& words) {
 }
 
 void add_train_flags(CLI::App& train, TrainOptions& o) {
+  const CLI::Validator positive_real = real_number_in(1e-30, 3.4e38, "positive");
   const CLI::Validator positive = whole_number_from(1), non_negative = whole_number_from(0);
   train.add_option("--data", o.data,
                    "fashion-mnist (train split; the test split is reported), synthetic "
@@ -717,6 +738,9 @@ void add_train_flags(CLI::App& train, TrainOptions& o) {
       ->capture_default_str();
   train.add_option("--test-data", o.test_data, "npy:FEATURES.npy,LABELS.npy: a test split");
   train.add_option("--samples", o.synthetic_samples, "samples of --data synthetic")
+      ->capture_default_str()->check(positive);
+  train.add_option("--features", o.synthetic_features,
+                   "features per sample of --data synthetic (Fashion-MNIST's 784 by default)")
       ->capture_default_str()->check(positive);
   train.add_option("--batch", o.batch, "samples per optimizer step")
       ->capture_default_str()->check(positive);
@@ -754,7 +778,10 @@ void add_train_flags(CLI::App& train, TrainOptions& o) {
       ->capture_default_str()->check(positive);
   train.add_option("--lr-schedule", o.lr_schedule,
                    "constant, or cosine: lr (1 + cos(pi t / T)) / 2 over the T optimizer "
-                   "steps after the warm-up (PyTorch's CosineAnnealingLR, eta_min 0)")
+                   "steps after the warm-up (PyTorch's CosineAnnealingLR, eta_min 0). t counts "
+                   "optimizer steps taken: a step skipped on an overflow does not advance the "
+                   "schedule or the warm-up, so the next step gets the rate the skipped one "
+                   "had (as PyTorch's scheduler.step() after a skipped optimizer.step())")
       ->capture_default_str()->check(one_of({"constant", "cosine"}));
   train.add_option("--warmup-steps", o.warmup_steps,
                    "W optimizer steps of linear warm-up: step i < W uses lr (i + 1) / W "
@@ -792,6 +819,8 @@ void add_train_flags(CLI::App& train, TrainOptions& o) {
   train.add_option("--log", o.log,
                    "one JSON line per step: step, epoch (fractional), loss, lr, samples, "
                    "time_s (since the start), step_time_s, loss_scale, skipped (an overflow), "
+                   "with a loss scaler or --clip-grad-norm grad_norm (before clipping; null "
+                   "on an overflow) and clip_factor, "
                    "peak_bytes_total (the step's own peak on the device) and peak_bytes (its "
                    "breakdown by category)");
   train.add_option("--eval-every", o.eval_every, "evaluate on the test split every N steps")
@@ -800,11 +829,15 @@ void add_train_flags(CLI::App& train, TrainOptions& o) {
                    "fp32, or fp16: mixed precision with f16 weights and activations, f32 "
                    "master weights, gradients, statistics and loss (nn/model.hpp)")
       ->capture_default_str()->check(one_of({"fp32", "fp16"}));
+  train.add_option("--clip-grad-norm", o.clip_grad_norm,
+                   "clip the step's gradients to this global L2 norm (PyTorch's "
+                   "clip_grad_norm_): once per optimizer step, on the accumulated and unscaled "
+                   "gradients; a skipped step is not clipped [default: off]")
+      ->check(positive_real);
   train.add_option("--loss-scale", o.loss_scale,
                    "none, static:S (a fixed scale, e.g. static:1024: overflowing steps are "
                    "skipped) or dynamic (GradScaler's rules; --scale-*)")
       ->capture_default_str();
-  const CLI::Validator positive_real = real_number_in(1e-30, 3.4e38, "positive");
   train.add_option("--scale-init", o.scaling.initial_scale, "dynamic: the first scale")
       ->capture_default_str()->check(positive_real);
   train.add_option("--scale-growth", o.scaling.growth_factor,

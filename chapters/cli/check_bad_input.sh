@@ -34,6 +34,9 @@ done <<TABLE
 --lr-schedule|$small --lr-schedule linear
 --lr-scale|$small --lr-scale quadratic
 --warmup-steps|$small --warmup-steps -1
+--clip-grad-norm|$small --clip-grad-norm 0
+--clip-grad-norm|$small --clip-grad-norm -1
+--features|--data synthetic --features 0 --steps 1
 --lr|$small --lr -0.1
 --epochs|$small --epochs 2
 --norm batch|$small --norm batch --batch 65 --micro-batch 16
