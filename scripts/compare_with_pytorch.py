@@ -1,9 +1,10 @@
 #!/usr/bin/python3
 """Checks that `bigbatch train` trains the model of docs/model.md as PyTorch does.
 
-What it checks: for SGD (momentum 0.9, weight decay 1e-4) and AdamW (lr 1e-3, weight
-decay 1e-2), each with --micro-batch equal to --batch and with --micro-batch 7 (which does
-not divide the batch), it
+What it checks: for SGD (momentum 0.9, weight decay 1e-4), AdamW (lr 1e-3, weight
+decay 1e-2) and SGD with --clip-grad-norm (torch.nn.utils.clip_grad_norm_ on PyTorch's
+side, whose step-1 norm must agree too), each with --micro-batch equal to --batch and with
+--micro-batch 7 (which does not divide the batch), it
   1. writes a small deterministic data set (512 samples, 20 features, 5 classes) as
      X.npy (float32) and y.npy (int64) in a temporary folder;
   2. builds docs/model.md's PyTorch module (LayerNorm, GELU tanh, dropout 0) with
@@ -69,13 +70,22 @@ DEPTH, HIDDEN, EXPANSION = 2, 16, 4
 BATCH, STEPS = 100, 20
 INIT_SEED = 0
 
+SGD_FLAGS = ["--optimizer", "sgd", "--lr", "0.05", "--momentum", "0.9", "--weight-decay", "1e-4"]
+
+
+def make_sgd(params):
+    return torch.optim.SGD(params, lr=0.05, momentum=0.9, weight_decay=1e-4, foreach=False)
+
+
+# Clipping's limit: below the gradient norm of most of the 20 steps (the script counts them
+# and fails if none is clipped), so that clip_grad_norm_'s rule is exercised.
+CLIP = 0.5
 CONFIGURATIONS = [
-    # (name, bigbatch flags, PyTorch optimizer factory)
-    ("sgd", ["--optimizer", "sgd", "--lr", "0.05", "--momentum", "0.9", "--weight-decay", "1e-4"],
-     lambda params: torch.optim.SGD(params, lr=0.05, momentum=0.9, weight_decay=1e-4,
-                                    foreach=False)),
+    # (name, bigbatch flags, PyTorch optimizer factory, clip_grad_norm_'s max_norm or None)
+    ("sgd", SGD_FLAGS, make_sgd, None),
     ("adamw", ["--optimizer", "adamw", "--lr", "1e-3", "--weight-decay", "1e-2"],
-     lambda params: torch.optim.AdamW(params, lr=1e-3, weight_decay=1e-2, foreach=False)),
+     lambda params: torch.optim.AdamW(params, lr=1e-3, weight_decay=1e-2, foreach=False), None),
+    ("sgd-clipped", SGD_FLAGS + ["--clip-grad-norm", str(CLIP)], make_sgd, CLIP),
 ]
 MICRO_BATCHES = [BATCH, 7]
 
@@ -205,7 +215,10 @@ def batch_indices(step):
     return np.arange(first, min(first + BATCH, SAMPLES))
 
 
-def train_pytorch(init_state, features, labels, make_optimizer, dtype, layer_norm_eps=1e-5):
+def train_pytorch(init_state, features, labels, make_optimizer, dtype, layer_norm_eps=1e-5,
+                  clip=None):
+    """Returns the trained state, every step's loss and, with clip, every step's gradient
+    norm before clipping (clip_grad_norm_'s return value)."""
     model = ResidualMLP(FEATURES, HIDDEN, CLASSES, DEPTH, EXPANSION).to(dtype)
     for module in model.modules():
         if isinstance(module, nn.LayerNorm):
@@ -214,15 +227,17 @@ def train_pytorch(init_state, features, labels, make_optimizer, dtype, layer_nor
     optimizer = make_optimizer(model.parameters())
     x_all = torch.from_numpy(features).to(dtype)
     y_all = torch.from_numpy(labels)
-    losses = []
+    losses, norms = [], []
     for step in range(STEPS):
         rows = torch.from_numpy(batch_indices(step))
         optimizer.zero_grad(set_to_none=True)
         loss = nn.functional.cross_entropy(model(x_all[rows]), y_all[rows])
         loss.backward()
+        if clip is not None:
+            norms.append(torch.nn.utils.clip_grad_norm_(model.parameters(), clip).item())
         optimizer.step()
         losses.append(loss.item())
-    return {k: v.detach().clone() for k, v in model.state_dict().items()}, losses
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}, losses, norms
 
 
 def train_bigbatch(binary, folder, flags, micro_batch, tag):
@@ -240,8 +255,9 @@ def train_bigbatch(binary, folder, flags, micro_batch, tag):
     if result.returncode != 0:
         raise RuntimeError(f"{' '.join(command)}\nexited with {result.returncode}:\n"
                            f"{result.stdout}{result.stderr}")
-    losses = [json.loads(line)["loss"] for line in log.read_text().splitlines()]
-    return read_safetensors(out), losses
+    records = [json.loads(line) for line in log.read_text().splitlines()]
+    norms = [r["grad_norm"] for r in records if "grad_norm" in r]
+    return read_safetensors(out), [r["loss"] for r in records], norms
 
 
 # ---- comparison -----------------------------------------------------------------------
@@ -277,6 +293,27 @@ def compare(name, bigbatch_state, torch_state, bound):
     return worst
 
 
+def check_norms(bigbatch_norms, norms32, norms64, clip):
+    """Step 1's gradient norm (the same initial parameters everywhere, so the same
+    gradients up to rounding) against clip_grad_norm_'s, both judged by the float64 run:
+    bigbatch may be off the float64 norm by NOISE_FACTOR times PyTorch's own fp32 error
+    (at least RELATIVE_FLOOR), the same rule as the parameters. Later steps' norms follow
+    parameters that already differ, so they are printed, not judged."""
+    if len(bigbatch_norms) != STEPS:
+        print(f"  the log has {len(bigbatch_norms)} grad_norm values, expected {STEPS}")
+        return False
+    noise = abs(norms32[0] - norms64[0]) / norms64[0]
+    bound = max(NOISE_FACTOR * noise, RELATIVE_FLOOR)
+    off = abs(bigbatch_norms[0] - norms64[0]) / norms64[0]
+    clipped = sum(1 for n in bigbatch_norms if n > clip)
+    print(f"  step 1 gradient norm: bigbatch {bigbatch_norms[0]:.9g}, clip_grad_norm_ fp32 "
+          f"{norms32[0]:.9g}, float64 {norms64[0]:.9g}; bigbatch off float64 by {off:.3e} "
+          f"(bound {bound:.3e}); clipped steps: {clipped} of {STEPS} (limit {clip})")
+    print(f"  step {STEPS} gradient norm: bigbatch {bigbatch_norms[-1]:.6g}, torch "
+          f"{norms32[-1]:.6g}")
+    return off <= bound and clipped > 0
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--bigbatch", default=str(ROOT / "build/chapters/cli/bigbatch"),
@@ -303,17 +340,17 @@ def main():
         np.save(folder / "y.npy", labels)
         write_safetensors(folder / "init.safetensors", init_state)
 
-        for optimizer_name, flags, make_optimizer in CONFIGURATIONS:
-            torch32, losses32 = train_pytorch(init_state, features, labels, make_optimizer,
-                                              torch.float32)
-            torch64, _ = train_pytorch(init_state, features, labels, make_optimizer,
-                                       torch.float64)
+        for optimizer_name, flags, make_optimizer, clip in CONFIGURATIONS:
+            torch32, losses32, norms32 = train_pytorch(init_state, features, labels,
+                                                       make_optimizer, torch.float32, clip=clip)
+            torch64, _, norms64 = train_pytorch(init_state, features, labels, make_optimizer,
+                                                torch.float64, clip=clip)
             noise = worst_relative(torch32, torch64)
             bound = max(NOISE_FACTOR * noise, RELATIVE_FLOOR)
             # A negative control: a subtle modelling slip (LayerNorm eps 1e-6, not 1e-5)
             # must land outside the bound, or the comparison could not catch one.
-            slipped, _ = train_pytorch(init_state, features, labels, make_optimizer,
-                                       torch.float32, layer_norm_eps=1e-6)
+            slipped, _, _ = train_pytorch(init_state, features, labels, make_optimizer,
+                                          torch.float32, layer_norm_eps=1e-6, clip=clip)
             control = worst_relative(slipped, torch32)
             print(f"\n{optimizer_name}: torch fp32 vs float64 {noise:.3e} -> bound {bound:.3e}; "
                   f"control (LayerNorm eps 1e-6) differs by {control:.3e} = "
@@ -324,8 +361,8 @@ def main():
             for micro_batch in MICRO_BATCHES:
                 tag = f"{optimizer_name}-micro{micro_batch}"
                 print(f"\n== {optimizer_name}, batch {BATCH}, micro-batch {micro_batch} ==")
-                bigbatch_state, bigbatch_losses = train_bigbatch(binary, folder, flags,
-                                                                 micro_batch, tag)
+                bigbatch_state, bigbatch_losses, bigbatch_norms = train_bigbatch(
+                    binary, folder, flags, micro_batch, tag)
                 worst = compare(tag, bigbatch_state, torch32, bound)
                 versus_exact = worst_relative(bigbatch_state, torch64)
                 loss_gap = max(abs(a - b) for a, b in zip(bigbatch_losses, losses32))
@@ -337,6 +374,8 @@ def main():
                 moved = worst_relative(torch32, init_state)
                 print(f"  parameters moved by {moved:.3e} (max rel, from init)")
                 ok = worst <= bound and len(bigbatch_losses) == STEPS
+                if clip is not None:
+                    ok = check_norms(bigbatch_norms, norms32, norms64, clip) and ok
                 print(f"  max rel diff bigbatch vs torch fp32: {worst:.3e} = "
                       f"{worst / noise if noise else math.inf:.2f} x NOISE, bound {bound:.3e} "
                       f"-> {'PASS' if ok else 'FAIL'}")
