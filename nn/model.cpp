@@ -246,7 +246,7 @@ void Model::zero_grad() {
 }
 
 Tensor Model::norm_forward(const NormLayer& layer, const Tensor& x, bool training, Tensor& mean,
-                           Tensor& rstd) {
+                           Tensor& rstd, bool update_running) {
   const std::int64_t rows = x.dim(0), features = x.dim(1);
   // Statistics in f32 whatever the activations' dtype.
   const auto statistics = [&](std::int64_t n) {
@@ -262,8 +262,11 @@ Tensor Model::norm_forward(const NormLayer& layer, const Tensor& x, bool trainin
                    "micro-batch, got ", rows);
     mean = statistics(features);
     rstd = statistics(features);
+    // A recomputed block must not move the running statistics again: momentum 0 leaves
+    // them exact (0 * batch + 1 * running, kernels/batchnorm.hpp's running_average).
     batchnorm_forward_train(x, layer.weight, layer.bias, y, mean, rstd, layer.running_mean,
-                            layer.running_var, kBatchNormMomentum, kNormEps);
+                            layer.running_var, update_running ? kBatchNormMomentum : 0.0f,
+                            kNormEps);
   } else {
     mean = Tensor();  // evaluation uses the running statistics: nothing to save
     rstd = Tensor();
@@ -291,7 +294,8 @@ Tensor Model::block_forward(std::size_t index, const Tensor& h, const ForwardCon
   const Block& block = blocks_.at(index);
   const std::int64_t rows = h.dim(0), inner = config_.expansion * config_.hidden;
   saved.input = h;
-  saved.normed = norm_forward(block.ln, h, context.training, saved.mean, saved.rstd);
+  saved.normed = norm_forward(block.ln, h, context.training, saved.mean, saved.rstd,
+                              /*update_running=*/!context.recompute);
   saved.pre_activation = activation_tensor({rows, inner});
   linear_forward(block.fc1, saved.normed, saved.pre_activation);
   saved.hidden = activation_tensor({rows, inner});
@@ -343,9 +347,13 @@ Tensor Model::forward(const Tensor& x, const ForwardContext& context) {
   Tensor h = activation_tensor({rows, config_.hidden});
   activation_forward(config_.activation, saved_.stem_pre_activation, h);
 
-  saved_.blocks.resize(blocks_.size());
-  for (std::size_t i = 0; i < blocks_.size(); ++i) {
-    h = block_forward(i, h, context, saved_.blocks[i]);
+  if (runner_) {
+    h = runner_->forward(*this, h, context);  // saved_.blocks stays empty
+  } else {
+    saved_.blocks.resize(blocks_.size());
+    for (std::size_t i = 0; i < blocks_.size(); ++i) {
+      h = block_forward(i, h, context, saved_.blocks[i]);
+    }
   }
 
   saved_.head_input = h;
@@ -380,9 +388,13 @@ void Model::backward(const Tensor& dlogits) {
   Tensor dh = norm_backward(head_ln_, saved.head_input, saved.head_mean, saved.head_rstd, d_normed);
   saved.head_input = saved.head_normed = saved.head_mean = saved.head_rstd = Tensor();
 
-  for (std::size_t i = blocks_.size(); i-- > 0;) {
-    dh = block_backward(i, saved.blocks[i], dh, saved.context);
-    saved.blocks[i] = BlockActivations{};  // this block's activations are no longer needed
+  if (runner_) {
+    dh = runner_->backward(*this, dh, saved.context);
+  } else {
+    for (std::size_t i = blocks_.size(); i-- > 0;) {
+      dh = block_backward(i, saved.blocks[i], dh, saved.context);
+      saved.blocks[i] = BlockActivations{};  // this block's activations are no longer needed
+    }
   }
 
   activation_backward(config_.activation, saved.stem_pre_activation, dh, dh);

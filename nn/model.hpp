@@ -52,6 +52,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -91,6 +92,10 @@ struct ForwardContext {
   bool training = true;            ///< dropout on, BatchNorm with batch statistics
   std::uint64_t dropout_seed = 0;  ///< the seed of every dropout mask (vary it per step)
   std::int64_t first_row = 0;      ///< global index of the input's row 0 in the batch
+  /// A recomputation of blocks already run in this step (activation checkpointing):
+  /// everything is computed as before (dropout masks come from the counter RNG, so they
+  /// are the same), but BatchNorm does not update its running statistics a second time.
+  bool recompute = false;
 };
 
 /// nn.Linear(in, out): y = x W^T + b.
@@ -135,6 +140,23 @@ struct SavedActivations {
   Tensor head_mean, head_rstd;   // head.ln's statistics
 };
 
+class Model;
+
+/// How forward() and backward() run the residual blocks between the stem and the head.
+/// Without one, forward() keeps every block's activations for backward(); activation
+/// checkpointing (chapter 05) supplies a runner that keeps fewer and recomputes the rest,
+/// through Model::block_forward and Model::block_backward.
+class BlockRunner {
+ public:
+  virtual ~BlockRunner() = default;
+  /// Runs blocks 0..n-1 from h0 (the stem's output) and returns h_n, keeping what its
+  /// backward needs; forgets whatever an earlier forward kept.
+  virtual Tensor forward(Model& model, const Tensor& h0, const ForwardContext& context) = 0;
+  /// Given dh_n, the gradient of the last block's output, adds (+=) every block's
+  /// parameter gradients and returns dh_0; releases what forward kept.
+  virtual Tensor backward(Model& model, const Tensor& dh_n, const ForwardContext& context) = 0;
+};
+
 class Model {
  public:
   /// Parameters initialised as PyTorch initialises them (Linear: weight and bias uniform
@@ -174,6 +196,10 @@ class Model {
   Tensor block_backward(std::size_t index, const BlockActivations& saved, const Tensor& d_output,
                         const ForwardContext& context);
 
+  /// Hands the residual blocks to `runner` in every later forward() and backward()
+  /// (nullptr: keep every block's activations, the default).
+  void set_block_runner(std::shared_ptr<BlockRunner> runner) { runner_ = std::move(runner); }
+
   const SavedActivations& saved_activations() const { return saved_; }
   bool has_saved_activations() const { return saved_.input.defined(); }
 
@@ -186,7 +212,7 @@ class Model {
 
  private:
   Tensor norm_forward(const NormLayer& layer, const Tensor& x, bool training, Tensor& mean,
-                      Tensor& rstd);
+                      Tensor& rstd, bool update_running = true);
   Tensor norm_backward(const NormLayer& layer, const Tensor& x, const Tensor& mean,
                        const Tensor& rstd, const Tensor& dy);
   Tensor activation_tensor(Shape shape) const;  // activation_dtype(), activations
@@ -201,6 +227,7 @@ class Model {
   NormLayer head_ln_;
   Linear head_;
   SavedActivations saved_;
+  std::shared_ptr<BlockRunner> runner_;  // null: every block's activations are kept
 };
 
 std::string norm_name(Norm norm);              ///< "layer", "batch"

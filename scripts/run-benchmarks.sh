@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs the CPU kernel benchmarks and writes Google Benchmark JSON to
 # bench/results/cpu-kernels.json (the file the notebooks read), then the whole-step
-# benchmarks (fp32 and fp16) to bench/results/cpu-training.json.
+# benchmarks (fp32 and fp16) to bench/results/cpu-training.json, then chapter 05's
+# checkpoint policies over depths 4 to 64 to bench/results/cpu-checkpointing.json.
 #
 # Usage: scripts/run-benchmarks.sh [extra Google Benchmark flags]
 #
@@ -32,3 +33,7 @@ build/bench/bench_training --benchmark_out=bench/results/cpu-training.json \
   --benchmark_report_aggregates_only=true --benchmark_enable_random_interleaving=true \
   --benchmark_filter=/cpu/ "$@"
 echo "wrote bench/results/cpu-training.json"
+build/bench/bench_checkpointing --benchmark_out=bench/results/cpu-checkpointing.json \
+  --benchmark_out_format=json --benchmark_repetitions=3 \
+  --benchmark_report_aggregates_only=true --benchmark_enable_random_interleaving=true "$@"
+echo "wrote bench/results/cpu-checkpointing.json"

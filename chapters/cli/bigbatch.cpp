@@ -15,6 +15,7 @@
 #include <fstream>
 #include <iostream>
 #include <map>
+#include <memory>
 #include <optional>
 #include <set>
 #include <sstream>
@@ -28,6 +29,7 @@
 #include "common/format.hpp"
 #include "common/io/safetensors.hpp"
 #include "common/memory.hpp"
+#include "chapters/05_activation_checkpointing/scheduled_runner.hpp"
 #include "chapters/train/trainer.hpp"
 #include "nn/lr_schedule.hpp"
 #include "nn/model.hpp"
@@ -82,6 +84,8 @@ struct TrainOptions {
   std::string precision = "fp32";
   std::string loss_scale = "none";  ///< none, static:S or dynamic
   float clip_grad_norm = 0;         ///< 0: off
+  std::string checkpoint = "none";  ///< chapter 05's policy
+  bool explain = false;             ///< print the checkpoint schedule
   loss_scaling::DynamicScalerOptions scaling;  ///< --scale-*: for --loss-scale dynamic
   std::set<std::string> given;  ///< the flags on the command line, e.g. "--depth"
 };
@@ -542,6 +546,18 @@ int run_train(const TrainOptions& options) {
   const nn::ModelConfig config_of_model =
       model_config(options, splits.train.feature_dim(), classes);
   nn::Model model(config_of_model, device);
+  std::shared_ptr<checkpointing::ScheduledRunner> runner;
+  if (options.checkpoint != "none") {
+    try {
+      runner = std::make_shared<checkpointing::ScheduledRunner>(
+          checkpointing::parse_policy(options.checkpoint, config_of_model.depth));
+    } catch (const std::invalid_argument& e) {
+      throw UsageError(std::string("--checkpoint: ") + e.what());
+    }
+    model.set_block_runner(runner);
+  } else if (options.explain) {
+    throw UsageError("--explain prints a checkpoint schedule: give --checkpoint too");
+  }
   if (!options.init.empty()) {
     try {
       model.load(options.init);
@@ -611,7 +627,17 @@ int run_train(const TrainOptions& options) {
   if (options.batch % micro_batch != 0) {
     std::cout << " (the last micro-batch has " << options.batch % micro_batch << " samples)";
   }
-  std::cout << "\nprecision " << precision_description(options, config) << "\n" << std::flush;
+  std::cout << "\nprecision " << precision_description(options, config) << "\n";
+  if (runner) {
+    const checkpointing::ScheduleStats stats = checkpointing::simulate(runner->schedule());
+    std::cout << "activation checkpointing " << options.checkpoint << ": at most "
+              << stats.max_checkpoints << " block inputs kept and " << stats.max_taped
+              << (stats.max_taped == 1 ? " block's" : " blocks'") << " activations at a time; " << stats.advances + stats.tapes
+              << " block forwards per micro-batch instead of " << config_of_model.depth
+              << "\n";
+    if (options.explain) std::cout << checkpointing::explain(runner->schedule()) << "\n";
+  }
+  std::cout << std::flush;
 
   Progress progress(trainer.total_steps(), options.print_every,
                     config.loss_scaling != train::LossScaling::none,
@@ -829,6 +855,12 @@ void add_train_flags(CLI::App& train, TrainOptions& o) {
                    "fp32, or fp16: mixed precision with f16 weights and activations, f32 "
                    "master weights, gradients, statistics and loss (nn/model.hpp)")
       ->capture_default_str()->check(one_of({"fp32", "fp16"}));
+  train.add_option("--checkpoint", o.checkpoint,
+                   "activation checkpointing (chapter 05): none, every:K (keep every K-th "
+                   "block's input), sqrt (K = ceil(sqrt(depth))) or optimal:SLOTS (the "
+                   "binomial schedule with SLOTS kept block inputs: the fewest recomputations)")
+      ->capture_default_str();
+  train.add_flag("--explain", o.explain, "print the checkpoint schedule, action by action");
   train.add_option("--clip-grad-norm", o.clip_grad_norm,
                    "clip the step's gradients to this global L2 norm (PyTorch's "
                    "clip_grad_norm_): once per optimizer step, on the accumulated and unscaled "

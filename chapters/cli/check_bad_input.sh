@@ -35,6 +35,9 @@ done <<TABLE
 --lr-scale|$small --lr-scale quadratic
 --warmup-steps|$small --warmup-steps -1
 --clip-grad-norm|$small --clip-grad-norm 0
+--checkpoint|$small --checkpoint every:0
+--checkpoint|$small --checkpoint nonsense
+--explain|$small --explain
 --clip-grad-norm|$small --clip-grad-norm -1
 --features|--data synthetic --features 0 --steps 1
 --lr|$small --lr -0.1

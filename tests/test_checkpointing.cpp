@@ -1,0 +1,171 @@
+// test_checkpointing.cpp: chapter 05's driver (chapters/05_activation_checkpointing/
+// scheduled_runner.hpp) on the model. Whatever a policy keeps and recomputes, the step must
+// compute the same numbers: every block runs the same kernels on the same inputs, dropout
+// masks come from the counter RNG (keyed by seed, row and block, not by how often a block
+// ran), and BatchNorm's running statistics move once per forward. So the tests ask for bit
+// equality with the model run without checkpointing:
+// - every policy and depth, dropout on, LayerNorm and BatchNorm, on each backend;
+// - the counted block forwards equal the schedule's (advances + tapes);
+// - with the trainer: uneven micro-batches, fp16 with dynamic loss scaling;
+// - the activation memory measured by the allocator falls as the policy keeps less.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "chapters/05_activation_checkpointing/scheduled_runner.hpp"
+#include "chapters/train/trainer.hpp"
+#include "kernels/cross_entropy.hpp"
+#include "nn/training.hpp"
+#include "tests/harness.hpp"
+#include "tests/labelled_batch.hpp"
+#include "tests/tiny_training.hpp"
+
+namespace bigbatch {
+namespace {
+
+using checkpointing::ScheduledRunner;
+
+const std::vector<std::string> kPolicies = {"none",      "every:1",   "every:3", "sqrt",
+                                            "optimal:1", "optimal:2", "optimal:3"};
+
+nn::ModelConfig config_for(std::int64_t depth, nn::Norm norm) {
+  nn::ModelConfig config = testing::tiny_model(depth, 0.25f);
+  config.norm = norm;
+  return config;
+}
+
+struct StepResult {
+  std::vector<std::vector<float>> gradients;  // then the running statistics, if any
+  float loss = 0;
+  std::int64_t evaluations = -1;  // block forwards the runner counted (-1: no runner)
+  std::int64_t recomputations = -1;
+};
+
+/// One forward and backward of 24 rows (micro-batches of 8: BatchNorm needs >= 2 rows).
+StepResult one_step(std::int64_t depth, nn::Norm norm, const std::string& policy,
+                    Device device) {
+  const nn::ModelConfig config = config_for(depth, norm);
+  nn::Model model(config, device);
+  std::shared_ptr<ScheduledRunner> runner;
+  if (policy != "none") {
+    runner = std::make_shared<ScheduledRunner>(checkpointing::parse_policy(policy, depth));
+    model.set_block_runner(runner);
+  }
+  const testing::LabelledBatch batch = testing::random_labelled_batch(config, 24, 3);
+  StepResult result;
+  result.loss = nn::accumulate_gradients(model, batch.x.to(device), batch.labels.to(device), 8,
+                                         {true, 17, 100});
+  for (const nn::NamedParameter& p : model.parameters()) {
+    result.gradients.push_back(p.grad.to_vector<float>());
+  }
+  for (const auto& [name, tensor] : model.state_dict()) {
+    if (name.find("running") != std::string::npos) {
+      result.gradients.push_back(tensor.to_vector<float>());
+    }
+  }
+  if (runner) {
+    result.evaluations = runner->evaluations();
+    result.recomputations = runner->recomputations();
+  }
+  return result;
+}
+
+class Checkpointing : public testing::DeviceTest {};
+
+TEST_P(Checkpointing, EveryPolicyGivesTheGradientsOfNoCheckpointingBitForBit) {
+  for (const nn::Norm norm : {nn::Norm::layer, nn::Norm::batch}) {
+    for (const std::int64_t depth : {1, 2, 7, 16}) {
+      const StepResult reference = one_step(depth, norm, "none", device());
+      for (const std::string& policy : kPolicies) {
+        if (policy == "none") continue;
+        SCOPED_TRACE(policy + ", depth " + std::to_string(depth) + ", " + nn::norm_name(norm));
+        const StepResult checkpointed = one_step(depth, norm, policy, device());
+        EXPECT_EQ(std::memcmp(&checkpointed.loss, &reference.loss, sizeof(float)), 0);
+        // Gradients, and for BatchNorm the running statistics: moved once per forward,
+        // never again by a recomputation.
+        EXPECT_EQ(checkpointed.gradients, reference.gradients);
+        // 3 micro-batches, each running the schedule's block forwards.
+        const checkpointing::Schedule schedule = checkpointing::parse_policy(policy, depth);
+        const checkpointing::ScheduleStats stats = checkpointing::simulate(schedule);
+        EXPECT_EQ(checkpointed.evaluations, 3 * (stats.advances + stats.tapes));
+        EXPECT_EQ(checkpointed.recomputations, 3 * (stats.advances + stats.tapes - depth));
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, Checkpointing, ::testing::ValuesIn(testing::all_devices()),
+                         testing::device_test_name);
+
+/// 6 steps through the trainer: batch 32 over 100 samples (short last batches), uneven
+/// micro-batches of 7, dropout, fp16 with dynamic loss scaling from a scale that
+/// overflows first (skipped steps included).
+std::vector<std::vector<float>> trained_fp16(const std::string& policy) {
+  const Dataset data = testing::tiny_data(100);
+  nn::ModelConfig config = testing::tiny_model(5, 0.25f);
+  config.precision = nn::Precision::fp16;
+  nn::Model model(config, Device::cpu());
+  if (policy != "none") {
+    model.set_block_runner(
+        std::make_shared<ScheduledRunner>(checkpointing::parse_policy(policy, 5)));
+  }
+  nn::Optimizer optimizer(model.parameters(), AdamWOptions{});
+  train::TrainConfig train_config;
+  train_config.batch = 32;
+  train_config.micro_batch = 7;
+  train_config.steps = 6;
+  train_config.loss_scaling = train::LossScaling::dynamic;
+  train_config.dynamic_scaling = {.initial_scale = 0x1p24f, .growth_interval = 2,
+                                  .min_scale = 1, .max_scale = 0x1p24f};
+  train::Trainer trainer(model, optimizer, data, train_config);
+  std::int64_t skipped = 0;
+  trainer.run([&](const train::StepRecord& r) { skipped = r.skipped_steps; });
+  std::vector<std::vector<float>> values;
+  for (const nn::NamedParameter& p : model.parameters()) {
+    values.push_back(p.value.to_vector<float>());
+  }
+  values.push_back({static_cast<float>(skipped)});
+  return values;
+}
+
+TEST(CheckpointingTraining, Fp16DynamicScalingAndUnevenMicroBatchesAgreeBitForBit) {
+  const auto reference = trained_fp16("none");
+  for (const std::string policy : {"every:2", "sqrt", "optimal:2"}) {
+    EXPECT_EQ(trained_fp16(policy), reference) << policy;
+  }
+}
+
+/// The step's peak of activations plus checkpoints, measured by the CPU allocator.
+std::size_t activation_peak(std::int64_t depth, const std::string& policy) {
+  TrackingAllocator& allocator = allocator_for(Device::cpu());
+  const nn::ModelConfig config = testing::tiny_model(depth, 0.0f);
+  nn::Model model(config, Device::cpu());
+  if (policy != "none") {
+    model.set_block_runner(
+        std::make_shared<ScheduledRunner>(checkpointing::parse_policy(policy, depth)));
+  }
+  const testing::LabelledBatch batch = testing::random_labelled_batch(config, 64, 5);
+  allocator.reset_peak();
+  nn::accumulate_gradients(model, batch.x, batch.labels, 64, {true, 1, 0});
+  const MemoryStats stats = allocator.stats();
+  return stats.at_peak_of(MemoryCategory::activations) +
+         stats.at_peak_of(MemoryCategory::checkpoints);
+}
+
+TEST(CheckpointingMemory, KeepingLessMeasuresLess) {
+  // Depth 16: no checkpointing keeps 16 blocks' activations; sqrt keeps 4 block inputs and
+  // one segment of 4 blocks; the binomial schedule with 2 slots keeps 2 inputs and 1 block.
+  const std::size_t none = activation_peak(16, "none");
+  const std::size_t sqrt = activation_peak(16, "sqrt");
+  const std::size_t optimal = activation_peak(16, "optimal:2");
+  std::printf("depth 16, activations + checkpoints at the step's peak: none %zu, sqrt %zu, "
+              "optimal:2 %zu bytes\n", none, sqrt, optimal);
+  EXPECT_LT(sqrt, none / 2);
+  EXPECT_LT(optimal, sqrt);
+}
+
+}  // namespace
+}  // namespace bigbatch
