@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Regenerates the figures of chapters 03 and 04: runs their demos with --write-data (the
 # data goes to bench/results/), then executes the notebooks headless
-# (scripts/plot-benchmarks.sh), which write docs/figures/.
+# (scripts/plot-benchmarks.sh), which write docs/figures/. The loss curves of chapter 03
+# come from bench/results/chapter03-loss-curves.json, which scripts/fp16-loss-curves.sh
+# writes (12 minutes of training: not rerun here).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
