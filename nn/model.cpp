@@ -290,7 +290,7 @@ Tensor Model::norm_backward(const NormLayer& layer, const Tensor& x, const Tenso
 }
 
 Tensor Model::block_forward(std::size_t index, const Tensor& h, const ForwardContext& context,
-                            BlockActivations& saved) {
+                            BlockActivations& saved, BlockKeep keep) {
   const Block& block = blocks_.at(index);
   const std::int64_t rows = h.dim(0), inner = config_.expansion * config_.hidden;
   saved.input = h;
@@ -307,21 +307,43 @@ Tensor Model::block_forward(std::size_t index, const Tensor& h, const ForwardCon
   Tensor output = activation_tensor({rows, config_.hidden});
   linear_forward(block.fc2, saved.hidden, output);
   axpy(1.0f, h, output);
+  if (keep == BlockKeep::gemm_outputs) {  // block_backward recomputes them
+    saved.normed = Tensor();
+    saved.hidden = Tensor();
+  }
   return output;
 }
 
 Tensor Model::block_backward(std::size_t index, const BlockActivations& saved,
                              const Tensor& d_output, const ForwardContext& context) {
   const Block& block = blocks_.at(index);
+  // Selective recomputation (BlockKeep::gemm_outputs): the activation after dropout and
+  // the norm's output, by the same kernels on the same inputs as the forward: the same bits.
+  Tensor hidden = saved.hidden;
+  if (!hidden.defined()) {
+    hidden = activation_tensor(saved.pre_activation.shape());
+    activation_forward(config_.activation, saved.pre_activation, hidden);
+    if (dropout_active(config_, context)) {
+      dropout_forward(hidden, hidden, dropout_spec(config_, context, index));
+    }
+  }
   // d_hidden: [b, E*H], the gradient of fc2's input, then (in place) of fc1's output.
-  Tensor d_hidden = workspace_tensor(saved.hidden.shape());
-  linear_backward(block.fc2, saved.hidden, d_output, d_hidden);
+  Tensor d_hidden = workspace_tensor(hidden.shape());
+  linear_backward(block.fc2, hidden, d_output, d_hidden);
+  hidden = Tensor();
   if (dropout_active(config_, context)) {
     dropout_backward(d_hidden, d_hidden, dropout_spec(config_, context, index));
   }
   activation_backward(config_.activation, saved.pre_activation, d_hidden, d_hidden);
-  Tensor d_normed = workspace_tensor(saved.normed.shape());
-  linear_backward(block.fc1, saved.normed, d_hidden, d_normed);
+  Tensor normed = saved.normed;
+  if (!normed.defined()) {
+    Tensor mean, rstd;  // the same statistics again; BatchNorm's running ones stay
+    normed = norm_forward(block.ln, saved.input, context.training, mean, rstd,
+                          /*update_running=*/false);
+  }
+  Tensor d_normed = workspace_tensor(normed.shape());
+  linear_backward(block.fc1, normed, d_hidden, d_normed);
+  normed = Tensor();
   // The residual: d_input = d_output + (the branch's gradient through ln).
   Tensor d_input = norm_backward(block.ln, saved.input, saved.mean, saved.rstd, d_normed);
   axpy(1.0f, d_output, d_input);

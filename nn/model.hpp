@@ -129,6 +129,14 @@ struct BlockActivations {
   Tensor hidden;          // dropout(act(...)), fc2's input [b, E*H]
 };
 
+/// What block_forward keeps for the block's backward.
+enum class BlockKeep {
+  all,           ///< every activation the backward reads (the default)
+  gemm_outputs,  ///< selective recomputation: the input, the norm's statistics and fc1's
+                 ///< output only; block_backward recomputes the norm's output and the
+                 ///< activation after dropout, which cost no matrix product
+};
+
 /// Everything one forward() saved: the stem, the blocks, the head.
 struct SavedActivations {
   ForwardContext context;
@@ -191,8 +199,10 @@ class Model {
   /// activation checkpointing: block_forward returns the block's output [b, H] and
   /// fills `saved`; block_backward adds the block's parameter gradients (+=) and returns
   /// the gradient with respect to its input (=), given the gradient of its output.
+  /// With BlockKeep::gemm_outputs, `saved.normed` and `saved.hidden` are left undefined
+  /// and block_backward recomputes them from the rest, to the same bits.
   Tensor block_forward(std::size_t index, const Tensor& h, const ForwardContext& context,
-                       BlockActivations& saved);
+                       BlockActivations& saved, BlockKeep keep = BlockKeep::all);
   Tensor block_backward(std::size_t index, const BlockActivations& saved, const Tensor& d_output,
                         const ForwardContext& context);
 

@@ -28,8 +28,9 @@ namespace {
 
 using checkpointing::ScheduledRunner;
 
-const std::vector<std::string> kPolicies = {"none",      "every:1",   "every:3", "sqrt",
-                                            "optimal:1", "optimal:2", "optimal:3"};
+const std::vector<std::string> kPolicies = {
+    "none",      "every:1",   "every:3",   "sqrt",           "optimal:1",
+    "optimal:2", "optimal:3", "selective", "sqrt+selective", "optimal:2+selective"};
 
 nn::ModelConfig config_for(std::int64_t depth, nn::Norm norm) {
   nn::ModelConfig config = testing::tiny_model(depth, 0.25f);
@@ -51,7 +52,7 @@ StepResult one_step(std::int64_t depth, nn::Norm norm, const std::string& policy
   nn::Model model(config, device);
   std::shared_ptr<ScheduledRunner> runner;
   if (policy != "none") {
-    runner = std::make_shared<ScheduledRunner>(checkpointing::parse_policy(policy, depth));
+    runner = ScheduledRunner::for_policy(policy, depth);
     model.set_block_runner(runner);
   }
   const testing::LabelledBatch batch = testing::random_labelled_batch(config, 24, 3);
@@ -88,8 +89,8 @@ TEST_P(Checkpointing, EveryPolicyGivesTheGradientsOfNoCheckpointingBitForBit) {
         // never again by a recomputation.
         EXPECT_EQ(checkpointed.gradients, reference.gradients);
         // 3 micro-batches, each running the schedule's block forwards.
-        const checkpointing::Schedule schedule = checkpointing::parse_policy(policy, depth);
-        const checkpointing::ScheduleStats stats = checkpointing::simulate(schedule);
+        const checkpointing::ScheduleStats stats =
+            checkpointing::simulate(ScheduledRunner::for_policy(policy, depth)->schedule());
         EXPECT_EQ(checkpointed.evaluations, 3 * (stats.advances + stats.tapes));
         EXPECT_EQ(checkpointed.recomputations, 3 * (stats.advances + stats.tapes - depth));
       }
@@ -109,8 +110,7 @@ std::vector<std::vector<float>> trained_fp16(const std::string& policy) {
   config.precision = nn::Precision::fp16;
   nn::Model model(config, Device::cpu());
   if (policy != "none") {
-    model.set_block_runner(
-        std::make_shared<ScheduledRunner>(checkpointing::parse_policy(policy, 5)));
+    model.set_block_runner(ScheduledRunner::for_policy(policy, 5));
   }
   nn::Optimizer optimizer(model.parameters(), AdamWOptions{});
   train::TrainConfig train_config;
@@ -133,7 +133,7 @@ std::vector<std::vector<float>> trained_fp16(const std::string& policy) {
 
 TEST(CheckpointingTraining, Fp16DynamicScalingAndUnevenMicroBatchesAgreeBitForBit) {
   const auto reference = trained_fp16("none");
-  for (const std::string policy : {"every:2", "sqrt", "optimal:2"}) {
+  for (const std::string policy : {"every:2", "sqrt", "optimal:2", "selective"}) {
     EXPECT_EQ(trained_fp16(policy), reference) << policy;
   }
 }
@@ -144,8 +144,7 @@ std::size_t activation_peak(std::int64_t depth, const std::string& policy) {
   const nn::ModelConfig config = testing::tiny_model(depth, 0.0f);
   nn::Model model(config, Device::cpu());
   if (policy != "none") {
-    model.set_block_runner(
-        std::make_shared<ScheduledRunner>(checkpointing::parse_policy(policy, depth)));
+    model.set_block_runner(ScheduledRunner::for_policy(policy, depth));
   }
   const testing::LabelledBatch batch = testing::random_labelled_batch(config, 64, 5);
   allocator.reset_peak();
@@ -158,13 +157,18 @@ std::size_t activation_peak(std::int64_t depth, const std::string& policy) {
 TEST(CheckpointingMemory, KeepingLessMeasuresLess) {
   // Depth 16: no checkpointing keeps 16 blocks' activations; sqrt keeps 4 block inputs and
   // one segment of 4 blocks; the binomial schedule with 2 slots keeps 2 inputs and 1 block.
+  // Selective keeps, of a block's (2 + 2E) H values per sample (E = 2 here), the output
+  // and fc1's output, (1 + E) H: half.
   const std::size_t none = activation_peak(16, "none");
   const std::size_t sqrt = activation_peak(16, "sqrt");
   const std::size_t optimal = activation_peak(16, "optimal:2");
+  const std::size_t selective = activation_peak(16, "selective");
   std::printf("depth 16, activations + checkpoints at the step's peak: none %zu, sqrt %zu, "
-              "optimal:2 %zu bytes\n", none, sqrt, optimal);
+              "optimal:2 %zu, selective %zu bytes\n", none, sqrt, optimal, selective);
   EXPECT_LT(sqrt, none / 2);
   EXPECT_LT(optimal, sqrt);
+  EXPECT_LT(selective, none * 6 / 10);
+  EXPECT_LT(activation_peak(16, "sqrt+selective"), sqrt);
 }
 
 }  // namespace

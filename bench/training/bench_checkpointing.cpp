@@ -23,7 +23,8 @@ namespace bigbatch {
 namespace {
 
 constexpr std::int64_t kInputs = 784, kClasses = 10, kBatch = 64;
-const std::vector<std::string> kPolicies = {"none", "sqrt", "every:4", "optimal:3"};
+const std::vector<std::string> kPolicies = {"none",      "sqrt",      "every:4",
+                                            "optimal:3", "selective", "sqrt+selective"};
 
 /// args: the policy's index in kPolicies, depth.
 void BM_CheckpointedStep(benchmark::State& state) {
@@ -35,8 +36,7 @@ void BM_CheckpointedStep(benchmark::State& state) {
   nn::Model model(config, Device::cpu());
   std::shared_ptr<checkpointing::ScheduledRunner> runner;
   if (policy != "none") {
-    runner = std::make_shared<checkpointing::ScheduledRunner>(
-        checkpointing::parse_policy(policy, depth));
+    runner = checkpointing::ScheduledRunner::for_policy(policy, depth);
     model.set_block_runner(runner);
   }
   std::vector<float> x(static_cast<std::size_t>(kBatch * kInputs));

@@ -50,7 +50,7 @@ Measured measure(std::int64_t depth, const std::string& policy, const bb::Tensor
   bb::nn::Model model(deep(depth), bb::Device::cpu());
   std::shared_ptr<cp::ScheduledRunner> runner;
   if (policy != "none") {
-    runner = std::make_shared<cp::ScheduledRunner>(cp::parse_policy(policy, depth));
+    runner = cp::ScheduledRunner::for_policy(policy, depth);
     model.set_block_runner(runner);
   }
   bb::TrackingAllocator& allocator = bb::allocator_for(bb::Device::cpu());
@@ -122,21 +122,23 @@ void deep_model(bb::SelfCheck& report, const bb::Tensor& x, const bb::Tensor& la
                  ": every policy against no checkpointing");
   const int repeats = quick ? 1 : 3;
   const Measured none = measure(depth, "none", x, labels, repeats);
-  std::printf("   %-10s %14s %8s %14s %10s\n", "policy", "activations", "x less",
+  std::printf("   %-14s %14s %8s %14s %10s\n", "policy", "activations", "x less",
               "block forwards", "time");
   bool identical = true;
   std::size_t sqrt_bytes = 0, optimal_bytes = 0;
+  std::size_t selective_bytes = 0;
   for (const std::string policy : {"none", "every:4", "sqrt", "every:8", "optimal:2",
-                                   "optimal:6"}) {
+                                   "optimal:6", "selective", "sqrt+selective"}) {
     const Measured m = policy == "none" ? none : measure(depth, policy, x, labels, repeats);
     identical &= m.gradients == none.gradients;
     if (policy == "sqrt") sqrt_bytes = m.activation_bytes;
     if (policy == "optimal:2") optimal_bytes = m.activation_bytes;
+    if (policy == "selective") selective_bytes = m.activation_bytes;
     figure_data += std::string(figure_data.empty() ? "" : ",") + "{\"policy\":\"" + policy +
                    "\",\"activation_bytes\":" + std::to_string(m.activation_bytes) +
                    ",\"block_forwards\":" + std::to_string(m.block_forwards) +
                    ",\"time_ratio\":" + number(m.seconds / none.seconds, "%.4f") + "}";
-    std::printf("   %-10s %14s %8s %14lld %9sx\n", policy.c_str(),
+    std::printf("   %-14s %14s %8s %14lld %9sx\n", policy.c_str(),
                 bb::format_bytes(m.activation_bytes).c_str(),
                 number(static_cast<double>(none.activation_bytes) /
                        static_cast<double>(m.activation_bytes), "%.2f").c_str(),
@@ -150,6 +152,8 @@ void deep_model(bb::SelfCheck& report, const bb::Tensor& x, const bb::Tensor& la
   report.check(sqrt_bytes * 4 <= none.activation_bytes,
                "sqrt keeps at most a quarter of the activation bytes");
   report.check(optimal_bytes < sqrt_bytes, "the binomial schedule with 2 slots keeps less");
+  report.check(selective_bytes * 10 <= none.activation_bytes * 7,
+               "selective recomputation keeps at most 70% of the bytes, recomputing no block");
 }
 
 }  // namespace

@@ -8,19 +8,36 @@
 
 namespace bigbatch::checkpointing {
 
-ScheduledRunner::ScheduledRunner(Schedule schedule) : schedule_(std::move(schedule)) {
+ScheduledRunner::ScheduledRunner(Schedule schedule, nn::BlockKeep keep)
+    : schedule_(std::move(schedule)), keep_(keep) {
   validate(schedule_);
 }
 
+std::shared_ptr<ScheduledRunner> ScheduledRunner::for_policy(const std::string& policy,
+                                                             std::int64_t depth) {
+  const std::string suffix = "+selective";
+  if (policy == "selective") {
+    return std::make_shared<ScheduledRunner>(store_all(depth), nn::BlockKeep::gemm_outputs);
+  }
+  if (policy.size() > suffix.size() &&
+      policy.compare(policy.size() - suffix.size(), suffix.size(), suffix) == 0) {
+    return std::make_shared<ScheduledRunner>(
+        parse_policy(policy.substr(0, policy.size() - suffix.size()), depth),
+        nn::BlockKeep::gemm_outputs);
+  }
+  return std::make_shared<ScheduledRunner>(parse_policy(policy, depth));
+}
+
 Tensor ScheduledRunner::evaluate(nn::Model& model, std::int64_t block,
-                                 const nn::ForwardContext& context, nn::BlockActivations& saved) {
+                                 const nn::ForwardContext& context, nn::BlockActivations& saved,
+                                 nn::BlockKeep keep) {
   nn::ForwardContext run = context;
   const auto index = static_cast<std::size_t>(block);
   run.recompute = evaluated_[index];
   recomputations_ += run.recompute ? 1 : 0;
   ++evaluations_;
   evaluated_[index] = true;
-  return model.block_forward(index, current_, run, saved);
+  return model.block_forward(index, current_, run, saved, keep);
 }
 
 void ScheduledRunner::run(nn::Model& model, const nn::ForwardContext& context,
@@ -43,7 +60,7 @@ void ScheduledRunner::run(nn::Model& model, const nn::ForwardContext& context,
         break;
       }
       case Op::tape:
-        current_ = evaluate(model, i, context, taped_[i]);
+        current_ = evaluate(model, i, context, taped_[i], keep_);
         break;
       case Op::backward:
         gradient_ = model.block_backward(static_cast<std::size_t>(i), taped_.at(i), gradient_,

@@ -20,6 +20,8 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
+#include <string>
 #include <vector>
 
 #include "chapters/05_activation_checkpointing/schedule.hpp"
@@ -29,14 +31,24 @@ namespace bigbatch::checkpointing {
 
 class ScheduledRunner : public nn::BlockRunner {
  public:
-  /// Validates the schedule (schedule.hpp's rules); its depth must be the model's.
-  explicit ScheduledRunner(Schedule schedule);
+  /// Validates the schedule (schedule.hpp's rules); its depth must be the model's. With
+  /// BlockKeep::gemm_outputs every taped block keeps only its GEMM outputs (selective
+  /// recomputation, nn/model.hpp).
+  explicit ScheduledRunner(Schedule schedule, nn::BlockKeep keep = nn::BlockKeep::all);
+
+  /// The runner for a policy as `bigbatch train --checkpoint` reads it: a schedule
+  /// (schedule.hpp's parse_policy: none, every:K, sqrt, optimal:SLOTS), "selective"
+  /// (every block taped, keeping its GEMM outputs only), or a schedule and selective
+  /// together as "POLICY+selective". Throws std::invalid_argument for anything else.
+  static std::shared_ptr<ScheduledRunner> for_policy(const std::string& policy,
+                                                     std::int64_t depth);
 
   Tensor forward(nn::Model& model, const Tensor& h0, const nn::ForwardContext& context) override;
   Tensor backward(nn::Model& model, const Tensor& dh_n,
                   const nn::ForwardContext& context) override;
 
   const Schedule& schedule() const { return schedule_; }
+  nn::BlockKeep keep() const { return keep_; }
   /// Block forwards run since construction (advances and tapes), and those of them that
   /// were recomputations (a block's second or later run within one step).
   std::int64_t evaluations() const { return evaluations_; }
@@ -47,9 +59,10 @@ class ScheduledRunner : public nn::BlockRunner {
   /// produces h_n.
   void run(nn::Model& model, const nn::ForwardContext& context, bool stop_at_head);
   Tensor evaluate(nn::Model& model, std::int64_t block, const nn::ForwardContext& context,
-                  nn::BlockActivations& saved);
+                  nn::BlockActivations& saved, nn::BlockKeep keep = nn::BlockKeep::all);
 
   Schedule schedule_;
+  nn::BlockKeep keep_;
   std::size_t next_ = 0;               // the next action
   bool in_step_ = false;               // a training forward ran; its backward is due
   Tensor current_;                     // the current block input (or h_n)

@@ -549,8 +549,8 @@ int run_train(const TrainOptions& options) {
   std::shared_ptr<checkpointing::ScheduledRunner> runner;
   if (options.checkpoint != "none") {
     try {
-      runner = std::make_shared<checkpointing::ScheduledRunner>(
-          checkpointing::parse_policy(options.checkpoint, config_of_model.depth));
+      runner = checkpointing::ScheduledRunner::for_policy(options.checkpoint,
+                                                          config_of_model.depth);
     } catch (const std::invalid_argument& e) {
       throw UsageError(std::string("--checkpoint: ") + e.what());
     }
@@ -857,8 +857,10 @@ void add_train_flags(CLI::App& train, TrainOptions& o) {
       ->capture_default_str()->check(one_of({"fp32", "fp16"}));
   train.add_option("--checkpoint", o.checkpoint,
                    "activation checkpointing (chapter 05): none, every:K (keep every K-th "
-                   "block's input), sqrt (K = ceil(sqrt(depth))) or optimal:SLOTS (the "
-                   "binomial schedule with SLOTS kept block inputs: the fewest recomputations)")
+                   "block's input), sqrt (K = ceil(sqrt(depth))), optimal:SLOTS (the "
+                   "binomial schedule with SLOTS kept block inputs: the fewest recomputations), "
+                   "selective (keep only the GEMM outputs, recompute the norms and "
+                   "activations), or POLICY+selective")
       ->capture_default_str();
   train.add_flag("--explain", o.explain, "print the checkpoint schedule, action by action");
   train.add_option("--clip-grad-norm", o.clip_grad_norm,
