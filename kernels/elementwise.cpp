@@ -231,6 +231,12 @@ void axpy_typed(float alpha, const Tensor& x, const Tensor& y) {
   });
 }
 
+/// 1 when x is inf or NaN, else 0: its exponent field is all ones (an integer test that
+/// vectorises, unlike std::isfinite).
+inline std::uint32_t non_finite_bit(float x) {
+  return static_cast<std::uint32_t>((scalar_math::float_bits(x) & 0x7f800000u) == 0x7f800000u);
+}
+
 /// g = g * inv_scale over one tensor; true if any g was inf or NaN before.
 bool unscale_one(const Tensor& t, float inv_scale) {
   float* data = t.data<float>();
@@ -239,9 +245,7 @@ bool unscale_one(const Tensor& t, float inv_scale) {
     std::uint32_t non_finite = 0;
     run_vectorized([&] {
       for (std::int64_t i = begin; i < end; ++i) {
-        // inf or NaN: the exponent field is all ones (an integer test that vectorises)
-        const std::uint32_t exponent = scalar_math::float_bits(data[i]) & 0x7f800000u;
-        non_finite |= static_cast<std::uint32_t>(exponent == 0x7f800000u);
+        non_finite |= non_finite_bit(data[i]);
         data[i] = data[i] * inv_scale;
       }
     });
@@ -269,8 +273,7 @@ double unscale_chunk(float* data, std::int64_t n, float inv_scale, std::uint32_t
     const int width = static_cast<int>(std::min<std::int64_t>(kNormLanes, n - r * kNormLanes));
     run_vectorized([&] {
       for (int l = 0; l < width; ++l) {
-        const std::uint32_t exponent = scalar_math::float_bits(row[l]) & 0x7f800000u;
-        non_finite |= static_cast<std::uint32_t>(exponent == 0x7f800000u);
+        non_finite |= non_finite_bit(row[l]);
         const float g = row[l] * inv_scale;
         row[l] = g;
         lanes[l] += static_cast<double>(g) * static_cast<double>(g);  // exact square

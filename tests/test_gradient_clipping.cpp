@@ -139,7 +139,7 @@ TEST_P(GlobalNorm, IsWithinTheSummationBoundOfAnExtendedPrecisionOracle) {
   EXPECT_LE(std::fabs(static_cast<double>(squared_norm.to_vector<double>()[0] - exact)), bound);
 }
 
-TEST_P(GlobalNorm, FlagsAnInfAndRefusesBadOutputs) {
+TEST_P(GlobalNorm, FlagsAnInfOrANanAndRefusesBadOutputs) {
   std::vector<Tensor> tensors = gradients(31);
   tensors[3].rows(5, 6).copy_from(
       testing::make_tensor({std::numeric_limits<double>::infinity()}, {1}, DType::f32, device()));
@@ -147,6 +147,14 @@ TEST_P(GlobalNorm, FlagsAnInfAndRefusesBadOutputs) {
   unscale_and_check_finite(tensors, 0.5f, found_inf, squared_norm);
   EXPECT_EQ(found_inf.to_vector<float>()[0], 1.0f);
   EXPECT_TRUE(std::isinf(squared_norm.to_vector<double>()[0]));
+  // A NaN, alone, in another tensor: flagged as well, and the norm is NaN.
+  tensors[3].rows(5, 6).copy_from(testing::make_tensor({1.0}, {1}, DType::f32, device()));
+  tensors[5].rows(0, 1).copy_from(
+      testing::make_tensor({std::numeric_limits<double>::quiet_NaN()}, {1}, DType::f32, device()));
+  const Tensor nan_flag = scalar(DType::f32);
+  unscale_and_check_finite(tensors, 0.5f, nan_flag, squared_norm);
+  EXPECT_EQ(nan_flag.to_vector<float>()[0], 1.0f);
+  EXPECT_TRUE(std::isnan(squared_norm.to_vector<double>()[0]));
 
   EXPECT_THROW(unscale_and_check_finite(tensors, 1.0f, found_inf, scalar(DType::f32)),
                std::invalid_argument);
