@@ -65,6 +65,15 @@ StepRecord Trainer::step() {
                                               /*global_count=*/batch.size, scale);
   // The boundary, in gradient_clipping.hpp's order.
   const bool scaling = fixed_scaler_ || dynamic_scaler_;
+  if (!scaling && !std::isfinite(loss)) {  // with a scaler, the check below skips the step
+    throw NonFiniteLossError("step " + std::to_string(k + 1) + " (epoch " +
+                             std::to_string(batch.epoch) + ", batch " +
+                             std::to_string(batch.index) + "): the loss is " +
+                             std::to_string(loss) +
+                             "; the run stops before the optimizer step writes it into the "
+                             "weights (look for a NaN or inf in the data, or lower the "
+                             "learning rate)");
+  }
   const bool clip = config_.clip_grad_norm > 0.0f;
   clipping::GradientStats gradients{false, std::numeric_limits<float>::quiet_NaN()};
   if (scaling || clip) gradients = boundary_.unscale_and_measure(model_, scale);  // 1, 3

@@ -18,9 +18,9 @@
 //   optimizer.step(), and the dynamic scale's growth counter counts the step
 // The learning-rate schedule counts optimizer steps taken: a skipped step does not
 // advance it (PyTorch warns when a scheduler steps before its optimizer for this reason).
-// Without a loss scaler, an inf or NaN gradient found by that pass stops the run
-// (NonFiniteGradientError): there is no scale to back off, and stepping would write it
-// into the weights.
+// Without a loss scaler, an inf or NaN loss, or gradient found by that pass, stops the run
+// (NonFiniteLossError, NonFiniteGradientError) before the optimizer step: there is no
+// scale to back off, and stepping would write it into the weights.
 // first_row = e N + j B is the batch's place in the run, so every sample of the run
 // draws its own dropout mask, and the same one whatever the micro-batch size.
 // The allocator's peak is reset before each step, so a step reports its own peak.
@@ -68,6 +68,12 @@ struct TrainConfig {
 
 /// A gradient held an inf or a NaN in a run without a loss scaler.
 class NonFiniteGradientError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+/// The loss was inf or NaN in a run without a loss scaler.
+class NonFiniteLossError : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
 };
