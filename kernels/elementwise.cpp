@@ -138,7 +138,7 @@ void unscale_and_check_finite(const std::vector<Tensor>& tensors, float inv_scal
   detail::check_shape(op, "squared_norm", squared_norm, {1});
   detail::common_device(op, {&found_inf, &squared_norm});
   check_unscale_tensors_apart(op, tensors, squared_norm, "squared_norm");
-  check_unscale_tensors_apart(op, {found_inf}, squared_norm, "squared_norm");
+  detail::check_same_or_disjoint(op, "squared_norm", squared_norm, "found_inf", found_inf);
   const Tensor chunk_sums({std::max<std::int64_t>(squared_norm_chunks(tensors), 1)}, DType::f64,
                           found_inf.device(), MemoryCategory::workspace);
   if (found_inf.device().is_cuda()) {

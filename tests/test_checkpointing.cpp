@@ -10,6 +10,7 @@
 // - the activation memory measured by the allocator falls as the policy keeps less.
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -17,7 +18,6 @@
 
 #include "chapters/05_activation_checkpointing/scheduled_runner.hpp"
 #include "chapters/train/trainer.hpp"
-#include "kernels/cross_entropy.hpp"
 #include "nn/training.hpp"
 #include "tests/harness.hpp"
 #include "tests/labelled_batch.hpp"

@@ -22,7 +22,6 @@
 #include "chapters/train/trainer.hpp"
 #include "common/data/dataset.hpp"
 #include "kernels/elementwise.hpp"
-#include "nn/sample_stream.hpp"
 #include "tests/harness.hpp"
 #include "tests/tiny_training.hpp"
 
