@@ -1,28 +1,270 @@
-// memory_model.cpp: the byte counts of memory_model.hpp.
+// memory_model.cpp: the byte counts of memory_model.hpp. predict_step follows the
+// allocations of nn/model.cpp and nn/training.cpp in their order; a change there that
+// allocates more, less or at another moment shows up in tests/test_memory_model.cpp.
 #include "nn/memory_model.hpp"
+
+#include <algorithm>
+#include <utility>
 
 #include "common/check.hpp"
 
 namespace bigbatch::nn {
+namespace {
+
+using Bytes = MemoryLedger::Bytes;
+
+std::size_t to_size(std::int64_t n) { return static_cast<std::size_t>(n); }
+
+/// The model's own tensors, both norms: (parameters, master weights, gradients) bytes.
+struct StaticBytes {
+  std::size_t parameters = 0, master_weights = 0, gradients = 0, trainable = 0;
+};
+
+StaticBytes static_bytes(const ModelConfig& c) {
+  const bool mixed = c.precision == Precision::fp16;
+  const std::int64_t d = c.inputs, h = c.hidden, inner = c.expansion * c.hidden, k = c.classes;
+  const std::int64_t weights = d * h + c.depth * 2 * h * inner + h * k;  // Linear weights
+  // Linear biases (stem, fc1, fc2, head) and the norms' weight and bias (blocks, head).
+  const std::int64_t others = h + c.depth * (inner + h + 2 * h) + k + 2 * h;
+  // BatchNorm's running mean and variance, per norm layer (blocks and head): parameters.
+  const std::int64_t running = c.norm == Norm::batch ? (c.depth + 1) * 2 * h : 0;
+  StaticBytes s;
+  s.trainable = to_size(weights + others);
+  s.parameters = to_size((mixed ? 2 * weights + 4 * others : 4 * (weights + others)) + 4 * running);
+  s.master_weights = to_size(mixed ? 4 * weights : 0);
+  s.gradients = 4 * s.trainable;
+  return s;
+}
+
+}  // namespace
 
 PredictedBytes predict_memory(const ModelConfig& c, std::int64_t rows) {
   BIGBATCH_CHECK(c.norm == Norm::layer, "predict_memory: only LayerNorm models are modelled");
   BIGBATCH_CHECK(rows >= 0, "predict_memory: rows must be >= 0, got ", rows);
   const bool mixed = c.precision == Precision::fp16;
   const std::int64_t d = c.inputs, h = c.hidden, inner = c.expansion * c.hidden, k = c.classes;
-  const std::int64_t weights = d * h + c.depth * 2 * h * inner + h * k;  // Linear weights
-  // Linear biases (stem, fc1, fc2, head) and LayerNorm weight and bias (blocks, head).
-  const std::int64_t others = h + c.depth * (inner + h + 2 * h) + k + 2 * h;
+  const StaticBytes fixed = static_bytes(c);
   PredictedBytes p;
-  p.parameters =
-      static_cast<std::size_t>(mixed ? 2 * weights + 4 * others : 4 * (weights + others));
-  p.master_weights = static_cast<std::size_t>(mixed ? 4 * weights : 0);
-  p.gradients = static_cast<std::size_t>(4 * (weights + others));
+  p.parameters = fixed.parameters;
+  p.master_weights = fixed.master_weights;
+  p.gradients = fixed.gradients;
   p.adamw_state = 2 * p.gradients;
   const std::int64_t s = mixed ? 2 : 4;
   const std::int64_t per_sample = 2 * h * s + c.depth * ((2 * h + 2 * inner) * s + 8) +
                                   h * s + 8 + 4 * k + (mixed ? 2 * d : 0);
-  p.activations = static_cast<std::size_t>(rows * per_sample);
+  p.activations = to_size(rows * per_sample);
+  return p;
+}
+
+std::size_t optimizer_state_bytes_per_parameter(const Optimizer::Options& options) {
+  if (const auto* sgd = std::get_if<SgdOptions>(&options)) return sgd->momentum != 0 ? 4 : 0;
+  return 8;
+}
+
+// ---- the ledger ---------------------------------------------------------------------------
+
+struct MemoryLedger::Entry {
+  Entry(MemoryLedger* ledger, MemoryCategory category, std::size_t bytes)
+      : ledger(ledger), category(category), bytes(bytes) {}
+  Entry(const Entry&) = delete;  // one Entry per allocation: its destructor gives it back
+  Entry& operator=(const Entry&) = delete;
+  ~Entry() { ledger->release(category, bytes); }
+  MemoryLedger* ledger;
+  MemoryCategory category;
+  std::size_t bytes;
+};
+
+Bytes MemoryLedger::allocate(MemoryCategory category, std::size_t bytes,
+                             const std::string& moment) {
+  if (bytes == 0) return nullptr;
+  // The allocator's rules (common/memory.cpp): per-category peaks, and the breakdown when
+  // the device total rises above its peak; host_data stays out of the totals.
+  const auto c = static_cast<std::size_t>(category);
+  stats_.live[c] += bytes;
+  stats_.allocation_count += 1;
+  stats_.peak[c] = std::max(stats_.peak[c], stats_.live[c]);
+  if (counts_on_device(category)) {
+    stats_.live_total += bytes;
+    if (stats_.live_total > stats_.peak_total) {
+      stats_.peak_total = stats_.live_total;
+      stats_.at_peak = stats_.live;
+      peak_moment_ = moment;
+    }
+  }
+  return std::make_shared<const Entry>(this, category, bytes);
+}
+
+void MemoryLedger::release(MemoryCategory category, std::size_t bytes) {
+  stats_.live[static_cast<std::size_t>(category)] -= bytes;
+  if (counts_on_device(category)) stats_.live_total -= bytes;
+}
+
+void MemoryLedger::reset_peak(const std::string& moment) {
+  stats_.peak = stats_.live;
+  stats_.at_peak = stats_.live;
+  stats_.peak_total = stats_.live_total;
+  peak_moment_ = moment;
+}
+
+// ---- the model ----------------------------------------------------------------------------
+
+ModelLedger::ModelLedger(const ModelConfig& config, MemoryLedger& ledger)
+    : config_(config), ledger_(ledger) {}
+
+void ModelLedger::start_micro_batch(std::int64_t rows, std::string label) {
+  rows_ = rows;
+  label_ = std::move(label);
+}
+
+std::size_t ModelLedger::hidden_state_bytes() const {
+  return to_size(rows_ * config_.hidden) * (config_.precision == Precision::fp16 ? 2 : 4);
+}
+
+std::size_t ModelLedger::statistics_bytes() const {
+  // f32 per row (LayerNorm) or per feature (BatchNorm in training).
+  return 4 * to_size(config_.norm == Norm::layer ? rows_ : config_.hidden);
+}
+
+std::string ModelLedger::moment(const std::string& what) const { return label_ + ", " + what; }
+
+Bytes ModelLedger::activation(std::size_t bytes, const std::string& what) {
+  return ledger_.allocate(MemoryCategory::activations, bytes, moment(what));
+}
+
+Bytes ModelLedger::workspace(std::size_t bytes, const std::string& what) {
+  return ledger_.allocate(MemoryCategory::workspace, bytes, moment(what));
+}
+
+Bytes ModelLedger::checkpoint(std::int64_t state) {
+  return ledger_.allocate(MemoryCategory::checkpoints, hidden_state_bytes(),
+                          moment("store h" + std::to_string(state) + " as a checkpoint"));
+}
+
+Bytes ModelLedger::block_forward(std::int64_t index, Bytes h, BlockBytes& saved, BlockKeep keep,
+                                 bool recompute) {
+  const std::string block =
+      "block " + std::to_string(index) + (recompute ? " forward (recomputed): " : " forward: ");
+  const std::size_t state = hidden_state_bytes(), inner = state * to_size(config_.expansion);
+  saved.input = std::move(h);
+  saved.normed = activation(state, block + "ln's output");
+  saved.mean = activation(statistics_bytes(), block + "ln's mean");
+  saved.rstd = activation(statistics_bytes(), block + "ln's rstd");
+  saved.pre_activation = activation(inner, block + "fc1's output");
+  saved.hidden = activation(inner, block + "the activation after dropout");
+  Bytes output = activation(state, block + "the block's output");
+  if (keep == BlockKeep::gemm_outputs) saved.normed = saved.hidden = nullptr;
+  return output;
+}
+
+Bytes ModelLedger::block_backward(std::int64_t index, const BlockBytes& saved,
+                                  const Bytes& d_output) {
+  (void)d_output;  // held by the caller throughout, as in Model::block_backward
+  const std::string block = "block " + std::to_string(index) + " backward: ";
+  const std::size_t state = hidden_state_bytes(), inner = state * to_size(config_.expansion);
+  Bytes hidden = saved.hidden;
+  if (!hidden) hidden = activation(inner, block + "the activation after dropout, recomputed");
+  const Bytes d_hidden = workspace(inner, block + "fc2's input gradient");
+  hidden = nullptr;
+  Bytes normed = saved.normed;
+  if (!normed) {
+    normed = activation(state, block + "ln's output, recomputed");
+    const Bytes mean = activation(statistics_bytes(), block + "ln's mean, recomputed");
+    const Bytes rstd = activation(statistics_bytes(), block + "ln's rstd, recomputed");
+  }
+  const Bytes d_normed = workspace(state, block + "fc1's input gradient");
+  normed = nullptr;
+  Bytes d_input = workspace(state, block + "the block's input gradient");
+  if (config_.norm == Norm::batch) {  // kernels/batchnorm: the batch means of dy, dy xhat
+    workspace(8 * to_size(config_.hidden), block + "BatchNorm's batch means");
+  }
+  return d_input;
+}
+
+// ---- the step -----------------------------------------------------------------------------
+
+StepPrediction predict_step(const ModelConfig& c, std::int64_t batch, std::int64_t micro_batch,
+                            const Optimizer::Options& optimizer, BlockLedgerRunner* runner) {
+  BIGBATCH_CHECK(batch > 0 && micro_batch > 0, "predict_step: batch and micro_batch must be "
+                 "positive, got ", batch, " and ", micro_batch);
+  MemoryLedger ledger;
+  const bool mixed = c.precision == Precision::fp16;
+  const std::size_t h = to_size(c.hidden), d = to_size(c.inputs), k = to_size(c.classes);
+
+  // Live before the step: the model, its optimizer, the batch.
+  const StaticBytes fixed = static_bytes(c);
+  const std::string before = "before the step";
+  const Bytes parameters = ledger.allocate(MemoryCategory::parameters, fixed.parameters, before);
+  const Bytes masters = ledger.allocate(MemoryCategory::master_weights, fixed.master_weights, before);
+  const Bytes gradients = ledger.allocate(MemoryCategory::gradients, fixed.gradients, before);
+  const Bytes state = ledger.allocate(MemoryCategory::optimizer_state,
+                                      fixed.trainable * optimizer_state_bytes_per_parameter(optimizer),
+                                      before);
+  const Bytes x = ledger.allocate(MemoryCategory::data, 4 * to_size(batch) * d, before);
+  const Bytes labels = ledger.allocate(MemoryCategory::data, 4 * to_size(batch), before);
+  ledger.reset_peak(before);
+
+  ModelLedger model(c, ledger);
+  Bytes loss = ledger.allocate(MemoryCategory::workspace, 4, "the loss");
+  std::int64_t micro_batches = 0;
+  for (std::int64_t begin = 0; begin < batch; begin += micro_batch) {
+    const std::size_t b = to_size(std::min(batch, begin + micro_batch) - begin);
+    model.start_micro_batch(static_cast<std::int64_t>(b),
+                            "micro-batch " + std::to_string(++micro_batches));
+    const std::size_t hidden_state = model.hidden_state_bytes();
+    const std::size_t statistics = model.statistics_bytes();
+
+    // Model::forward: the stem.
+    Bytes input;  // fp32 reads x itself
+    if (mixed) input = model.activation(2 * b * d, "forward: the input in f16");
+    Bytes stem_pre_activation = model.activation(hidden_state, "forward: stem's output");
+    Bytes hidden = model.activation(hidden_state, "forward: the stem's activation (h0)");
+    // The blocks.
+    std::vector<BlockBytes> blocks;
+    if (runner) {
+      hidden = runner->forward(model, std::move(hidden));
+    } else {
+      blocks.resize(to_size(c.depth));
+      for (std::int64_t i = 0; i < c.depth; ++i) {
+        hidden = model.block_forward(i, hidden, blocks[to_size(i)], BlockKeep::all, false);
+      }
+    }
+    // The head: its norm, the logits (f32).
+    Bytes head_input = std::move(hidden);
+    Bytes head_normed = model.activation(hidden_state, "forward: head.ln's output");
+    Bytes head_mean = model.activation(statistics, "forward: head.ln's mean");
+    Bytes head_rstd = model.activation(statistics, "forward: head.ln's rstd");
+    const Bytes logits = model.activation(4 * b * k, "forward: the logits");
+    // The loss (kernels/cross_entropy: one loss per row), its gradient.
+    model.workspace(4 * b, "the loss: per-row losses");
+    const Bytes dlogits = model.workspace(4 * b * k, "the loss's gradient");
+
+    // Model::backward: the head.
+    Bytes d_head;  // fp32: dlogits itself
+    if (mixed) d_head = model.workspace(2 * b * k, "backward: the logits' gradient in f16");
+    Bytes dh;
+    {
+      const Bytes d_normed = model.workspace(hidden_state, "backward: head.ln's output gradient");
+      d_head = nullptr;
+      dh = model.workspace(hidden_state, "backward: the head's input gradient");
+      if (c.norm == Norm::batch) model.workspace(8 * h, "backward: head.ln's batch means");
+    }
+    head_input = head_normed = head_mean = head_rstd = nullptr;
+    // The blocks, last first.
+    if (runner) {
+      dh = runner->backward(model, std::move(dh));
+    } else {
+      for (std::int64_t i = c.depth; i-- > 0;) {
+        dh = model.block_backward(i, blocks[to_size(i)], dh);
+        blocks[to_size(i)] = BlockBytes{};
+      }
+    }
+    // The stem's backward works in place and allocates nothing; the rest goes here.
+  }
+  loss = nullptr;  // read back and released as accumulate_gradients returns
+  StepPrediction p;
+  p.stats = ledger.stats();
+  p.peak_moment = ledger.peak_moment();
+  p.block_forwards = runner ? runner->evaluations() : c.depth * micro_batches;
   return p;
 }
 

@@ -2,6 +2,9 @@
 // configuration alone, category by category (common/memory.hpp). Tests and chapter demos
 // hold these predictions against the tracking allocator's counts, to the byte.
 //
+// Two levels:
+//
+// predict_memory: the totals, as formulas.
 //   parameters       Linear weights: 4 bytes each (fp32), or 2 (fp16: the working copy);
 //                    biases and norm weights: 4 bytes each; BatchNorm's running statistics
 //   master_weights   fp16 only: the Linear weights' f32 masters, 4 bytes each
@@ -14,12 +17,27 @@
 //                    block's output ((2H + 2EH) s) and LayerNorm's mean and rstd (8); the
 //                    head's normed input (H s) and statistics (8); the logits (4C, f32 in
 //                    both); under fp16 also the input rounded to f16 (2D). LayerNorm only.
+//
+// predict_step: the whole step, moment by moment. A step's peak is not the end of the
+// forward pass: the backward pass allocates gradients of activations (workspace) while
+// activations are still held, and activation checkpointing recomputes blocks in the middle
+// of it. So the step is replayed on a MemoryLedger: every tensor forward(), the loss and
+// backward() allocate, of the same size and category, created and released at the same
+// moments as in nn/model.cpp and nn/training.cpp (kernels' own workspace included). The
+// ledger keeps the allocator's books (MemoryStats, the same peak rules) and names the
+// allocation at which the total peaked. ModelLedger is the model's part, block by block,
+// so a driver that runs the blocks differently (chapter 05's checkpointing) replays its
+// own order through BlockLedgerRunner, as it runs through nn::BlockRunner.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
+#include <string>
 
+#include "common/memory.hpp"
 #include "nn/model.hpp"
+#include "nn/training.hpp"
 
 namespace bigbatch::nn {
 
@@ -30,7 +48,108 @@ struct PredictedBytes {
 
 /// The prediction for a model of this configuration and a forward pass of `rows` samples.
 /// Throws std::invalid_argument for BatchNorm (its statistics are per feature, not per
-/// sample: not modelled yet).
+/// sample: not modelled by this formula; predict_step models both norms).
 PredictedBytes predict_memory(const ModelConfig& config, std::int64_t rows);
+
+/// Bytes of optimizer state per trainable parameter: AdamW 8 (two moments), SGD with
+/// momentum 4, plain SGD 0.
+std::size_t optimizer_state_bytes_per_parameter(const Optimizer::Options& options);
+
+/// The allocator's books for allocations that are only described. A Bytes handle is
+/// shared like a Tensor and gives its bytes back when its last copy goes. Handles must not
+/// outlive their ledger.
+class MemoryLedger {
+ public:
+  struct Entry;
+  using Bytes = std::shared_ptr<const Entry>;
+
+  MemoryLedger() = default;
+  MemoryLedger(const MemoryLedger&) = delete;
+  MemoryLedger& operator=(const MemoryLedger&) = delete;
+
+  /// `bytes` of `category` from now until the handle's last copy goes (0 bytes: a null
+  /// handle, as the allocator returns nullptr). `moment` says what is allocated, e.g.
+  /// "micro-batch 1, block 3 backward: fc2's input gradient"; kept when it sets the peak.
+  Bytes allocate(MemoryCategory category, std::size_t bytes, const std::string& moment);
+  /// What TrackingAllocator::stats() would report.
+  const MemoryStats& stats() const { return stats_; }
+  /// The allocation at which the total last rose to its peak ("" while nothing has).
+  const std::string& peak_moment() const { return peak_moment_; }
+  /// As TrackingAllocator::reset_peak(): peaks become what is live now.
+  void reset_peak(const std::string& moment);
+
+ private:
+  void release(MemoryCategory category, std::size_t bytes);
+  MemoryStats stats_;
+  std::string peak_moment_;
+};
+
+/// What one block keeps for its backward, in bytes (BlockActivations' tensors).
+struct BlockBytes {
+  MemoryLedger::Bytes input, normed, mean, rstd, pre_activation, hidden;
+};
+
+/// The model's allocations replayed on a ledger, for one forward and backward of `rows`
+/// samples at a time: Model::block_forward, Model::block_backward, and a copy as chapter
+/// 05's checkpoints make. `label` prefixes every moment ("micro-batch 2").
+class ModelLedger {
+ public:
+  ModelLedger(const ModelConfig& config, MemoryLedger& ledger);
+  void start_micro_batch(std::int64_t rows, std::string label);
+
+  /// Model::block_forward of block `index` from h (recompute: a second run in the step,
+  /// named so in the moment).
+  MemoryLedger::Bytes block_forward(std::int64_t index, MemoryLedger::Bytes h, BlockBytes& saved,
+                                    BlockKeep keep, bool recompute);
+  /// Model::block_backward: returns d_input.
+  MemoryLedger::Bytes block_backward(std::int64_t index, const BlockBytes& saved,
+                                     const MemoryLedger::Bytes& d_output);
+  /// A copy of a hidden state h_i into MemoryCategory::checkpoints.
+  MemoryLedger::Bytes checkpoint(std::int64_t state);
+
+  /// An allocation of MemoryCategory::activations or ::workspace in this micro-batch.
+  MemoryLedger::Bytes activation(std::size_t bytes, const std::string& what);
+  MemoryLedger::Bytes workspace(std::size_t bytes, const std::string& what);
+
+  const ModelConfig& config() const { return config_; }
+  std::size_t hidden_state_bytes() const;  ///< one [rows, H] activation
+  std::size_t statistics_bytes() const;    ///< one of a norm's mean and rstd (f32)
+
+ private:
+  std::string moment(const std::string& what) const;
+
+  ModelConfig config_;
+  MemoryLedger& ledger_;
+  std::int64_t rows_ = 0;
+  std::string label_;
+};
+
+/// The memory side of an nn::BlockRunner: replays the runner's order of block forwards,
+/// backwards and copies on a ModelLedger (forward returns h_n, backward dh_0).
+class BlockLedgerRunner {
+ public:
+  virtual ~BlockLedgerRunner() = default;
+  virtual MemoryLedger::Bytes forward(ModelLedger& model, MemoryLedger::Bytes h0) = 0;
+  virtual MemoryLedger::Bytes backward(ModelLedger& model, MemoryLedger::Bytes dh_n) = 0;
+  /// Block forwards replayed so far.
+  virtual std::int64_t evaluations() const = 0;
+};
+
+/// One step's prediction: accumulate_gradients over a batch of `batch` rows already on the
+/// device (x f32 [batch, D] and labels i32 [batch], MemoryCategory::data), in micro-batches
+/// of `micro_batch`, with the parameters, their gradients and the optimizer's state live.
+struct StepPrediction {
+  MemoryStats stats;          ///< as the allocator reports it after the step, its peak
+                              ///< reset just before accumulate_gradients
+  std::string peak_moment;    ///< the allocation at which the total peaked
+  std::int64_t block_forwards = 0;  ///< block forward evaluations, all micro-batches
+  std::size_t peak() const { return stats.peak_total; }
+};
+
+/// Replays the step. runner: nullptr for the model's own order (every block's activations
+/// kept), else the replay of the BlockRunner the model runs with.
+StepPrediction predict_step(const ModelConfig& config, std::int64_t batch,
+                            std::int64_t micro_batch, const Optimizer::Options& optimizer,
+                            BlockLedgerRunner* runner = nullptr);
 
 }  // namespace bigbatch::nn

@@ -370,7 +370,7 @@ Tensor Model::forward(const Tensor& x, const ForwardContext& context) {
   activation_forward(config_.activation, saved_.stem_pre_activation, h);
 
   if (runner_) {
-    h = runner_->forward(*this, h, context);  // saved_.blocks stays empty
+    h = runner_->forward(*this, std::move(h), context);  // saved_.blocks stays empty
   } else {
     saved_.blocks.resize(blocks_.size());
     for (std::size_t i = 0; i < blocks_.size(); ++i) {
@@ -404,14 +404,17 @@ void Model::backward(const Tensor& dlogits) {
     d_head = workspace_tensor(dlogits.shape());
     cast(dlogits, d_head);
   }
-  Tensor d_normed = workspace_tensor({rows, config_.hidden});
-  linear_backward(head_, saved.head_normed, d_head, d_normed);
-  d_head = Tensor();
-  Tensor dh = norm_backward(head_ln_, saved.head_input, saved.head_mean, saved.head_rstd, d_normed);
+  Tensor dh;
+  {
+    const Tensor d_normed = workspace_tensor({rows, config_.hidden});
+    linear_backward(head_, saved.head_normed, d_head, d_normed);
+    d_head = Tensor();
+    dh = norm_backward(head_ln_, saved.head_input, saved.head_mean, saved.head_rstd, d_normed);
+  }  // d_normed is freed here, before the blocks' backward
   saved.head_input = saved.head_normed = saved.head_mean = saved.head_rstd = Tensor();
 
   if (runner_) {
-    dh = runner_->backward(*this, dh, saved.context);
+    dh = runner_->backward(*this, std::move(dh), saved.context);
   } else {
     for (std::size_t i = blocks_.size(); i-- > 0;) {
       dh = block_backward(i, saved.blocks[i], dh, saved.context);

@@ -158,11 +158,12 @@ class BlockRunner {
  public:
   virtual ~BlockRunner() = default;
   /// Runs blocks 0..n-1 from h0 (the stem's output) and returns h_n, keeping what its
-  /// backward needs; forgets whatever an earlier forward kept.
-  virtual Tensor forward(Model& model, const Tensor& h0, const ForwardContext& context) = 0;
-  /// Given dh_n, the gradient of the last block's output, adds (+=) every block's
-  /// parameter gradients and returns dh_0; releases what forward kept.
-  virtual Tensor backward(Model& model, const Tensor& dh_n, const ForwardContext& context) = 0;
+  /// backward needs; forgets whatever an earlier forward kept. h0 is handed over (by
+  /// value): the model keeps no other reference, so the runner decides how long it lives.
+  virtual Tensor forward(Model& model, Tensor h0, const ForwardContext& context) = 0;
+  /// Given dh_n, the gradient of the last block's output (handed over likewise), adds
+  /// (+=) every block's parameter gradients and returns dh_0; releases what forward kept.
+  virtual Tensor backward(Model& model, Tensor dh_n, const ForwardContext& context) = 0;
 };
 
 class Model {

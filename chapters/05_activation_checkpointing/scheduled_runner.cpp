@@ -1,17 +1,82 @@
-// scheduled_runner.cpp: executing a checkpoint schedule on the model.
+// scheduled_runner.cpp: executing a checkpoint schedule on the model, and replaying it on
+// the memory model's ledger, through one interpreter (schedule_execution.hpp).
 #include "chapters/05_activation_checkpointing/scheduled_runner.hpp"
 
 #include <utility>
 
+#include "chapters/05_activation_checkpointing/schedule_execution.hpp"
 #include "common/check.hpp"
 #include "kernels/elementwise.hpp"
 
 namespace bigbatch::checkpointing {
 
+struct ModelExecutor {
+  using Value = Tensor;
+  using Saved = nn::BlockActivations;
+
+  nn::Model& model;
+  const nn::ForwardContext& context;
+
+  Tensor block_forward(std::int64_t i, const Tensor& h, Saved& saved, nn::BlockKeep keep,
+                       bool recompute) {
+    nn::ForwardContext run = context;
+    run.recompute = recompute;  // BatchNorm's running statistics move once per step
+    return model.block_forward(static_cast<std::size_t>(i), h, run, saved, keep);
+  }
+  Tensor block_backward(std::int64_t i, const Saved& saved, const Tensor& gradient) {
+    return model.block_backward(static_cast<std::size_t>(i), saved, gradient, context);
+  }
+  Tensor checkpoint(std::int64_t, const Tensor& h) {
+    Tensor copy(h.shape(), h.dtype(), h.device(), MemoryCategory::checkpoints);
+    cast(h, copy);  // same dtype: a copy
+    return copy;
+  }
+};
+
+struct LedgerExecutor {
+  using Value = nn::MemoryLedger::Bytes;
+  using Saved = nn::BlockBytes;
+
+  nn::ModelLedger& model;
+
+  Value block_forward(std::int64_t i, Value h, Saved& saved, nn::BlockKeep keep, bool recompute) {
+    return model.block_forward(i, std::move(h), saved, keep, recompute);
+  }
+  Value block_backward(std::int64_t i, const Saved& saved, const Value& gradient) {
+    return model.block_backward(i, saved, gradient);
+  }
+  Value checkpoint(std::int64_t i, const Value&) { return model.checkpoint(i); }
+};
+
+namespace {
+
+class ScheduleLedger : public nn::BlockLedgerRunner {
+ public:
+  ScheduleLedger(const Schedule& schedule, nn::BlockKeep keep) : execution_(schedule, keep) {}
+  nn::MemoryLedger::Bytes forward(nn::ModelLedger& model, nn::MemoryLedger::Bytes h0) override {
+    LedgerExecutor executor{model};
+    return execution_.forward(executor, std::move(h0));
+  }
+  nn::MemoryLedger::Bytes backward(nn::ModelLedger& model,
+                                   nn::MemoryLedger::Bytes dh_n) override {
+    LedgerExecutor executor{model};
+    return execution_.backward(executor, std::move(dh_n));
+  }
+  std::int64_t evaluations() const override { return execution_.evaluations(); }
+
+ private:
+  ScheduleExecution<LedgerExecutor> execution_;
+};
+
+}  // namespace
+
 ScheduledRunner::ScheduledRunner(Schedule schedule, nn::BlockKeep keep)
     : schedule_(std::move(schedule)), keep_(keep) {
   validate(schedule_);
+  execution_ = std::make_unique<ScheduleExecution<ModelExecutor>>(schedule_, keep_);
 }
+
+ScheduledRunner::~ScheduledRunner() = default;
 
 std::shared_ptr<ScheduledRunner> ScheduledRunner::for_policy(const std::string& policy,
                                                              std::int64_t depth) {
@@ -28,94 +93,25 @@ std::shared_ptr<ScheduledRunner> ScheduledRunner::for_policy(const std::string& 
   return std::make_shared<ScheduledRunner>(parse_policy(policy, depth));
 }
 
-Tensor ScheduledRunner::evaluate(nn::Model& model, std::int64_t block,
-                                 const nn::ForwardContext& context, nn::BlockActivations& saved,
-                                 nn::BlockKeep keep) {
-  nn::ForwardContext run = context;
-  const auto index = static_cast<std::size_t>(block);
-  run.recompute = evaluated_[index];
-  recomputations_ += run.recompute ? 1 : 0;
-  ++evaluations_;
-  evaluated_[index] = true;
-  return model.block_forward(index, current_, run, saved, keep);
-}
-
-void ScheduledRunner::run(nn::Model& model, const nn::ForwardContext& context,
-                          bool stop_at_head) {
-  const std::int64_t depth = schedule_.depth;
-  while (next_ < schedule_.actions.size()) {
-    const Action action = schedule_.actions[next_++];
-    const std::int64_t i = action.block;
-    switch (action.op) {
-      case Op::store: {
-        Tensor copy(current_.shape(), current_.dtype(), current_.device(),
-                    MemoryCategory::checkpoints);
-        cast(current_, copy);  // same dtype: a copy
-        checkpoints_[i] = std::move(copy);
-        break;
-      }
-      case Op::advance: {
-        nn::BlockActivations discarded;  // freed when this scope ends
-        current_ = evaluate(model, i, context, discarded);
-        break;
-      }
-      case Op::tape:
-        current_ = evaluate(model, i, context, taped_[i], keep_);
-        break;
-      case Op::backward:
-        gradient_ = model.block_backward(static_cast<std::size_t>(i), taped_.at(i), gradient_,
-                                         context);
-        taped_.erase(i);
-        break;
-      case Op::restore:
-        current_ = checkpoints_.at(i);  // read-only from here on: blocks never write h
-        break;
-      case Op::drop:
-        checkpoints_.erase(i);
-        break;
-    }
-    if (stop_at_head && i == depth - 1 && (action.op == Op::advance || action.op == Op::tape)) {
-      return;
-    }
-  }
-}
-
-Tensor ScheduledRunner::forward(nn::Model& model, const Tensor& h0,
-                                const nn::ForwardContext& context) {
+Tensor ScheduledRunner::forward(nn::Model& model, Tensor h0, const nn::ForwardContext& context) {
   BIGBATCH_CHECK(schedule_.depth == model.config().depth, "ScheduledRunner: the schedule is for ",
                  schedule_.depth, " blocks, the model has ", model.config().depth);
-  next_ = 0;
-  in_step_ = false;
-  checkpoints_.clear();
-  taped_.clear();
-  gradient_ = Tensor();
-  evaluated_.assign(static_cast<std::size_t>(schedule_.depth), false);
-  current_ = h0;
-  if (!context.training) {  // evaluation: no backward follows, so nothing is kept
-    for (std::int64_t i = 0; i < schedule_.depth; ++i) {
-      nn::BlockActivations discarded;
-      current_ = evaluate(model, i, context, discarded);
-    }
-    next_ = schedule_.actions.size();
-    return std::exchange(current_, Tensor());
-  }
-  in_step_ = true;
-  run(model, context, /*stop_at_head=*/true);
-  Tensor h_n = std::move(current_);
-  current_ = Tensor();
-  return h_n;
+  ModelExecutor executor{model, context};
+  if (!context.training) return execution_->evaluate(executor, std::move(h0));
+  return execution_->forward(executor, std::move(h0));
 }
 
-Tensor ScheduledRunner::backward(nn::Model& model, const Tensor& dh_n,
+Tensor ScheduledRunner::backward(nn::Model& model, Tensor dh_n,
                                  const nn::ForwardContext& context) {
-  BIGBATCH_CHECK(in_step_, "ScheduledRunner: backward without a training forward before it");
-  in_step_ = false;
-  gradient_ = dh_n;
-  run(model, context, /*stop_at_head=*/false);
-  BIGBATCH_CHECK(taped_.empty() && checkpoints_.empty(),
-                 "ScheduledRunner: the schedule left blocks taped or checkpoints stored");
-  current_ = Tensor();
-  return std::exchange(gradient_, Tensor());
+  ModelExecutor executor{model, context};
+  return execution_->backward(executor, std::move(dh_n));
 }
+
+std::unique_ptr<nn::BlockLedgerRunner> ScheduledRunner::ledger() const {
+  return std::make_unique<ScheduleLedger>(schedule_, keep_);
+}
+
+std::int64_t ScheduledRunner::evaluations() const { return execution_->evaluations(); }
+std::int64_t ScheduledRunner::recomputations() const { return execution_->recomputations(); }
 
 }  // namespace bigbatch::checkpointing

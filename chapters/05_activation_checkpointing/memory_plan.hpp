@@ -1,0 +1,62 @@
+// memory_plan.hpp: chapter 05's memory model and the budget policy. nn::predict_step
+// replays a training step's allocations on a ledger (nn/memory_model.hpp); with a
+// checkpoint policy it replays the policy's schedule through the same interpreter the
+// runner executes (schedule_execution.hpp). So, before any block runs, the chapter knows
+// the step's peak bytes by category, the moment of the step that holds the peak, and the
+// block forwards it costs, and `budget:BYTES` can pick a policy by them.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "nn/memory_model.hpp"
+#include "nn/model.hpp"
+#include "nn/training.hpp"
+
+namespace bigbatch::checkpointing {
+
+/// What a step is: the model, the batch and micro-batch, the optimizer (its state is live).
+struct StepShape {
+  nn::ModelConfig model;
+  std::int64_t batch = 0;
+  std::int64_t micro_batch = 0;
+  nn::Optimizer::Options optimizer;
+};
+
+/// nn::predict_step for a policy as ScheduledRunner::for_policy reads it; "none" is the
+/// model run without a runner (its own order). Throws std::invalid_argument as for_policy.
+nn::StepPrediction predict_policy(const StepShape& step, const std::string& policy);
+
+/// The recomputation a policy costs, in block forwards per step beyond the n of plain
+/// training: its advances, plus, with selective recomputation, kSelectiveCost for each
+/// block (the LayerNorm and activation it runs again in the backward pass). Per micro-batch.
+double recompute_cost(const std::string& policy, std::int64_t depth);
+
+/// Selective recomputation of one block, in block forwards. Measured on the 2-core CPU
+/// (bench/results/cpu-checkpointing.json, depth 32, batch 64, width 256): selective's extra
+/// step time is about that of 0.25 block forwards per block. On a GPU at large widths the
+/// GEMMs dominate a block and the figure is far smaller, so this errs towards the schedules.
+inline constexpr double kSelectiveCost = 0.25;
+
+struct BudgetChoice {
+  std::string policy;            ///< e.g. "optimal:3" or "sqrt+selective"
+  nn::StepPrediction prediction;
+  double cost = 0;               ///< recompute_cost
+  std::size_t candidates = 0;    ///< policies weighed
+};
+
+/// budget:BYTES: of none, selective, every:K and optimal:SLOTS (K, SLOTS = 1 .. depth),
+/// each with and without selective, the one of least recompute_cost whose predicted step
+/// peak (StepPrediction::peak: everything on the device) is at most `budget`; ties go to
+/// the smaller peak, then to the earlier in that list. Throws std::invalid_argument when
+/// none fits, naming the smallest peak any of them reaches and its policy.
+BudgetChoice choose_for_budget(const StepShape& step, std::size_t budget);
+
+/// A policy as `--checkpoint` takes it, with budget:BYTES (BYTES as common/format's
+/// parse_bytes reads it: 96MiB, 1.5GiB, 123456) resolved by choose_for_budget; any other
+/// policy is returned as it is.
+std::string resolve_policy(const std::string& policy, const StepShape& step);
+
+}  // namespace bigbatch::checkpointing
