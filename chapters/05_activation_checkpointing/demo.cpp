@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "chapters/01_large_batch_baseline/baseline.hpp"
+#include "chapters/05_activation_checkpointing/memory_plan.hpp"
 #include "chapters/05_activation_checkpointing/scheduled_runner.hpp"
 #include "common/format.hpp"
 #include "common/memory.hpp"
@@ -39,6 +40,7 @@ bb::nn::ModelConfig deep(std::int64_t depth) {
 
 struct Measured {
   std::size_t activation_bytes = 0;  // activations + checkpoints at the step's peak
+  std::size_t step_bytes = 0;        // what the step adds at its peak to what was live
   std::int64_t block_forwards = 0;
   double seconds = 0;                // the fastest of the repetitions
   std::vector<std::vector<float>> gradients;
@@ -66,6 +68,7 @@ Measured measure(std::int64_t depth, const std::string& policy, const bb::Tensor
     const bb::MemoryStats stats = allocator.stats();
     m.activation_bytes = stats.at_peak_of(MemoryCategory::activations) +
                          stats.at_peak_of(MemoryCategory::checkpoints);
+    m.step_bytes = stats.peak_total - stats.live_total;  // the step leaves nothing behind
   }
   m.block_forwards = runner ? runner->evaluations() / repeats : depth;
   for (const auto& p : model.parameters()) m.gradients.push_back(p.grad.to_vector<float>());
@@ -115,45 +118,95 @@ void the_schedules(bb::SelfCheck& report) {
                         "recompute exactly the closed form's minimum");
 }
 
+cp::StepShape step_of(std::int64_t depth, const bb::Tensor& x) {
+  return {deep(depth), x.dim(0), x.dim(0), bb::AdamWOptions{}};
+}
+
+/// The bytes the step adds at its peak to what was live before it, predicted.
+std::size_t step_bytes(const bb::nn::StepPrediction& p) {
+  return p.stats.peak_total - p.stats.live_total;
+}
+
 void deep_model(bb::SelfCheck& report, const bb::Tensor& x, const bb::Tensor& labels,
                 bool quick, std::string& figure_data) {
   const std::int64_t depth = 32;
   report.section("(c) Depth 32, batch " + std::to_string(x.dim(0)) +
-                 ": every policy against no checkpointing");
+                 ": every policy against no checkpointing, measured and predicted");
   const int repeats = quick ? 1 : 3;
   const Measured none = measure(depth, "none", x, labels, repeats);
-  std::printf("   %-14s %14s %8s %14s %10s\n", "policy", "activations", "x less",
-              "block forwards", "time");
-  bool identical = true;
+  std::printf("   %-14s %12s %7s %12s %12s %9s %6s\n", "policy", "activations", "x less",
+              "step peak", "predicted", "forwards", "time");
+  bool identical = true, predicted_exactly = true;
   std::size_t sqrt_bytes = 0, optimal_bytes = 0;
   std::size_t selective_bytes = 0;
   for (const std::string policy : {"none", "every:4", "sqrt", "every:8", "optimal:2",
                                    "optimal:6", "selective", "sqrt+selective"}) {
     const Measured m = policy == "none" ? none : measure(depth, policy, x, labels, repeats);
+    const bb::nn::StepPrediction predicted = cp::predict_policy(step_of(depth, x), policy);
     identical &= m.gradients == none.gradients;
+    predicted_exactly &= step_bytes(predicted) == m.step_bytes &&
+                         predicted.stats.at_peak_of(MemoryCategory::activations) +
+                                 predicted.stats.at_peak_of(MemoryCategory::checkpoints) ==
+                             m.activation_bytes &&
+                         predicted.block_forwards == m.block_forwards;
     if (policy == "sqrt") sqrt_bytes = m.activation_bytes;
     if (policy == "optimal:2") optimal_bytes = m.activation_bytes;
     if (policy == "selective") selective_bytes = m.activation_bytes;
     figure_data += std::string(figure_data.empty() ? "" : ",") + "{\"policy\":\"" + policy +
                    "\",\"activation_bytes\":" + std::to_string(m.activation_bytes) +
+                   ",\"step_bytes\":" + std::to_string(m.step_bytes) +
+                   ",\"predicted_step_bytes\":" + std::to_string(step_bytes(predicted)) +
                    ",\"block_forwards\":" + std::to_string(m.block_forwards) +
                    ",\"time_ratio\":" + number(m.seconds / none.seconds, "%.4f") + "}";
-    std::printf("   %-14s %14s %8s %14lld %9sx\n", policy.c_str(),
+    std::printf("   %-14s %12s %7s %12s %12s %9lld %5sx\n", policy.c_str(),
                 bb::format_bytes(m.activation_bytes).c_str(),
                 number(static_cast<double>(none.activation_bytes) /
                        static_cast<double>(m.activation_bytes), "%.2f").c_str(),
+                bb::format_bytes(m.step_bytes).c_str(),
+                bb::format_bytes(step_bytes(predicted)).c_str(),
                 static_cast<long long>(m.block_forwards),
                 number(m.seconds / none.seconds, "%.2f").c_str());
   }
-  report.note("time: the fastest of " + std::to_string(repeats) +
-              " steps, relative to no checkpointing (bench/ measures it properly)");
+  report.note("activations: activations + checkpoints at the step's peak; step peak: all "
+              "the step adds to what was live (workspace too); time: the fastest of " +
+              std::to_string(repeats) + " steps, relative to none (bench/ measures it "
+              "properly)");
   report.check(identical, "every policy gives the gradients of no checkpointing, bit for bit "
                           "(dropout 0.1: recomputed blocks draw the same masks)");
+  report.check(predicted_exactly, "the memory model predicted every step peak, its "
+                                  "activations and the block forwards before the step ran, "
+                                  "to the byte");
   report.check(sqrt_bytes * 4 <= none.activation_bytes,
                "sqrt keeps at most a quarter of the activation bytes");
   report.check(optimal_bytes < sqrt_bytes, "the binomial schedule with 2 slots keeps less");
   report.check(selective_bytes * 10 <= none.activation_bytes * 7,
                "selective recomputation keeps at most 70% of the bytes, recomputing no block");
+}
+
+void budget(bb::SelfCheck& report, const bb::Tensor& x, const bb::Tensor& labels) {
+  const std::int64_t depth = 32;
+  report.section("(d) budget:BYTES: the cheapest policy that fits, chosen before running");
+  const cp::StepShape step = step_of(depth, x);
+  const bb::nn::StepPrediction none = cp::predict_policy(step, "none");
+  report.note("without checkpointing the step peaks at " + bb::format_bytes(none.peak()) +
+              " (" + bb::format_bytes(step_bytes(none)) + " of it the step's own), at: " +
+              none.peak_moment);
+  bool fits = true;
+  for (const int percent : {90, 60, 40}) {
+    // A budget that leaves `percent` of the step's own bytes on top of what is always live.
+    const std::size_t budget =
+        none.stats.live_total + step_bytes(none) * static_cast<std::size_t>(percent) / 100;
+    const cp::BudgetChoice choice = cp::choose_for_budget(step, budget);
+    const Measured m = measure(depth, choice.policy, x, labels, 1);
+    fits &= m.step_bytes <= budget - none.stats.live_total;
+    std::printf("   budget %s (the step's own %d%%): %s, %s predicted, %s measured, "
+                "%lld block forwards; its peak at: %s\n",
+                bb::format_bytes(budget).c_str(), percent, choice.policy.c_str(),
+                bb::format_bytes(step_bytes(choice.prediction)).c_str(),
+                bb::format_bytes(m.step_bytes).c_str(),
+                static_cast<long long>(m.block_forwards), choice.prediction.peak_moment.c_str());
+  }
+  report.check(fits, "each chosen policy's measured step fits its budget");
 }
 
 }  // namespace
@@ -178,6 +231,7 @@ int main(int argc, char** argv) {
   the_schedules(report);
   std::string figure_data;
   deep_model(report, x, labels, options.quick, figure_data);
+  budget(report, x, labels);
   if (!bb::write_demo_data(options, "{\"depth\":32,\"batch\":" + std::to_string(batch) +
                                         ",\"policies\":[" + figure_data + "]}")) {
     return 1;
