@@ -29,6 +29,7 @@
 #include "common/format.hpp"
 #include "common/io/safetensors.hpp"
 #include "common/memory.hpp"
+#include "chapters/05_activation_checkpointing/memory_plan.hpp"
 #include "chapters/05_activation_checkpointing/scheduled_runner.hpp"
 #include "chapters/train/trainer.hpp"
 #include "nn/lr_schedule.hpp"
@@ -546,17 +547,22 @@ int run_train(const TrainOptions& options) {
   const nn::ModelConfig config_of_model =
       model_config(options, splits.train.feature_dim(), classes);
   nn::Model model(config_of_model, device);
+  // The step as chapter 05's memory model sees it: budget:BYTES is chosen by its
+  // prediction, and --explain prints the prediction.
+  const checkpointing::StepShape step_shape{config_of_model, options.batch, micro_batch,
+                                            optimizer_options(options)};
+  std::string policy = options.checkpoint;
   std::shared_ptr<checkpointing::ScheduledRunner> runner;
   if (options.checkpoint != "none") {
     try {
-      runner = checkpointing::ScheduledRunner::for_policy(options.checkpoint,
-                                                          config_of_model.depth);
+      policy = checkpointing::resolve_policy(options.checkpoint, step_shape);
+      if (policy != "none") {
+        runner = checkpointing::ScheduledRunner::for_policy(policy, config_of_model.depth);
+      }
     } catch (const std::invalid_argument& e) {
       throw UsageError(std::string("--checkpoint: ") + e.what());
     }
-    model.set_block_runner(runner);
-  } else if (options.explain) {
-    throw UsageError("--explain prints a checkpoint schedule: give --checkpoint too");
+    if (runner) model.set_block_runner(runner);
   }
   if (!options.init.empty()) {
     try {
@@ -628,14 +634,23 @@ int run_train(const TrainOptions& options) {
     std::cout << " (the last micro-batch has " << options.batch % micro_batch << " samples)";
   }
   std::cout << "\nprecision " << precision_description(options, config) << "\n";
+  if (options.checkpoint != policy) {
+    std::cout << "checkpoint " << options.checkpoint << ": " << policy
+              << ", the policy of fewest recomputations whose predicted step fits\n";
+  }
   if (runner) {
     const checkpointing::ScheduleStats stats = checkpointing::simulate(runner->schedule());
-    std::cout << "activation checkpointing " << options.checkpoint << ": at most "
-              << stats.max_checkpoints << " block inputs kept and " << stats.max_taped
-              << (stats.max_taped == 1 ? " block's" : " blocks'") << " activations at a time; " << stats.advances + stats.tapes
-              << " block forwards per micro-batch instead of " << config_of_model.depth
-              << "\n";
+    std::cout << "activation checkpointing " << policy << ": at most " << stats.max_checkpoints
+              << " block inputs kept and " << stats.max_taped
+              << (stats.max_taped == 1 ? " block's" : " blocks'")
+              << " activations at a time; " << stats.advances + stats.tapes
+              << " block forwards per micro-batch instead of " << config_of_model.depth << "\n";
     if (options.explain) std::cout << checkpointing::explain(runner->schedule()) << "\n";
+  }
+  if (runner || options.explain) {
+    const nn::StepPrediction predicted = checkpointing::predict_policy(step_shape, policy);
+    std::cout << "predicted step peak " << format_bytes(predicted.peak()) << " ("
+              << predicted.peak() << " bytes), at: " << predicted.peak_moment << "\n";
   }
   std::cout << std::flush;
 
@@ -860,9 +875,11 @@ void add_train_flags(CLI::App& train, TrainOptions& o) {
                    "block's input), sqrt (K = ceil(sqrt(depth))), optimal:SLOTS (the "
                    "binomial schedule with SLOTS kept block inputs: the fewest recomputations), "
                    "selective (keep only the GEMM outputs, recompute the norms and "
-                   "activations), or POLICY+selective")
+                   "activations), POLICY+selective, or budget:BYTES (the policy of fewest "
+                   "recomputations whose predicted step peak fits in BYTES, e.g. 96MiB)")
       ->capture_default_str();
-  train.add_flag("--explain", o.explain, "print the checkpoint schedule, action by action");
+  train.add_flag("--explain", o.explain, "print the checkpoint schedule, action by action, "
+                 "and the step's predicted peak and the moment that holds it");
   train.add_option("--clip-grad-norm", o.clip_grad_norm,
                    "clip the step's gradients to this global L2 norm (PyTorch's "
                    "clip_grad_norm_): once per optimizer step, on the accumulated and unscaled "
