@@ -71,7 +71,10 @@ BudgetChoice choose_for_budget(const StepShape& step, std::size_t budget) {
 
 std::string resolve_policy(const std::string& policy, const StepShape& step) {
   const std::string prefix = "budget:";
-  if (policy.compare(0, prefix.size(), prefix) != 0) return policy;
+  if (policy.compare(0, prefix.size(), prefix) != 0) {
+    ScheduledRunner::for_policy(policy, step.model.depth);  // throws for what it cannot read
+    return policy;
+  }
   std::size_t budget = 0;
   try {
     budget = parse_bytes(policy.substr(prefix.size()));

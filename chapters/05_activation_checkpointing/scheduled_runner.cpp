@@ -2,6 +2,7 @@
 // the memory model's ledger, through one interpreter (schedule_execution.hpp).
 #include "chapters/05_activation_checkpointing/scheduled_runner.hpp"
 
+#include <stdexcept>
 #include <utility>
 
 #include "chapters/05_activation_checkpointing/schedule_execution.hpp"
@@ -89,6 +90,18 @@ std::shared_ptr<ScheduledRunner> ScheduledRunner::for_policy(const std::string& 
     return std::make_shared<ScheduledRunner>(
         parse_policy(policy.substr(0, policy.size() - suffix.size()), depth),
         nn::BlockKeep::gemm_outputs);
+  }
+  if (policy.rfind("budget:", 0) == 0) {
+    throw std::invalid_argument("checkpoint policy \"" + policy + "\" depends on the step: "
+                                "resolve it with resolve_policy (memory_plan.hpp) first");
+  }
+  static const char* const kKnown[] = {"none", "every:", "sqrt", "optimal:"};
+  bool known = false;
+  for (const char* name : kKnown) known = known || policy.rfind(name, 0) == 0;
+  if (!known) {
+    throw std::invalid_argument("checkpoint policy \"" + policy + "\": unknown policy; "
+                                "expected none, every:K, sqrt, optimal:SLOTS, selective, "
+                                "POLICY+selective or budget:BYTES");
   }
   return std::make_shared<ScheduledRunner>(parse_policy(policy, depth));
 }

@@ -37,7 +37,9 @@ done <<TABLE
 --clip-grad-norm|$small --clip-grad-norm 0
 --checkpoint|$small --checkpoint every:0
 --checkpoint|$small --checkpoint nonsense
---explain|$small --explain
+--checkpoint|$small --checkpoint budget:lots
+--checkpoint|$small --checkpoint budget:1KiB
+--checkpoint|$small --checkpoint selective+sqrt
 --clip-grad-norm|$small --clip-grad-norm -1
 --features|--data synthetic --features 0 --steps 1
 --lr|$small --lr -0.1
