@@ -131,24 +131,48 @@ BIGBATCH_HD T sigmoid_of(T z, const SigmoidPair<T>& pair) {
   return select(z >= T(0), pair.of_abs, pair.of_neg_abs);
 }
 
+/// gelu(x) from z = gelu_z(x) and sigmoid_pair(z).
 template <class T>
-BIGBATCH_HD T gelu(T x) {
-  const T z = gelu_z(x);
-  return mul_rn(x, sigmoid_of(z, sigmoid_pair(z)));
+BIGBATCH_HD T gelu_from(T x, T z, const SigmoidPair<T>& pair) {
+  return mul_rn(x, sigmoid_of(z, pair));
 }
 
-/// gelu'(x). For |x| >= 64, sigmoid(z) sigmoid(-z) is exactly 0 in float and double;
-/// the second term then uses x clamped to +-64 so that x z'(x), which overflows, cannot
-/// turn 0 into NaN (gelu'(+-inf) is then its limit, 1 or 0).
+/// gelu'(x) from z and the pair. For |x| >= 64, sigmoid(z) sigmoid(-z) is exactly 0 in
+/// float and double; the second term then uses x clamped to +-64 so that x z'(x), which
+/// overflows, cannot turn 0 into NaN (gelu'(+-inf) is then its limit, 1 or 0).
 template <class T>
-BIGBATCH_HD T gelu_derivative(T x) {
-  const T z = gelu_z(x);
-  const SigmoidPair<T> pair = sigmoid_pair(z);
+BIGBATCH_HD T gelu_derivative_from(T x, T z, const SigmoidPair<T>& pair) {
   const T x_limited = select(x > T(64), T(64), select(x < T(-64), T(-64), x));
   const T dz_dx = mul_rn(T(kSqrt8OverPi),
                          add_rn(T(1), mul_rn(T(3 * kGeluCubic), mul_rn(x_limited, x_limited))));
   const T slope_term = mul_rn(mul_rn(x_limited, dz_dx), mul_rn(pair.of_abs, pair.of_neg_abs));
   return add_rn(sigmoid_of(z, pair), slope_term);
+}
+
+template <class T>
+BIGBATCH_HD T gelu(T x) {
+  const T z = gelu_z(x);
+  return gelu_from(x, z, sigmoid_pair(z));
+}
+
+template <class T>
+BIGBATCH_HD T gelu_derivative(T x) {
+  const T z = gelu_z(x);
+  return gelu_derivative_from(x, z, sigmoid_pair(z));
+}
+
+/// gelu(x) and gelu'(x) from one exponential: the same operations as gelu and
+/// gelu_derivative, so the same bits (the fused kernel of kernels/dropout.hpp).
+template <class T>
+struct GeluAndDerivative {
+  T value, derivative;
+};
+
+template <class T>
+BIGBATCH_HD GeluAndDerivative<T> gelu_and_derivative(T x) {
+  const T z = gelu_z(x);
+  const SigmoidPair<T> pair = sigmoid_pair(z);
+  return {gelu_from(x, z, pair), gelu_derivative_from(x, z, pair)};
 }
 
 // ---- ReLU ------------------------------------------------------------------------

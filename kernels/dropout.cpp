@@ -4,9 +4,11 @@
 
 #include <algorithm>
 #include <limits>
+#include <utility>
 
 #include "common/half.hpp"
 #include "common/rng.hpp"
+#include "kernels/activation_math.hpp"
 #include "kernels/cpu_parallel.hpp"
 #include "kernels/cpu_vector.hpp"
 #include "kernels/dispatch.hpp"
@@ -58,6 +60,32 @@ void dropout_backward(const Tensor& dy, const Tensor& dx, const DropoutSpec& spe
     BIGBATCH_RUN_CUDA("dropout_backward", cuda::dropout_backward(dy, dx, spec));
   }
   cpu::dropout_backward(dy, dx, spec);
+}
+
+void activation_dropout_backward(PointwiseActivation act, const Tensor& x, const Tensor& dy,
+                                 const Tensor& dx, const DropoutSpec& spec, const Tensor& y) {
+  const char* op = "activation_dropout_backward";
+  const Device device = check_dropout(op, "dy", dy, "dx", dx, spec);
+  detail::check_dtype(op, "x", x, dy.dtype());
+  detail::check_shape(op, "x", x, dy.shape());
+  detail::common_device(op, {&x, &dy});
+  // Element k is read (x, dy) before it is written (dx, y): an output may be an input,
+  // but two outputs may not be one.
+  detail::check_same_or_disjoint(op, "dx", dx, "x", x);
+  if (y.defined()) {
+    detail::check_dtype(op, "y", y, dy.dtype());
+    detail::check_shape(op, "y", y, dy.shape());
+    detail::common_device(op, {&y, &dy});
+    detail::check_same_or_disjoint(op, "y", y, "x", x);
+    detail::check_same_or_disjoint(op, "y", y, "dy", dy);
+    detail::check_same_or_disjoint(op, "y", y, "dx", dx);
+    BIGBATCH_CHECK(y.numel() == 0 || y.raw_data() != dx.raw_data(), op,
+                   ": y and dx are both outputs and may not be the same tensor");
+  }
+  if (device.is_cuda()) {
+    BIGBATCH_RUN_CUDA(op, cuda::activation_dropout_backward(act, x, dy, dx, spec, y));
+  }
+  cpu::activation_dropout_backward(act, x, dy, dx, spec, y);
 }
 
 namespace cpu {
@@ -287,6 +315,88 @@ void apply_dropout(const Tensor& in, const Tensor& out, const DropoutSpec& spec)
   });
 }
 
+/// Calls body(T{}) with T the C++ type of `dtype` (f32, f16 or f64).
+template <class Body>
+void with_float_type(const char* op, DType dtype, const Body& body) {
+  switch (dtype) {
+    case DType::f32: return body(float{});
+    case DType::f16: return body(f16{});
+    case DType::f64: return body(double{});
+    case DType::i32: break;
+  }
+  BIGBATCH_CHECK(false, op, ": unsupported dtype ", dtype_name(dtype));
+}
+
+/// A value rounded to T as storing it would, and read back in ComputeType<T>.
+template <class T, class A>
+A rounded(A value) {
+  T stored;
+  store(&stored, value);
+  return load(&stored);
+}
+
+namespace math = activation_math;
+
+/// {act(v), act'(v) * g} in ComputeType<T>, as gelu_forward and gelu_backward (or relu's)
+/// compute them; GELU's two share one exponential.
+struct GeluPair {
+  template <class A>
+  std::pair<A, A> operator()(A v, A g) const {
+    const auto both = math::gelu_and_derivative(v);
+    return {both.value, g * both.derivative};
+  }
+};
+struct ReluPair {
+  template <class A>
+  std::pair<A, A> operator()(A v, A g) const {
+    return {math::relu(v), math::relu_backward_of(v, g)};
+  }
+};
+
+// The block loop of apply_dropout, with the mask of each block drawn once for dx and y.
+template <class T, class Act>
+void fused_backward(const Tensor& x, const Tensor& dy, const Tensor& dx, const Tensor& y,
+                    const DropoutSpec& spec, const Act& act) {
+  const T* xs = x.data<T>();
+  const T* dys = dy.data<T>();
+  T* dxs = dx.data<T>();
+  T* ys = y.defined() ? y.data<T>() : nullptr;
+  const MaskParams mask{spec.seed, spec.stream, spec.p, detail::dropout_keep_scale(spec.p)};
+  const bool draw = spec.p > 0.0f;  // p = 0: every factor is 1, and v * 1 is v exactly
+  const std::uint64_t first_index = detail::dropout_first_index(x, spec);
+  parallel_for(x.numel(), kElementwiseGrain, [&](std::int64_t begin, std::int64_t end) {
+    alignas(64) float factors[kBlock];
+    if (!draw) std::fill(factors, factors + kBlock, 1.0f);
+    std::int64_t count = 0;
+    for (std::int64_t start = begin; start < end; start += count) {
+      const std::uint64_t index = first_index + static_cast<std::uint64_t>(start);
+      count = std::min(kBlock - static_cast<std::int64_t>(index % kBlock), end - start);
+      if (draw) keep_factors(mask, index, count, factors);
+      const T* block_x = xs + start;
+      const T* block_dy = dys + start;
+      T* block_dx = dxs + start;
+      if (ys != nullptr) {
+        T* block_y = ys + start;
+        run_vectorized([&] {
+          for (std::int64_t k = 0; k < count; ++k) {
+            const auto g = rounded<T>(load(block_dy + k) * factors[k]);  // dropout_backward
+            const auto [value, gradient] = act(load(block_x + k), g);
+            store(block_dx + k, gradient);
+            store(block_y + k, rounded<T>(value) * factors[k]);  // act, then dropout
+          }
+        });
+      } else {
+        run_vectorized([&] {
+          for (std::int64_t k = 0; k < count; ++k) {
+            const auto g = rounded<T>(load(block_dy + k) * factors[k]);
+            store(block_dx + k, act(load(block_x + k), g).second);
+          }
+        });
+      }
+    }
+  });
+}
+
 void dropout_typed(const Tensor& in, const Tensor& out, const DropoutSpec& spec) {
   switch (in.dtype()) {
     case DType::f32: return apply_dropout<float>(in, out, spec);
@@ -305,6 +415,18 @@ void dropout_forward(const Tensor& x, const Tensor& y, const DropoutSpec& spec) 
 
 void dropout_backward(const Tensor& dy, const Tensor& dx, const DropoutSpec& spec) {
   dropout_typed(dy, dx, spec);
+}
+
+void activation_dropout_backward(PointwiseActivation act, const Tensor& x, const Tensor& dy,
+                                 const Tensor& dx, const DropoutSpec& spec, const Tensor& y) {
+  with_float_type("activation_dropout_backward", x.dtype(), [&](auto element) {
+    using T = decltype(element);
+    if (act == PointwiseActivation::gelu) {
+      fused_backward<T>(x, dy, dx, y, spec, GeluPair{});
+    } else {
+      fused_backward<T>(x, dy, dx, y, spec, ReluPair{});
+    }
+  });
 }
 
 }  // namespace cpu

@@ -24,6 +24,21 @@
 // in PyTorch, a dropped inf or NaN gives NaN and a dropped negative value gives -0.
 // Both backends draw the same mask (the same integer RNG) and compute the same bits
 // (NaN payloads aside).
+//
+// The model's blocks run y = dropout(act(x)). Their backward, fused into one pass:
+//
+//   activation_dropout_backward(act, x, dy, dx, spec, y)
+//     dx = act'(x) * (mask * dy / (1 - p))     dropout_backward, then act's backward
+//     y  = mask * act(x) / (1 - p)             act's forward, then dropout_forward: the
+//                                              forward's output again, when y is defined
+//
+// with the roundings of the unfused calls (each result rounded to the dtype where the
+// unfused call stores it), so the bits are those of the two or four calls it replaces;
+// the mask is drawn once for both, and GELU's value and derivative share one exponential.
+// x, dy, dx, y: one shape and dtype (f32 or f16; f64 on the CPU). Each element is read
+// before it is written, so an output may be an input (in place), but dx and y are not one. Selective recomputation (chapter 05)
+// needs y, the activation after dropout, to form fc2's weight gradient: it then costs one
+// pass where it cost four (act's forward, dropout's forward, dropout's and act's backward).
 #pragma once
 
 #include <cstdint>
@@ -39,17 +54,27 @@ struct DropoutSpec {
   std::int64_t first_row = 0;  ///< global index of row 0 of this tensor in the batch
 };
 
+/// The activation before the dropout in activation_dropout_backward (kernels/activation.hpp).
+enum class PointwiseActivation { gelu, relu };
+
 void dropout_forward(const Tensor& x, const Tensor& y, const DropoutSpec& spec);
 void dropout_backward(const Tensor& dy, const Tensor& dx, const DropoutSpec& spec);
+void activation_dropout_backward(PointwiseActivation act, const Tensor& x, const Tensor& dy,
+                                 const Tensor& dx, const DropoutSpec& spec,
+                                 const Tensor& y = Tensor());
 
 namespace cpu {
 void dropout_forward(const Tensor& x, const Tensor& y, const DropoutSpec& spec);
 void dropout_backward(const Tensor& dy, const Tensor& dx, const DropoutSpec& spec);
+void activation_dropout_backward(PointwiseActivation act, const Tensor& x, const Tensor& dy,
+                                 const Tensor& dx, const DropoutSpec& spec, const Tensor& y);
 }  // namespace cpu
 
 namespace cuda {
 void dropout_forward(const Tensor& x, const Tensor& y, const DropoutSpec& spec);
 void dropout_backward(const Tensor& dy, const Tensor& dx, const DropoutSpec& spec);
+void activation_dropout_backward(PointwiseActivation act, const Tensor& x, const Tensor& dy,
+                                 const Tensor& dx, const DropoutSpec& spec, const Tensor& y);
 }  // namespace cuda
 
 namespace detail {

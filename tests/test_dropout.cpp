@@ -1,13 +1,17 @@
 // dropout: the mask is the RNG's, keyed by the global element index, so micro-batches
 // and recomputations draw the batch's mask; groups of four indices straddling rows;
 // backward recomputes it; p = 0 and p = 1; the keep fraction; finite differences;
-// every SIMD path; CUDA against the CPU.
+// every SIMD path; CUDA against the CPU. The fused backward of dropout(act(x)) against
+// the unfused calls it replaces, bit for bit.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstdint>
+#include <string>
+#include <utility>
 #include <vector>
 
+#include "kernels/activation.hpp"
 #include "kernels/cpu_vector.hpp"
 #include "kernels/dropout.hpp"
 #include "tests/harness.hpp"
@@ -228,6 +232,82 @@ TEST_P(Dropout, RejectsBadArguments) {
   }
 }
 
+/// The fused backward and the calls it replaces, on one input: {dx, y} each way.
+struct FusedAndUnfused {
+  Tensor fused_dx, fused_y, dx, y;
+};
+
+FusedAndUnfused fused_and_unfused(PointwiseActivation act, const Tensor& x, const Tensor& dy,
+                                  const DropoutSpec& spec, bool in_place) {
+  const Shape shape = x.shape();
+  const DType dtype = x.dtype();
+  const Device device = x.device();
+  FusedAndUnfused r{Tensor(shape, dtype, device), Tensor(shape, dtype, device),
+                    Tensor(shape, dtype, device), Tensor(shape, dtype, device)};
+  const bool gelu = act == PointwiseActivation::gelu;
+  // Unfused, as the model's block_backward ran it: dropout's backward into dx, then the
+  // activation's backward in place; the forward output: activation, then dropout in place.
+  dropout_backward(dy, r.dx, spec);
+  (gelu ? gelu_backward : relu_backward)(x, r.dx, r.dx);
+  (gelu ? gelu_forward : relu_forward)(x, r.y);
+  dropout_forward(r.y, r.y, spec);
+  if (in_place) {
+    r.fused_dx.copy_from(dy);
+    activation_dropout_backward(act, x, r.fused_dx, r.fused_dx, spec, r.fused_y);
+  } else {
+    testing::poison(r.fused_dx);
+    testing::poison(r.fused_y);
+    activation_dropout_backward(act, x, dy, r.fused_dx, spec, r.fused_y);
+  }
+  return r;
+}
+
+TEST_P(Dropout, FusedActivationBackwardGivesTheUnfusedBits) {
+  // 37 x 29: blocks and groups of four straddle rows; values past +-64 and the
+  // infinities exercise GELU's limits; p = 0 (no dropout), 0.3 and 1 (nothing kept).
+  const Shape shape = {37, 29};
+  for (const DType dtype : {DType::f32, DType::f16}) {
+    std::vector<double> values =
+        testing::to_doubles(testing::random_tensor(shape, dtype, Device::cpu(), 21, -6.0, 6.0));
+    values[3] = 80.0;
+    values[4] = -80.0;
+    values[5] = INFINITY;
+    values[6] = -INFINITY;
+    values[7] = 0.0;
+    const Tensor x = testing::make_tensor(values, shape, dtype, device());
+    const Tensor dy = testing::random_tensor(shape, dtype, device(), 22, -3.0, 3.0);
+    for (const PointwiseActivation act : {PointwiseActivation::gelu, PointwiseActivation::relu}) {
+      for (const float p : {0.0f, 0.3f, 1.0f}) {
+        for (const bool in_place : {false, true}) {
+          const DropoutSpec spec{p, 91, 4, 1000003};
+          const FusedAndUnfused r = fused_and_unfused(act, x, dy, spec, in_place);
+          const std::string what = std::string(dtype_name(dtype)) +
+                                   (act == PointwiseActivation::gelu ? " gelu" : " relu") +
+                                   " p " + std::to_string(p) + (in_place ? " in place" : "");
+          EXPECT_TRUE(testing::bitwise_equal(r.fused_dx, r.dx)) << what;
+          EXPECT_TRUE(testing::bitwise_equal(r.fused_y, r.y)) << what;
+        }
+      }
+    }
+  }
+}
+
+TEST_P(Dropout, FusedActivationBackwardRejectsBadArguments) {
+  const Tensor x({4, 3}, DType::f32, device()), dy({4, 3}, DType::f32, device());
+  const Tensor dx({4, 3}, DType::f32, device());
+  const auto gelu = PointwiseActivation::gelu;
+  EXPECT_THROW(activation_dropout_backward(gelu, x, dy, dx, DropoutSpec{}, dx),
+               std::invalid_argument);  // y and dx: two outputs, one tensor
+  EXPECT_THROW(activation_dropout_backward(gelu, Tensor({4, 3}, DType::f16, device()), dy, dx,
+                                           DropoutSpec{}),
+               std::invalid_argument);
+  EXPECT_THROW(activation_dropout_backward(gelu, x, dy, dx, DropoutSpec{},
+                                           Tensor({3, 4}, DType::f32, device())),
+               std::invalid_argument);
+  EXPECT_THROW(activation_dropout_backward(gelu, x, dy, dx, DropoutSpec{2.0f, 0, 0, 0}),
+               std::invalid_argument);
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, Dropout, ::testing::ValuesIn(testing::all_devices()),
                          testing::device_test_name);
 
@@ -256,6 +336,57 @@ TEST(DropoutGradients, BackwardIsTheDerivativeOfForward) {
   for (std::size_t i = 0; i < want.size(); ++i)
     want[i] = weights[i] * (f_plus[i] - f_minus[i]) / (2 * h);
   EXPECT_TRUE(testing::all_close(testing::to_doubles(dx), want, [](std::size_t) { return 1e-11; }));
+}
+
+TEST(DropoutCuda, FusedActivationBackwardMatchesTheCpuBitForBit) {
+  const Device device = Device::cuda();
+  BIGBATCH_SKIP_WITHOUT_DEVICE(device);
+  const Shape shape = {1027, 1021};
+  for (const DType dtype : {DType::f32, DType::f16}) {
+    const DropoutSpec spec{0.2f, 0x1234567890abcdefULL, 3, (std::int64_t{1} << 34) / 1021};
+    const Tensor x = testing::random_tensor(shape, dtype, device, 6, -8.0, 8.0);
+    const Tensor dy = testing::random_tensor(shape, dtype, device, 7);
+    for (const PointwiseActivation act : {PointwiseActivation::gelu, PointwiseActivation::relu}) {
+      Tensor dx(shape, dtype, device), y(shape, dtype, device);
+      Tensor dx_cpu(shape, dtype), y_cpu(shape, dtype);
+      activation_dropout_backward(act, x, dy, dx, spec, y);
+      activation_dropout_backward(act, x.to(Device::cpu()), dy.to(Device::cpu()), dx_cpu, spec,
+                                  y_cpu);
+      EXPECT_TRUE(testing::bitwise_equal(dx, dx_cpu)) << dtype_name(dtype);
+      EXPECT_TRUE(testing::bitwise_equal(y, y_cpu)) << dtype_name(dtype);
+    }
+  }
+}
+
+TEST(DropoutSimd, FusedActivationBackwardGivesTheBaselineBitsAtEveryLevel) {
+  const Shape shape = {301, 33};
+  for (const DType dtype : {DType::f32, DType::f16, DType::f64}) {
+    const Tensor x = testing::random_tensor(shape, dtype, Device::cpu(), 31, -5.0, 5.0);
+    const Tensor dy = testing::random_tensor(shape, dtype, Device::cpu(), 32);
+    const DropoutSpec spec{0.25f, 5, 6, 7};
+    const auto run = [&] {
+      Tensor dx(shape, dtype), y(shape, dtype);
+      activation_dropout_backward(PointwiseActivation::gelu, x, dy, dx, spec, y);
+      return std::pair{dx, y};
+    };
+    const cpu::SimdLevel previous = cpu::set_simd_level_cap(cpu::SimdLevel::baseline);
+    const auto baseline = run();
+    // The baseline against the unfused calls (f64 included: the tests' finite differences)
+    const FusedAndUnfused unfused =
+        fused_and_unfused(PointwiseActivation::gelu, x, dy, spec, false);
+    EXPECT_TRUE(testing::bitwise_equal(baseline.first, unfused.dx)) << dtype_name(dtype);
+    EXPECT_TRUE(testing::bitwise_equal(baseline.second, unfused.y)) << dtype_name(dtype);
+    for (const cpu::SimdLevel level : {cpu::SimdLevel::avx2, cpu::SimdLevel::avx512}) {
+      if (level > cpu::simd_level_supported()) continue;
+      cpu::set_simd_level_cap(level);
+      const auto vectorised = run();
+      EXPECT_TRUE(testing::bitwise_equal(vectorised.first, baseline.first))
+          << cpu::simd_level_name(level) << " " << dtype_name(dtype);
+      EXPECT_TRUE(testing::bitwise_equal(vectorised.second, baseline.second))
+          << cpu::simd_level_name(level) << " " << dtype_name(dtype);
+    }
+    cpu::set_simd_level_cap(previous);
+  }
 }
 
 // The AVX-512 path draws 32 groups (128 masks) at a time and handles the step of the
