@@ -161,9 +161,9 @@ Bytes ModelLedger::block_backward(std::int64_t index, const BlockBytes& saved,
   (void)d_output;  // held by the caller throughout, as in Model::block_backward
   const std::string block = "block " + std::to_string(index) + " backward: ";
   const std::size_t state = hidden_state_bytes(), inner = state * to_size(config_.expansion);
+  const Bytes d_hidden = workspace(inner, block + "fc2's input gradient");
   Bytes hidden = saved.hidden;
   if (!hidden) hidden = activation(inner, block + "the activation after dropout, recomputed");
-  const Bytes d_hidden = workspace(inner, block + "fc2's input gradient");
   hidden = nullptr;
   Bytes normed = saved.normed;
   if (!normed) {

@@ -119,12 +119,22 @@ void linear_forward(const Linear& layer, const Tensor& x, const Tensor& y) {
   add_bias(y, layer.bias);
 }
 
-// dW += dy^T x (f32, whatever x's and dy's dtype), db += sum of dy's rows, and dx = dy W
-// when dx is defined.   x: [b, in], dy: [b, out], dx: [b, in]
-void linear_backward(const Linear& layer, const Tensor& x, const Tensor& dy, const Tensor& dx) {
+// dW += dy^T x (f32, whatever x's and dy's dtype) and db += sum of dy's rows.
+//   x: [b, in], dy: [b, out]
+void linear_backward_parameters(const Linear& layer, const Tensor& x, const Tensor& dy) {
   gemm(dy, true, x, false, layer.weight_grad, 1.0f, 1.0f);
   bias_backward(dy, layer.bias_grad);
-  if (dx.defined()) gemm(dy, false, working_weight(layer), false, dx);
+}
+
+// dx = dy W.   dy: [b, out], dx: [b, in]
+void linear_backward_input(const Linear& layer, const Tensor& dy, const Tensor& dx) {
+  gemm(dy, false, working_weight(layer), false, dx);
+}
+
+// Both, and dx only when it is defined.
+void linear_backward(const Linear& layer, const Tensor& x, const Tensor& dy, const Tensor& dx) {
+  linear_backward_parameters(layer, x, dy);
+  if (dx.defined()) linear_backward_input(layer, dy, dx);
 }
 
 void activation_forward(Activation kind, const Tensor& x, const Tensor& y) {
@@ -151,6 +161,10 @@ DropoutSpec dropout_spec(const ModelConfig& config, const ForwardContext& contex
 
 bool dropout_active(const ModelConfig& config, const ForwardContext& context) {
   return context.training && config.dropout > 0.0f;
+}
+
+PointwiseActivation pointwise(Activation kind) {
+  return kind == Activation::gelu ? PointwiseActivation::gelu : PointwiseActivation::relu;
 }
 
 }  // namespace
@@ -317,24 +331,23 @@ Tensor Model::block_forward(std::size_t index, const Tensor& h, const ForwardCon
 Tensor Model::block_backward(std::size_t index, const BlockActivations& saved,
                              const Tensor& d_output, const ForwardContext& context) {
   const Block& block = blocks_.at(index);
-  // Selective recomputation (BlockKeep::gemm_outputs): the activation after dropout and
-  // the norm's output, by the same kernels on the same inputs as the forward: the same bits.
-  Tensor hidden = saved.hidden;
-  if (!hidden.defined()) {
-    hidden = activation_tensor(saved.pre_activation.shape());
-    activation_forward(config_.activation, saved.pre_activation, hidden);
-    if (dropout_active(config_, context)) {
-      dropout_forward(hidden, hidden, dropout_spec(config_, context, index));
-    }
-  }
   // d_hidden: [b, E*H], the gradient of fc2's input, then (in place) of fc1's output.
-  Tensor d_hidden = workspace_tensor(hidden.shape());
-  linear_backward(block.fc2, hidden, d_output, d_hidden);
+  Tensor d_hidden = workspace_tensor(saved.pre_activation.shape());
+  linear_backward_input(block.fc2, d_output, d_hidden);
+  // One pass through dropout's and the activation's backward (no dropout: p = 0, the
+  // same bits). Under selective recomputation (BlockKeep::gemm_outputs) the same pass
+  // rebuilds the activation after dropout, fc2's input, from fc1's output and the mask
+  // (the counter RNG draws it again): the forward's bits (kernels/dropout.hpp).
+  Tensor hidden = saved.hidden;
+  const bool recompute_hidden = !hidden.defined();
+  if (recompute_hidden) hidden = activation_tensor(saved.pre_activation.shape());
+  const DropoutSpec spec = dropout_active(config_, context)
+                               ? dropout_spec(config_, context, index)
+                               : DropoutSpec{0.0f, 0, 0, context.first_row};
+  activation_dropout_backward(pointwise(config_.activation), saved.pre_activation, d_hidden,
+                              d_hidden, spec, recompute_hidden ? hidden : Tensor());
+  linear_backward_parameters(block.fc2, hidden, d_output);
   hidden = Tensor();
-  if (dropout_active(config_, context)) {
-    dropout_backward(d_hidden, d_hidden, dropout_spec(config_, context, index));
-  }
-  activation_backward(config_.activation, saved.pre_activation, d_hidden, d_hidden);
   Tensor normed = saved.normed;
   if (!normed.defined()) {
     Tensor mean, rstd;  // the same statistics again; BatchNorm's running ones stay
