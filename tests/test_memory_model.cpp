@@ -162,19 +162,30 @@ TEST(MemoryModel, TheBudgetPolicyPicksTheCheapestThatFits) {
   const std::size_t none = checkpointing::predict_policy(step, "none").peak();
   // Room for everything: no recomputation at all.
   EXPECT_EQ(checkpointing::choose_for_budget(step, none).policy, "none");
-  // One byte less: something must be recomputed, and the choice fits and is the cheapest
-  // of those that fit (checked here by brute force over the same candidates).
-  const checkpointing::BudgetChoice tight = checkpointing::choose_for_budget(step, none - 1);
-  EXPECT_LE(tight.prediction.peak(), none - 1);
-  EXPECT_NE(tight.policy, "none");
-  for (const std::string policy : {"selective", "sqrt", "every:2", "optimal:4",
-                                   "optimal:2+selective"}) {
-    if (checkpointing::predict_policy(step, policy).peak() <= none - 1) {
-      EXPECT_LE(tight.cost, checkpointing::recompute_cost(policy, 16)) << policy;
+  // Tighter budgets: something must be recomputed. The choice fits, and no policy that
+  // fits costs less (brute force over every candidate the header lists).
+  std::vector<std::string> candidates = {"none", "selective"};
+  for (const std::string family : {"every:", "optimal:"}) {
+    for (int k = 1; k <= 16; ++k) {
+      candidates.push_back(family + std::to_string(k));
+      candidates.push_back(family + std::to_string(k) + "+selective");
     }
   }
-  // The measured peak of the chosen policy fits the budget too.
-  EXPECT_LE(measure(step, tight.policy, false, Device::cpu()).stats.peak_total, none - 1);
+  const std::size_t selective = checkpointing::predict_policy(step, "selective").peak();
+  for (const std::size_t budget : {none - 1, selective - 1}) {
+    const checkpointing::BudgetChoice choice = checkpointing::choose_for_budget(step, budget);
+    EXPECT_LE(choice.prediction.peak(), budget);
+    EXPECT_EQ(choice.candidates, candidates.size());
+    for (const std::string& policy : candidates) {
+      if (checkpointing::predict_policy(step, policy).peak() <= budget) {
+        EXPECT_LE(choice.cost, checkpointing::recompute_cost(policy, 16))
+            << "budget " << budget << ": " << choice.policy << " chosen, " << policy
+            << " fits and costs less";
+      }
+    }
+    // The measured peak of the chosen policy fits the budget too.
+    EXPECT_LE(measure(step, choice.policy, false, Device::cpu()).stats.peak_total, budget);
+  }
   // Below the smallest possible peak: a clear error naming it.
   try {
     checkpointing::choose_for_budget(step, 1000);
