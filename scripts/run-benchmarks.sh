@@ -34,6 +34,6 @@ build/bench/bench_training --benchmark_out=bench/results/cpu-training.json \
   --benchmark_filter=/cpu/ "$@"
 echo "wrote bench/results/cpu-training.json"
 build/bench/bench_checkpointing --benchmark_out=bench/results/cpu-checkpointing.json \
-  --benchmark_out_format=json --benchmark_repetitions=3 \
+  --benchmark_out_format=json --benchmark_repetitions=7 \
   --benchmark_report_aggregates_only=true --benchmark_enable_random_interleaving=true "$@"
 echo "wrote bench/results/cpu-checkpointing.json"

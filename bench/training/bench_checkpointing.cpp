@@ -2,6 +2,8 @@
 // residual MLP (H 256, E 4, batch 64, dropout 0.1) under each checkpoint policy and depth,
 // with the bytes as counters (exact, from the tracking allocator):
 //   activation_bytes   activations + checkpoints at the step's peak
+//   step_bytes         all the step adds at its peak to what was live before it
+//   predicted_...      the same two from chapter 05's memory model, before the step runs
 //   block_forwards     block forward evaluations per step (the depth without checkpointing)
 // Time per step is the benchmark's time. Compare policies by their ratio to "none" at the
 // same depth, within one run (the machine's speed drifts between runs).
@@ -13,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "chapters/05_activation_checkpointing/memory_plan.hpp"
 #include "chapters/05_activation_checkpointing/scheduled_runner.hpp"
 #include "common/memory.hpp"
 #include "common/rng.hpp"
@@ -48,7 +51,7 @@ void BM_CheckpointedStep(benchmark::State& state) {
   const Tensor x_cpu = Tensor::from_vector(x, {kBatch, kInputs});
   const Tensor labels_cpu = Tensor::from_vector(labels, {kBatch});
   TrackingAllocator& allocator = allocator_for(Device::cpu());
-  std::size_t activation_bytes = 0;
+  std::size_t activation_bytes = 0, step_bytes = 0;
   for (auto _ : state) {
     allocator.reset_peak();
     const float loss = nn::accumulate_gradients(model, x_cpu, labels_cpu, kBatch, {true, 3, 0});
@@ -56,8 +59,17 @@ void BM_CheckpointedStep(benchmark::State& state) {
     const MemoryStats stats = allocator.stats();
     activation_bytes = stats.at_peak_of(MemoryCategory::activations) +
                        stats.at_peak_of(MemoryCategory::checkpoints);
+    step_bytes = stats.peak_total - stats.live_total;  // the step leaves nothing live
   }
+  const nn::StepPrediction predicted =
+      checkpointing::predict_policy({config, kBatch, kBatch, AdamWOptions{}}, policy);
   state.counters["activation_bytes"] = static_cast<double>(activation_bytes);
+  state.counters["step_bytes"] = static_cast<double>(step_bytes);
+  state.counters["predicted_activation_bytes"] =
+      static_cast<double>(predicted.stats.at_peak_of(MemoryCategory::activations) +
+                          predicted.stats.at_peak_of(MemoryCategory::checkpoints));
+  state.counters["predicted_step_bytes"] =
+      static_cast<double>(predicted.stats.peak_total - predicted.stats.live_total);
   state.counters["block_forwards"] = static_cast<double>(
       runner ? runner->evaluations() / static_cast<std::int64_t>(state.iterations()) : depth);
   state.SetLabel(policy + " depth " + std::to_string(depth));

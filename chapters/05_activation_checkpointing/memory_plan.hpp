@@ -34,11 +34,13 @@ nn::StepPrediction predict_policy(const StepShape& step, const std::string& poli
 /// block (the LayerNorm and activation it runs again in the backward pass). Per micro-batch.
 double recompute_cost(const std::string& policy, std::int64_t depth);
 
-/// Selective recomputation of one block, in block forwards. Measured on the 2-core CPU
-/// (bench/results/cpu-checkpointing.json, depth 32, batch 64, width 256): selective's extra
-/// step time is about that of 0.25 block forwards per block. On a GPU at large widths the
-/// GEMMs dominate a block and the figure is far smaller, so this errs towards the schedules.
-inline constexpr double kSelectiveCost = 0.25;
+/// Selective recomputation of one block, in block forwards: the LayerNorm's forward again
+/// and the store of the rebuilt activation (the fused backward pass rebuilds it). From
+/// bench/results/cpu-checkpointing.json (2 CPU cores, width 256, batch 64, medians of 7):
+/// selective's extra step time over sqrt's extra per advance is 0.10 block forwards per
+/// block at depth 32 and 0.20 at depth 64; we charge 0.15. On a GPU at large widths the
+/// GEMMs dominate a block and the figure is smaller still.
+inline constexpr double kSelectiveCost = 0.15;
 
 struct BudgetChoice {
   std::string policy;            ///< e.g. "optimal:3" or "sqrt+selective"
