@@ -453,15 +453,16 @@ void Model::save(const std::string& path) const {
   save_safetensors(path, state_dict(), metadata);
 }
 
-void Model::load(const std::string& path) {
-  // Check every tensor before changing any, so a bad file leaves the model as it was.
-  const std::map<std::string, Tensor> loaded = load_safetensors(path);
+void Model::load(const std::string& path) { load_state_dict(load_safetensors(path), path); }
+
+void Model::load_state_dict(const std::map<std::string, Tensor>& loaded, const std::string& source) {
+  // Check every tensor before changing any, so a bad set leaves the model as it was.
   const auto state = state_dict();
   for (const auto& [name, tensor] : state) {
     const auto found = loaded.find(name);
-    if (found == loaded.end()) throw std::runtime_error(path + ": no tensor named " + name);
+    if (found == loaded.end()) throw std::runtime_error(source + ": no tensor named " + name);
     if (found->second.dtype() != DType::f32 || !found->second.same_shape(tensor)) {
-      throw std::runtime_error(path + ": " + name + " is " + found->second.describe() +
+      throw std::runtime_error(source + ": " + name + " is " + found->second.describe() +
                                ", the model needs f32" + shape_string(tensor.shape()));
     }
   }
@@ -469,7 +470,7 @@ void Model::load(const std::string& path) {
     for (const auto& [name, tensor] : loaded) {
       bool known = false;
       for (const auto& entry : state) known = known || entry.first == name;
-      if (!known) throw std::runtime_error(path + ": tensor " + name + " is not part of this model");
+      if (!known) throw std::runtime_error(source + ": tensor " + name + " is not part of this model");
     }
   }
   for (auto [name, tensor] : state) tensor.copy_from(loaded.at(name));

@@ -52,6 +52,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <utility>
@@ -220,6 +221,10 @@ class Model {
   /// equivalent module, without num_batches_tracked) into this model's tensors. Throws
   /// std::runtime_error when a name is missing or extra or a shape differs.
   void load(const std::string& path);
+  /// The same from tensors already read (any device), named as state_dict() names them;
+  /// `source` names where they came from in the errors. Checks every tensor before it
+  /// changes any, so a bad set leaves the model as it was.
+  void load_state_dict(const std::map<std::string, Tensor>& tensors, const std::string& source);
 
  private:
   Tensor norm_forward(const NormLayer& layer, const Tensor& x, bool training, Tensor& mean,

@@ -65,6 +65,11 @@ void Optimizer::step() {
   }
 }
 
+void Optimizer::set_steps_taken(std::int64_t steps) {
+  BIGBATCH_CHECK(steps >= 0, "Optimizer::set_steps_taken: steps must be >= 0, got ", steps);
+  steps_ = steps;
+}
+
 double Optimizer::learning_rate() const {
   return std::visit([](const auto& options) { return options.lr; }, options_);
 }

@@ -54,6 +54,9 @@ class Optimizer {
   void set_learning_rate(double lr);
   /// Optimizer steps taken so far.
   std::int64_t steps_taken() const { return steps_; }
+  /// Continues as if `steps` steps had been taken (resuming from a snapshot, whose
+  /// state() tensors are copied back too): AdamW's bias corrections count from here.
+  void set_steps_taken(std::int64_t steps);
   const Options& options() const { return options_; }
   /// The state tensors, named "<parameter>.momentum_buffer", ".exp_avg", ".exp_avg_sq".
   std::vector<std::pair<std::string, Tensor>> state() const;

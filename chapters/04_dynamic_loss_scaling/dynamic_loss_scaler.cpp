@@ -27,6 +27,23 @@ DynamicLossScaler::DynamicLossScaler(DynamicScalerOptions options)
                  "got ", o.min_scale, ", ", o.initial_scale, ", ", o.max_scale);
 }
 
+void DynamicLossScaler::restore(const State& state) {
+  const auto& o = options_;
+  BIGBATCH_CHECK(state.scale >= o.min_scale && state.scale <= o.max_scale,
+                 "DynamicLossScaler::restore: the scale ", state.scale, " lies outside [",
+                 o.min_scale, ", ", o.max_scale, "]");
+  BIGBATCH_CHECK(state.clean_run >= 0 && state.clean_run < o.growth_interval &&
+                     state.overflow_run >= 0 && state.overflow_run < o.hysteresis &&
+                     state.skipped >= 0,
+                 "DynamicLossScaler::restore: counters out of range (clean run ",
+                 state.clean_run, ", overflow run ", state.overflow_run, ", skipped ",
+                 state.skipped, ")");
+  scale_ = state.scale;
+  clean_run_ = state.clean_run;
+  overflow_run_ = state.overflow_run;
+  skipped_ = state.skipped;
+}
+
 ScaleUpdate DynamicLossScaler::update(bool overflow) {
   ScaleUpdate result{overflow, scale_, scale_};
   if (overflow) {

@@ -72,6 +72,17 @@ class DynamicLossScaler {
   std::int64_t overflows_in_a_row() const { return overflow_run_; }
   std::int64_t skipped_steps() const { return skipped_; }
 
+  /// Everything update() reads and writes, for snapshots (a resumed run continues the
+  /// same sequence of scales).
+  struct State {
+    float scale = 0;
+    std::int64_t clean_run = 0, overflow_run = 0, skipped = 0;
+  };
+  State state() const { return {scale_, clean_run_, overflow_run_, skipped_}; }
+  /// Continues from a state(); throws std::invalid_argument when it is not one this
+  /// scaler's options can reach (a scale outside [min, max], a negative or too long run).
+  void restore(const State& state);
+
  private:
   DynamicScalerOptions options_;
   float scale_;

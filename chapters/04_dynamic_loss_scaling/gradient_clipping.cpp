@@ -10,11 +10,14 @@
 
 namespace bigbatch::clipping {
 
+void BoundaryCheck::allocate(Device device) {
+  if (found_inf_.defined() && found_inf_.device() == device) return;
+  found_inf_ = Tensor({1}, DType::f32, device, MemoryCategory::workspace);
+  squared_norm_ = Tensor({1}, DType::f64, device, MemoryCategory::workspace);
+}
+
 GradientStats BoundaryCheck::unscale_and_measure(const nn::Model& model, float scale) {
-  if (!found_inf_.defined()) {
-    found_inf_ = Tensor({1}, DType::f32, model.device(), MemoryCategory::workspace);
-    squared_norm_ = Tensor({1}, DType::f64, model.device(), MemoryCategory::workspace);
-  }
+  allocate(model.device());
   GradientStats stats;
   stats.overflow = loss_scaling::unscale_gradients(model, scale, found_inf_, &squared_norm_);
   // The square root of the float64 sum, rounded once to float: within half an ulp of the

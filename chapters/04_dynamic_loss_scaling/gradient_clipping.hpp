@@ -43,6 +43,10 @@ class BoundaryCheck {
   /// was inf or NaN and the norm of the result. scale must be finite and positive (1: no
   /// loss scaling, the pass only measures). Two values come back from the device.
   GradientStats unscale_and_measure(const nn::Model& model, float scale);
+  /// Allocates the pass's two results (12 bytes of workspace) now rather than at the first
+  /// call, so that every step, the first of a run or of a resumed run included, holds the
+  /// same bytes.
+  void allocate(Device device);
 
  private:
   Tensor found_inf_;     // f32 [1], on the model's device (workspace), allocated on first use

@@ -38,6 +38,10 @@ Trainer::Trainer(nn::Model& model, nn::Optimizer& optimizer, const Dataset& data
   if (config_.loss_scaling == LossScaling::dynamic) {
     dynamic_scaler_.emplace(config_.dynamic_scaling);
   }
+  // The boundary's pass runs with a scaler or clipping; its 12 bytes live from the start.
+  if (config_.loss_scaling != LossScaling::none || config_.clip_grad_norm > 0.0f) {
+    boundary_.allocate(model_.device());
+  }
   batch_features_ = Tensor({config_.batch, data.feature_dim()}, DType::f32, model_.device(),
                            MemoryCategory::data);
   batch_labels_ = Tensor({config_.batch}, DType::i32, model_.device(), MemoryCategory::data);
@@ -119,6 +123,31 @@ StepRecord Trainer::step() {
   record.seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return record;
+}
+
+TrainerState Trainer::state() const {
+  TrainerState s{steps_done_, samples_done_, optimizer_steps_, skipped_steps_, std::nullopt};
+  if (dynamic_scaler_) s.scaler = dynamic_scaler_->state();
+  return s;
+}
+
+void Trainer::restore(const TrainerState& s) {
+  BIGBATCH_CHECK(s.steps_done >= 0 && s.steps_done <= total_steps_,
+                 "Trainer::restore: ", s.steps_done, " steps done, but this run has ",
+                 total_steps_);
+  BIGBATCH_CHECK(s.optimizer_steps >= 0 && s.skipped_steps >= 0 &&
+                     s.optimizer_steps + s.skipped_steps == s.steps_done,
+                 "Trainer::restore: ", s.optimizer_steps, " steps taken and ", s.skipped_steps,
+                 " skipped do not add up to ", s.steps_done, " done");
+  BIGBATCH_CHECK(s.scaler.has_value() == dynamic_scaler_.has_value(),
+                 "Trainer::restore: the state ", s.scaler ? "has" : "has no",
+                 " dynamic loss scaler, this run ", dynamic_scaler_ ? "has one" : "has none");
+  if (dynamic_scaler_) dynamic_scaler_->restore(*s.scaler);
+  steps_done_ = s.steps_done;
+  samples_done_ = s.samples_done;
+  optimizer_steps_ = s.optimizer_steps;
+  skipped_steps_ = s.skipped_steps;
+  optimizer_.set_steps_taken(s.optimizer_steps);
 }
 
 void Trainer::run(const std::function<void(const StepRecord&)>& on_step) {

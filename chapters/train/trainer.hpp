@@ -78,6 +78,17 @@ class NonFiniteLossError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+/// The trainer's own counters: with the model's and the optimizer's tensors, everything a
+/// run needs to continue exactly (chapters/train/snapshot.hpp). The data order, the
+/// dropout masks and the learning rate are pure functions of these and the configuration.
+struct TrainerState {
+  std::int64_t steps_done = 0;       ///< steps run (taken or skipped)
+  std::int64_t samples_done = 0;
+  std::int64_t optimizer_steps = 0;  ///< steps taken: the schedule's clock
+  std::int64_t skipped_steps = 0;
+  std::optional<loss_scaling::DynamicLossScaler::State> scaler;  ///< with dynamic scaling
+};
+
 /// What one step reports.
 struct StepRecord {
   std::int64_t step = 0;           ///< 1 for the first step
@@ -119,6 +130,13 @@ class Trainer {
   StepRecord step();
   /// Runs the remaining steps, calling on_step after each.
   void run(const std::function<void(const StepRecord&)>& on_step = {});
+
+  /// The counters to snapshot, and their restoration (with the optimizer's step count;
+  /// the model's and optimizer's tensors are the snapshot's business). restore() throws
+  /// std::invalid_argument for a state this run cannot continue: more steps done than it
+  /// has, a dynamic scaler's state without dynamic scaling or the reverse.
+  TrainerState state() const;
+  void restore(const TrainerState& state);
 
   /// The memory of the step with the highest peak so far (the training step's peak,
   /// whatever evaluation or saving allocated between steps).
