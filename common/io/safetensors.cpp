@@ -618,6 +618,16 @@ void save_safetensors(const std::string& path,
     std::remove(temporary.c_str());
     fail(path, std::string("saving safetensors failed: ") + std::strerror(error));
   }
+  // fsync the folder too, so the rename itself survives a crash of the machine.
+  const std::size_t slash = path.find_last_of('/');
+  const std::string folder = slash == std::string::npos ? "." : path.substr(0, slash + 1);
+  const int folder_fd = ::open(folder.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (folder_fd >= 0) {
+    const int synced = ::fsync(folder_fd);
+    const int sync_errno = errno;
+    ::close(folder_fd);
+    if (synced != 0) fail(path, std::string("syncing its folder failed: ") + std::strerror(sync_errno));
+  }
 }
 
 std::map<std::string, Tensor> load_safetensors(const std::string& path, MemoryCategory category) {

@@ -14,8 +14,9 @@
 // The writer lays the tensors out as the reference implementation does: by decreasing
 // element size, then by name, so that every tensor starts at a multiple of its element
 // size (8-byte header padding + sizes ordered large to small) and a memory-mapped
-// reader can view it in place. It writes to `path + ".tmp"` and renames that over
-// `path` only when complete, so an interrupted save leaves the previous file intact.
+// reader can view it in place. It writes to `path + ".tmp"`, fsyncs it and renames it
+// over `path` only when complete, then fsyncs the folder: an interrupted save leaves the
+// previous file intact, and a finished one survives a crash.
 //
 // The reader checks what the reference implementation checks, and says which rule a
 // file broke: the header fits in the file and is at most 100 MB, is a JSON object

@@ -1,0 +1,225 @@
+// snapshot.cpp: writing, finding and restoring snapshots (snapshot.hpp).
+#include "chapters/train/snapshot.hpp"
+
+#include <algorithm>
+#include <charconv>
+#include <cstdio>
+#include <filesystem>
+#include <system_error>
+#include <utility>
+#include <vector>
+
+#include "common/io/safetensors.hpp"
+
+namespace bigbatch::train {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr const char* kFormat = "bigbatch snapshot 1";
+constexpr const char* kModelPrefix = "model.";
+constexpr const char* kOptimizerPrefix = "optimizer.";
+
+/// The shortest text that reads back as the same value (std::to_chars).
+template <class T>
+std::string exact_text(T value) {
+  char text[64];
+  const auto result = std::to_chars(text, text + sizeof text, value);
+  return std::string(text, result.ptr);
+}
+
+/// "step-00000040.safetensors" -> 40; nullopt for any other name.
+std::optional<std::int64_t> step_of(const std::string& name) {
+  const std::string prefix = "step-", suffix = ".safetensors";
+  if (name.size() <= prefix.size() + suffix.size() || name.rfind(prefix, 0) != 0 ||
+      name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0) {
+    return std::nullopt;
+  }
+  const char* first = name.data() + prefix.size();
+  const char* last = name.data() + name.size() - suffix.size();
+  std::int64_t step = 0;
+  const auto [end, error] = std::from_chars(first, last, step);
+  if (error != std::errc() || end != last || step < 0) return std::nullopt;
+  return step;
+}
+
+std::string file_name(std::int64_t step) {
+  char name[64];
+  std::snprintf(name, sizeof name, "step-%08lld.safetensors", static_cast<long long>(step));
+  return name;
+}
+
+template <class T>
+T read_number(const std::map<std::string, std::string>& metadata, const std::string& key,
+              const std::string& path) {
+  const auto found = metadata.find(key);
+  if (found == metadata.end()) {
+    throw std::runtime_error(path + ": not a complete bigbatch snapshot (no \"" + key + "\")");
+  }
+  T value{};
+  const std::string& text = found->second;
+  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (error != std::errc() || end != text.data() + text.size()) {
+    throw std::runtime_error(path + ": \"" + key + "\" is '" + text + "', not a number");
+  }
+  return value;
+}
+
+}  // namespace
+
+Snapshots::Snapshots(std::string dir, std::int64_t keep) : dir_(std::move(dir)), keep_(keep) {
+  BIGBATCH_CHECK(keep_ >= 1, "Snapshots: keep must be >= 1, got ", keep_);
+  std::error_code error;
+  fs::create_directories(dir_, error);
+  if (error || !fs::is_directory(dir_)) {
+    throw std::runtime_error("cannot create the snapshot folder " + dir_ + ": " +
+                             (error ? error.message() : "not a folder"));
+  }
+}
+
+std::vector<SnapshotFile> Snapshots::list() const {
+  std::vector<SnapshotFile> files;
+  for (const fs::directory_entry& entry : fs::directory_iterator(dir_)) {
+    if (!entry.is_regular_file()) continue;
+    if (const auto step = step_of(entry.path().filename().string())) {
+      files.push_back({entry.path().string(), *step});
+    }
+  }
+  std::sort(files.begin(), files.end(),
+            [](const SnapshotFile& a, const SnapshotFile& b) { return a.step < b.step; });
+  return files;
+}
+
+std::optional<SnapshotFile> Snapshots::latest() const {
+  const std::vector<SnapshotFile> files = list();
+  if (files.empty()) return std::nullopt;
+  return files.back();
+}
+
+std::string Snapshots::write(const nn::Model& model, const nn::Optimizer& optimizer,
+                             const Trainer& trainer, const RunConfig& config) const {
+  // A write killed midway leaves its temporary file: nothing names it, remove it now.
+  for (const fs::directory_entry& entry : fs::directory_iterator(dir_)) {
+    const std::string name = entry.path().filename().string();
+    if (name.size() > 4 && name.compare(name.size() - 4, 4, ".tmp") == 0 &&
+        step_of(name.substr(0, name.size() - 4))) {
+      std::error_code ignored;
+      fs::remove(entry.path(), ignored);
+    }
+  }
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  for (const auto& [name, tensor] : model.state_dict()) {
+    tensors.emplace_back(kModelPrefix + name, tensor);
+  }
+  for (const auto& [name, tensor] : optimizer.state()) {
+    tensors.emplace_back(kOptimizerPrefix + name, tensor);
+  }
+  const TrainerState state = trainer.state();
+  std::map<std::string, std::string> metadata = {
+      {"format", kFormat},
+      {"state.steps_done", std::to_string(state.steps_done)},
+      {"state.samples_done", std::to_string(state.samples_done)},
+      {"state.optimizer_steps", std::to_string(state.optimizer_steps)},
+      {"state.skipped_steps", std::to_string(state.skipped_steps)},
+  };
+  if (state.scaler) {
+    metadata["scaler.scale"] = exact_text(state.scaler->scale);
+    metadata["scaler.clean_run"] = std::to_string(state.scaler->clean_run);
+    metadata["scaler.overflow_run"] = std::to_string(state.scaler->overflow_run);
+    metadata["scaler.skipped"] = std::to_string(state.scaler->skipped);
+  }
+  for (const auto& [key, value] : config) metadata["config." + key] = value;
+  const std::string path = (fs::path(dir_) / file_name(state.steps_done)).string();
+  save_safetensors(path, tensors, metadata);
+  // The newest `keep` stay.
+  const std::vector<SnapshotFile> files = list();
+  for (std::size_t i = 0; i + static_cast<std::size_t>(keep_) < files.size(); ++i) {
+    std::error_code ignored;
+    fs::remove(files[i].path, ignored);
+  }
+  return path;
+}
+
+void restore_snapshot(const std::string& path, nn::Model& model, nn::Optimizer& optimizer,
+                      Trainer& trainer, const RunConfig& config) {
+  const std::map<std::string, std::string> metadata = load_safetensors_metadata(path);
+  const auto format = metadata.find("format");
+  if (format == metadata.end() || format->second != kFormat) {
+    throw std::runtime_error(path + ": not a bigbatch snapshot (its metadata has no \"format\": \"" +
+                             std::string(kFormat) + "\")");
+  }
+  // The configuration first: a mismatch is the user's to fix, and names the setting.
+  for (const auto& [key, value] : config) {
+    const auto saved = metadata.find("config." + key);
+    if (saved == metadata.end()) {
+      throw SnapshotMismatchError(path + " was written without a value for --" + key +
+                                  "; this run has --" + key + " " + value);
+    }
+    if (saved->second != value) {
+      throw SnapshotMismatchError(path + " was written with --" + key + " " + saved->second +
+                                  ", this run has --" + key + " " + value +
+                                  ": resume with the same setting");
+    }
+  }
+  for (const auto& [key, value] : metadata) {
+    if (key.rfind("config.", 0) == 0 && config.count(key.substr(7)) == 0) {
+      throw SnapshotMismatchError(path + " was written with --" + key.substr(7) + " " + value +
+                                  ", a setting this run does not have");
+    }
+  }
+  TrainerState state;
+  state.steps_done = read_number<std::int64_t>(metadata, "state.steps_done", path);
+  state.samples_done = read_number<std::int64_t>(metadata, "state.samples_done", path);
+  state.optimizer_steps = read_number<std::int64_t>(metadata, "state.optimizer_steps", path);
+  state.skipped_steps = read_number<std::int64_t>(metadata, "state.skipped_steps", path);
+  if (metadata.count("scaler.scale") != 0) {
+    state.scaler = loss_scaling::DynamicLossScaler::State{
+        read_number<float>(metadata, "scaler.scale", path),
+        read_number<std::int64_t>(metadata, "scaler.clean_run", path),
+        read_number<std::int64_t>(metadata, "scaler.overflow_run", path),
+        read_number<std::int64_t>(metadata, "scaler.skipped", path)};
+  }
+  // The tensors: every one checked before any is written.
+  const std::map<std::string, Tensor> tensors = load_safetensors(path);
+  std::map<std::string, Tensor> model_tensors;
+  std::map<std::string, Tensor> optimizer_tensors;
+  for (const auto& [name, tensor] : tensors) {
+    if (name.rfind(kModelPrefix, 0) == 0) {
+      model_tensors.emplace(name.substr(std::string(kModelPrefix).size()), tensor);
+    } else if (name.rfind(kOptimizerPrefix, 0) == 0) {
+      optimizer_tensors.emplace(name.substr(std::string(kOptimizerPrefix).size()), tensor);
+    } else {
+      throw std::runtime_error(path + ": tensor " + name + " belongs to no part of a run");
+    }
+  }
+  const auto optimizer_state = optimizer.state();
+  if (optimizer_state.size() != optimizer_tensors.size()) {
+    throw std::runtime_error(path + ": " + std::to_string(optimizer_tensors.size()) +
+                             " optimizer tensors, this optimizer has " +
+                             std::to_string(optimizer_state.size()));
+  }
+  for (const auto& [name, tensor] : optimizer_state) {
+    const auto found = optimizer_tensors.find(name);
+    if (found == optimizer_tensors.end() || !found->second.same_shape(tensor) ||
+        found->second.dtype() != tensor.dtype()) {
+      throw std::runtime_error(path + ": optimizer state " + name + " is missing or is not " +
+                               tensor.describe());
+    }
+  }
+  // The trainer's counters are checked (and set) first, the model's tensors next; a
+  // failure there puts the counters back, so nothing has changed.
+  const TrainerState before = trainer.state();
+  trainer.restore(state);
+  try {
+    model.load_state_dict(model_tensors, path);
+  } catch (...) {
+    trainer.restore(before);
+    throw;
+  }
+  for (const auto& [name, tensor] : optimizer_state) {
+    Tensor target = tensor;
+    target.copy_from(optimizer_tensors.at(name));
+  }
+}
+
+}  // namespace bigbatch::train

@@ -1,0 +1,195 @@
+// test_snapshot.cpp: chapters/train/snapshot.hpp in one process. A run stopped after any
+// step, written to a snapshot and continued by fresh objects from it, must end where the
+// uninterrupted run ends, to the bit: parameters, optimizer state, counters, and every
+// later step's record, with accumulation over uneven micro-batches, fp16 with dynamic loss
+// scaling (skipped steps included), clipping, a warm-up and cosine schedule, dropout and
+// activation checkpointing on. A changed setting is refused by name; the folder keeps the
+// newest snapshots; a damaged file is refused and changes nothing. (The CLI's test kills
+// real processes: chapters/cli/check_resume.sh.)
+#include <gtest/gtest.h>
+
+#include <bit>
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "chapters/05_activation_checkpointing/scheduled_runner.hpp"
+#include "chapters/train/snapshot.hpp"
+#include "tests/harness.hpp"
+#include "tests/temp_files.hpp"
+#include "tests/tiny_training.hpp"
+
+namespace bigbatch {
+namespace {
+
+using train::RunConfig;
+using train::Snapshots;
+
+constexpr std::int64_t kSteps = 12;
+
+/// One run's objects, built the same way every time.
+struct TinyRun {
+  Dataset data = testing::tiny_data(100);
+  nn::Model model;
+  nn::Optimizer optimizer;
+  train::Trainer trainer;
+
+  static nn::ModelConfig model_config() {
+    nn::ModelConfig config = testing::tiny_model(4, 0.25f);
+    config.precision = nn::Precision::fp16;
+    return config;
+  }
+  static train::TrainConfig train_config() {
+    train::TrainConfig c;
+    c.batch = 32;
+    c.micro_batch = 7;
+    c.steps = kSteps;
+    c.lr_schedule = nn::LrScheduleKind::cosine;
+    c.warmup_steps = 3;
+    c.clip_grad_norm = 0.5f;
+    c.loss_scaling = train::LossScaling::dynamic;
+    // 2^24 overflows f16 at first: the first steps are skipped and the scale backs off.
+    c.dynamic_scaling = {.initial_scale = 0x1p24f, .growth_interval = 3, .min_scale = 1,
+                         .max_scale = 0x1p24f};
+    return c;
+  }
+  TinyRun()
+      : model(model_config(), Device::cpu()),
+        optimizer(model.parameters(), AdamWOptions{}),
+        trainer(model, optimizer, data, train_config()) {
+    model.set_block_runner(checkpointing::ScheduledRunner::for_policy("sqrt", 4));
+  }
+};
+
+const RunConfig kConfig = {{"batch", "32"}, {"precision", "fp16"}, {"seed", "0"}};
+
+std::vector<std::vector<float>> everything(const TinyRun& run) {
+  std::vector<std::vector<float>> values;
+  for (const auto& [name, tensor] : run.model.state_dict()) values.push_back(tensor.to_vector<float>());
+  for (const nn::NamedParameter& p : run.model.parameters()) {
+    if (p.half.defined()) {
+      const std::vector<double> half = testing::to_doubles(p.half);
+      values.emplace_back(half.begin(), half.end());  // f16 values are exact in float
+    }
+  }
+  for (const auto& [name, tensor] : run.optimizer.state()) values.push_back(tensor.to_vector<float>());
+  return values;
+}
+
+/// What a step record says that depends neither on the clock nor on what else the
+/// process holds (the memory figures: the CLI's test compares them), the norm by its bits
+/// (a skipped step's is NaN, which == would never match).
+std::vector<double> record_values(const train::StepRecord& r) {
+  return {static_cast<double>(r.step), r.loss, static_cast<double>(r.samples), r.epoch,
+          r.learning_rate, r.loss_scale, static_cast<double>(r.skipped),
+          static_cast<double>(std::bit_cast<std::uint32_t>(r.grad_norm)), r.clip_factor,
+          static_cast<double>(r.skipped_steps)};
+}
+
+TEST(Snapshot, AResumedRunIsTheUninterruptedOneBitForBit) {
+  TinyRun straight;
+  std::vector<std::vector<double>> straight_records;
+  straight.trainer.run(
+      [&](const train::StepRecord& r) { straight_records.push_back(record_values(r)); });
+  ASSERT_GT(straight.trainer.state().skipped_steps, 0) << "the test needs skipped steps";
+
+  for (const std::int64_t stop : {1, 2, 5, 11}) {
+    const testing::TemporaryDirectory folder;
+    std::string path;
+    {
+      TinyRun first;
+      for (std::int64_t k = 0; k < stop; ++k) first.trainer.step();
+      path = Snapshots(folder.str(), 2).write(first.model, first.optimizer, first.trainer,
+                                              kConfig);
+    }  // the first process is gone
+    TinyRun resumed;
+    train::restore_snapshot(path, resumed.model, resumed.optimizer, resumed.trainer, kConfig);
+    EXPECT_EQ(resumed.trainer.steps_done(), stop);
+    std::vector<std::vector<double>> records;
+    resumed.trainer.run([&](const train::StepRecord& r) { records.push_back(record_values(r)); });
+    EXPECT_EQ(everything(resumed), everything(straight)) << "stopped after step " << stop;
+    const train::TrainerState a = resumed.trainer.state(), b = straight.trainer.state();
+    EXPECT_EQ(std::vector<std::int64_t>({a.steps_done, a.samples_done, a.optimizer_steps,
+                                         a.skipped_steps, a.scaler->clean_run,
+                                         a.scaler->overflow_run, a.scaler->skipped}),
+              std::vector<std::int64_t>({b.steps_done, b.samples_done, b.optimizer_steps,
+                                         b.skipped_steps, b.scaler->clean_run,
+                                         b.scaler->overflow_run, b.scaler->skipped}));
+    EXPECT_EQ(a.scaler->scale, b.scaler->scale);
+    EXPECT_EQ(records, std::vector<std::vector<double>>(straight_records.begin() + stop,
+                                                        straight_records.end()))
+        << "stopped after step " << stop;
+  }
+}
+
+TEST(Snapshot, AChangedSettingIsRefusedByName) {
+  const testing::TemporaryDirectory folder;
+  TinyRun first;
+  first.trainer.step();
+  const std::string path =
+      Snapshots(folder.str(), 1).write(first.model, first.optimizer, first.trainer, kConfig);
+  TinyRun other;
+  const auto before = everything(other);
+  RunConfig changed = kConfig;
+  changed["batch"] = "64";
+  try {
+    train::restore_snapshot(path, other.model, other.optimizer, other.trainer, changed);
+    FAIL() << "a snapshot of batch 32 resumed a run of batch 64";
+  } catch (const train::SnapshotMismatchError& e) {
+    EXPECT_NE(std::string(e.what()).find("--batch 32, this run has --batch 64"),
+              std::string::npos) << e.what();
+  }
+  RunConfig extra = kConfig;
+  extra["depth"] = "4";
+  EXPECT_THROW(train::restore_snapshot(path, other.model, other.optimizer, other.trainer, extra),
+               train::SnapshotMismatchError);
+  RunConfig fewer = kConfig;
+  fewer.erase("seed");
+  EXPECT_THROW(train::restore_snapshot(path, other.model, other.optimizer, other.trainer, fewer),
+               train::SnapshotMismatchError);
+  EXPECT_EQ(everything(other), before);
+  EXPECT_EQ(other.trainer.steps_done(), 0);
+}
+
+TEST(Snapshot, TheFolderKeepsTheNewestAndForgetsPartialWrites) {
+  const testing::TemporaryDirectory folder;
+  const Snapshots snapshots(folder.str(), 2);
+  EXPECT_FALSE(snapshots.latest());
+  // A write killed midway: a temporary file that nothing names.
+  testing::write_file(folder.file("step-00000003.safetensors.tmp"), "partial");
+  TinyRun run;
+  for (int k = 0; k < 4; ++k) {
+    run.trainer.step();
+    snapshots.write(run.model, run.optimizer, run.trainer, kConfig);
+  }
+  const std::vector<train::SnapshotFile> files = snapshots.list();
+  ASSERT_EQ(files.size(), 2u);
+  EXPECT_EQ(files[0].step, 3);
+  EXPECT_EQ(files[1].step, 4);
+  EXPECT_EQ(snapshots.latest()->path, folder.file("step-00000004.safetensors"));
+  EXPECT_FALSE(std::filesystem::exists(folder.file("step-00000003.safetensors.tmp")));
+}
+
+TEST(Snapshot, ADamagedFileIsRefusedAndChangesNothing) {
+  const testing::TemporaryDirectory folder;
+  TinyRun first;
+  first.trainer.step();
+  const std::string path =
+      Snapshots(folder.str(), 1).write(first.model, first.optimizer, first.trainer, kConfig);
+  const std::string bytes = testing::read_file(path);
+  testing::write_file(path, bytes.substr(0, bytes.size() - 100));  // cut short
+  TinyRun other;
+  const auto before = everything(other);
+  try {
+    train::restore_snapshot(path, other.model, other.optimizer, other.trainer, kConfig);
+    FAIL() << "a truncated snapshot was read";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find(path), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(everything(other), before);
+  EXPECT_EQ(other.trainer.steps_done(), 0);
+}
+
+}  // namespace
+}  // namespace bigbatch
