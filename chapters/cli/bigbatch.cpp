@@ -6,12 +6,15 @@
 // Every error is one line on stderr that names the flag or file at fault.
 #include <unistd.h>
 
+#include <csignal>
+
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <map>
@@ -31,6 +34,7 @@
 #include "common/memory.hpp"
 #include "chapters/05_activation_checkpointing/memory_plan.hpp"
 #include "chapters/05_activation_checkpointing/scheduled_runner.hpp"
+#include "chapters/train/snapshot.hpp"
 #include "chapters/train/trainer.hpp"
 #include "nn/lr_schedule.hpp"
 #include "nn/model.hpp"
@@ -45,7 +49,8 @@ constexpr int kExitBadInput = 2;
 constexpr int kExitOutOfMemory = 3;
 constexpr const char* kExitCodes =
     "Exit codes: 0 success; 1 any other failure; 2 bad input (flags, data or files; "
-    "nothing is trained); 3 out of memory (past --device-memory or the device's own).";
+    "nothing is trained); 3 out of memory (past --device-memory or the device's own); "
+    "130 or 143 stopped by SIGINT or SIGTERM (after a snapshot, with --snapshot-dir).";
 
 /// A mistake of the user's: reported without a stack of context, exit code 2.
 class UsageError : public std::runtime_error {
@@ -87,6 +92,10 @@ struct TrainOptions {
   float clip_grad_norm = 0;         ///< 0: off
   std::string checkpoint = "none";  ///< chapter 05's policy
   bool explain = false;             ///< print the checkpoint schedule
+  std::string snapshot_dir;         ///< where snapshots go ("": none, unless --resume)
+  std::int64_t snapshot_every = 0;  ///< 0: only at the end and when interrupted
+  std::int64_t snapshot_keep = 2;
+  std::string resume;               ///< a snapshot folder to continue from
   loss_scaling::DynamicScalerOptions scaling;  ///< --scale-*: for --loss-scale dynamic
   std::set<std::string> given;  ///< the flags on the command line, e.g. "--depth"
 };
@@ -248,7 +257,8 @@ class Progress {
     window_steps_ += 1;
     window_samples_ += record.batch_samples;
     window_seconds_ += record.seconds;
-    const bool first_or_last = record.step == 1 || record.step == total_;
+    const bool first_or_last = !printed_ || record.step == total_;  // this process's first
+    printed_ = true;
     const double now = elapsed();
     if (terminal_ ? !(first_or_last || now - last_draw_ >= 0.1)
                   : !(first_or_last || record.step % every_ == 0)) {
@@ -315,6 +325,7 @@ class Progress {
   std::int64_t window_steps_ = 0, window_samples_ = 0;
   double window_seconds_ = 0;
   bool dirty_ = false;
+  bool printed_ = false;
 };
 
 /// The memory of the training step with the highest peak, by category at that moment
@@ -513,6 +524,100 @@ std::string precision_description(const TrainOptions& options, const train::Trai
   return out.str();
 }
 
+/// The settings a run's trajectory depends on, by flag, as a snapshot records them and a
+/// resumed run must repeat them (chapters/train/snapshot.hpp). Left out: what changes only
+/// how the run is watched or stored (--log, --print-every, --eval-every, --save, the
+/// snapshot flags), where it starts from (--init: the snapshot has the parameters), and
+/// what gives the same bits (--checkpoint, --device-memory; --micro-batch with
+/// LayerNorm, where accumulation is exact).
+train::RunConfig run_config(const TrainOptions& o, const nn::Optimizer::Options& optimizer) {
+  const auto number = [](double value) {
+    std::ostringstream out;
+    out.precision(17);
+    out << value;
+    return out.str();
+  };
+  train::RunConfig c = {
+      {"data", o.data},
+      {"samples", std::to_string(o.synthetic_samples)},
+      {"features", std::to_string(o.synthetic_features)},
+      {"batch", std::to_string(o.batch)},
+      {"depth", std::to_string(o.depth)},
+      {"hidden", std::to_string(o.hidden)},
+      {"expansion", std::to_string(o.expansion)},
+      {"dropout", number(o.dropout)},
+      {"norm", o.norm},
+      {"activation", o.activation},
+      {"optimizer", o.optimizer},
+      {"lr-schedule", o.lr_schedule},
+      {"warmup-steps", std::to_string(o.warmup_steps)},
+      {"steps", std::to_string(o.steps)},
+      {"epochs", std::to_string(o.epochs)},
+      {"drop-last", o.drop_last ? "on" : "off"},
+      {"seed", std::to_string(o.seed)},
+      {"shuffle", o.shuffle},
+      {"device", o.device},
+      {"precision", o.precision},
+      {"loss-scale", o.loss_scale},
+      {"clip-grad-norm", number(o.clip_grad_norm)},
+  };
+  std::visit(
+      [&](const auto& opt) {
+        c["lr"] = number(opt.lr);  // after --lr-scale
+        c["weight-decay"] = number(opt.weight_decay);
+      },
+      optimizer);
+  if (const auto* sgd = std::get_if<SgdOptions>(&optimizer)) c["momentum"] = number(sgd->momentum);
+  if (o.loss_scale == "dynamic") {
+    c["scale-init"] = number(o.scaling.initial_scale);
+    c["scale-growth"] = number(o.scaling.growth_factor);
+    c["scale-backoff"] = number(o.scaling.backoff_factor);
+    c["scale-interval"] = std::to_string(o.scaling.growth_interval);
+    c["scale-hysteresis"] = std::to_string(o.scaling.hysteresis);
+    c["scale-min"] = number(o.scaling.min_scale);
+    c["scale-max"] = number(o.scaling.max_scale);
+  }
+  if (o.norm == "batch") c["micro-batch"] = std::to_string(o.micro_batch);
+  return c;
+}
+
+/// Keeps the lines of a --log file up to step `last` (a resumed run appends the rest),
+/// rewriting it atomically; nothing when the file does not exist.
+void truncate_log(const std::string& path, std::int64_t last) {
+  std::ifstream in(path);
+  if (!in) return;
+  std::string kept, line;
+  while (std::getline(in, line)) {
+    const std::string prefix = "{\"step\":";
+    if (line.rfind(prefix, 0) != 0) continue;
+    std::int64_t step = 0;
+    const char* first = line.data() + prefix.size();
+    const auto [end, error] = std::from_chars(first, line.data() + line.size(), step);
+    if (error != std::errc() || step > last) continue;
+    kept += line + "\n";
+  }
+  const std::string temporary = path + ".tmp";
+  std::ofstream out(temporary, std::ios::trunc);
+  out << kept;
+  out.close();
+  if (!out || std::rename(temporary.c_str(), path.c_str()) != 0) {
+    throw UsageError("--log: cannot rewrite " + path + " for the resumed run");
+  }
+}
+
+/// The signal that asked the run to stop (SIGINT or SIGTERM), 0 while none has.
+volatile std::sig_atomic_t g_stop_signal = 0;
+
+extern "C" void request_stop(int signal) {
+  g_stop_signal = signal;
+  std::signal(signal, SIG_DFL);  // a second one stops at once
+}
+
+/// Thrown from the step callback to leave the training loop after a signal.
+struct Interrupted {
+  int signal;
+};
+
 int run_train(const TrainOptions& options) {
   if (options.micro_batch > options.batch) {
     throw UsageError("--micro-batch " + std::to_string(options.micro_batch) +
@@ -588,9 +693,45 @@ int run_train(const TrainOptions& options) {
   configure_loss_scaling(options, config);
   train::Trainer trainer(model, optimizer, splits.train, config);
 
+  // Snapshots go to --snapshot-dir, or back to the folder --resume reads.
+  const train::RunConfig settings = run_config(options, optimizer.options());
+  const std::string snapshot_dir =
+      !options.snapshot_dir.empty() ? options.snapshot_dir : options.resume;
+  if (snapshot_dir.empty() && (options.given.count("--snapshot-every") != 0 ||
+                               options.given.count("--snapshot-keep") != 0)) {
+    throw UsageError("--snapshot-every and --snapshot-keep need --snapshot-dir (or --resume)");
+  }
+  if (!options.resume.empty() && !std::filesystem::is_directory(options.resume)) {
+    throw UsageError("--resume " + options.resume + ": no such folder");
+  }
+  std::optional<train::Snapshots> snapshots;
+  if (!snapshot_dir.empty()) {
+    try {
+      snapshots.emplace(snapshot_dir, options.snapshot_keep);
+    } catch (const std::runtime_error& e) {
+      throw UsageError(std::string("--snapshot-dir: ") + e.what());
+    }
+  }
+  std::int64_t resumed_at = 0;
+  std::string last_snapshot;
+  if (!options.resume.empty()) {
+    const std::optional<train::SnapshotFile> latest = snapshots->latest();
+    if (!latest) {
+      throw UsageError("--resume " + options.resume + ": no snapshot (step-*.safetensors) in it");
+    }
+    try {
+      train::restore_snapshot(latest->path, model, optimizer, trainer, settings);
+    } catch (const std::runtime_error& e) {  // a changed setting, or a damaged file
+      throw UsageError(std::string("--resume: ") + e.what());
+    }
+    resumed_at = trainer.steps_done();
+    last_snapshot = latest->path;
+  }
+
   std::ofstream log;
   if (!options.log.empty()) {
-    log.open(options.log);
+    if (resumed_at > 0) truncate_log(options.log, resumed_at);
+    log.open(options.log, resumed_at > 0 ? std::ios::app : std::ios::trunc);
     if (!log) throw UsageError("--log: cannot write " + options.log);
   }
   if (options.norm == "batch" && micro_batch < options.batch) {
@@ -652,6 +793,10 @@ int run_train(const TrainOptions& options) {
     std::cout << "predicted step peak " << format_bytes(predicted.peak()) << " ("
               << predicted.peak() << " bytes), at: " << predicted.peak_moment << "\n";
   }
+  if (resumed_at > 0) {
+    std::cout << "resumed from " << last_snapshot << " after step " << resumed_at << " of "
+              << trainer.total_steps() << "\n";
+  }
   std::cout << std::flush;
 
   Progress progress(trainer.total_steps(), options.print_every,
@@ -660,49 +805,94 @@ int run_train(const TrainOptions& options) {
   // The boundary's pass measures the gradients' norm when it runs: with a scaler or clipping.
   const bool norm_measured =
       config.loss_scaling != train::LossScaling::none || config.clip_grad_norm > 0.0f;
-  float last_loss = 0, last_scale = 1;
-  std::int64_t skipped = 0;
-  trainer.run([&](const train::StepRecord& record) {
-    last_loss = record.loss;
-    last_scale = record.loss_scale;
-    skipped = record.skipped_steps;
-    progress.update(record);
-    std::string evaluation;
-    if (options.eval_every > 0 && splits.test && record.step % options.eval_every == 0) {
-      const nn::EvaluationResult test = nn::evaluate(model, *splits.test, micro_batch);
-      progress.break_line();
-      std::cout << "step " << record.step << ": test loss " << test.loss << ", accuracy "
-                << test.accuracy << "\n";
-      evaluation = ",\"test_loss\":" + json_number(test.loss) +
-                   ",\"test_accuracy\":" + json_number(test.accuracy);
+  // A resumed run that has no step left reports the snapshot's scale and skips.
+  const train::TrainerState start = trainer.state();
+  float last_loss = 0;
+  float last_scale = start.scaler ? start.scaler->scale
+                     : config.loss_scaling == train::LossScaling::fixed ? config.fixed_scale
+                                                                         : 1.0f;
+  std::int64_t skipped = start.skipped_steps;
+  std::int64_t snapshot_step = resumed_at;
+  const auto write_snapshot = [&] {
+    if (log.is_open()) log.flush();  // every line up to the snapshot's step is in the file
+    last_snapshot = snapshots->write(model, optimizer, trainer, settings);
+    snapshot_step = trainer.steps_done();
+  };
+  g_stop_signal = 0;
+  std::signal(SIGINT, request_stop);
+  std::signal(SIGTERM, request_stop);
+  try {
+    trainer.run([&](const train::StepRecord& record) {
+      last_loss = record.loss;
+      last_scale = record.loss_scale;
+      skipped = record.skipped_steps;
+      progress.update(record);
+      std::string evaluation;
+      if (options.eval_every > 0 && splits.test && record.step % options.eval_every == 0) {
+        const nn::EvaluationResult test = nn::evaluate(model, *splits.test, micro_batch);
+        progress.break_line();
+        std::cout << "step " << record.step << ": test loss " << test.loss << ", accuracy "
+                  << test.accuracy << "\n";
+        evaluation = ",\"test_loss\":" + json_number(test.loss) +
+                     ",\"test_accuracy\":" + json_number(test.accuracy);
+      }
+      if (log.is_open()) {
+        log << "{\"step\":" << record.step << ",\"epoch\":" << json_number(record.epoch)
+            << ",\"loss\":" << json_number(record.loss) << ",\"lr\":"
+            << json_number(record.learning_rate) << ",\"samples\":" << record.samples
+            << ",\"time_s\":" << json_number(progress.elapsed())
+            << ",\"step_time_s\":" << json_number(record.seconds)
+            << ",\"loss_scale\":" << json_number(record.loss_scale)
+            << ",\"skipped\":" << (record.skipped ? "true" : "false")
+            << (!norm_measured
+                    ? std::string()
+                    : ",\"grad_norm\":" + json_number(record.grad_norm) +
+                          ",\"clip_factor\":" + json_number(record.clip_factor))
+            << ",\"peak_bytes_total\":" << record.memory.peak_total
+            << ",\"peak_bytes\":" << bytes_json(record.memory.at_peak) << evaluation << "}\n";
+      }
+      const bool stop = g_stop_signal != 0;
+      if (snapshots && (stop || (options.snapshot_every > 0 &&
+                                 record.step % options.snapshot_every == 0))) {
+        write_snapshot();
+      }
+      if (stop) throw Interrupted{static_cast<int>(g_stop_signal)};
+    });
+  } catch (const Interrupted& stop) {
+    progress.break_line();
+    if (log.is_open()) log.close();
+    std::cout << "interrupted by " << (stop.signal == SIGINT ? "SIGINT" : "SIGTERM")
+              << " after step " << trainer.steps_done() << " of " << trainer.total_steps();
+    if (snapshots) {
+      std::cout << ": snapshot " << last_snapshot << " written; continue with --resume "
+                << snapshot_dir << "\n";
+    } else {
+      std::cout << ": nothing saved (give --snapshot-dir to keep the state)\n";
     }
-    if (log.is_open()) {
-      log << "{\"step\":" << record.step << ",\"epoch\":" << json_number(record.epoch)
-          << ",\"loss\":" << json_number(record.loss) << ",\"lr\":"
-          << json_number(record.learning_rate) << ",\"samples\":" << record.samples
-          << ",\"time_s\":" << json_number(progress.elapsed())
-          << ",\"step_time_s\":" << json_number(record.seconds)
-          << ",\"loss_scale\":" << json_number(record.loss_scale)
-          << ",\"skipped\":" << (record.skipped ? "true" : "false")
-          << (!norm_measured
-                  ? std::string()
-                  : ",\"grad_norm\":" + json_number(record.grad_norm) +
-                        ",\"clip_factor\":" + json_number(record.clip_factor))
-          << ",\"peak_bytes_total\":" << record.memory.peak_total
-          << ",\"peak_bytes\":" << bytes_json(record.memory.at_peak) << evaluation << "}\n";
-    }
-  });
+    return 128 + stop.signal;
+  } catch (const train::NonFiniteLossError& e) {
+    throw std::runtime_error(std::string(e.what()) +
+                             (last_snapshot.empty()
+                                  ? std::string("; no snapshot was written")
+                                  : "; the last snapshot is " + last_snapshot + " (step " +
+                                        std::to_string(snapshot_step) + ")"));
+  }
+  std::signal(SIGINT, SIG_DFL);
+  std::signal(SIGTERM, SIG_DFL);
   progress.break_line();
+  if (snapshots && snapshot_step != trainer.steps_done()) write_snapshot();
   const double seconds = progress.elapsed();
   if (log.is_open()) {
     log.close();
     if (!log) throw std::runtime_error("--log: writing " + options.log + " failed");
   }
 
+  const std::int64_t steps_run = trainer.total_steps() - resumed_at;
   std::printf("trained %lld steps in %s (%.1f ms/step on average)\n",
-              static_cast<long long>(trainer.total_steps()), clock_time(seconds).c_str(),
-              1e3 * seconds / static_cast<double>(trainer.total_steps()));
-  std::printf("final train loss (last batch): %.4f\n", last_loss);
+              static_cast<long long>(steps_run), clock_time(seconds).c_str(),
+              steps_run > 0 ? 1e3 * seconds / static_cast<double>(steps_run) : 0.0);
+  if (snapshots) std::cout << "snapshot: " << last_snapshot << "\n";
+  if (steps_run > 0) std::printf("final train loss (last batch): %.4f\n", last_loss);
   if (config.loss_scaling != train::LossScaling::none) {
     std::printf("loss scale: %g at the end; %lld of %lld steps skipped on an overflow\n",
                 static_cast<double>(last_scale), static_cast<long long>(skipped),
@@ -717,7 +907,7 @@ int run_train(const TrainOptions& options) {
     std::printf("test (%s, %lld samples): loss %.4f, accuracy %.4f\n", splits.test->name.c_str(),
                 static_cast<long long>(test.samples), test.loss, test.accuracy);
   }
-  std::cout << step_memory_report(device, trainer.largest_step_memory(), trainer.total_steps());
+  if (steps_run > 0) std::cout << step_memory_report(device, trainer.largest_step_memory(), steps_run);
   return 0;
 }
 
@@ -878,6 +1068,20 @@ void add_train_flags(CLI::App& train, TrainOptions& o) {
                    "activations), POLICY+selective, or budget:BYTES (the policy of fewest "
                    "recomputations whose predicted step peak fits in BYTES, e.g. 96MiB)")
       ->capture_default_str();
+  train.add_option("--snapshot-dir", o.snapshot_dir,
+                   "save the training state (parameters, optimizer, loss scaler, counters, "
+                   "settings) to DIR/step-N.safetensors: every --snapshot-every steps, at the "
+                   "end, and on SIGINT or SIGTERM (the step in progress finishes first)");
+  train.add_option("--snapshot-every", o.snapshot_every,
+                   "steps between snapshots [default: 0, only at the end and when stopped]")
+      ->check(whole_number_from(0));
+  train.add_option("--snapshot-keep", o.snapshot_keep, "the newest snapshots to keep")
+      ->capture_default_str()
+      ->check(whole_number_from(1));
+  train.add_option("--resume", o.resume,
+                   "continue from the newest snapshot in DIR, to the same bits as a run "
+                   "never stopped; the settings must be the run's (a changed one is named), "
+                   "and --log is cut back to the snapshot's step and continued");
   train.add_flag("--explain", o.explain, "print the checkpoint schedule, action by action, "
                  "and the step's predicted peak and the moment that holds it");
   train.add_option("--clip-grad-norm", o.clip_grad_norm,

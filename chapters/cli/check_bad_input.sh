@@ -40,6 +40,8 @@ done <<TABLE
 --checkpoint|$small --checkpoint budget:lots
 --checkpoint|$small --checkpoint budget:1KiB
 --checkpoint|$small --checkpoint selective+sqrt
+--resume|$small --resume no-such-folder
+--snapshot-every|$small --snapshot-every 5
 --clip-grad-norm|$small --clip-grad-norm -1
 --features|--data synthetic --features 0 --steps 1
 --lr|$small --lr -0.1
