@@ -176,9 +176,9 @@ TEST(FashionMnist, RefusesBrokenFilesNamingTheFile) {
   };
 
   EXPECT_TRUE(mentions(error_loading(idx_images(kLabels, 3, 28, 28, pixels), good_labels),
-                       {images_path, "bad magic number 2049", "2051"}));
+                       {images_path, "bad magic number 0x00000801", "0x00000803"}));
   EXPECT_TRUE(mentions(error_loading(good_images, idx_labels(kImages, 3, "\x01\x02\x03")),
-                       {labels_path, "bad magic number 2051", "2049"}));
+                       {labels_path, "bad magic number 0x00000803", "0x00000801"}));
   EXPECT_TRUE(mentions(
       error_loading(idx_images(kImages, 3, 28, 28, pixels.substr(0, 2 * 784)), good_labels),
       {images_path, "truncated", "3 images", "2352 bytes", "1568"}));

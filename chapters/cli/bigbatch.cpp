@@ -37,6 +37,7 @@
 #include "chapters/train/snapshot.hpp"
 #include "chapters/train/trainer.hpp"
 #include "nn/lr_schedule.hpp"
+#include "nn/memory_model.hpp"
 #include "nn/model.hpp"
 #include "nn/sample_stream.hpp"
 #include "nn/training.hpp"
@@ -128,8 +129,12 @@ Splits load_data(const TrainOptions& options) {
                        "set BIGBATCH_FASHION_MNIST_DIR to a folder holding the four idx "
                        "files (train-images-idx3-ubyte.gz, ...)");
     }
-    splits.train = load_fashion_mnist(FashionMnistSplit::train, directory);
-    splits.test = load_fashion_mnist(FashionMnistSplit::test, directory);
+    try {
+      splits.train = load_fashion_mnist(FashionMnistSplit::train, directory);
+      splits.test = load_fashion_mnist(FashionMnistSplit::test, directory);
+    } catch (const std::runtime_error& e) {  // a damaged file: the user's to replace
+      throw UsageError(e.what());
+    }
   } else if (options.data == "synthetic") {
     SyntheticOptions synthetic;
     synthetic.samples = options.synthetic_samples;
@@ -641,16 +646,27 @@ int run_train(const TrainOptions& options) {
     check_batchnorm_micro_batches(options.batch, micro_batch, samples % options.batch);
   }
 
+  const nn::ModelConfig config_of_model =
+      model_config(options, splits.train.feature_dim(), classes);
   if (!options.device_memory.empty()) {
+    std::size_t cap = 0;
     try {
-      allocator_for(device).set_cap(parse_bytes(options.device_memory));
+      cap = parse_bytes(options.device_memory);
     } catch (const std::invalid_argument& e) {
       throw UsageError(std::string("--device-memory: ") + e.what());
     }
+    // Below what is live before any step (parameters, gradients, optimizer state and the
+    // batch) nothing can train: that is a setting out of range, not a step that ran out.
+    const nn::StepPrediction step = nn::predict_step(config_of_model, options.batch, micro_batch,
+                                                     optimizer_options(options));
+    if (cap < step.stats.live_total) {
+      throw UsageError("--device-memory " + options.device_memory + " is below the " +
+                       format_bytes(step.stats.live_total) + " that the model's parameters, "
+                       "gradients and optimizer state and the batch hold before any step "
+                       "(a step then peaks at " + format_bytes(step.peak()) + ")");
+    }
+    allocator_for(device).set_cap(cap);
   }
-
-  const nn::ModelConfig config_of_model =
-      model_config(options, splits.train.feature_dim(), classes);
   nn::Model model(config_of_model, device);
   // The step as chapter 05's memory model sees it: budget:BYTES is chosen by its
   // prediction, and --explain prints the prediction.

@@ -1,64 +1,129 @@
 #!/bin/sh
 # check_bad_input.sh BIGBATCH INIT_FILE
-# Runs `bigbatch train` on a table of bad inputs. Each must exit with code 2 (bad input)
-# and explain itself in exactly one line on stderr that names the flag at fault, in words:
-# no number of 10 or more digits (a type's limits, as CLI11's range checks print them).
+# Runs `bigbatch train` on a table of bad inputs: flags out of range, and data, parameter
+# and snapshot files that are truncated, corrupt, of the wrong dtype or shape, empty, or
+# hold labels out of range or features that are not finite. Each must exit with code 2
+# (bad input), explain itself in exactly one line on stderr that names the flag or file
+# at fault, in words (no number of 10 or more digits: a type's limits, as CLI11's range
+# checks print them), and leave no output file behind (every row also asks for --log).
 # INIT_FILE is a --save of a model of depth 1, hidden 32 on --data synthetic.
 set -u
 bigbatch=$1 init=$2
 small="--data synthetic --samples 2000 --steps 1"
-failures=0
-# Each row: the flag the message must name | the command line's arguments.
-while IFS='|' read -r flag arguments; do
+failures=0 cases=0
+mkdir -p bad && cd bad || exit 1
+
+# npy_header FILE DESCR SHAPE: a version 1.0 .npy header; the caller appends the data.
+npy_header() {
+  dict="{'descr': '$2', 'fortran_order': False, 'shape': $3, }"
+  length=$(( ${#dict} + 1 ))
+  pad=$(( (64 - (10 + length) % 64) % 64 ))
+  total=$(( length + pad ))
+  printf '\223NUMPY\001\000' > "$1"
+  printf "\\$(printf %03o $((total % 256)))\\$(printf %03o $((total / 256)))" >> "$1"
+  printf '%s%*s\n' "$dict" "$pad" '' >> "$1"
+}
+# 50 samples of 4 zero features, and labels 0 (int64): a good pair to spoil one at a time.
+npy_header x.npy '<f4' '(50, 4)'; head -c 800 /dev/zero >> x.npy
+npy_header y.npy '<i8' '(50,)'; head -c 400 /dev/zero >> y.npy
+head -c 700 x.npy > truncated.npy
+{ printf 'XNUMPY'; tail -c +7 x.npy; } > magic.npy
+npy_header int.npy '<i4' '(50, 4)'; head -c 800 /dev/zero >> int.npy
+npy_header nan.npy '<f4' '(50, 4)'; head -c 40 /dev/zero >> nan.npy
+printf '\000\000\300\177' >> nan.npy; head -c 756 /dev/zero >> nan.npy
+npy_header inf.npy '<f4' '(50, 4)'; head -c 796 /dev/zero >> inf.npy; printf '\000\000\200\177' >> inf.npy
+npy_header empty.npy '<f4' '(0, 4)'
+npy_header empty_y.npy '<i8' '(0,)'
+npy_header negative.npy '<i8' '(50,)'; head -c 392 /dev/zero >> negative.npy
+printf '\377\377\377\377\377\377\377\377' >> negative.npy
+npy_header short.npy '<i8' '(49,)'; head -c 392 /dev/zero >> short.npy
+npy_header float_y.npy '<f4' '(50,)'; head -c 200 /dev/zero >> float_y.npy
+# Parameters: the good file cut short, and one whose header is not JSON.
+head -c 200 "$init" > truncated.safetensors
+printf '\020\000\000\000\000\000\000\000{not json here!}' > garbage.safetensors
+# A snapshot folder holding a damaged snapshot.
+mkdir -p snaps && head -c 300 "$init" > snaps/step-00000001.safetensors
+# Fashion-MNIST: a folder of the four files, gzip that is not gzip, and one cut short.
+mkdir -p fashion cut
+for f in train-images-idx3-ubyte train-labels-idx1-ubyte t10k-images-idx3-ubyte t10k-labels-idx1-ubyte; do
+  printf 'this is not gzip' > "fashion/$f.gz"
+  cp /usr/share/datasets/fashion-mnist/$f.gz cut/ 2>/dev/null || printf 'x' > "cut/$f.gz"
+done
+head -c 5000 /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz > cut/train-images-idx3-ubyte.gz 2>/dev/null
+
+# Each row: what the message must name | environment | the command line's arguments.
+while IFS='|' read -r flag environment arguments; do
   [ -z "$flag" ] && continue
+  cases=$((cases + 1))
+  rm -f partial.jsonl
   # shellcheck disable=SC2086 # the arguments are words
-  "$bigbatch" train $arguments > /dev/null 2> stderr.txt
+  env $environment "$bigbatch" train $arguments --log partial.jsonl > /dev/null 2> stderr.txt
   code=$?
   lines=$(wc -l < stderr.txt)
   if [ "$code" -eq 2 ] && [ "$lines" -eq 1 ] && grep -q -e "$flag" stderr.txt &&
-     ! grep -q -E '[0-9]{10}' stderr.txt; then
+     ! grep -q -E '[0-9]{10}' stderr.txt && [ ! -e partial.jsonl ]; then
     echo "ok   exit 2: $(cat stderr.txt)"
   else
-    echo "FAIL train $arguments: exit $code, $lines lines on stderr (expected exit 2 and one line naming $flag, in words):"
+    echo "FAIL train $arguments: exit $code, $lines lines on stderr, $( [ -e partial.jsonl ] && echo 'a log file left' || echo 'no log file') (expected exit 2, one line naming $flag, in words, and no file):"
     cat stderr.txt
     failures=$((failures + 1))
   fi
 done <<TABLE
---batch|$small --batch 0
---batch|$small --batch -64
---micro-batch|$small --micro-batch -1
---hidden|$small --hidden -3
---samples|$small --samples 0
---micro-batch|$small --batch 8 --micro-batch 9
---data|--data nonsense --steps 1
---lr-schedule|$small --lr-schedule linear
---lr-scale|$small --lr-scale quadratic
---warmup-steps|$small --warmup-steps -1
---clip-grad-norm|$small --clip-grad-norm 0
---checkpoint|$small --checkpoint every:0
---checkpoint|$small --checkpoint nonsense
---checkpoint|$small --checkpoint budget:lots
---checkpoint|$small --checkpoint budget:1KiB
---checkpoint|$small --checkpoint selective+sqrt
---resume|$small --resume no-such-folder
---snapshot-every|$small --snapshot-every 5
---clip-grad-norm|$small --clip-grad-norm -1
---features|--data synthetic --features 0 --steps 1
---lr|$small --lr -0.1
---epochs|$small --epochs 2
---norm batch|$small --norm batch --batch 65 --micro-batch 16
---save|$small --save /nonexistent-folder/x.safetensors
---hidden|$small --init $init --hidden 64
---depth|$small --init $init --depth 3
---norm|$small --init $init --norm batch
---frobnicate|$small --frobnicate
---precision|$small --precision fp8
---loss-scale|$small --loss-scale static:abc
---loss-scale|$small --loss-scale static:0
---scale-init|$small --scale-init 8
---scale-backoff|$small --loss-scale dynamic --scale-backoff 2
---scale-init|$small --loss-scale dynamic --scale-init 4 --scale-min 8
---scale-hysteresis|$small --loss-scale dynamic --scale-hysteresis 0
+--batch||$small --batch 0
+--batch||$small --batch -64
+--micro-batch||$small --micro-batch -1
+--hidden||$small --hidden -3
+--samples||$small --samples 0
+--micro-batch||$small --batch 8 --micro-batch 9
+--data||--data nonsense --steps 1
+--lr-schedule||$small --lr-schedule linear
+--lr-scale||$small --lr-scale quadratic
+--warmup-steps||$small --warmup-steps -1
+--clip-grad-norm||$small --clip-grad-norm 0
+--checkpoint||$small --checkpoint every:0
+--checkpoint||$small --checkpoint nonsense
+--checkpoint||$small --checkpoint budget:lots
+--checkpoint||$small --checkpoint budget:1KiB
+--checkpoint||$small --checkpoint selective+sqrt
+--resume||$small --resume no-such-folder
+--snapshot-every||$small --snapshot-every 5
+--clip-grad-norm||$small --clip-grad-norm -1
+--features||--data synthetic --features 0 --steps 1
+--lr||$small --lr -0.1
+--epochs||$small --epochs 2
+--norm batch||$small --norm batch --batch 65 --micro-batch 16
+--save||$small --save /nonexistent-folder/x.safetensors
+--hidden||$small --init $init --hidden 64
+--depth||$small --init $init --depth 3
+--norm||$small --init $init --norm batch
+--frobnicate||$small --frobnicate
+--precision||$small --precision fp8
+--loss-scale||$small --loss-scale static:abc
+--loss-scale||$small --loss-scale static:0
+--scale-init||$small --scale-init 8
+--scale-backoff||$small --loss-scale dynamic --scale-backoff 2
+--scale-init||$small --loss-scale dynamic --scale-init 4 --scale-min 8
+--scale-hysteresis||$small --loss-scale dynamic --scale-hysteresis 0
+truncated.npy||--data npy:truncated.npy,y.npy --steps 1
+magic.npy||--data npy:magic.npy,y.npy --steps 1
+int.npy||--data npy:int.npy,y.npy --steps 1
+nan.npy||--data npy:nan.npy,y.npy --steps 1
+inf.npy||--data npy:inf.npy,y.npy --steps 1
+empty.npy||--data npy:empty.npy,empty_y.npy --steps 1
+negative.npy||--data npy:x.npy,negative.npy --steps 1
+short.npy||--data npy:x.npy,short.npy --steps 1
+float_y.npy||--data npy:x.npy,float_y.npy --steps 1
+no-such.npy||--data npy:no-such.npy,y.npy --steps 1
+--data||--data npy:x.npy --steps 1
+nan.npy||--data npy:x.npy,y.npy --test-data npy:nan.npy,y.npy --steps 1
+truncated.safetensors||$small --init truncated.safetensors
+garbage.safetensors||$small --init garbage.safetensors
+step-00000001.safetensors||$small --resume snaps
+train-images-idx3-ubyte.gz|BIGBATCH_FASHION_MNIST_DIR=fashion|--data fashion-mnist --steps 1
+train-images-idx3-ubyte.gz|BIGBATCH_FASHION_MNIST_DIR=cut|--data fashion-mnist --steps 1
+--device-memory||$small --device-memory 100KiB
+--device-memory||$small --device-memory lots
 TABLE
 rm -f stderr.txt
-if [ "$failures" -ne 0 ]; then echo "$failures bad inputs were not refused as expected"; exit 1; fi
+if [ "$failures" -ne 0 ]; then echo "$failures of $cases bad inputs were not refused as expected"; exit 1; fi
+echo "$cases bad inputs refused, each with exit code 2 and one line naming the flag or file"

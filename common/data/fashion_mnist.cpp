@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <climits>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -114,9 +115,10 @@ std::uint32_t big_endian_u32(const unsigned char* bytes) {
 
 void check_magic(std::uint32_t magic, std::uint32_t expected, const std::string& path) {
   if (magic == expected) return;
-  const std::string kind = expected == kImagesMagic ? "images (idx3" : "labels (idx1";
-  fail(path, "bad magic number " + std::to_string(magic) + " (expected " +
-                 std::to_string(expected) + ": an " + kind +
+  const std::string kind = expected == kImagesMagic ? "an images (idx3" : "a labels (idx1";
+  char numbers[64];  // in hex: an arbitrary file's first four bytes read as a number
+  std::snprintf(numbers, sizeof numbers, "0x%08x (expected 0x%08x", magic, expected);
+  fail(path, "bad magic number " + std::string(numbers) + ": " + kind +
                  ") file of unsigned bytes); not a Fashion-MNIST " +
                  (expected == kImagesMagic ? "images" : "labels") + " file");
 }

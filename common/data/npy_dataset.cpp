@@ -1,5 +1,6 @@
 // A user's data set as two .npy files: features (float) and labels (integers).
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <limits>
 #include <stdexcept>
@@ -23,6 +24,8 @@ Tensor features_from(const NpyArray& array, const std::string& path) {
   const std::int64_t samples = array.shape[0];
   std::int64_t width = 1;
   for (std::size_t i = 1; i < array.shape.size(); ++i) width *= array.shape[i];
+  if (samples == 0) fail(path, "holds no samples (shape " + shape_string(array.shape) + ")");
+  if (width == 0) fail(path, "holds samples of no features (shape " + shape_string(array.shape) + ")");
 
   Tensor features({samples, width}, DType::f32, Device::cpu(), MemoryCategory::host_data);
   float* out = features.data<float>();
@@ -34,6 +37,15 @@ Tensor features_from(const NpyArray& array, const std::string& path) {
       double value;
       std::memcpy(&value, array.data.data() + i * 8, 8);
       out[i] = static_cast<float>(value);  // round to nearest
+    }
+  }
+  // A NaN or inf would reach the loss and stop the run later, far from its cause.
+  for (std::int64_t i = 0; i < count; ++i) {
+    if (!std::isfinite(out[i])) {
+      fail(path, "feature " + std::to_string(i % width) + " of sample " +
+                     std::to_string(i / width) + " is " + (std::isnan(out[i]) ? "NaN" : "inf") +
+                     (array.itemsize() == 8 && !std::isnan(out[i]) ? " in float32" : "") +
+                     ": features must be finite");
     }
   }
   return features;
