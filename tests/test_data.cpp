@@ -290,6 +290,18 @@ TEST(NpyDataset, RefusesBadInputsNamingTheFile) {
   EXPECT_TRUE(
       mentions(error_of([&] { load_npy_dataset(features_path, folder.file("missing.npy")); }),
                {folder.file("missing.npy"), "cannot open"}));
+  // Features that are not finite, and data sets without samples or features.
+  EXPECT_TRUE(mentions(error_loading(npy_of<float>("<f4", {3, 2}, {1, 2, 3, NAN, 5, 6}),
+                                     good_labels),
+                       {features_path, "feature 1 of sample 1 is NaN"}));
+  EXPECT_TRUE(mentions(error_loading(npy_of<double>("<f8", {3, 2}, {1, 2, 3, 4, 1e300, 6}),
+                                     good_labels),
+                       {features_path, "feature 0 of sample 2 is inf in float32"}));
+  EXPECT_TRUE(mentions(error_loading(npy_of<float>("<f4", {0, 2}, {}),
+                                     npy_of<std::int64_t>("<i8", {0}, {})),
+                       {features_path, "no samples"}));
+  EXPECT_TRUE(mentions(error_loading(npy_of<float>("<f4", {3, 0}, {}), good_labels),
+                       {features_path, "no features"}));
 }
 
 // ---- synthetic ------------------------------------------------------------------------
