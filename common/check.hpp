@@ -12,6 +12,7 @@
 
 namespace bigbatch::detail {
 
+/// The parts written one after another to a std::ostringstream.
 template <class... Parts>
 std::string concat(const Parts&... parts) {
   std::ostringstream out;
@@ -19,12 +20,15 @@ std::string concat(const Parts&... parts) {
   return out.str();
 }
 
+/// Throws std::invalid_argument(message); what BIGBATCH_CHECK calls on failure.
 [[noreturn]] inline void fail_check(const std::string& message) {
   throw std::invalid_argument(message);
 }
 
 }  // namespace bigbatch::detail
 
+/// Throws std::invalid_argument with the remaining arguments concatenated as the message
+/// when `condition` is false.
 #define BIGBATCH_CHECK(condition, ...)                                          \
   do {                                                                          \
     if (!(condition)) ::bigbatch::detail::fail_check(::bigbatch::detail::concat( \

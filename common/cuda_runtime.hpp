@@ -15,19 +15,29 @@ bool compiled();
 /// Otherwise false, with the reason in *why_not (if given).
 bool available(std::string* why_not = nullptr);
 
+/// The direction of a memcpy().
 enum class CopyKind { host_to_device, device_to_host, device_to_device };
 
 void* device_malloc(std::size_t bytes);  ///< nullptr when the device is full
+/// Frees memory from device_malloc(); errors are ignored.
 void device_free(void* pointer) noexcept;
+/// Copies `bytes` bytes from `src` to `dst` in the direction `kind` (cudaMemcpy).
 void memcpy(void* dst, const void* src, std::size_t bytes, CopyKind kind);
+/// Sets `bytes` bytes of device memory at `dst` to zero.
 void memset_zero(void* dst, std::size_t bytes);
+/// Waits for all work on the current device (cudaDeviceSynchronize).
 void synchronize();
 
+/// The current device's memory as cudaMemGetInfo reports it, in bytes.
 struct MemInfo {
+  /// Bytes the device has free now.
   std::size_t free_bytes = 0;
+  /// The device's total memory.
   std::size_t total_bytes = 0;
 };
+/// Free and total memory of the current device.
 MemInfo mem_info();
+/// The current device's name, as cudaGetDeviceProperties reports it.
 std::string device_name();
 
 /// Throws std::runtime_error naming `what` (the kernel) when the last launch failed. Built

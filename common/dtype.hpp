@@ -13,8 +13,10 @@
 
 namespace bigbatch {
 
+/// The element type of a Tensor (see the table above).
 enum class DType : std::uint8_t { f32, f16, f64, i32 };
 
+/// Bytes per element: f32 4, f16 2, f64 8, i32 4.
 constexpr std::size_t dtype_size(DType t) {
   switch (t) {
     case DType::f32: return 4;
@@ -25,6 +27,7 @@ constexpr std::size_t dtype_size(DType t) {
   return 0;
 }
 
+/// The short name used in messages: "f32", "f16", "f64" or "i32".
 constexpr std::string_view dtype_name(DType t) {
   switch (t) {
     case DType::f32: return "f32";
@@ -35,22 +38,29 @@ constexpr std::string_view dtype_name(DType t) {
   return "?";
 }
 
+/// True for f32, f16 and f64; false for i32.
 constexpr bool is_floating(DType t) { return t != DType::i32; }
 
 /// Maps a C++ element type to its DType. Specialised here for the portable types;
 /// common/half.hpp adds _Float16 (CPU) and kernels/cuda_common.cuh adds __half (GPU).
 template <class T>
 struct DTypeOf;
+/// float is f32.
 template <>
 struct DTypeOf<float> {
+  /// DType::f32.
   static constexpr DType value = DType::f32;
 };
+/// double is f64.
 template <>
 struct DTypeOf<double> {
+  /// DType::f64.
   static constexpr DType value = DType::f64;
 };
+/// std::int32_t is i32.
 template <>
 struct DTypeOf<std::int32_t> {
+  /// DType::i32.
   static constexpr DType value = DType::i32;
 };
 

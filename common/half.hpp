@@ -16,10 +16,13 @@
 
 namespace bigbatch {
 
+/// The CPU's binary16 type, the element type of DType::f16 tensors on the host.
 using f16 = _Float16;
 
+/// _Float16 is f16.
 template <>
 struct DTypeOf<_Float16> {
+  /// DType::f16.
   static constexpr DType value = DType::f16;
 };
 

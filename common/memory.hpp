@@ -32,6 +32,7 @@
 
 namespace bigbatch {
 
+/// What an allocation is for; every tracked byte carries one of these tags.
 enum class MemoryCategory : std::uint8_t {
   parameters,       ///< weights the forward pass reads (fp32, or the fp16 working copy)
   master_weights,   ///< fp32 copy of the weights under mixed precision
@@ -44,6 +45,7 @@ enum class MemoryCategory : std::uint8_t {
   host_data,        ///< data sets in host memory: outside the totals and the cap
 };
 
+/// The number of MemoryCategory values, the length of the per-category arrays.
 inline constexpr std::size_t kNumMemoryCategories = 9;
 
 /// Why a category may be empty or is set apart, for reports ("" for the others).
@@ -59,6 +61,7 @@ constexpr std::string_view category_remark(MemoryCategory c) {
 /// Whether a category is part of the device's totals and cap (all but host_data).
 constexpr bool counts_on_device(MemoryCategory c) { return c != MemoryCategory::host_data; }
 
+/// The category's name as spelled in the enum ("parameters", "host_data", ...).
 constexpr std::string_view category_name(MemoryCategory c) {
   constexpr std::array<std::string_view, kNumMemoryCategories> names = {
       "parameters", "master_weights", "gradients", "optimizer_state",
@@ -68,6 +71,7 @@ constexpr std::string_view category_name(MemoryCategory c) {
 
 /// A snapshot of the allocator's books.
 struct MemoryStats {
+  /// Bytes for each category, indexed by the MemoryCategory's value.
   using PerCategory = std::array<std::size_t, kNumMemoryCategories>;
   PerCategory live{};     ///< bytes allocated and not yet freed, by category
   PerCategory peak{};     ///< the most bytes ever live in each category on its own
@@ -76,17 +80,23 @@ struct MemoryStats {
   std::size_t peak_total = 0;  ///< the most device bytes ever live at once
   std::size_t allocation_count = 0;  ///< allocations made since construction
 
+  /// live[c]: the bytes of category `c` allocated and not yet freed.
   std::size_t live_of(MemoryCategory c) const { return live[static_cast<std::size_t>(c)]; }
+  /// peak[c]: the most bytes of category `c` ever live at once.
   std::size_t peak_of(MemoryCategory c) const { return peak[static_cast<std::size_t>(c)]; }
+  /// at_peak[c]: the bytes of category `c` live when the total peaked.
   std::size_t at_peak_of(MemoryCategory c) const { return at_peak[static_cast<std::size_t>(c)]; }
 };
 
 /// Thrown when a request would take a device past its cap (or the real device is full).
 class OutOfMemoryError : public std::runtime_error {
  public:
+  /// `message` is what what() returns; `requested` bytes of `category` were refused.
   OutOfMemoryError(const std::string& message, std::size_t requested, MemoryCategory category)
       : std::runtime_error(message), requested_(requested), category_(category) {}
+  /// The size of the refused request, in bytes.
   std::size_t requested() const { return requested_; }
+  /// The category of the refused request.
   MemoryCategory category() const { return category_; }
 
  private:
@@ -94,8 +104,11 @@ class OutOfMemoryError : public std::runtime_error {
   MemoryCategory category_;
 };
 
+/// Hands out a device's memory and keeps its books: live and peak bytes per category and in
+/// total, and an optional cap. Thread-safe; not copyable.
 class TrackingAllocator {
  public:
+  /// An allocator for `device` with nothing live and no cap.
   explicit TrackingAllocator(Device device) : device_(device) {}
   TrackingAllocator(const TrackingAllocator&) = delete;
   TrackingAllocator& operator=(const TrackingAllocator&) = delete;
@@ -106,12 +119,15 @@ class TrackingAllocator {
   /// Returns memory obtained from allocate() with the same size and category.
   void deallocate(void* pointer, std::size_t bytes, MemoryCategory category) noexcept;
 
+  /// A copy of the books as they are now.
   MemoryStats stats() const;
   /// Starts a new peak measurement: peaks become what is live now.
   void reset_peak();
   /// Limits the live total to `cap` bytes; std::nullopt removes the limit.
   void set_cap(std::optional<std::size_t> cap);
+  /// The cap in bytes, or std::nullopt when there is none.
   std::optional<std::size_t> cap() const;
+  /// The device whose memory this allocator hands out.
   Device device() const { return device_; }
 
   /// A table of live and peak bytes by category; on CUDA also what cudaMemGetInfo saw.
@@ -132,6 +148,7 @@ TrackingAllocator& allocator_for(Device device);
 /// Sets a cap for the lifetime of the object and restores the previous one after.
 class ScopedMemoryCap {
  public:
+  /// Sets the cap of allocator_for(device) to `cap` (std::nullopt: no cap).
   ScopedMemoryCap(Device device, std::optional<std::size_t> cap);
   ~ScopedMemoryCap();
   ScopedMemoryCap(const ScopedMemoryCap&) = delete;

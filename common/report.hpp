@@ -17,10 +17,14 @@
 
 namespace bigbatch {
 
+/// Counts a demo's checks, prints each with its verdict, and turns the result into the
+/// process exit status (see the example above).
 class SelfCheck {
  public:
+  /// A report named `name` (printed with the verdict) with no checks yet.
   explicit SelfCheck(std::string name) : name_(std::move(name)) {}
 
+  /// Prints a heading that starts a new group of checks.
   void section(const std::string& title) {
     std::printf("\n-- %s\n", title.c_str());
     std::fflush(stdout);
@@ -51,6 +55,7 @@ class SelfCheck {
   int failures_ = 0;
 };
 
+/// A demo's command-line options, filled by parse_demo_options().
 struct DemoOptions {
   bool quick = false;     ///< --quick: the CTest setting (smaller and faster)
   std::string data_file;  ///< --write-data FILE: the figure's data, as JSON

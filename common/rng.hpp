@@ -27,7 +27,9 @@
 
 namespace bigbatch {
 
+/// The output of one Philox evaluation: four 32-bit random words.
 struct Philox4x32 {
+  /// The words, in the order indices 4q .. 4q + 3 take them.
   std::uint32_t v[4];
 };
 

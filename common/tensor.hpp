@@ -24,11 +24,16 @@
 
 namespace bigbatch {
 
+/// The size of each dimension, outermost first; empty for a scalar.
 using Shape = std::vector<std::int64_t>;
 
 std::string shape_string(const Shape& shape);  ///< "[64, 784]"
+/// The product of the dimensions (1 for an empty shape); throws on a negative dimension
+/// or an overflowing product.
 std::int64_t shape_numel(const Shape& shape);
 
+/// A dense, row-major, contiguous array of one dtype on one device. Copies share
+/// storage; clone() and to() copy the elements.
 class Tensor {
  public:
   Tensor() = default;
@@ -36,6 +41,7 @@ class Tensor {
   Tensor(Shape shape, DType dtype, Device device = Device::cpu(),
          MemoryCategory category = MemoryCategory::workspace);
 
+  /// Allocates a tensor and sets every element to zero.
   static Tensor zeros(Shape shape, DType dtype, Device device = Device::cpu(),
                       MemoryCategory category = MemoryCategory::workspace);
 
@@ -45,17 +51,27 @@ class Tensor {
                             Device device = Device::cpu(),
                             MemoryCategory category = MemoryCategory::workspace);
 
+  /// False for a default-constructed tensor, which has no storage.
   bool defined() const { return storage_ != nullptr; }
+  /// The size of each dimension.
   const Shape& shape() const { return shape_; }
+  /// The number of dimensions.
   int rank() const { return static_cast<int>(shape_.size()); }
   /// Size of dimension i; negative i counts from the end.
   std::int64_t dim(int i) const;
+  /// The number of elements.
   std::int64_t numel() const { return numel_; }
+  /// The size of the elements in bytes: numel() * dtype_size(dtype()).
   std::size_t nbytes() const { return static_cast<std::size_t>(numel_) * dtype_size(dtype_); }
+  /// The element type.
   DType dtype() const { return dtype_; }
+  /// Where the storage lives.
   Device device() const { return device_; }
+  /// The category the storage is counted under.
   MemoryCategory category() const { return category_; }
 
+  /// The address of the first element (a device pointer on CUDA); nullptr when there is
+  /// no storage.
   void* raw_data() const;
   /// Typed pointer; throws if T does not match the dtype.
   template <class T>
@@ -72,6 +88,7 @@ class Tensor {
 
   /// A deep copy on `device` (and in `category`, default: this tensor's).
   Tensor to(Device device, std::optional<MemoryCategory> category = std::nullopt) const;
+  /// A deep copy on the same device and in the same category.
   Tensor clone() const { return to(device_); }
   /// Copies `source` (same shape and dtype, any device) into this tensor.
   void copy_from(const Tensor& source);
@@ -79,6 +96,7 @@ class Tensor {
   template <class T>
   std::vector<T> to_vector() const;
 
+  /// True when both tensors have the same shape (dtype and device are not compared).
   bool same_shape(const Tensor& other) const { return shape_ == other.shape_; }
   /// "f32[64, 784] on cpu (activations)"
   std::string describe() const;
@@ -97,6 +115,7 @@ class Tensor {
 // ---- templates --------------------------------------------------------------------
 
 namespace detail {
+/// Copies `bytes` bytes between any two devices (overlapping host ranges are allowed).
 void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device,
                 std::size_t bytes);
 }

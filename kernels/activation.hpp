@@ -23,22 +23,34 @@
 
 namespace bigbatch {
 
+/// y = gelu(x) (=); x, y: one shape, f32 or f16 (f64 on the CPU); y may be x.
 void gelu_forward(const Tensor& x, const Tensor& y);
+/// dx = dy * gelu'(x) (=); x, dy, dx: one shape and dtype; dx may be x or dy.
 void gelu_backward(const Tensor& x, const Tensor& dy, const Tensor& dx);
+/// y = max(x, 0) (=); tensors as for gelu_forward.
 void relu_forward(const Tensor& x, const Tensor& y);
+/// dx = dy * [x > 0] (=); tensors as for gelu_backward.
 void relu_backward(const Tensor& x, const Tensor& dy, const Tensor& dx);
 
 namespace cpu {
+/// The CPU reference of bigbatch::gelu_forward.
 void gelu_forward(const Tensor& x, const Tensor& y);
+/// The CPU reference of bigbatch::gelu_backward.
 void gelu_backward(const Tensor& x, const Tensor& dy, const Tensor& dx);
+/// The CPU reference of bigbatch::relu_forward.
 void relu_forward(const Tensor& x, const Tensor& y);
+/// The CPU reference of bigbatch::relu_backward.
 void relu_backward(const Tensor& x, const Tensor& dy, const Tensor& dx);
 }  // namespace cpu
 
 namespace cuda {
+/// The CUDA implementation of bigbatch::gelu_forward.
 void gelu_forward(const Tensor& x, const Tensor& y);
+/// The CUDA implementation of bigbatch::gelu_backward.
 void gelu_backward(const Tensor& x, const Tensor& dy, const Tensor& dx);
+/// The CUDA implementation of bigbatch::relu_forward.
 void relu_forward(const Tensor& x, const Tensor& y);
+/// The CUDA implementation of bigbatch::relu_backward.
 void relu_backward(const Tensor& x, const Tensor& dy, const Tensor& dx);
 }  // namespace cuda
 

@@ -48,6 +48,7 @@ BIGBATCH_HD inline float select(bool condition, float if_true, float if_false) {
   return float_from_bits(scalar_math::select_bits(condition, float_bits(if_true),
                                                   float_bits(if_false)));
 }
+/// condition ? if_true : if_false, for the double (CPU-only) path.
 inline double select(bool condition, double if_true, double if_false) {
   return condition ? if_true : if_false;
 }
@@ -56,6 +57,7 @@ inline double select(bool condition, double if_true, double if_false) {
 BIGBATCH_HD inline float negative_abs(float x) {
   return float_from_bits(float_bits(x) | 0x80000000u);
 }
+/// -|x|, for the double path.
 inline double negative_abs(double x) { return -std::fabs(x); }
 
 // ---- exp on (-inf, 0] ----------------------------------------------------------------
@@ -97,11 +99,14 @@ BIGBATCH_HD inline float exp_nonpositive(float y) {
   return mul_rn(poly, float_from_bits(biased << 23));
 }
 
+/// e^y by std::exp, for the double path (any y).
 inline double exp_nonpositive(double y) { return std::exp(y); }
 
 // ---- GELU ------------------------------------------------------------------------
 
+/// sqrt(8/pi), the factor of z = gelu_z(x).
 inline constexpr double kSqrt8OverPi = 1.5957691216057307;  // 2 sqrt(2/pi)
+/// The coefficient of x^3 in the tanh approximation.
 inline constexpr double kGeluCubic = 0.044715;
 
 /// z = sqrt(8/pi) (x + 0.044715 x^3): twice the argument of tanh in the tanh form.
@@ -114,10 +119,13 @@ BIGBATCH_HD T gelu_z(T x) {
 /// sigmoid(|z|) and sigmoid(-|z|), from e = exp(-|z|) in [0, 1].
 template <class T>
 struct SigmoidPair {
+  /// The larger sigmoid, of |z|.
   T of_abs;      // sigmoid(|z|) = 1 / (1 + e), in [1/2, 1]
+  /// The smaller sigmoid, of -|z|.
   T of_neg_abs;  // sigmoid(-|z|) = e / (1 + e), in [0, 1/2]
 };
 
+/// sigmoid(|z|) and sigmoid(-|z|) from one exponential, e = exp(-|z|).
 template <class T>
 BIGBATCH_HD SigmoidPair<T> sigmoid_pair(T z) {
   const T e = exp_nonpositive(negative_abs(z));
@@ -149,12 +157,14 @@ BIGBATCH_HD T gelu_derivative_from(T x, T z, const SigmoidPair<T>& pair) {
   return add_rn(sigmoid_of(z, pair), slope_term);
 }
 
+/// gelu(x) = x * sigmoid(z), z = gelu_z(x): PyTorch's tanh approximation, in T.
 template <class T>
 BIGBATCH_HD T gelu(T x) {
   const T z = gelu_z(x);
   return gelu_from(x, z, sigmoid_pair(z));
 }
 
+/// gelu'(x), in T (see gelu_derivative_from for the large |x|).
 template <class T>
 BIGBATCH_HD T gelu_derivative(T x) {
   const T z = gelu_z(x);
@@ -165,9 +175,14 @@ BIGBATCH_HD T gelu_derivative(T x) {
 /// gelu_derivative, so the same bits (the fused kernel of kernels/dropout.hpp).
 template <class T>
 struct GeluAndDerivative {
+  /// \var value
+  /// gelu(x), the bits of gelu(x).
+  /// \var derivative
+  /// gelu'(x), the bits of gelu_derivative(x).
   T value, derivative;
 };
 
+/// gelu(x) and gelu'(x) for one x, sharing gelu_z and sigmoid_pair.
 template <class T>
 BIGBATCH_HD GeluAndDerivative<T> gelu_and_derivative(T x) {
   const T z = gelu_z(x);
@@ -177,6 +192,7 @@ BIGBATCH_HD GeluAndDerivative<T> gelu_and_derivative(T x) {
 
 // ---- ReLU ------------------------------------------------------------------------
 
+/// max(x, 0); a NaN x is returned unchanged.
 template <class T>
 BIGBATCH_HD T relu(T x) {
   return select(x <= T(0), T(0), x);  // NaN <= 0 is false: NaN passes through

@@ -54,38 +54,50 @@
 
 namespace bigbatch {
 
+/// Normalises x with its own batch statistics: y, mean and rstd are overwritten (=),
+/// running_mean and running_var updated in place; shapes and dtypes above.
 void batchnorm_forward_train(const Tensor& x, const Tensor& weight, const Tensor& bias,
                              const Tensor& y, const Tensor& mean, const Tensor& rstd,
                              const Tensor& running_mean, const Tensor& running_var,
                              float momentum = 0.1f, float eps = 1e-5f);
+/// y = (x - running_mean) / sqrt(running_var + eps) * weight + bias (=); the running
+/// statistics are only read.
 void batchnorm_forward_eval(const Tensor& x, const Tensor& weight, const Tensor& bias,
                             const Tensor& running_mean, const Tensor& running_var,
                             const Tensor& y, float eps = 1e-5f);
+/// The backward of batchnorm_forward_train: dx overwritten (=), dweight and dbias
+/// accumulated (+=).
 void batchnorm_backward(const Tensor& x, const Tensor& weight, const Tensor& mean,
                         const Tensor& rstd, const Tensor& dy, const Tensor& dx,
                         const Tensor& dweight, const Tensor& dbias);
 
 namespace cpu {
+/// The CPU reference of bigbatch::batchnorm_forward_train.
 void batchnorm_forward_train(const Tensor& x, const Tensor& weight, const Tensor& bias,
                              const Tensor& y, const Tensor& mean, const Tensor& rstd,
                              const Tensor& running_mean, const Tensor& running_var,
                              float momentum, float eps);
+/// The CPU reference of bigbatch::batchnorm_forward_eval.
 void batchnorm_forward_eval(const Tensor& x, const Tensor& weight, const Tensor& bias,
                             const Tensor& running_mean, const Tensor& running_var,
                             const Tensor& y, float eps);
+/// The CPU reference of bigbatch::batchnorm_backward.
 void batchnorm_backward(const Tensor& x, const Tensor& weight, const Tensor& mean,
                         const Tensor& rstd, const Tensor& dy, const Tensor& dx,
                         const Tensor& dweight, const Tensor& dbias);
 }  // namespace cpu
 
 namespace cuda {
+/// The CUDA implementation of bigbatch::batchnorm_forward_train.
 void batchnorm_forward_train(const Tensor& x, const Tensor& weight, const Tensor& bias,
                              const Tensor& y, const Tensor& mean, const Tensor& rstd,
                              const Tensor& running_mean, const Tensor& running_var,
                              float momentum, float eps);
+/// The CUDA implementation of bigbatch::batchnorm_forward_eval.
 void batchnorm_forward_eval(const Tensor& x, const Tensor& weight, const Tensor& bias,
                             const Tensor& running_mean, const Tensor& running_var,
                             const Tensor& y, float eps);
+/// The CUDA implementation of bigbatch::batchnorm_backward.
 void batchnorm_backward(const Tensor& x, const Tensor& weight, const Tensor& mean,
                         const Tensor& rstd, const Tensor& dy, const Tensor& dx,
                         const Tensor& dweight, const Tensor& dbias);

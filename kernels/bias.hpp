@@ -22,16 +22,23 @@
 
 namespace bigbatch {
 
+/// y[i][j] = y[i][j] + bias[j], in place; y: [M, N] f32 or f16, bias: [N] f32.
 void add_bias(const Tensor& y, const Tensor& bias);
+/// dbias[j] += sum_i dy[i][j], rows in order (accumulates); dy: [M, N] f32 or f16,
+/// dbias: [N] f32.
 void bias_backward(const Tensor& dy, const Tensor& dbias);
 
 namespace cpu {
+/// The CPU reference of bigbatch::add_bias.
 void add_bias(const Tensor& y, const Tensor& bias);
+/// The CPU reference of bigbatch::bias_backward.
 void bias_backward(const Tensor& dy, const Tensor& dbias);
 }  // namespace cpu
 
 namespace cuda {
+/// The CUDA implementation of bigbatch::add_bias.
 void add_bias(const Tensor& y, const Tensor& bias);
+/// The CUDA implementation of bigbatch::bias_backward.
 void bias_backward(const Tensor& dy, const Tensor& dbias);
 }  // namespace cuda
 

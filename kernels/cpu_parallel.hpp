@@ -15,6 +15,7 @@
 
 namespace bigbatch::cpu {
 
+/// The most threads parallel_for may use: OpenMP's limit, or 1 without OpenMP.
 inline int max_threads() {
 #if defined(_OPENMP)
   return omp_get_max_threads();
@@ -23,6 +24,8 @@ inline int max_threads() {
 #endif
 }
 
+/// Calls body(begin, end) on disjoint chunks covering [0, n), each at least `grain` long:
+/// none for n <= 0, one on the calling thread when n < 2 * grain or one thread is allowed.
 template <class Body>
 void parallel_for(std::int64_t n, std::int64_t grain, const Body& body) {
   if (n <= 0) return;

@@ -86,8 +86,11 @@ using scalar_math::ComputeType;
 // store (a copied store may alias anything, the loop's bounds included, which stops
 // the vectorizer); hence the two different forms.
 
+/// *p.
 inline float load(const float* p) { return *p; }
+/// *p.
 inline double load(const double* p) { return *p; }
+/// *p as float (exact), read as its 16 bits.
 inline float load(const f16* p) {
   std::uint16_t bits;
   std::memcpy(&bits, p, sizeof bits);
@@ -96,7 +99,9 @@ inline float load(const f16* p) {
 
 /// *p = value, rounded once to the element type.
 inline void store(float* p, float value) { *p = value; }
+/// *p = value.
 inline void store(double* p, double value) { *p = value; }
+/// *p = value rounded to binary16 (to nearest even), stored as a typed _Float16.
 inline void store(f16* p, float value) { *p = f16_from_bits(float_to_half_bits(value)); }
 
 // -- vector instruction sets -------------------------------------------------------
@@ -111,8 +116,10 @@ inline void store(f16* p, float value) { *p = f16_from_bits(float_to_half_bits(v
 // operands of a + b, and x86 returns the first of two NaNs.) The tests cap the level
 // to run and compare every copy on one machine.
 
+/// The instruction sets run_vectorized compiles a loop for, weakest first.
 enum class SimdLevel : std::uint8_t { baseline, avx2, avx512 };
 
+/// "x86-64 baseline (SSE2)", "AVX2" or "AVX-512", for reports.
 std::string_view simd_level_name(SimdLevel level);
 /// The best level this CPU (and OS) supports.
 SimdLevel simd_level_supported();
@@ -122,15 +129,18 @@ SimdLevel simd_level();
 SimdLevel set_simd_level_cap(SimdLevel cap);
 
 namespace simd_detail {
+/// Runs loop() compiled for AVX-512 (F, BW, DQ, VL): flatten inlines the loop's body here.
 template <class Loop>
 __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl"), flatten)) void run_avx512(
     const Loop& loop) {
   loop();
 }
+/// Runs loop() compiled for AVX2.
 template <class Loop>
 __attribute__((target("avx2"), flatten)) void run_avx2(const Loop& loop) {
   loop();
 }
+/// Runs loop() compiled for the x86-64 baseline (SSE2).
 template <class Loop>
 __attribute__((flatten)) void run_baseline(const Loop& loop) {
   loop();

@@ -55,25 +55,37 @@
 
 namespace bigbatch {
 
+/// loss += scale * sum_i loss_i / global_count (accumulates); logits: [M, C], labels:
+/// i32 [M], loss: [1]. Throws for a label outside [0, C).
 void cross_entropy_forward(const Tensor& logits, const Tensor& labels, const Tensor& loss,
                            float global_count, float scale = 1.0f);
+/// dlogits = (softmax(logits) - one_hot(labels)) * (scale / global_count) (=);
+/// dlogits: [M, C] f32 (f64 for f64 logits).
 void cross_entropy_backward(const Tensor& logits, const Tensor& labels, const Tensor& dlogits,
                             float global_count, float scale = 1.0f);
+/// The number of rows whose argmax (the first maximum; NaN counts as the maximum) is
+/// the label.
 std::int64_t count_correct(const Tensor& logits, const Tensor& labels);
 
 namespace cpu {
+/// The CPU reference of bigbatch::cross_entropy_forward.
 void cross_entropy_forward(const Tensor& logits, const Tensor& labels, const Tensor& loss,
                            float global_count, float scale);
+/// The CPU reference of bigbatch::cross_entropy_backward.
 void cross_entropy_backward(const Tensor& logits, const Tensor& labels, const Tensor& dlogits,
                             float global_count, float scale);
+/// The CPU reference of bigbatch::count_correct.
 std::int64_t count_correct(const Tensor& logits, const Tensor& labels);
 }  // namespace cpu
 
 namespace cuda {
+/// The CUDA implementation of bigbatch::cross_entropy_forward.
 void cross_entropy_forward(const Tensor& logits, const Tensor& labels, const Tensor& loss,
                            float global_count, float scale);
+/// The CUDA implementation of bigbatch::cross_entropy_backward.
 void cross_entropy_backward(const Tensor& logits, const Tensor& labels, const Tensor& dlogits,
                             float global_count, float scale);
+/// The CUDA implementation of bigbatch::count_correct.
 std::int64_t count_correct(const Tensor& logits, const Tensor& labels);
 }  // namespace cuda
 

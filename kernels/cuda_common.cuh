@@ -15,8 +15,10 @@
 
 namespace bigbatch {
 
+/// __half, the GPU's binary16, is f16.
 template <>
 struct DTypeOf<__half> {
+  /// DType::f16.
   static constexpr DType value = DType::f16;
 };
 
@@ -24,6 +26,7 @@ namespace cuda {
 
 // ---- launch sizes -------------------------------------------------------------------
 
+/// Threads per block of most kernels; a power of two, and the block size block_reduce needs.
 inline constexpr int kThreadsPerBlock = 256;
 
 /// Threads per block of the per-feature kernels (one thread per column, walking the rows):
@@ -48,14 +51,17 @@ inline unsigned row_blocks(std::int64_t rows) {
 /// An element type as a value, so that a generic lambda can receive it.
 template <class T>
 struct ElementType {
+  /// The element type itself.
   using type = T;
 };
 
 /// Calls f(ElementType<__half>{}) for f16 and f(ElementType<float>{}) for f32, and returns
 /// what f returns. Typical use, with a C++20 template lambda:
+/// \code
 ///   dispatch_f16_f32("layernorm_forward", x.dtype(), [&]<class T>(ElementType<T>) {
 ///     forward_typed<T>(x, weight, bias, y, mean, rstd, eps);
 ///   });
+/// \endcode
 /// The CUDA kernels take f16 and f32 only (f64 exists only on the CPU; i32 holds labels).
 /// Each op's dispatcher has already checked that; any other dtype throws, naming `op`.
 template <class F>
@@ -71,15 +77,20 @@ decltype(auto) dispatch_f16_f32(const char* op, DType dtype, F&& f) {
 // float); from_float<T> rounds to nearest even for __half (__float2half_rn) and is the
 // identity for float.
 
+/// v itself.
 __device__ inline float to_float(float v) { return v; }
+/// v widened to float (exact).
 __device__ inline float to_float(__half v) { return __half2float(v); }
 
+/// v rounded to T, the element type a kernel stores.
 template <class T>
 __device__ inline T from_float(float v);
+/// v itself.
 template <>
 __device__ inline float from_float<float>(float v) {
   return v;
 }
+/// v rounded to binary16, to nearest even (__float2half_rn).
 template <>
 __device__ inline __half from_float<__half>(float v) {
   return __float2half_rn(v);
@@ -94,15 +105,19 @@ __device__ inline __half from_float<__half>(float v) {
 ///   for (const std::int64_t i : grid_stride(n)) out[i] = ...;
 class GridStride {
  public:
+  /// The position in the loop: the current index and the grid's stride.
   class Iterator {
    public:
+    /// Starts at `index`; each increment adds `step`.
     __device__ Iterator(std::int64_t index, std::int64_t step) : index_(index), step_(step) {}
+    /// The current index.
     __device__ std::int64_t operator*() const { return index_; }
+    /// Moves to the next index of this thread: index += step.
     __device__ Iterator& operator++() {
       index_ += step_;
       return *this;
     }
-    // "Not yet at the end" is index < n: the last step may jump past n.
+    /// "Not yet at the end" is index < n: the last step may jump past n.
     __device__ bool operator!=(const Iterator& end) const { return index_ < end.index_; }
 
    private:
@@ -110,17 +125,22 @@ class GridStride {
     std::int64_t step_;
   };
 
+  /// The loop over [0, n).
   __device__ explicit GridStride(std::int64_t n) : n_(n) {}
+  /// This thread's first index, blockIdx.x * blockDim.x + threadIdx.x, with the grid's
+  /// stride gridDim.x * blockDim.x.
   __device__ Iterator begin() const {
     return {blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x,
             std::int64_t{gridDim.x} * blockDim.x};
   }
+  /// The bound n.
   __device__ Iterator end() const { return {n_, 0}; }
 
  private:
   std::int64_t n_;
 };
 
+/// The grid-stride loop over [0, n) for the calling thread (see GridStride).
 __device__ inline GridStride grid_stride(std::int64_t n) { return GridStride(n); }
 
 // ---- block reductions --------------------------------------------------------------------

@@ -16,6 +16,7 @@
 
 namespace bigbatch::detail {
 
+/// Throws std::runtime_error: `op` was called on a CUDA tensor in a build without CUDA.
 [[noreturn]] inline void throw_no_cuda(const char* op) {
   throw std::runtime_error(std::string(op) +
                            ": this build has no CUDA backend (reconfigure with nvcc available)");
@@ -31,16 +32,19 @@ inline Device common_device(const char* op, std::initializer_list<const Tensor*>
   return device;
 }
 
+/// Throws std::invalid_argument unless tensor `name` of `op` has dtype `expected`.
 inline void check_dtype(const char* op, const char* name, const Tensor& t, DType expected) {
   BIGBATCH_CHECK(t.dtype() == expected, op, ": ", name, " must be ", dtype_name(expected),
                  ", got ", t.describe());
 }
 
+/// Throws std::invalid_argument unless tensor `name` of `op` has shape `expected`.
 inline void check_shape(const char* op, const char* name, const Tensor& t, const Shape& expected) {
   BIGBATCH_CHECK(t.shape() == expected, op, ": ", name, " must have shape ",
                  shape_string(expected), ", got ", t.describe());
 }
 
+/// Throws std::invalid_argument unless tensor `name` of `op` has `rank` dimensions.
 inline void check_rank(const char* op, const char* name, const Tensor& t, int rank) {
   BIGBATCH_CHECK(t.rank() == rank, op, ": ", name, " must have rank ", rank, ", got ",
                  t.describe());

@@ -47,6 +47,8 @@
 
 namespace bigbatch {
 
+/// Which mask a dropout call draws: the drop probability, the RNG's seed and stream, and
+/// the global index of the tensor's row 0.
 struct DropoutSpec {
   float p = 0.0f;              ///< probability of dropping an element, in [0, 1]
   std::uint64_t seed = 0;      ///< the run's seed
@@ -57,22 +59,32 @@ struct DropoutSpec {
 /// The activation before the dropout in activation_dropout_backward (kernels/activation.hpp).
 enum class PointwiseActivation { gelu, relu };
 
+/// y = mask * x / (1 - p) (=); x, y: one shape, f32 or f16 (f64 on the CPU); y may be x.
 void dropout_forward(const Tensor& x, const Tensor& y, const DropoutSpec& spec);
+/// dx = mask * dy / (1 - p) (=), the mask drawn again from `spec`; dx may be dy.
 void dropout_backward(const Tensor& dy, const Tensor& dx, const DropoutSpec& spec);
+/// dx = act'(x) * (mask * dy / (1 - p)) (=) and, when y is defined, y = mask * act(x) /
+/// (1 - p) (=), in one pass with the roundings of the separate calls.
 void activation_dropout_backward(PointwiseActivation act, const Tensor& x, const Tensor& dy,
                                  const Tensor& dx, const DropoutSpec& spec,
                                  const Tensor& y = Tensor());
 
 namespace cpu {
+/// The CPU reference of bigbatch::dropout_forward.
 void dropout_forward(const Tensor& x, const Tensor& y, const DropoutSpec& spec);
+/// The CPU reference of bigbatch::dropout_backward.
 void dropout_backward(const Tensor& dy, const Tensor& dx, const DropoutSpec& spec);
+/// The CPU reference of bigbatch::activation_dropout_backward.
 void activation_dropout_backward(PointwiseActivation act, const Tensor& x, const Tensor& dy,
                                  const Tensor& dx, const DropoutSpec& spec, const Tensor& y);
 }  // namespace cpu
 
 namespace cuda {
+/// The CUDA implementation of bigbatch::dropout_forward.
 void dropout_forward(const Tensor& x, const Tensor& y, const DropoutSpec& spec);
+/// The CUDA implementation of bigbatch::dropout_backward.
 void dropout_backward(const Tensor& dy, const Tensor& dx, const DropoutSpec& spec);
+/// The CUDA implementation of bigbatch::activation_dropout_backward.
 void activation_dropout_backward(PointwiseActivation act, const Tensor& x, const Tensor& dy,
                                  const Tensor& dx, const DropoutSpec& spec, const Tensor& y);
 }  // namespace cuda

@@ -57,22 +57,35 @@
 
 namespace bigbatch {
 
+/// dst = src in dst's dtype (=); same shape; src and dst each f32 or f16.
 void cast(const Tensor& src, const Tensor& dst);
+/// x = x * s in place; x: f32 or f16.
 void scale(const Tensor& x, float s);
+/// y += alpha * x; y f32 with x f32 or f16, or both f16.
 void axpy(float alpha, const Tensor& x, const Tensor& y);
+/// g = g * inv_scale for every element of every tensor (f32); found_inf (f32 [1]) = 1
+/// if any g was inf or NaN, else left as it was.
 void unscale_and_check_finite(const std::vector<Tensor>& tensors, float inv_scale,
                               const Tensor& found_inf);
+/// As above and, in the same pass, squared_norm (f64 [1]) = the sum of every unscaled g^2
+/// (=), in the fixed order described above.
 void unscale_and_check_finite(const std::vector<Tensor>& tensors, float inv_scale,
                               const Tensor& found_inf, const Tensor& squared_norm);
+/// The number of kNormChunk-element chunks of `tensors`: the length of the f64 workspace
+/// the squared norm is summed in.
 std::int64_t squared_norm_chunks(const std::vector<Tensor>& tensors);
 
 inline constexpr std::int64_t kNormChunk = 4096;  ///< elements per chunk of the squared norm
 inline constexpr int kNormLanes = 256;            ///< lanes per chunk (CUDA: threads per block)
 
 namespace cpu {
+/// The CPU reference of bigbatch::cast.
 void cast(const Tensor& src, const Tensor& dst);
+/// The CPU reference of bigbatch::scale.
 void scale(const Tensor& x, float s);
+/// The CPU reference of bigbatch::axpy.
 void axpy(float alpha, const Tensor& x, const Tensor& y);
+/// The CPU reference of bigbatch::unscale_and_check_finite.
 void unscale_and_check_finite(const std::vector<Tensor>& tensors, float inv_scale,
                               const Tensor& found_inf);
 /// chunk_sums: f64 [squared_norm_chunks(tensors)], the workspace
@@ -82,9 +95,13 @@ void unscale_and_check_finite(const std::vector<Tensor>& tensors, float inv_scal
 }  // namespace cpu
 
 namespace cuda {
+/// The CUDA implementation of bigbatch::cast.
 void cast(const Tensor& src, const Tensor& dst);
+/// The CUDA implementation of bigbatch::scale.
 void scale(const Tensor& x, float s);
+/// The CUDA implementation of bigbatch::axpy.
 void axpy(float alpha, const Tensor& x, const Tensor& y);
+/// The CUDA implementation of bigbatch::unscale_and_check_finite.
 void unscale_and_check_finite(const std::vector<Tensor>& tensors, float inv_scale,
                               const Tensor& found_inf);
 /// chunk_sums: f64 [squared_norm_chunks(tensors)], the workspace

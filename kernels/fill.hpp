@@ -11,12 +11,15 @@
 
 namespace bigbatch {
 
+/// Sets every element of `out` to `value`, rounded as above (overwrite); any shape and dtype.
 void fill(const Tensor& out, double value);
 
 namespace cpu {
+/// The CPU reference of bigbatch::fill.
 void fill(const Tensor& out, double value);
 }
 namespace cuda {
+/// The CUDA implementation of bigbatch::fill.
 void fill(const Tensor& out, double value);
 }
 

@@ -57,6 +57,8 @@ void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Te
 
 namespace cpu {
 
+/// The CPU implementation of bigbatch::gemm, on the path gemm_path() names; it checks
+/// its arguments itself, all tensors on the CPU.
 void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c,
           float alpha = 1.0f, float beta = 0.0f);
 
@@ -74,6 +76,7 @@ GemmPath gemm_path();
 /// tests and benchmarks). Throws std::invalid_argument if this CPU cannot run it.
 class ScopedGemmPath {
  public:
+  /// Forces `path` until destruction, which restores the thread's previous choice.
   explicit ScopedGemmPath(GemmPath path);
   ~ScopedGemmPath();
   ScopedGemmPath(const ScopedGemmPath&) = delete;
@@ -86,6 +89,7 @@ class ScopedGemmPath {
 }  // namespace cpu
 
 namespace cuda {
+/// The CUDA implementation of bigbatch::gemm.
 void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c,
           float alpha = 1.0f, float beta = 0.0f);
 }

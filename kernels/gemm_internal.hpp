@@ -11,6 +11,12 @@ namespace gemm_detail {
 
 /// The sizes of a checked call: op(A) [m, k], op(B) [k, n], C [m, n].
 struct GemmSizes {
+  /// \var m
+  /// Rows of op(A) and of C.
+  /// \var n
+  /// Columns of op(B) and of C.
+  /// \var k
+  /// Columns of op(A), rows of op(B): the length of each dot product.
   std::int64_t m = 0, n = 0, k = 0;
 };
 
@@ -19,7 +25,10 @@ struct GemmSizes {
 GemmSizes check_gemm_arguments(const char* op, const Tensor& a, bool trans_a, const Tensor& b,
                                bool trans_b, const Tensor& c);
 
-/// Bounds on every IsaKernels' tile (the driver keeps an edge tile on the stack).
+/// \var kMaxMr
+/// Bound on every IsaKernels' mr (the driver keeps an edge tile on the stack).
+/// \var kMaxNr
+/// Bound on every IsaKernels' nr (the driver keeps an edge tile on the stack).
 inline constexpr std::int64_t kMaxMr = 16, kMaxNr = 64;
 
 /// How a micro-kernel starts its accumulators: 0, beta * C, or C itself.
@@ -29,8 +38,12 @@ enum class AccumulatorStart { zero, scaled_c, c };
 struct IsaKernels {
   int mr;  ///< rows of C per micro-kernel call (A is packed in panels of mr rows)
   int nr;  ///< columns of C per micro-kernel call (B is packed in panels of nr columns)
-  /// Cache blocking: kc (depth of a packed panel), mc (rows of a packed A block, a
-  /// multiple of mr), nc (columns of a packed B block, a multiple of nr).
+  /// \var kc
+  /// Cache blocking: the depth of a packed panel.
+  /// \var mc
+  /// Cache blocking: the rows of a packed A block, a multiple of mr.
+  /// \var nc
+  /// Cache blocking: the columns of a packed B block, a multiple of nr.
   std::int64_t kc, mc, nc;
   /// For r < mr, j < nr: starts acc per `start` from c[r * ldc + j], then for k < kc in
   /// order acc = fma(a_panel[k * mr + r], b_panel[k * nr + j], acc); stores acc there.

@@ -55,23 +55,31 @@
 
 namespace bigbatch {
 
+/// y = (x - mean) * rstd * weight + bias per row, with the row's statistics; y, mean and
+/// rstd are overwritten (=); shapes and dtypes above.
 void layernorm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& y,
                        const Tensor& mean, const Tensor& rstd, float eps = 1e-5f);
+/// The backward of layernorm_forward: dx overwritten (=), dweight and dbias accumulated
+/// (+=) row by row in order.
 void layernorm_backward(const Tensor& x, const Tensor& weight, const Tensor& mean,
                         const Tensor& rstd, const Tensor& dy, const Tensor& dx,
                         const Tensor& dweight, const Tensor& dbias);
 
 namespace cpu {
+/// The CPU reference of bigbatch::layernorm_forward.
 void layernorm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& y,
                        const Tensor& mean, const Tensor& rstd, float eps);
+/// The CPU reference of bigbatch::layernorm_backward.
 void layernorm_backward(const Tensor& x, const Tensor& weight, const Tensor& mean,
                         const Tensor& rstd, const Tensor& dy, const Tensor& dx,
                         const Tensor& dweight, const Tensor& dbias);
 }  // namespace cpu
 
 namespace cuda {
+/// The CUDA implementation of bigbatch::layernorm_forward.
 void layernorm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& y,
                        const Tensor& mean, const Tensor& rstd, float eps);
+/// The CUDA implementation of bigbatch::layernorm_backward.
 void layernorm_backward(const Tensor& x, const Tensor& weight, const Tensor& mean,
                         const Tensor& rstd, const Tensor& dy, const Tensor& dx,
                         const Tensor& dweight, const Tensor& dbias);

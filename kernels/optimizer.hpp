@@ -60,19 +60,29 @@ namespace bigbatch {
 /// torch.optim.SGD's hyperparameters, with its defaults except lr (torch 1.x has no
 /// default lr, recent versions 1e-3).
 struct SgdOptions {
+  /// Learning rate, >= 0.
   double lr = 0.01;
+  /// Momentum factor, >= 0; 0 disables the momentum buffer.
   double momentum = 0;
+  /// Dampening: d enters the momentum buffer with weight 1 - dampening; finite.
   double dampening = 0;
+  /// L2 penalty added to the gradient (weight_decay * param), >= 0.
   double weight_decay = 0;
+  /// Nesterov momentum; needs momentum > 0 and dampening == 0.
   bool nesterov = false;
 };
 
 /// torch.optim.AdamW's hyperparameters (betas=(beta1, beta2)), with its defaults.
 struct AdamWOptions {
+  /// Learning rate, >= 0.
   double lr = 1e-3;
+  /// Decay rate of the first moment, in [0, 1).
   double beta1 = 0.9;
+  /// Decay rate of the second moment, in [0, 1).
   double beta2 = 0.999;
+  /// Added to the denominator, sqrt(exp_avg_sq) / sqrt(1 - beta2**step); >= 0.
   double eps = 1e-8;
+  /// Decoupled weight decay: param is multiplied by 1 - lr * weight_decay, >= 0.
   double weight_decay = 1e-2;
 };
 
@@ -90,8 +100,10 @@ void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& exp_avg,
 
 // The backends assume arguments already checked by the functions above.
 namespace cpu {
+/// The CPU reference of bigbatch::sgd_step, on the path optimizer_path() names.
 void sgd_step(const Tensor& param, const Tensor& grad, const Tensor& momentum_buffer,
               const SgdOptions& options, std::int64_t step, const Tensor& half_copy = {});
+/// The CPU reference of bigbatch::adamw_step, on the path optimizer_path() names.
 void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& exp_avg,
                 const Tensor& exp_avg_sq, const AdamWOptions& options, std::int64_t step,
                 const Tensor& half_copy = {});
@@ -111,6 +123,7 @@ OptimizerPath optimizer_path();
 /// tests and benchmarks). Throws std::invalid_argument if this CPU cannot run it.
 class ScopedOptimizerPath {
  public:
+  /// Forces `path` until destruction, which restores the thread's previous choice.
   explicit ScopedOptimizerPath(OptimizerPath path);
   ~ScopedOptimizerPath();
   ScopedOptimizerPath(const ScopedOptimizerPath&) = delete;
@@ -121,8 +134,10 @@ class ScopedOptimizerPath {
 };
 }  // namespace cpu
 namespace cuda {
+/// The CUDA implementation of bigbatch::sgd_step.
 void sgd_step(const Tensor& param, const Tensor& grad, const Tensor& momentum_buffer,
               const SgdOptions& options, std::int64_t step, const Tensor& half_copy = {});
+/// The CUDA implementation of bigbatch::adamw_step.
 void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& exp_avg,
                 const Tensor& exp_avg_sq, const AdamWOptions& options, std::int64_t step,
                 const Tensor& half_copy = {});

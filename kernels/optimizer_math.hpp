@@ -55,13 +55,21 @@ BIGBATCH_HD inline float lerp(float self, float end, float weight) {
 
 /// The step's scalars, each rounded to float as PyTorch hands it to its fp32 kernels.
 struct SgdScalars {
+  /// float(weight_decay).
   float weight_decay;         // d.add(param, alpha=weight_decay)
+  /// float(momentum).
   float momentum;             // buf.mul_(momentum); d.add(buf, alpha=momentum)
+  /// float(1 - dampening), computed in double.
   float one_minus_dampening;  // buf.add_(d, alpha=1 - dampening)
+  /// float(-lr).
   float negative_lr;          // param.add_(d, alpha=-lr)
+  /// Whether the weight-decay term is added.
   bool apply_weight_decay;    // weight_decay != 0 (PyTorch skips the add otherwise)
+  /// Whether the momentum buffer is used and updated.
   bool use_momentum;          // momentum != 0
+  /// Nesterov momentum: step along d + momentum * buf instead of buf.
   bool nesterov;
+  /// True at step 1, where the buffer is set, not updated.
   bool first_step;  // step == 1: the buffer starts as a copy of d
 };
 
@@ -69,8 +77,11 @@ struct SgdScalars {
 /// compiled with -ffp-contract=off, so that no host compiler fuses these either).
 SgdScalars sgd_scalars(const SgdOptions& options, std::int64_t step);
 
+/// One element after an SGD step.
 struct SgdElement {
+  /// The updated parameter.
   float param;
+  /// The updated momentum buffer.
   float momentum_buffer;  // meaningful only when use_momentum
 };
 
@@ -91,23 +102,37 @@ BIGBATCH_HD inline SgdElement sgd_update(float param, float grad, float momentum
 
 // ---- AdamW -------------------------------------------------------------------------
 
+/// The scalars of one AdamW step, each rounded to float as PyTorch hands it to its fp32
+/// kernels.
 struct AdamWScalars {
+  /// float(1 - lr * weight_decay), computed in double.
   float decay_factor;           // param.mul_(1 - lr*weight_decay)
+  /// float(1 - beta1), computed in double.
   float lerp_weight;            // exp_avg.lerp_(grad, 1 - beta1)
+  /// float(beta2).
   float beta2;                  // exp_avg_sq.mul_(beta2)
+  /// float(1 - beta2), computed in double.
   float one_minus_beta2;        // exp_avg_sq.addcmul_(grad, grad, value=1 - beta2)
+  /// float(sqrt(1 - beta2**step)), computed in double.
   float bias_correction2_sqrt;  // sqrt(1 - beta2**step)
+  /// float(eps), added to the denominator.
   float eps;
+  /// float(-(lr / (1 - beta1**step))), computed in double.
   float negative_step_size;  // -lr / (1 - beta1**step)
+  /// Whether the parameter is multiplied by decay_factor.
   bool apply_weight_decay;   // weight_decay != 0
 };
 
 /// Computed in double, as Python computes them (defined in optimizer.cpp).
 AdamWScalars adamw_scalars(const AdamWOptions& options, std::int64_t step);
 
+/// One element after an AdamW step.
 struct AdamWElement {
+  /// The updated parameter.
   float param;
+  /// The updated first moment.
   float exp_avg;
+  /// The updated second moment.
   float exp_avg_sq;
 };
 

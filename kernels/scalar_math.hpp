@@ -24,6 +24,7 @@ namespace bigbatch::scalar_math {
 
 // ---- float operations rounded once, never contracted ----------------------------------
 
+/// a * b, rounded once to nearest.
 BIGBATCH_HD inline float mul_rn(float a, float b) {
 #if defined(__CUDA_ARCH__)
   return __fmul_rn(a, b);
@@ -32,6 +33,7 @@ BIGBATCH_HD inline float mul_rn(float a, float b) {
 #endif
 }
 
+/// a + b, rounded once to nearest.
 BIGBATCH_HD inline float add_rn(float a, float b) {
 #if defined(__CUDA_ARCH__)
   return __fadd_rn(a, b);
@@ -40,6 +42,7 @@ BIGBATCH_HD inline float add_rn(float a, float b) {
 #endif
 }
 
+/// a - b, rounded once to nearest.
 BIGBATCH_HD inline float sub_rn(float a, float b) {
 #if defined(__CUDA_ARCH__)
   return __fsub_rn(a, b);
@@ -48,6 +51,7 @@ BIGBATCH_HD inline float sub_rn(float a, float b) {
 #endif
 }
 
+/// a / b, correctly rounded to nearest.
 BIGBATCH_HD inline float div_rn(float a, float b) {
 #if defined(__CUDA_ARCH__)
   return __fdiv_rn(a, b);
@@ -56,6 +60,7 @@ BIGBATCH_HD inline float div_rn(float a, float b) {
 #endif
 }
 
+/// sqrt(a), correctly rounded to nearest.
 BIGBATCH_HD inline float sqrt_rn(float a) {
 #if defined(__CUDA_ARCH__)
   return __fsqrt_rn(a);
@@ -74,12 +79,16 @@ BIGBATCH_HD inline float fma_rn(float a, float b, float c) {
 }
 
 // The float64 path runs on the CPU only, where nothing is ever contracted.
+/// a * b in double.
 inline double mul_rn(double a, double b) { return a * b; }
+/// a + b in double.
 inline double add_rn(double a, double b) { return a + b; }
+/// a / b in double.
 inline double div_rn(double a, double b) { return a / b; }
 
 // ---- bits ---------------------------------------------------------------------------
 
+/// The 32 raw bits of x.
 BIGBATCH_HD inline std::uint32_t float_bits(float x) {
 #if defined(__CUDA_ARCH__)
   return static_cast<std::uint32_t>(__float_as_uint(x));
@@ -88,6 +97,7 @@ BIGBATCH_HD inline std::uint32_t float_bits(float x) {
 #endif
 }
 
+/// The float with the given raw bits.
 BIGBATCH_HD inline float float_from_bits(std::uint32_t bits) {
 #if defined(__CUDA_ARCH__)
   return __uint_as_float(bits);

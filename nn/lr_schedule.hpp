@@ -29,13 +29,17 @@
 
 namespace bigbatch::nn {
 
+/// The rate after warm-up: constant, or cosine decay to the end of the run.
 enum class LrScheduleKind { constant, cosine };
+/// The batch-size scaling rule of scaled_learning_rate.
 enum class LrScale { none, linear, sqrt };
 
+/// A run's learning-rate schedule (the formulas above).
 struct LrSchedule {
   double base_lr = 0;                ///< the rate after warm-up (already scaled)
   std::int64_t total_steps = 1;      ///< T, optimizer steps of the run
   std::int64_t warmup_steps = 0;     ///< W, linear warm-up steps (0: none)
+  /// What follows the warm-up.
   LrScheduleKind kind = LrScheduleKind::constant;
 };
 

@@ -41,7 +41,16 @@
 
 namespace bigbatch::nn {
 
+/// predict_memory's totals in bytes, by category (the formulas above).
 struct PredictedBytes {
+  /// \var parameters
+  /// MemoryCategory::parameters: the Linear weights the forward reads, biases, norm weights.
+  /// \var master_weights
+  /// MemoryCategory::master_weights: the f32 Linear weights under fp16, else 0.
+  /// \var gradients
+  /// MemoryCategory::gradients: 4 bytes per trainable parameter.
+  /// \var adamw_state
+  /// AdamW's two moments: 8 bytes per trainable parameter.
   std::size_t parameters = 0, master_weights = 0, gradients = 0, adamw_state = 0;
   std::size_t activations = 0;  ///< saved by one forward() of `rows` samples
 };
@@ -61,6 +70,7 @@ std::size_t optimizer_state_bytes_per_parameter(const Optimizer::Options& option
 class MemoryLedger {
  public:
   struct Entry;
+  /// A handle to one described allocation; the bytes are released with its last copy.
   using Bytes = std::shared_ptr<const Entry>;
 
   MemoryLedger() = default;
@@ -86,6 +96,18 @@ class MemoryLedger {
 
 /// What one block keeps for its backward, in bytes (BlockActivations' tensors).
 struct BlockBytes {
+  /// \var input
+  /// The block's input h.
+  /// \var normed
+  /// ln(h); null under BlockKeep::gemm_outputs.
+  /// \var mean
+  /// ln's mean.
+  /// \var rstd
+  /// ln's 1 / sqrt(var + eps).
+  /// \var pre_activation
+  /// fc1's output.
+  /// \var hidden
+  /// fc2's input, the activation after dropout; null under BlockKeep::gemm_outputs.
   MemoryLedger::Bytes input, normed, mean, rstd, pre_activation, hidden;
 };
 
@@ -94,7 +116,9 @@ struct BlockBytes {
 /// 05's checkpoints make. `label` prefixes every moment ("micro-batch 2").
 class ModelLedger {
  public:
+  /// A model of `config` replayed on `ledger`, which must outlive it.
   ModelLedger(const ModelConfig& config, MemoryLedger& ledger);
+  /// Sets the rows of the following allocations and the label that prefixes their moments.
   void start_micro_batch(std::int64_t rows, std::string label);
 
   /// Model::block_forward of block `index` from h (recompute: a second run in the step,
@@ -107,10 +131,12 @@ class ModelLedger {
   /// A copy of a hidden state h_i into MemoryCategory::checkpoints.
   MemoryLedger::Bytes checkpoint(std::int64_t state);
 
-  /// An allocation of MemoryCategory::activations or ::workspace in this micro-batch.
+  /// `bytes` of MemoryCategory::activations in this micro-batch; `what` names the moment.
   MemoryLedger::Bytes activation(std::size_t bytes, const std::string& what);
+  /// `bytes` of MemoryCategory::workspace in this micro-batch; `what` names the moment.
   MemoryLedger::Bytes workspace(std::size_t bytes, const std::string& what);
 
+  /// The configuration being replayed.
   const ModelConfig& config() const { return config_; }
   std::size_t hidden_state_bytes() const;  ///< one [rows, H] activation
   std::size_t statistics_bytes() const;    ///< one of a norm's mean and rstd (f32)
@@ -129,7 +155,9 @@ class ModelLedger {
 class BlockLedgerRunner {
  public:
   virtual ~BlockLedgerRunner() = default;
+  /// Replays the runner's forward of every block from h0 (the stem's output); returns h_n.
   virtual MemoryLedger::Bytes forward(ModelLedger& model, MemoryLedger::Bytes h0) = 0;
+  /// Replays its backward from dh_n, releasing what forward kept; returns dh_0.
   virtual MemoryLedger::Bytes backward(ModelLedger& model, MemoryLedger::Bytes dh_n) = 0;
   /// Block forwards replayed so far.
   virtual std::int64_t evaluations() const = 0;
@@ -143,6 +171,7 @@ struct StepPrediction {
                               ///< reset just before accumulate_gradients
   std::string peak_moment;    ///< the allocation at which the total peaked
   std::int64_t block_forwards = 0;  ///< block forward evaluations, all micro-batches
+  /// The step's peak total in bytes, stats.peak_total.
   std::size_t peak() const { return stats.peak_total; }
 };
 

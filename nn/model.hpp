@@ -63,10 +63,14 @@
 
 namespace bigbatch::nn {
 
+/// The norm of every block and of the head: LayerNorm or BatchNorm1d.
 enum class Norm { layer, batch };
+/// fp32, or fp16 mixed precision (the table above).
 enum class Precision { fp32, fp16 };
+/// The activation after the stem and inside every block.
 enum class Activation { gelu, relu };
 
+/// The model's sizes and choices.
 struct ModelConfig {
   std::int64_t inputs = 0;     ///< D, features per sample
   std::int64_t hidden = 0;     ///< H, width of the residual stream
@@ -74,7 +78,9 @@ struct ModelConfig {
   std::int64_t classes = 0;    ///< C
   std::int64_t depth = 0;      ///< residual blocks; 0 gives a one-hidden-layer MLP
   float dropout = 0.0f;        ///< p of the dropout inside every block
+  /// The norm of the blocks and the head.
   Norm norm = Norm::layer;
+  /// act, after the stem and in every block.
   Activation activation = Activation::gelu;
   std::uint64_t seed = 0;  ///< initialisation seed
   Precision precision = Precision::fp32;  ///< fp16: mixed precision (the table above)
@@ -82,6 +88,7 @@ struct ModelConfig {
 
 /// A trainable tensor, named as in PyTorch's state_dict, and its gradient buffer.
 struct NamedParameter {
+  /// The state_dict name, e.g. "blocks.0.fc1.weight".
   std::string name;
   Tensor value;  ///< f32: MemoryCategory::parameters, or master_weights under fp16
   Tensor grad;   ///< the same shape, f32, MemoryCategory::gradients, accumulated (+=)
@@ -101,32 +108,66 @@ struct ForwardContext {
 
 /// nn.Linear(in, out): y = x W^T + b.
 struct Linear {
+  /// \var weight
+  /// W, f32 [out, in]; under fp16 the master copy the optimizer updates.
+  /// \var bias
+  /// b, f32 [out].
   Tensor weight, bias;            // [out, in], [out]
+  /// \var weight_grad
+  /// dL/dW, f32 [out, in], accumulated (+=).
+  /// \var bias_grad
+  /// dL/db, f32 [out], accumulated (+=).
   Tensor weight_grad, bias_grad;  // the same shapes
+  /// The f16 working copy of W that the forward reads under fp16.
   Tensor weight_half;             // [out, in] f16 under fp16, else undefined
 };
 
 /// nn.LayerNorm(H) or nn.BatchNorm1d(H): weight (gamma), bias (beta), and for BatchNorm
 /// the running statistics (undefined for LayerNorm).
 struct NormLayer {
+  /// \var weight
+  /// gamma, f32 [H], initialised to 1.
+  /// \var bias
+  /// beta, f32 [H], initialised to 0.
   Tensor weight, bias;            // [H]
+  /// \var weight_grad
+  /// The gradient of gamma, f32 [H], accumulated (+=).
+  /// \var bias_grad
+  /// The gradient of beta, f32 [H], accumulated (+=).
   Tensor weight_grad, bias_grad;  // [H]
+  /// \var running_mean
+  /// BatchNorm's running mean, f32 [H], initialised to 0; undefined for LayerNorm.
+  /// \var running_var
+  /// BatchNorm's running variance, f32 [H], initialised to 1; undefined for LayerNorm.
   Tensor running_mean, running_var;
 };
 
 /// A residual block's parameters.
 struct Block {
+  /// The norm at the block's entry (pre-norm).
   NormLayer ln;
+  /// \var fc1
+  /// Linear(H, E*H), the expansion.
+  /// \var fc2
+  /// Linear(E*H, H), back to the residual stream.
   Linear fc1, fc2;
 };
 
 /// What a block's forward saves for its backward (b rows; stats [b] for LayerNorm,
 /// [H] for BatchNorm).
 struct BlockActivations {
+  /// The block's input h.
   Tensor input;           // h entering the block      [b, H]
+  /// ln(h); undefined under BlockKeep::gemm_outputs.
   Tensor normed;          // ln(h), fc1's input        [b, H]
+  /// \var mean
+  /// ln's mean, f32.
+  /// \var rstd
+  /// ln's 1 / sqrt(var + eps), f32.
   Tensor mean, rstd;      // ln's statistics
+  /// fc1's output, the activation's input.
   Tensor pre_activation;  // fc1(ln(h))                [b, E*H]
+  /// fc2's input; undefined under BlockKeep::gemm_outputs.
   Tensor hidden;          // dropout(act(...)), fc2's input [b, E*H]
 };
 
@@ -140,12 +181,22 @@ enum class BlockKeep {
 
 /// Everything one forward() saved: the stem, the blocks, the head.
 struct SavedActivations {
+  /// The context forward() ran with.
   ForwardContext context;
+  /// The input as the stem read it.
   Tensor input;                  // x (f32: not copied; fp16: rounded) [b, D]
+  /// The stem's output before its activation.
   Tensor stem_pre_activation;    // stem(x)                [b, H]
+  /// One per residual block; empty when a BlockRunner ran the blocks.
   std::vector<BlockActivations> blocks;
+  /// h after the last block (the stem's output when depth is 0).
   Tensor head_input;             // h entering the head    [b, H]
+  /// head.ln(h), the head's Linear input.
   Tensor head_normed;            // head.ln(h)             [b, H]
+  /// \var head_mean
+  /// head.ln's mean, f32.
+  /// \var head_rstd
+  /// head.ln's 1 / sqrt(var + eps), f32.
   Tensor head_mean, head_rstd;   // head.ln's statistics
 };
 
@@ -167,6 +218,8 @@ class BlockRunner {
   virtual Tensor backward(Model& model, Tensor dh_n, const ForwardContext& context) = 0;
 };
 
+/// The pre-norm residual MLP described above, its parameters, gradients and saved
+/// activations on one device.
 class Model {
  public:
   /// Parameters initialised as PyTorch initialises them (Linear: weight and bias uniform
@@ -175,7 +228,9 @@ class Model {
   /// element index): deterministic and independent of the device. Gradients are zero.
   Model(const ModelConfig& config, Device device);
 
+  /// The configuration the model was built with.
   const ModelConfig& config() const { return config_; }
+  /// The device that holds every tensor of the model.
   Device device() const { return device_; }
   /// The dtype of activations and their gradients: f16 under fp16, else f32.
   DType activation_dtype() const;
@@ -184,6 +239,7 @@ class Model {
   std::vector<NamedParameter> parameters() const;
   /// Parameters and buffers (BatchNorm's running statistics) in state_dict() order.
   std::vector<std::pair<std::string, Tensor>> state_dict() const;
+  /// The number of trainable elements: the sum of numel() over parameters().
   std::int64_t parameter_count() const;
 
   /// Sets every parameter gradient to 0.
@@ -205,6 +261,7 @@ class Model {
   /// and block_backward recomputes them from the rest, to the same bits.
   Tensor block_forward(std::size_t index, const Tensor& h, const ForwardContext& context,
                        BlockActivations& saved, BlockKeep keep = BlockKeep::all);
+  /// See block_forward: adds block `index`'s parameter gradients (+=) and returns dL/dh (=).
   Tensor block_backward(std::size_t index, const BlockActivations& saved, const Tensor& d_output,
                         const ForwardContext& context);
 
@@ -212,7 +269,9 @@ class Model {
   /// (nullptr: keep every block's activations, the default).
   void set_block_runner(std::shared_ptr<BlockRunner> runner) { runner_ = std::move(runner); }
 
+  /// What the last forward() saved, until backward() takes it over.
   const SavedActivations& saved_activations() const { return saved_; }
+  /// True between a forward() and the backward() that releases its activations.
   bool has_saved_activations() const { return saved_.input.defined(); }
 
   /// Writes state_dict() to a safetensors file (metadata: the config).

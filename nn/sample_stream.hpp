@@ -47,7 +47,9 @@ class SampleStream {
   SampleStream(const Dataset& data, std::int64_t batch, bool shuffle, std::uint64_t seed,
                LastBatch last_batch);
 
+  /// B, the samples of a full batch.
   std::int64_t batch() const { return batch_; }
+  /// The data set the batches are taken from (referenced, not copied).
   const Dataset& data() const { return data_; }
   /// ceil(N / B), or floor(N / B) with LastBatch::drop.
   std::int64_t batches_per_epoch() const { return batches_per_epoch_; }
@@ -73,10 +75,12 @@ class SampleStream {
   mutable std::vector<std::int64_t> cached_permutation_;
 };
 
+/// What evaluate() measured over a data set.
 struct EvaluationResult {
   double loss = 0;               ///< mean cross-entropy over the data set
   double accuracy = 0;           ///< correct / samples
   std::int64_t correct = 0;      ///< samples whose argmax is the label
+  /// N, the samples evaluated.
   std::int64_t samples = 0;
 };
 

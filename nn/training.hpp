@@ -41,8 +41,11 @@ float accumulate_gradients(Model& model, const Tensor& x, const Tensor& labels,
 /// when it has one (mixed precision).
 class Optimizer {
  public:
+  /// The optimizer and its hyperparameters.
   using Options = std::variant<SgdOptions, AdamWOptions>;
 
+  /// Takes over `parameters` (their tensors are shared, not copied) and allocates the
+  /// state: zeroed moments for AdamW, a momentum buffer for SGD when momentum != 0.
   Optimizer(std::vector<NamedParameter> parameters, Options options);
 
   /// One update of every parameter from its gradient (the gradients are not changed).
@@ -57,6 +60,7 @@ class Optimizer {
   /// Continues as if `steps` steps had been taken (resuming from a snapshot, whose
   /// state() tensors are copied back too): AdamW's bias corrections count from here.
   void set_steps_taken(std::int64_t steps);
+  /// The optimizer and hyperparameters, the learning rate as last set.
   const Options& options() const { return options_; }
   /// The state tensors, named "<parameter>.momentum_buffer", ".exp_avg", ".exp_avg_sq".
   std::vector<std::pair<std::string, Tensor>> state() const;

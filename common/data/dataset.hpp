@@ -24,6 +24,7 @@
 
 namespace bigbatch {
 
+/// A classification data set on the host: features, labels and the number of classes.
 struct Dataset {
   Tensor features;               ///< f32 [N, D] on the CPU, MemoryCategory::host_data
   Tensor labels;                 ///< i32 [N] on the CPU, MemoryCategory::host_data
@@ -36,6 +37,7 @@ struct Dataset {
 
 // ---- Fashion-MNIST --------------------------------------------------------------------
 
+/// Which Fashion-MNIST files to read: train (60000 samples) or t10k (10000).
 enum class FashionMnistSplit { train, test };
 
 /// Where the idx files are looked for: the environment variable
@@ -64,11 +66,16 @@ Dataset load_npy_dataset(const std::string& features_path, const std::string& la
 
 // ---- synthetic ------------------------------------------------------------------------
 
+/// The sizes and seed of make_synthetic()'s data set.
 struct SyntheticOptions {
+  /// N, the number of samples.
   std::int64_t samples = 60000;
+  /// D, the number of features per sample.
   std::int64_t features = 784;
+  /// C, the number of classes (the teacher's outputs).
   std::int64_t classes = 10;
   std::int64_t teacher_hidden = 64;  ///< width of the teacher's hidden layer
+  /// The RNG seed every feature and teacher weight is drawn under.
   std::uint64_t seed = 1234;
 };
 

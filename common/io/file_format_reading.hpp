@@ -18,7 +18,8 @@ namespace bigbatch::io_detail {
 /// The file opened for binary reading; fails with "cannot open <kind>: <reason>".
 std::ifstream open_for_reading(const std::string& path, const std::string& kind);
 
-/// The first position at or after `pos` that is not a space, tab, '\n' or '\r'.
+/// The first position at or after `pos` that is not a space, tab, line feed or carriage
+/// return.
 std::size_t skip_whitespace(std::string_view text, std::size_t pos);
 
 /// Reads an optional '-' and decimal digits at text[pos] into `value`, moving `pos` past

@@ -33,6 +33,7 @@ struct NpyArray {
   bool fortran_order = false;       ///< always false for arrays read or written here
   std::vector<unsigned char> data;  ///< numel() * itemsize() bytes
 
+  /// The number of elements, the product of `shape` (1 for a 0-d array).
   std::int64_t numel() const;
   /// 'f' floating, 'i' signed integer, 'u' unsigned integer, 'b' bool, 'c' complex.
   char kind() const;
