@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The test command: installs what is missing, builds, and runs every test with CTest.
+# The test command: installs what is missing, builds, runs every test with CTest and
+# builds the documentation site.
 # CUDA tests run when a GPU is present and are reported as skipped, with the reason, when not.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -19,4 +20,9 @@ if [ -f "$log" ]; then
     echo "Skipped: $count CUDA test(s). Reason: ${reason#CUDA test skipped: }"
   fi
 fi
+
+# The documentation site: any Doxygen warning (an undocumented public declaration of
+# common/, kernels/ or nn/, a broken link) fails the build.
+echo "building the documentation site (build/docs/html)"
+cmake --build --preset default --target docs || status=1
 exit $status
