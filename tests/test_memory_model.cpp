@@ -126,7 +126,7 @@ TEST_P(MemoryModel, EveryPolicyPrecisionAndDepthIsPredictedToTheByte) {
 
 TEST_P(MemoryModel, BatchNormAndTheRunnerForNoneArePredictedToTheByte) {
   for (const std::int64_t depth : {1, 7, 16}) {
-    for (const std::string& policy : {"none", "sqrt", "optimal:2+selective"}) {
+    for (const std::string policy : {"none", "sqrt", "optimal:2+selective"}) {
       StepShape step{testing::tiny_model(depth, 0.25f), kBatch, kMicroBatch, SgdOptions{}};
       step.model.norm = nn::Norm::batch;
       const std::string what = "BatchNorm, SGD, depth " + std::to_string(depth) + ", " + policy;
