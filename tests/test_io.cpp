@@ -190,6 +190,14 @@ TEST(Npy, RefusesMalformedFilesNamingFileAndProblem) {
                {path.str(), "non-negative"}));
   EXPECT_TRUE(mentions(error_of([] { read_npy("/nonexistent/folder/x.npy"); }),
                        {"/nonexistent/folder/x.npy", "cannot open"}));
+  // A header length past the file or the limit is refused before anything is allocated
+  // (the fuzzer found a 0.6 GB claim in a file of 117 bytes: fuzz/regressions/fuzz_npy).
+  EXPECT_TRUE(mentions(error_reading(std::string("\x93NUMPY\x03\x00\x76\x00\x7b\x27", 10) +
+                                     "{'descr'"),
+                       {path.str(), "the header claims 662372470 bytes", "more than"}));
+  EXPECT_TRUE(mentions(error_reading(std::string("\x93NUMPY\x02\x00\x00\x02\x00\x00", 12) +
+                                     "{'descr'"),
+                       {path.str(), "truncated", "the header claims 512 bytes, only 8 follow"}));
 }
 
 TEST(Npy, KeepsOtherDtypesAsBytesButMakesTensorsOnlyOfTensorDtypes) {

@@ -27,6 +27,8 @@ using io_detail::fail;
 // ---- the header: a Python dict literal ------------------------------------------------
 
 // The Python literals a .npy header can contain.
+struct PyEntry;  // a dict's key and its value (defined below: PyValue is incomplete here)
+
 struct PyValue {
   enum class Kind { string, integer, boolean, none, sequence, dict };
   Kind kind = Kind::none;
@@ -34,7 +36,12 @@ struct PyValue {
   std::int64_t integer = 0;                              // integer
   bool boolean = false;                                  // boolean
   std::vector<PyValue> items;                            // sequence: tuple or list
-  std::vector<std::pair<std::string, PyValue>> entries;  // dict, in file order
+  std::vector<PyEntry> entries;                          // dict, in file order
+};
+
+struct PyEntry {
+  std::string key;
+  PyValue value;
 };
 
 // A recursive-descent parser for the literal subset NumPy writes: dicts, tuples,
@@ -80,11 +87,12 @@ class PyLiteralParser {
       PyValue key = parse_value();
       if (key.kind != PyValue::Kind::string) error("dict keys must be strings");
       for (const auto& entry : dict.entries) {
-        if (entry.first == key.text) error("duplicate key '" + key.text + "'");
+        if (entry.key == key.text) error("duplicate key '" + key.text + "'");
       }
       if (peek() != ':') error("expected ':'");
       ++pos_;
-      dict.entries.emplace_back(key.text, parse_value());
+      PyValue value = parse_value();
+      dict.entries.push_back({key.text, std::move(value)});
       if (!consume_separator('}')) break;
     }
     ++pos_;  // '}'
@@ -221,7 +229,7 @@ std::int64_t checked_byte_count(const std::vector<std::int64_t>& shape, std::siz
 
 const PyValue& dict_entry(const PyValue& dict, const std::string& key, const std::string& path) {
   for (const auto& entry : dict.entries) {
-    if (entry.first == key) return entry.second;
+    if (entry.key == key) return entry.value;
   }
   fail(path, "the .npy header has no '" + key + "' entry");
 }
@@ -230,8 +238,8 @@ const PyValue& dict_entry(const PyValue& dict, const std::string& key, const std
 void read_header_dict(const PyValue& header, const std::string& path, NpyArray& array) {
   if (header.kind != PyValue::Kind::dict) fail(path, "the .npy header is not a dict");
   for (const auto& entry : header.entries) {
-    if (entry.first != "descr" && entry.first != "fortran_order" && entry.first != "shape") {
-      fail(path, "unexpected key '" + entry.first + "' in the .npy header");
+    if (entry.key != "descr" && entry.key != "fortran_order" && entry.key != "shape") {
+      fail(path, "unexpected key '" + entry.key + "' in the .npy header");
     }
   }
   const PyValue& descr = dict_entry(header, "descr", path);
@@ -306,6 +314,10 @@ std::size_t NpyArray::itemsize() const { return parse_dtype(dtype, "npy array").
 
 // ---- reading --------------------------------------------------------------------------
 
+/// The longest header read_npy accepts: 1 MiB (a real header holds a dtype and a shape in
+/// well under 1 KiB; NumPy's own reader stops at 10000 bytes by default).
+constexpr std::uint32_t kMaxHeaderLength = std::uint32_t{1} << 20;
+
 NpyArray read_npy(const std::string& path) {
   std::ifstream in = io_detail::open_for_reading(path, ".npy file");
 
@@ -322,7 +334,21 @@ NpyArray read_npy(const std::string& path) {
   const std::size_t length_bytes = major == 1 ? 2 : 4;
   unsigned char length_field[4];
   read_exactly(in, length_field, length_bytes, path, "the header length");
-  std::string header(little_endian_u32(length_field, length_bytes), '\0');
+  // The header's length is checked against the file and a limit before a byte of it is
+  // allocated: a corrupt length must not make the reader allocate gigabytes.
+  const std::uint32_t header_length = little_endian_u32(length_field, length_bytes);
+  if (header_length > kMaxHeaderLength) {
+    fail(path, "the header claims " + std::to_string(header_length) + " bytes, more than the " +
+                   std::to_string(kMaxHeaderLength) + " this reader accepts");
+  }
+  std::error_code file_error;
+  const auto file_length = std::filesystem::file_size(path, file_error);
+  const auto header_start = static_cast<std::uintmax_t>(in.tellg());
+  if (!file_error && file_length - header_start < header_length) {
+    fail(path, "truncated .npy file: the header claims " + std::to_string(header_length) +
+                   " bytes, only " + std::to_string(file_length - header_start) + " follow");
+  }
+  std::string header(header_length, '\0');
   read_exactly(in, header.data(), header.size(), path, "the header");
 
   NpyArray array;

@@ -87,13 +87,20 @@ void append_utf8(std::string& out, std::uint32_t code) {
 // ---- a minimal JSON reader ------------------------------------------------------------
 
 // The JSON a safetensors header uses: objects, arrays, strings and integers.
+struct JsonMember;  // a key and its value (defined below: JsonValue is incomplete here)
+
 struct JsonValue {
   enum class Kind { object, array, string, integer };
   Kind kind = Kind::object;
   std::string text;                                        // string
   std::int64_t integer = 0;                                // integer
   std::vector<JsonValue> items;                            // array
-  std::vector<std::pair<std::string, JsonValue>> members;  // object, in file order
+  std::vector<JsonMember> members;                         // object, in file order
+};
+
+struct JsonMember {
+  std::string key;
+  JsonValue value;
 };
 
 class JsonParser {
@@ -152,10 +159,11 @@ class JsonParser {
       if (peek() != '"') error("expected a string key");
       std::string key = parse_string();
       for (const auto& member : object.members) {
-        if (member.first == key) error("duplicate key \"" + key + "\"");
+        if (member.key == key) error("duplicate key \"" + key + "\"");
       }
       expect(':');
-      object.members.emplace_back(std::move(key), parse_value(depth + 1));
+      JsonValue value = parse_value(depth + 1);
+      object.members.push_back({std::move(key), std::move(value)});
       if (peek() == '}') break;
       expect(',');
     }
