@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Installs the Debian packages bigbatch builds, tests and benchmarks with, if missing.
+# Installs the Debian packages bigbatch builds, tests and benchmarks with, if missing;
+# given package names, installs those instead (scripts/fuzz.sh: clang and libFuzzer).
 # The CUDA toolkit is not installed here: the build uses it when nvcc is on PATH (or in
 # /usr/local/cuda/bin) and builds the CPU backend alone otherwise.
 # Optional, and not installed here for its size (about 640 MB installed, 150 MB to
@@ -9,6 +10,7 @@ set -euo pipefail
 
 packages=(build-essential cmake googletest libgtest-dev libbenchmark-dev zlib1g-dev
           libopenblas-dev dataset-fashion-mnist doxygen libcli11-dev)
+(($#)) && packages=("$@")
 missing=()
 for package in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" ||

@@ -124,12 +124,16 @@ TEST(Snapshot, AResumedRunIsTheUninterruptedOneBitForBit) {
   }
 }
 
-TEST(Snapshot, AChangedSettingIsRefusedByName) {
-  const testing::TemporaryDirectory folder;
+/// The snapshot of a run after its first step, written in `folder`.
+std::string snapshot_after_one_step(const testing::TemporaryDirectory& folder) {
   TinyRun first;
   first.trainer.step();
-  const std::string path =
-      Snapshots(folder.str(), 1).write(first.model, first.optimizer, first.trainer, kConfig);
+  return Snapshots(folder.str(), 1).write(first.model, first.optimizer, first.trainer, kConfig);
+}
+
+TEST(Snapshot, AChangedSettingIsRefusedByName) {
+  const testing::TemporaryDirectory folder;
+  const std::string path = snapshot_after_one_step(folder);
   TinyRun other;
   const auto before = everything(other);
   RunConfig changed = kConfig;
@@ -174,10 +178,7 @@ TEST(Snapshot, TheFolderKeepsTheNewestAndForgetsPartialWrites) {
 
 TEST(Snapshot, ADamagedFileIsRefusedAndChangesNothing) {
   const testing::TemporaryDirectory folder;
-  TinyRun first;
-  first.trainer.step();
-  const std::string path =
-      Snapshots(folder.str(), 1).write(first.model, first.optimizer, first.trainer, kConfig);
+  const std::string path = snapshot_after_one_step(folder);
   const std::string bytes = testing::read_file(path);
   testing::write_file(path, bytes.substr(0, bytes.size() - 100));  // cut short
   TinyRun other;
