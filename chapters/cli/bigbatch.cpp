@@ -731,7 +731,9 @@ int run_train(const TrainOptions& options) {
   std::int64_t resumed_at = 0;
   std::string last_snapshot;
   if (!options.resume.empty()) {
-    const std::optional<train::SnapshotFile> latest = snapshots->latest();
+    // From the --resume folder, even when --snapshot-dir sends new snapshots elsewhere.
+    const std::optional<train::SnapshotFile> latest =
+        train::Snapshots(options.resume, options.snapshot_keep).latest();
     if (!latest) {
       throw UsageError("--resume " + options.resume + ": no snapshot (step-*.safetensors) in it");
     }

@@ -70,4 +70,10 @@ cat changed.err
 [ "$code" -eq 2 ] || fail "a changed --seed: exit code $code, not 2"
 grep -q -- 'written with --seed 0, this run has --seed 1' changed.err ||
   fail "a changed --seed is not named"
+# --resume from one folder while --snapshot-dir writes to another: it starts from the
+# --resume folder's newest snapshot, which the other folder does not have.
+"$bigbatch" train $run --resume snaps --snapshot-dir elsewhere --log other.jsonl > other.txt ||
+  fail "resuming into another snapshot folder failed"
+grep -q "^resumed from snaps/step-00000300\.safetensors after step 300 of 300$" other.txt ||
+  fail "--resume with --snapshot-dir elsewhere did not start from the --resume folder"
 echo "killed $kills times with SIGKILL ($midwrite of them left a snapshot half written), stopped once by SIGTERM after step $stopped: the parameters and all $(wc -l < straight.jsonl) log lines equal the uninterrupted run's"
