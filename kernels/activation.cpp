@@ -99,43 +99,31 @@ void map_backward(const Tensor& x, const Tensor& dy, const Tensor& dx, const F& 
   });
 }
 
-/// Calls body(T{}) with T the C++ type of `dtype` (f32, f16 or f64).
-template <class Body>
-void with_element_type(DType dtype, const Body& body) {
-  switch (dtype) {
-    case DType::f32: return body(float{});
-    case DType::f16: return body(f16{});
-    case DType::f64: return body(double{});
-    case DType::i32: break;
-  }
-  BIGBATCH_CHECK(false, "activation: unsupported dtype ", dtype_name(dtype));
-}
-
 }  // namespace
 
 void gelu_forward(const Tensor& x, const Tensor& y) {
-  with_element_type(x.dtype(), [&](auto element) {
+  with_float_type("gelu_forward", x.dtype(), [&](auto element) {
     using T = decltype(element);
     map_forward<T>(x, y, [](auto v) { return math::gelu(v); });
   });
 }
 
 void gelu_backward(const Tensor& x, const Tensor& dy, const Tensor& dx) {
-  with_element_type(x.dtype(), [&](auto element) {
+  with_float_type("gelu_backward", x.dtype(), [&](auto element) {
     using T = decltype(element);
     map_backward<T>(x, dy, dx, [](auto v, auto g) { return g * math::gelu_derivative(v); });
   });
 }
 
 void relu_forward(const Tensor& x, const Tensor& y) {
-  with_element_type(x.dtype(), [&](auto element) {
+  with_float_type("relu_forward", x.dtype(), [&](auto element) {
     using T = decltype(element);
     map_forward<T>(x, y, [](auto v) { return math::relu(v); });
   });
 }
 
 void relu_backward(const Tensor& x, const Tensor& dy, const Tensor& dx) {
-  with_element_type(x.dtype(), [&](auto element) {
+  with_float_type("relu_backward", x.dtype(), [&](auto element) {
     using T = decltype(element);
     map_backward<T>(x, dy, dx, [](auto v, auto g) { return math::relu_backward_of(v, g); });
   });

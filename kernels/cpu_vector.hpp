@@ -6,6 +6,7 @@
 // - float <-> binary16 conversions that vectorise, and the loads and stores of the
 //   element types built on them;
 // - the parallel chunk size of these loops;
+// - with_float_type, the dispatch from a tensor's dtype to its C++ element type;
 // - check_same_or_disjoint, the argument check of an op that may work in place.
 //
 // For the kernels' .cpp files, the tests and the benchmarks; not part of any op's API.
@@ -17,6 +18,7 @@
 #include <cstring>
 #include <string_view>
 
+#include "common/check.hpp"
 #include "common/half.hpp"
 #include "common/tensor.hpp"
 #include "kernels/scalar_math.hpp"
@@ -161,6 +163,19 @@ void run_vectorized(const Loop& loop) {
 /// small next to the chunk's work (64 Ki floats take about 10 us to stream), small
 /// enough that a 1 MiB buffer already splits across four threads.
 inline constexpr std::int64_t kElementwiseGrain = 1 << 16;
+
+/// Calls body(T{}) with T the C++ element type of `dtype` (float, f16 or double); an
+/// integer dtype is refused naming `op` (the ops' argument checks refuse it first).
+template <class Body>
+void with_float_type(const char* op, DType dtype, const Body& body) {
+  switch (dtype) {
+    case DType::f32: return body(float{});
+    case DType::f16: return body(f16{});
+    case DType::f64: return body(double{});
+    case DType::i32: break;
+  }
+  BIGBATCH_CHECK(false, op, ": unsupported dtype ", dtype_name(dtype));
+}
 
 }  // namespace cpu
 }  // namespace bigbatch

@@ -315,18 +315,6 @@ void apply_dropout(const Tensor& in, const Tensor& out, const DropoutSpec& spec)
   });
 }
 
-/// Calls body(T{}) with T the C++ type of `dtype` (f32, f16 or f64).
-template <class Body>
-void with_float_type(const char* op, DType dtype, const Body& body) {
-  switch (dtype) {
-    case DType::f32: return body(float{});
-    case DType::f16: return body(f16{});
-    case DType::f64: return body(double{});
-    case DType::i32: break;
-  }
-  BIGBATCH_CHECK(false, op, ": unsupported dtype ", dtype_name(dtype));
-}
-
 /// A value rounded to T as storing it would, and read back in ComputeType<T>.
 template <class T, class A>
 A rounded(A value) {
@@ -398,13 +386,9 @@ void fused_backward(const Tensor& x, const Tensor& dy, const Tensor& dx, const T
 }
 
 void dropout_typed(const Tensor& in, const Tensor& out, const DropoutSpec& spec) {
-  switch (in.dtype()) {
-    case DType::f32: return apply_dropout<float>(in, out, spec);
-    case DType::f16: return apply_dropout<f16>(in, out, spec);
-    case DType::f64: return apply_dropout<double>(in, out, spec);
-    case DType::i32: break;
-  }
-  BIGBATCH_CHECK(false, "dropout: unsupported ", in.describe());
+  with_float_type("dropout", in.dtype(), [&](auto element) {
+    apply_dropout<decltype(element)>(in, out, spec);
+  });
 }
 
 }  // namespace

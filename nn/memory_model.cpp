@@ -156,9 +156,7 @@ Bytes ModelLedger::block_forward(std::int64_t index, Bytes h, BlockBytes& saved,
   return output;
 }
 
-Bytes ModelLedger::block_backward(std::int64_t index, const BlockBytes& saved,
-                                  const Bytes& d_output) {
-  (void)d_output;  // held by the caller throughout, as in Model::block_backward
+Bytes ModelLedger::block_backward(std::int64_t index, const BlockBytes& saved) {
   const std::string block = "block " + std::to_string(index) + " backward: ";
   const std::size_t state = hidden_state_bytes(), inner = state * to_size(config_.expansion);
   const Bytes d_hidden = workspace(inner, block + "fc2's input gradient");
@@ -254,7 +252,7 @@ StepPrediction predict_step(const ModelConfig& c, std::int64_t batch, std::int64
       dh = runner->backward(model, std::move(dh));
     } else {
       for (std::int64_t i = c.depth; i-- > 0;) {
-        dh = model.block_backward(i, blocks[to_size(i)], dh);
+        dh = model.block_backward(i, blocks[to_size(i)]);
         blocks[to_size(i)] = BlockBytes{};
       }
     }

@@ -125,9 +125,9 @@ class ModelLedger {
   /// named so in the moment).
   MemoryLedger::Bytes block_forward(std::int64_t index, MemoryLedger::Bytes h, BlockBytes& saved,
                                     BlockKeep keep, bool recompute);
-  /// Model::block_backward: returns d_input.
-  MemoryLedger::Bytes block_backward(std::int64_t index, const BlockBytes& saved,
-                                     const MemoryLedger::Bytes& d_output);
+  /// Model::block_backward: returns d_input (the gradient of the block's output stays the
+  /// caller's, held throughout, so it is not an argument here).
+  MemoryLedger::Bytes block_backward(std::int64_t index, const BlockBytes& saved);
   /// A copy of a hidden state h_i into MemoryCategory::checkpoints.
   MemoryLedger::Bytes checkpoint(std::int64_t state);
 
