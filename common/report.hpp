@@ -15,6 +15,8 @@
 #include <string>
 #include <utility>
 
+#include "common/json.hpp"
+
 namespace bigbatch {
 
 /// Counts a demo's checks, prints each with its verdict, and turns the result into the
@@ -80,12 +82,12 @@ inline std::optional<int> parse_demo_options(int argc, char** argv, const std::s
   return std::nullopt;
 }
 
-/// Writes `json` to the --write-data file when one was given; false (with a message on
+/// Writes `data` to the --write-data file when one was given; false (with a message on
 /// stderr) when it cannot be written.
-inline bool write_demo_data(const DemoOptions& options, const std::string& json) {
+inline bool write_demo_data(const DemoOptions& options, const Json& data) {
   if (options.data_file.empty()) return true;
   std::ofstream out(options.data_file);
-  out << json << "\n";
+  out << data.dump() << "\n";
   if (!out) std::fprintf(stderr, "cannot write %s\n", options.data_file.c_str());
   return static_cast<bool>(out);
 }

@@ -9,7 +9,8 @@
 set -euo pipefail
 
 packages=(build-essential cmake googletest libgtest-dev libbenchmark-dev zlib1g-dev
-          libopenblas-dev dataset-fashion-mnist doxygen libcli11-dev)
+          libopenblas-dev dataset-fashion-mnist doxygen libcli11-dev
+          nlohmann-json3-dev)
 (($#)) && packages=("$@")
 missing=()
 for package in "${packages[@]}"; do

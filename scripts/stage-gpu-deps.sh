@@ -3,8 +3,9 @@
 #
 # Usage: scripts/stage-gpu-deps.sh [PREFIX]      (default: build-deps)
 #
-# Copies GoogleTest, Google Benchmark and zlib (headers, libraries, CMake package files)
-# from this machine's Debian packages into PREFIX, keeping their relative layout, so that
+# Copies GoogleTest, Google Benchmark, zlib, CLI11 and nlohmann-json (headers, libraries,
+# CMake package files) from this machine's Debian packages into PREFIX, keeping their
+# relative layout, so that
 # scripts/gpu-check.sh can build the project on a machine that has CUDA but cannot
 # install packages: carry PREFIX there and pass it as BIGBATCH_DEPS_PREFIX.
 set -euo pipefail
@@ -14,8 +15,10 @@ scripts/install-deps.sh
 
 multiarch=lib/x86_64-linux-gnu
 rm -rf "$prefix"
-mkdir -p "$prefix/include" "$prefix/$multiarch/cmake"
-cp -r /usr/include/gtest /usr/include/gmock /usr/include/benchmark "$prefix/include/"
+mkdir -p "$prefix/include" "$prefix/$multiarch/cmake" "$prefix/share/cmake"
+cp -r /usr/include/gtest /usr/include/gmock /usr/include/benchmark /usr/include/CLI \
+      /usr/include/nlohmann "$prefix/include/"
+cp -r /usr/share/cmake/nlohmann_json "$prefix/share/cmake/"
 cp /usr/include/zlib.h /usr/include/zconf.h "$prefix/include/"
 cp -P /usr/$multiarch/libgtest*.a /usr/$multiarch/libgmock*.a "$prefix/$multiarch/"
 cp -P /usr/$multiarch/libbenchmark* /usr/$multiarch/libz.a "$prefix/$multiarch/"

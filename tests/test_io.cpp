@@ -12,6 +12,7 @@
 
 #include "common/io/npy.hpp"
 #include "common/io/safetensors.hpp"
+#include "common/json.hpp"
 #include "tests/harness.hpp"
 #include "tests/temp_files.hpp"
 
@@ -394,6 +395,17 @@ TEST(Safetensors, RefusesBrokenFilesNamingTheRule) {
   EXPECT_TRUE(mentions(error_loading(safetensors_file("{\"__metadata__\":{\"k\":1}}", "")),
                        {path.str(), "must be a string"}));
   EXPECT_TRUE(mentions(error_loading(safetensors_file("{\"\xff\":1}", "")), {path.str(), "UTF-8"}));
+  // The limits the library leaves to its user: nesting depth and integers beyond int64.
+  const std::string deep = std::string(100, '[') + std::string(100, ']');
+  EXPECT_TRUE(mentions(error_loading(safetensors_file("{\"__metadata__\":" + deep + "}", "")),
+                       {path.str(), "deeper than 64"}));
+  EXPECT_TRUE(mentions(error_loading(safetensors_file(
+                           "{" + entry("a", "F32", "[9223372036854775808]", 0, 8) + "}",
+                           std::string(8, '\0'))),
+                       {path.str(), "\"a\"", "too large"}));
+  EXPECT_TRUE(mentions(error_loading(safetensors_file("{" + entry("a", "F32", "[-2]", 0, 8) + "}",
+                                                      std::string(8, '\0'))),
+                       {path.str(), "non-negative"}));
 
   // Truncations: inside the length, inside the header, inside the buffer.
   save_safetensors(path.str(), {{"w", varied_tensor({4, 5}, DType::f32, 7)}});
@@ -408,6 +420,43 @@ TEST(Safetensors, RefusesBrokenFilesNamingTheRule) {
   EXPECT_TRUE(mentions(error_loading(huge_header), {path.str(), "100 MB"}));
   EXPECT_TRUE(mentions(error_of([] { load_safetensors("/nonexistent/w.safetensors"); }),
                        {"/nonexistent/w.safetensors", "cannot open"}));
+}
+
+TEST(Safetensors, RefusesToWriteNamesThatAreNotUtf8) {
+  TemporaryPath path("latin1.safetensors");
+  EXPECT_THROW(save_safetensors(path.str(), {{"b\xe9ta", varied_tensor({1}, DType::f32, 1)}}),
+               std::invalid_argument);
+  EXPECT_THROW(save_safetensors(path.str(), {}, {{"note", "caf\xe9"}}), std::invalid_argument);
+  EXPECT_FALSE(std::filesystem::exists(path.str()));
+  EXPECT_FALSE(std::filesystem::exists(path.str() + ".tmp"));
+}
+
+// ---- the JSON rules every reader and writer shares (common/json.hpp) ----
+
+TEST(Json, WritesAFloatWithItsShortestDigits) {
+  EXPECT_EQ(json_float(0.1f).dump(), "0.1");  // the double 0.1f is 0.100000001490116...
+  EXPECT_EQ(json_float(1e-3f).dump(), "0.001");
+  EXPECT_EQ(json_float(1073741824.0f).dump(), "1073741824.0");  // 2^30, exactly
+  EXPECT_EQ(json_float(-3.4028235e38f).dump(), "-3.4028235e+38");
+  EXPECT_EQ(json_float(1.17549435e-38f).dump(), "1.1754944e-38");
+  EXPECT_EQ(json_float(std::numeric_limits<float>::quiet_NaN()).dump(), "null");
+  EXPECT_EQ(json_float(-std::numeric_limits<float>::infinity()).dump(), "null");
+  // Read back, every one of these digit strings is the float it came from.
+  for (const float value : {0.1f, 1e-3f, 0.3159999847f, 65504.0f, 5.96046448e-8f}) {
+    EXPECT_EQ(static_cast<float>(Json::parse(json_float(value).dump()).get<double>()), value);
+  }
+}
+
+TEST(Json, ParsingLimitsDepthAndRefusesRepeatedKeys) {
+  const auto problem = [](const std::string& text, int depth) {
+    return error_of([&] { parse_json_limited(text, depth, "test.json"); });
+  };
+  EXPECT_EQ(parse_json_limited(R"({"a":{"a":1},"b":[{"a":2}]})", 3, "x").dump(),
+            R"({"a":{"a":1},"b":[{"a":2}]})");  // one key in different objects is fine
+  EXPECT_TRUE(mentions(problem(R"({"a":1,"b":{"c":2,"c":3}})", 8), {"test.json", "duplicate key \"c\""}));
+  EXPECT_TRUE(mentions(problem("[[[1]]]", 2), {"test.json", "deeper than 2"}));
+  EXPECT_EQ(parse_json_limited("[[1]]", 2, "x").dump(), "[[1]]");
+  EXPECT_TRUE(mentions(problem(R"({"a" 1})", 8), {"test.json", "parse error"}));
 }
 
 TEST(Safetensors, ValidatesButRefusesToLoadDtypesWithoutATensorType) {

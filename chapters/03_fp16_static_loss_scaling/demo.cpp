@@ -106,14 +106,11 @@ std::map<int, std::int64_t> log2_histogram(const Tensor& x) {
   return counts;
 }
 
-std::string json_histogram(const std::map<int, std::int64_t>& counts) {
-  std::ostringstream out;
-  out << '{';
-  for (auto it = counts.begin(); it != counts.end(); ++it) {
-    out << (it == counts.begin() ? "" : ",") << '"' << it->first << "\":" << it->second;
-  }
-  out << '}';
-  return out.str();
+/// {"-12": 3, "-11": 40, ...}: the histogram as a JSON object keyed by the exponent.
+bb::Json json_histogram(const std::map<int, std::int64_t>& counts) {
+  bb::Json object = bb::Json::object();
+  for (const auto& [exponent, count] : counts) object[std::to_string(exponent)] = count;
+  return object;
 }
 
 Lost lost_in_f16(const Tensor& x) {
@@ -138,7 +135,7 @@ Lost lost_in_f16(const Tensor& x) {
 /// For the figure (notebooks/mixed_precision.ipynb): per effective batch B, the log2
 /// histogram of |dlogits| without scaling and with S = B, and the shares lost in f16.
 void underflow_grows_with_the_batch(bb::SelfCheck& report, const bb::baseline::Data& data,
-                                    std::ostringstream& figure_data) {
+                                    bb::Json& figure_data) {
   report.section("(b) The problem: the loss's gradient carries 1/B, and fp16 stops at 2^-24");
   // dlogits = S (p - y) / B for 256 real samples of a batch of B (the global count), as the
   // first gradient of the backward pass; the f16 cast is where small values are lost.
@@ -149,28 +146,28 @@ void underflow_grows_with_the_batch(bb::SelfCheck& report, const bb::baseline::D
   report.note("fraction of the nonzero dlogits that become 0 / subnormal in f16:");
   double lost_at[3] = {0, 0, 0};
   int i = 0;
-  figure_data << "\"dlogits\":[";
+  bb::Json& rows = figure_data["dlogits"] = bb::Json::array();
   for (const std::int64_t b : {256, 4096, 65536}) {
     bb::cross_entropy_backward(logits, batch.labels, dlogits, static_cast<float>(b));
     const Lost unscaled = lost_in_f16(dlogits);
-    const std::string unscaled_histogram = json_histogram(log2_histogram(dlogits));
+    const bb::Json unscaled_histogram = json_histogram(log2_histogram(dlogits));
     const float scale = static_cast<float>(b);  // S = B makes dlogits S (p - y) / B = p - y
     bb::cross_entropy_backward(logits, batch.labels, dlogits, static_cast<float>(b), scale);
     const Lost scaled = lost_in_f16(dlogits);
-    figure_data << (i == 0 ? "" : ",") << "{\"batch\":" << b << ",\"scale\":" << scale
-                << ",\"zero\":" << unscaled.zero << ",\"subnormal\":" << unscaled.subnormal
-                << ",\"scaled_zero\":" << scaled.zero
-                << ",\"scaled_subnormal\":" << scaled.subnormal
-                << ",\"log2_histogram\":" << unscaled_histogram
-                << ",\"scaled_log2_histogram\":" << json_histogram(log2_histogram(dlogits))
-                << "}";
+    rows.push_back({{"batch", b},
+                    {"scale", bb::json_float(scale)},
+                    {"zero", unscaled.zero},
+                    {"subnormal", unscaled.subnormal},
+                    {"scaled_zero", scaled.zero},
+                    {"scaled_subnormal", scaled.subnormal},
+                    {"log2_histogram", unscaled_histogram},
+                    {"scaled_log2_histogram", json_histogram(log2_histogram(dlogits))}});
     report.note("  B = " + std::to_string(b) + ":  S = 1: " + number(100 * unscaled.zero, "%.1f") +
                 "% zero, " + number(100 * unscaled.subnormal, "%.1f") + "% subnormal;  S = " +
                 std::to_string(b) + ": " + number(100 * scaled.zero, "%.1f") + "% zero, " +
                 number(100 * scaled.subnormal, "%.1f") + "% subnormal");
     lost_at[i++] = unscaled.zero + unscaled.subnormal;
   }
-  figure_data << "]";
   report.check(lost_at[0] < lost_at[1] && lost_at[1] < lost_at[2],
                "the share lost to f16 grows with the effective batch");
 
@@ -251,10 +248,9 @@ int main(int argc, char** argv) {
   const bb::baseline::Data data = bb::baseline::load_data(quick);
   bb::SelfCheck report("chapter 03");
   memory_halves(report, data);
-  std::ostringstream figure_data;
-  figure_data.precision(9);  // scales and losses as floats print back exactly
+  bb::Json figure_data = bb::Json::object();
   underflow_grows_with_the_batch(report, data, figure_data);
   scale_too_large(report, data);
-  if (!bb::write_demo_data(options, "{" + figure_data.str() + "}")) return 1;
+  if (!bb::write_demo_data(options, figure_data)) return 1;
   return report.finish();
 }

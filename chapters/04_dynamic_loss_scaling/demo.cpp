@@ -51,7 +51,7 @@ void the_rule(bb::SelfCheck& report) {
   bool as_expected = true;
   for (std::size_t k = 0; k < overflows.size(); ++k) {
     const auto update = scaler.update(overflows[k]);
-    line += " " + number(update.next_scale) + (update.overflow ? "(skip)" : "");
+    line.append(" ").append(number(update.next_scale)).append(update.overflow ? "(skip)" : "");
     as_expected &= update.next_scale == expected_next[k];
   }
   report.note(line);
@@ -62,7 +62,7 @@ void the_rule(bb::SelfCheck& report) {
 /// figure_data gets the run's trajectory (per step: the scale used, whether the step was
 /// skipped, the loss) for notebooks/mixed_precision.ipynb.
 void trains_from_a_scale_too_large(bb::SelfCheck& report, const bb::baseline::Data& data,
-                                   bool quick, std::ostringstream& figure_data) {
+                                   bool quick, bb::Json& figure_data) {
   namespace base = bb::baseline;
   const std::int64_t batch = base::kBatchThatFits, micro = 64, steps = quick ? 30 : 120;
   report.section("(b) fp16, batch " + std::to_string(batch) + " as micro-batches of " +
@@ -87,9 +87,10 @@ void trains_from_a_scale_too_large(bb::SelfCheck& report, const bb::baseline::Da
       backoffs += update.next_scale < update.scale_used;
       return !update.overflow;
     });
-    figure_data << (k == 0 ? "" : ",") << "{\"step\":" << k + 1 << ",\"scale\":" << scale
-                << ",\"skipped\":" << (skipped ? "true" : "false") << ",\"loss\":" << loss
-                << "}";
+    figure_data.push_back({{"step", k + 1},
+                           {"scale", bb::json_float(scale)},
+                           {"skipped", skipped},
+                           {"loss", bb::json_float(loss)}});
     if (!skipped) {
       losses.push_back(loss);
       if (first_taken < 0) first_taken = k;
@@ -244,10 +245,9 @@ int main(int argc, char** argv) {
   const bb::baseline::Data data = bb::baseline::load_data(quick);
   bb::SelfCheck report("chapter 04");
   the_rule(report);
-  std::ostringstream figure_data;
-  figure_data.precision(9);  // scales and losses as floats print back exactly
+  bb::Json figure_data = bb::Json::array();
   trains_from_a_scale_too_large(report, data, quick, figure_data);
   the_boundary(report, data);
-  if (!bb::write_demo_data(options, "{\"trajectory\":[" + figure_data.str() + "]}")) return 1;
+  if (!bb::write_demo_data(options, {{"trajectory", figure_data}})) return 1;
   return report.finish();
 }

@@ -128,7 +128,7 @@ std::size_t step_bytes(const bb::nn::StepPrediction& p) {
 }
 
 void deep_model(bb::SelfCheck& report, const bb::Tensor& x, const bb::Tensor& labels,
-                bool quick, std::string& figure_data) {
+                bool quick, bb::Json& figure_data) {
   const std::int64_t depth = 32;
   report.section("(c) Depth 32, batch " + std::to_string(x.dim(0)) +
                  ": every policy against no checkpointing, measured and predicted");
@@ -152,12 +152,12 @@ void deep_model(bb::SelfCheck& report, const bb::Tensor& x, const bb::Tensor& la
     if (policy == "sqrt") sqrt_bytes = m.activation_bytes;
     if (policy == "optimal:2") optimal_bytes = m.activation_bytes;
     if (policy == "selective") selective_bytes = m.activation_bytes;
-    figure_data += std::string(figure_data.empty() ? "" : ",") + "{\"policy\":\"" + policy +
-                   "\",\"activation_bytes\":" + std::to_string(m.activation_bytes) +
-                   ",\"step_bytes\":" + std::to_string(m.step_bytes) +
-                   ",\"predicted_step_bytes\":" + std::to_string(step_bytes(predicted)) +
-                   ",\"block_forwards\":" + std::to_string(m.block_forwards) +
-                   ",\"time_ratio\":" + number(m.seconds / none.seconds, "%.4f") + "}";
+    figure_data.push_back({{"policy", policy},
+                           {"activation_bytes", m.activation_bytes},
+                           {"step_bytes", m.step_bytes},
+                           {"predicted_step_bytes", step_bytes(predicted)},
+                           {"block_forwards", m.block_forwards},
+                           {"time_ratio", m.seconds / none.seconds}});
     std::printf("   %-14s %12s %7s %12s %12s %9lld %5sx\n", policy.c_str(),
                 bb::format_bytes(m.activation_bytes).c_str(),
                 number(static_cast<double>(none.activation_bytes) /
@@ -229,11 +229,11 @@ int main(int argc, char** argv) {
   bb::SelfCheck report("chapter 05");
   the_problem(report, x, labels);
   the_schedules(report);
-  std::string figure_data;
+  bb::Json figure_data = bb::Json::array();
   deep_model(report, x, labels, options.quick, figure_data);
   budget(report, x, labels);
-  if (!bb::write_demo_data(options, "{\"depth\":32,\"batch\":" + std::to_string(batch) +
-                                        ",\"policies\":[" + figure_data + "]}")) {
+  if (!bb::write_demo_data(options,
+                           {{"depth", 32}, {"batch", batch}, {"policies", figure_data}})) {
     return 1;
   }
   return report.finish();

@@ -31,6 +31,7 @@
 #include "common/data/dataset.hpp"
 #include "common/format.hpp"
 #include "common/io/safetensors.hpp"
+#include "common/json.hpp"
 #include "common/memory.hpp"
 #include "chapters/05_activation_checkpointing/memory_plan.hpp"
 #include "chapters/05_activation_checkpointing/scheduled_runner.hpp"
@@ -208,26 +209,34 @@ nn::Optimizer::Options optimizer_options(const TrainOptions& options) {
 }
 
 /// {"parameters":123,"master_weights":0,...}: the device's categories (not host_data).
-std::string bytes_json(const MemoryStats::PerCategory& bytes) {
-  std::ostringstream out;
-  out << '{';
-  bool first = true;
+Json bytes_json(const MemoryStats::PerCategory& bytes) {
+  Json object = Json::object();
   for (std::size_t c = 0; c < kNumMemoryCategories; ++c) {
     const auto category = static_cast<MemoryCategory>(c);
-    if (!counts_on_device(category)) continue;
-    out << (first ? "" : ",") << '"' << category_name(category) << "\":" << bytes[c];
-    first = false;
+    if (counts_on_device(category)) object[category_name(category)] = bytes[c];
   }
-  out << '}';
-  return out.str();
+  return object;
 }
 
-/// A float as JSON: NaN and infinities (a diverged run) become null.
-std::string json_number(double value) {
-  if (!std::isfinite(value)) return "null";
-  char text[32];
-  std::snprintf(text, sizeof text, "%.9g", value);
-  return text;
+/// One line of --log: the step's record; a float that is not finite (a diverged run)
+/// is written null. The gradient norm appears when it was measured.
+Json log_line(const train::StepRecord& record, double elapsed_seconds, bool norm_measured) {
+  Json line = {{"step", record.step},
+               {"epoch", record.epoch},
+               {"loss", json_float(record.loss)},
+               {"lr", record.learning_rate},
+               {"samples", record.samples},
+               {"time_s", elapsed_seconds},
+               {"step_time_s", record.seconds},
+               {"loss_scale", json_float(record.loss_scale)},
+               {"skipped", record.skipped}};
+  if (norm_measured) {
+    line["grad_norm"] = json_float(record.grad_norm);
+    line["clip_factor"] = json_float(record.clip_factor);
+  }
+  line["peak_bytes_total"] = record.memory.peak_total;
+  line["peak_bytes"] = bytes_json(record.memory.at_peak);
+  return line;
 }
 
 /// 75 s as "1:15", 4000 s as "1:06:40".
@@ -593,12 +602,12 @@ void truncate_log(const std::string& path, std::int64_t last) {
   if (!in) return;
   std::string kept, line;
   while (std::getline(in, line)) {
-    const std::string prefix = "{\"step\":";
-    if (line.rfind(prefix, 0) != 0) continue;
-    std::int64_t step = 0;
-    const char* first = line.data() + prefix.size();
-    const auto [end, error] = std::from_chars(first, line.data() + line.size(), step);
-    if (error != std::errc() || step > last) continue;
+    // A line cut short by the kill that stopped the run does not parse: it goes.
+    const Json parsed = Json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (!parsed.is_object() || !parsed.contains("step") || !parsed["step"].is_number_integer() ||
+        parsed["step"].get<std::int64_t>() > last) {
+      continue;
+    }
     kept += line + "\n";
   }
   const std::string temporary = path + ".tmp";
@@ -845,30 +854,16 @@ int run_train(const TrainOptions& options) {
       last_scale = record.loss_scale;
       skipped = record.skipped_steps;
       progress.update(record);
-      std::string evaluation;
+      Json line = log_line(record, progress.elapsed(), norm_measured);
       if (options.eval_every > 0 && splits.test && record.step % options.eval_every == 0) {
         const nn::EvaluationResult test = nn::evaluate(model, *splits.test, micro_batch);
         progress.break_line();
         std::cout << "step " << record.step << ": test loss " << test.loss << ", accuracy "
                   << test.accuracy << "\n";
-        evaluation = ",\"test_loss\":" + json_number(test.loss) +
-                     ",\"test_accuracy\":" + json_number(test.accuracy);
+        line["test_loss"] = test.loss;
+        line["test_accuracy"] = test.accuracy;
       }
-      if (log.is_open()) {
-        log << "{\"step\":" << record.step << ",\"epoch\":" << json_number(record.epoch)
-            << ",\"loss\":" << json_number(record.loss) << ",\"lr\":"
-            << json_number(record.learning_rate) << ",\"samples\":" << record.samples
-            << ",\"time_s\":" << json_number(progress.elapsed())
-            << ",\"step_time_s\":" << json_number(record.seconds)
-            << ",\"loss_scale\":" << json_number(record.loss_scale)
-            << ",\"skipped\":" << (record.skipped ? "true" : "false")
-            << (!norm_measured
-                    ? std::string()
-                    : ",\"grad_norm\":" + json_number(record.grad_norm) +
-                          ",\"clip_factor\":" + json_number(record.clip_factor))
-            << ",\"peak_bytes_total\":" << record.memory.peak_total
-            << ",\"peak_bytes\":" << bytes_json(record.memory.at_peak) << evaluation << "}\n";
-      }
+      if (log.is_open()) log << line.dump() << '\n';
       const bool stop = g_stop_signal != 0;
       if (snapshots && (stop || (options.snapshot_every > 0 &&
                                  record.step % options.snapshot_every == 0))) {

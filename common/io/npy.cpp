@@ -24,6 +24,37 @@ constexpr std::size_t kDataAlignment = 64;  // NumPy starts the data at a multip
 
 using io_detail::fail;
 
+// The first position at or after `pos` that is not a space, tab, line feed or carriage
+// return.
+std::size_t skip_whitespace(std::string_view text, std::size_t pos) {
+  while (pos < text.size() &&
+         (text[pos] == ' ' || text[pos] == '\t' || text[pos] == '\n' || text[pos] == '\r')) {
+    ++pos;
+  }
+  return pos;
+}
+
+// Reads an optional '-' and decimal digits at text[pos] into `value`, moving `pos` past
+// them. Returns nullptr, or what is wrong ("expected digits", "integer too large") with
+// `pos` at the character where reading stopped. text[pos] must exist.
+const char* scan_integer(std::string_view text, std::size_t& pos, std::int64_t& value) {
+  const bool negative = text[pos] == '-';
+  if (negative) ++pos;
+  const std::size_t first_digit = pos;
+  std::int64_t magnitude = 0;
+  while (pos < text.size() && text[pos] >= '0' && text[pos] <= '9') {
+    const int digit = text[pos] - '0';
+    if (magnitude > (std::numeric_limits<std::int64_t>::max() - digit) / 10) {
+      return "integer too large";
+    }
+    magnitude = magnitude * 10 + digit;
+    ++pos;
+  }
+  if (pos == first_digit) return "expected digits";
+  value = negative ? -magnitude : magnitude;
+  return nullptr;
+}
+
 // ---- the header: a Python dict literal ------------------------------------------------
 
 // The Python literals a .npy header can contain.
@@ -52,7 +83,7 @@ class PyLiteralParser {
 
   PyValue parse_whole() {
     PyValue value = parse_value();
-    pos_ = io_detail::skip_whitespace(text_, pos_);
+    pos_ = skip_whitespace(text_, pos_);
     if (pos_ != text_.size()) error("unexpected text after the header dict");
     return value;
   }
@@ -64,7 +95,7 @@ class PyLiteralParser {
   }
 
   char peek() {
-    pos_ = io_detail::skip_whitespace(text_, pos_);
+    pos_ = skip_whitespace(text_, pos_);
     if (pos_ >= text_.size()) error("unexpected end");
     return text_[pos_];
   }
@@ -144,7 +175,7 @@ class PyLiteralParser {
   PyValue parse_integer() {
     PyValue integer;
     integer.kind = PyValue::Kind::integer;
-    if (const char* problem = io_detail::scan_integer(text_, pos_, integer.integer)) error(problem);
+    if (const char* problem = scan_integer(text_, pos_, integer.integer)) error(problem);
     if (pos_ < text_.size() && (text_[pos_] == 'L' || text_[pos_] == 'l')) ++pos_;  // Python 2
     return integer;
   }

@@ -15,6 +15,7 @@
 #include <string_view>
 
 #include "common/io/file_format_reading.hpp"
+#include "common/json.hpp"
 
 namespace bigbatch {
 namespace {
@@ -26,275 +27,10 @@ static_assert(std::endian::native == std::endian::little,
 // make the reader parse gigabytes of JSON).
 constexpr std::uint64_t kMaxHeaderBytes = 100'000'000;
 constexpr std::size_t kHeaderAlignment = 8;
-constexpr std::string_view kMetadataKey = "__metadata__";
+constexpr const char* kMetadataKey = "__metadata__";
+constexpr int kMaxDepth = 64;  // a real header nests 3 levels; deeper is an attack
 
 using io_detail::fail;
-
-// ---- UTF-8 ----------------------------------------------------------------------------
-
-// True when `text` is well-formed UTF-8 (no overlong forms, no surrogates, <= U+10FFFF).
-bool is_valid_utf8(std::string_view text) {
-  std::size_t i = 0;
-  while (i < text.size()) {
-    const auto lead = static_cast<unsigned char>(text[i]);
-    std::size_t length;
-    std::uint32_t code;
-    if (lead < 0x80) {
-      ++i;
-      continue;
-    } else if ((lead & 0xE0) == 0xC0) {
-      length = 2, code = lead & 0x1F;
-    } else if ((lead & 0xF0) == 0xE0) {
-      length = 3, code = lead & 0x0F;
-    } else if ((lead & 0xF8) == 0xF0) {
-      length = 4, code = lead & 0x07;
-    } else {
-      return false;
-    }
-    if (i + length > text.size()) return false;
-    for (std::size_t k = 1; k < length; ++k) {
-      const auto next = static_cast<unsigned char>(text[i + k]);
-      if ((next & 0xC0) != 0x80) return false;
-      code = (code << 6) | (next & 0x3F);
-    }
-    constexpr std::uint32_t smallest[5] = {0, 0, 0x80, 0x800, 0x10000};
-    if (code < smallest[length] || code > 0x10FFFF || (code >= 0xD800 && code <= 0xDFFF)) {
-      return false;
-    }
-    i += length;
-  }
-  return true;
-}
-
-void append_utf8(std::string& out, std::uint32_t code) {
-  if (code < 0x80) {
-    out.push_back(static_cast<char>(code));
-  } else if (code < 0x800) {
-    out.push_back(static_cast<char>(0xC0 | (code >> 6)));
-    out.push_back(static_cast<char>(0x80 | (code & 0x3F)));
-  } else if (code < 0x10000) {
-    out.push_back(static_cast<char>(0xE0 | (code >> 12)));
-    out.push_back(static_cast<char>(0x80 | ((code >> 6) & 0x3F)));
-    out.push_back(static_cast<char>(0x80 | (code & 0x3F)));
-  } else {
-    out.push_back(static_cast<char>(0xF0 | (code >> 18)));
-    out.push_back(static_cast<char>(0x80 | ((code >> 12) & 0x3F)));
-    out.push_back(static_cast<char>(0x80 | ((code >> 6) & 0x3F)));
-    out.push_back(static_cast<char>(0x80 | (code & 0x3F)));
-  }
-}
-
-// ---- a minimal JSON reader ------------------------------------------------------------
-
-// The JSON a safetensors header uses: objects, arrays, strings and integers.
-struct JsonMember;  // a key and its value (defined below: JsonValue is incomplete here)
-
-struct JsonValue {
-  enum class Kind { object, array, string, integer };
-  Kind kind = Kind::object;
-  std::string text;                                        // string
-  std::int64_t integer = 0;                                // integer
-  std::vector<JsonValue> items;                            // array
-  std::vector<JsonMember> members;                         // object, in file order
-};
-
-struct JsonMember {
-  std::string key;
-  JsonValue value;
-};
-
-class JsonParser {
- public:
-  JsonParser(std::string_view text, const std::string& path) : text_(text), path_(path) {}
-
-  JsonValue parse_whole() {
-    JsonValue value = parse_value(0);
-    pos_ = io_detail::skip_whitespace(text_, pos_);
-    if (pos_ != text_.size()) error("unexpected text after the header object");
-    return value;
-  }
-
- private:
-  static constexpr int kMaxDepth = 64;  // deeper nesting is never a real header
-
-  [[noreturn]] void error(const std::string& what) const {
-    fail(path_, "malformed safetensors header JSON: " + what + " at byte " + std::to_string(pos_));
-  }
-
-  char peek() {
-    pos_ = io_detail::skip_whitespace(text_, pos_);
-    if (pos_ >= text_.size()) error("unexpected end");
-    return text_[pos_];
-  }
-
-  void expect(char c) {
-    if (peek() != c) error(std::string("expected '") + c + "'");
-    ++pos_;
-  }
-
-  JsonValue parse_value(int depth) {
-    if (depth > kMaxDepth) error("nesting too deep");
-    const char c = peek();
-    if (c == '{') return parse_object(depth);
-    if (c == '[') return parse_array(depth);
-    if (c == '"') {
-      JsonValue string;
-      string.kind = JsonValue::Kind::string;
-      string.text = parse_string();
-      return string;
-    }
-    if (c == '-' || (c >= '0' && c <= '9')) return parse_integer();
-    error("expected an object, an array, a string or an integer");
-  }
-
-  JsonValue parse_object(int depth) {
-    JsonValue object;
-    object.kind = JsonValue::Kind::object;
-    expect('{');
-    if (peek() == '}') {
-      ++pos_;
-      return object;
-    }
-    while (true) {
-      if (peek() != '"') error("expected a string key");
-      std::string key = parse_string();
-      for (const auto& member : object.members) {
-        if (member.key == key) error("duplicate key \"" + key + "\"");
-      }
-      expect(':');
-      JsonValue value = parse_value(depth + 1);
-      object.members.push_back({std::move(key), std::move(value)});
-      if (peek() == '}') break;
-      expect(',');
-    }
-    ++pos_;
-    return object;
-  }
-
-  JsonValue parse_array(int depth) {
-    JsonValue array;
-    array.kind = JsonValue::Kind::array;
-    expect('[');
-    if (peek() == ']') {
-      ++pos_;
-      return array;
-    }
-    while (true) {
-      array.items.push_back(parse_value(depth + 1));
-      if (peek() == ']') break;
-      expect(',');
-    }
-    ++pos_;
-    return array;
-  }
-
-  std::uint32_t parse_hex4() {
-    if (pos_ + 4 > text_.size()) error("truncated \\u escape");
-    std::uint32_t code = 0;
-    for (int k = 0; k < 4; ++k) {
-      const char h = text_[pos_++];
-      const int digit = (h >= '0' && h <= '9')   ? h - '0'
-                        : (h >= 'a' && h <= 'f') ? h - 'a' + 10
-                        : (h >= 'A' && h <= 'F') ? h - 'A' + 10
-                                                 : -1;
-      if (digit < 0) error("bad hex digit in \\u escape");
-      code = code * 16 + static_cast<std::uint32_t>(digit);
-    }
-    return code;
-  }
-
-  // A \uXXXX escape, joining a UTF-16 surrogate pair into one code point.
-  std::uint32_t parse_unicode_escape() {
-    const std::uint32_t first = parse_hex4();
-    if (first >= 0xDC00 && first <= 0xDFFF) error("lone low surrogate");
-    if (first < 0xD800 || first > 0xDBFF) return first;
-    if (text_.substr(pos_, 2) != "\\u") error("high surrogate without its low half");
-    pos_ += 2;
-    const std::uint32_t second = parse_hex4();
-    if (second < 0xDC00 || second > 0xDFFF) error("high surrogate without its low half");
-    return 0x10000 + ((first - 0xD800) << 10) + (second - 0xDC00);
-  }
-
-  std::string parse_string() {
-    ++pos_;  // opening quote
-    std::string text;
-    while (true) {
-      if (pos_ >= text_.size()) error("unterminated string");
-      const char c = text_[pos_++];
-      if (c == '"') return text;
-      if (static_cast<unsigned char>(c) < 0x20) error("raw control character in a string");
-      if (c != '\\') {
-        text.push_back(c);
-        continue;
-      }
-      if (pos_ >= text_.size()) error("unterminated string");
-      switch (const char escaped = text_[pos_++]) {
-        case '"':
-        case '\\':
-        case '/': text.push_back(escaped); break;
-        case 'b': text.push_back('\b'); break;
-        case 'f': text.push_back('\f'); break;
-        case 'n': text.push_back('\n'); break;
-        case 'r': text.push_back('\r'); break;
-        case 't': text.push_back('\t'); break;
-        case 'u': append_utf8(text, parse_unicode_escape()); break;
-        default: error(std::string("unknown escape \\") + escaped);
-      }
-    }
-  }
-
-  JsonValue parse_integer() {
-    JsonValue integer;
-    integer.kind = JsonValue::Kind::integer;
-    const std::size_t first_digit = text_[pos_] == '-' ? pos_ + 1 : pos_;
-    if (const char* problem = io_detail::scan_integer(text_, pos_, integer.integer)) error(problem);
-    if (text_[first_digit] == '0' && pos_ - first_digit > 1) error("leading zero");
-    if (pos_ < text_.size() && (text_[pos_] == '.' || text_[pos_] == 'e' || text_[pos_] == 'E')) {
-      error("numbers in a safetensors header must be integers");
-    }
-    return integer;
-  }
-
-  std::string_view text_;
-  const std::string& path_;
-  std::size_t pos_ = 0;
-};
-
-// ---- a minimal JSON writer ------------------------------------------------------------
-
-void append_json_string(std::string& out, std::string_view text) {
-  out.push_back('"');
-  for (const char c : text) {
-    switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
-      case '\b': out += "\\b"; break;
-      case '\f': out += "\\f"; break;
-      default:
-        if (static_cast<unsigned char>(c) < 0x20) {
-          constexpr char hex[] = "0123456789abcdef";
-          out += "\\u00";
-          out.push_back(hex[(c >> 4) & 0xF]);
-          out.push_back(hex[c & 0xF]);
-        } else {
-          out.push_back(c);  // UTF-8 passes through unescaped, as serde_json writes it
-        }
-    }
-  }
-  out.push_back('"');
-}
-
-void append_json_integers(std::string& out, const std::vector<std::int64_t>& values) {
-  out.push_back('[');
-  for (std::size_t i = 0; i < values.size(); ++i) {
-    if (i) out.push_back(',');
-    out += std::to_string(values[i]);
-  }
-  out.push_back(']');
-}
 
 // ---- dtypes ---------------------------------------------------------------------------
 
@@ -336,41 +72,45 @@ struct Header {
   std::uint64_t buffer_start = 0;  // 8 + N: where the byte buffer begins in the file
 };
 
-std::vector<std::int64_t> integer_array(const JsonValue& value, const std::string& what,
+std::vector<std::int64_t> integer_array(const Json& value, const std::string& what,
                                         const std::string& path) {
-  if (value.kind != JsonValue::Kind::array) fail(path, what + " must be an array of integers");
+  if (!value.is_array()) fail(path, what + " must be an array of integers");
   std::vector<std::int64_t> integers;
-  for (const JsonValue& item : value.items) {
-    if (item.kind != JsonValue::Kind::integer || item.integer < 0) {
-      fail(path, what + " must hold non-negative integers");
+  for (const Json& item : value) {
+    // Non-negative integers parse as unsigned; negative ones, fractions and exponents
+    // do not.
+    if (!item.is_number_unsigned()) fail(path, what + " must hold non-negative integers");
+    const auto integer = item.get<std::uint64_t>();
+    if (integer > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())) {
+      fail(path, what + " holds an integer too large");
     }
-    integers.push_back(item.integer);
+    integers.push_back(static_cast<std::int64_t>(integer));
   }
   return integers;
 }
 
-std::map<std::string, std::string> read_metadata(const JsonValue& value, const std::string& path) {
-  if (value.kind != JsonValue::Kind::object) fail(path, "\"__metadata__\" must be an object");
+std::map<std::string, std::string> read_metadata(const Json& value, const std::string& path) {
+  if (!value.is_object()) fail(path, "\"__metadata__\" must be an object");
   std::map<std::string, std::string> metadata;
-  for (const auto& [key, entry] : value.members) {
-    if (entry.kind != JsonValue::Kind::string) {
+  for (const auto& [key, entry] : value.items()) {
+    if (!entry.is_string()) {
       fail(path, "\"__metadata__\" value of \"" + key + "\" must be a string");
     }
-    metadata[key] = entry.text;
+    metadata[key] = entry.get<std::string>();
   }
   return metadata;
 }
 
-TensorEntry read_tensor_entry(const std::string& name, const JsonValue& value,
+TensorEntry read_tensor_entry(const std::string& name, const Json& value,
                               const std::string& path) {
   const std::string where = "tensor \"" + name + "\"";
-  if (value.kind != JsonValue::Kind::object) fail(path, where + " must be an object");
+  if (!value.is_object()) fail(path, where + " must be an object");
   TensorEntry entry{name, "", {}, 0, 0};
   bool has_dtype = false, has_shape = false, has_offsets = false;
-  for (const auto& [key, field] : value.members) {
+  for (const auto& [key, field] : value.items()) {
     if (key == "dtype") {
-      if (field.kind != JsonValue::Kind::string) fail(path, where + ": dtype must be a string");
-      entry.dtype = field.text;
+      if (!field.is_string()) fail(path, where + ": dtype must be a string");
+      entry.dtype = field.get<std::string>();
       has_dtype = true;
     } else if (key == "shape") {
       entry.shape = integer_array(field, where + ": shape", path);
@@ -470,13 +210,19 @@ Header read_header(std::ifstream& in, const std::string& path) {
   std::string text(header_bytes, '\0');
   in.read(text.data(), static_cast<std::streamsize>(header_bytes));
   if (!in) fail(path, std::string("reading the header failed: ") + std::strerror(errno));
-  if (!is_valid_utf8(text)) fail(path, "the header is not valid UTF-8");
   if (text.empty() || text[0] != '{') fail(path, "the header does not start with '{'");
 
-  const JsonValue root = JsonParser(text, path).parse_whole();
+  // The library checks the syntax and that strings are UTF-8; the limits are ours.
+  const Json root = [&] {
+    try {
+      return parse_json_limited(text, kMaxDepth, "malformed safetensors header JSON");
+    } catch (const std::runtime_error& error) {
+      fail(path, error.what());
+    }
+  }();
   Header header;
   header.buffer_start = 8 + header_bytes;
-  for (const auto& [name, value] : root.members) {
+  for (const auto& [name, value] : root.items()) {
     if (name == kMetadataKey) {
       header.metadata = read_metadata(value, path);
     } else {
@@ -521,31 +267,20 @@ struct PlannedTensor {
 
 std::string build_header(const std::vector<PlannedTensor>& plan,
                          const std::map<std::string, std::string>& metadata) {
-  std::string json = "{";
-  if (!metadata.empty()) {
-    append_json_string(json, kMetadataKey);
-    json += ":{";
-    bool first = true;
-    for (const auto& [key, value] : metadata) {
-      if (!first) json.push_back(',');
-      first = false;
-      append_json_string(json, key);
-      json.push_back(':');
-      append_json_string(json, value);
-    }
-    json += "}";
-  }
+  Json header = Json::object();
+  if (!metadata.empty()) header[kMetadataKey] = metadata;
   for (const PlannedTensor& item : plan) {
-    if (json.size() > 1) json.push_back(',');
-    append_json_string(json, *item.name);
-    json += ":{\"dtype\":\"" + safetensors_dtype_of(item.tensor->dtype()) + "\",\"shape\":";
-    append_json_integers(json, item.tensor->shape());
-    json += ",\"data_offsets\":";
-    append_json_integers(
-        json, {static_cast<std::int64_t>(item.begin), static_cast<std::int64_t>(item.end)});
-    json += "}";
+    header[*item.name] = {{"dtype", safetensors_dtype_of(item.tensor->dtype())},
+                          {"shape", item.tensor->shape()},
+                          {"data_offsets", {item.begin, item.end}}};
   }
-  json += "}";
+  std::string json;
+  try {
+    json = header.dump();  // compact, UTF-8 unescaped, as the reference writer does
+  } catch (const Json::type_error&) {
+    throw std::invalid_argument(
+        "save_safetensors: a tensor name or metadata entry is not valid UTF-8");
+  }
   json.append((kHeaderAlignment - json.size() % kHeaderAlignment) % kHeaderAlignment, ' ');
   return json;
 }
@@ -556,7 +291,6 @@ std::vector<PlannedTensor> plan_layout(const std::vector<std::pair<std::string, 
     BIGBATCH_CHECK(tensor.defined(), "save_safetensors: tensor \"", name, "\" is undefined");
     BIGBATCH_CHECK(!name.empty() && name != kMetadataKey, "save_safetensors: \"", name,
                    "\" cannot name a tensor");
-    BIGBATCH_CHECK(is_valid_utf8(name), "save_safetensors: tensor name is not valid UTF-8");
     plan.push_back({&name, &tensor, 0, 0});
   }
   // Larger elements first, then by name: each tensor starts aligned to its element size.
@@ -588,10 +322,6 @@ void save_safetensors(const std::string& path,
                       const std::vector<std::pair<std::string, Tensor>>& tensors,
                       const std::map<std::string, std::string>& metadata) {
   check_unique_names(tensors);
-  for (const auto& [key, value] : metadata) {
-    BIGBATCH_CHECK(is_valid_utf8(key) && is_valid_utf8(value),
-                   "save_safetensors: metadata is not valid UTF-8");
-  }
   const std::vector<PlannedTensor> plan = plan_layout(tensors);
   const std::string header = build_header(plan, metadata);
   const std::uint64_t header_bytes = header.size();  // little-endian, as the host

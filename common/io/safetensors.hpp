@@ -20,7 +20,7 @@
 //
 // The reader checks what the reference implementation checks, and says which rule a
 // file broke: the header fits in the file and is at most 100 MB, is a JSON object
-// without duplicate keys, every dtype is known and every data_offsets range holds
+// (parsed by nlohmann-json, nested at most 64 deep) without duplicate keys, every dtype is known and every data_offsets range holds
 // exactly shape x element size bytes, the ranges lie inside the buffer, do not overlap,
 // leave no gaps, and cover the buffer to its last byte. Tensors of dtypes F32, F16, F64
 // and I32 are loaded (other dtypes, e.g. BF16, are refused by name).
