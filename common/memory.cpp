@@ -7,7 +7,6 @@
 #include <new>
 #include <sstream>
 
-#include "common/cuda_runtime.hpp"
 #include "common/format.hpp"
 
 namespace bigbatch {
@@ -18,6 +17,37 @@ constexpr std::size_t kCpuAlignment = 64;
 std::size_t index_of(MemoryCategory c) { return static_cast<std::size_t>(c); }
 
 }  // namespace
+
+TrackingAllocator::TrackingAllocator(Device device)
+    : TrackingAllocator(device, device.is_cuda() ? make_cuda_memory_source() : nullptr) {}
+
+TrackingAllocator::TrackingAllocator(Device device, std::unique_ptr<DeviceMemorySource> source)
+    : device_(device), source_(std::move(source)) {
+  if (source_) cache_ = std::make_unique<CachingAllocator>(*source_);
+}
+
+TrackingAllocator::~TrackingAllocator() = default;  // cache_ empties itself before source_ goes
+
+void* TrackingAllocator::allocate_block_locked(std::size_t bytes) {
+  if (cache_) return cache_->allocate(bytes);
+  const std::size_t rounded = (bytes + kCpuAlignment - 1) / kCpuAlignment * kCpuAlignment;
+  void* pointer = rounded < bytes ? nullptr : std::aligned_alloc(kCpuAlignment, rounded);
+  if (pointer != nullptr) {
+    cpu_reserved_ += rounded;
+    stats_.driver_allocations += 1;
+  }
+  return pointer;
+}
+
+void TrackingAllocator::update_reserved_locked() {
+  if (cache_) {
+    stats_.reserved_total = cache_->reserved_bytes();
+    stats_.driver_allocations = cache_->source_allocations();
+  } else {
+    stats_.reserved_total = cpu_reserved_;
+  }
+  if (stats_.reserved_total > stats_.reserved_peak) stats_.reserved_peak = stats_.reserved_total;
+}
 
 void* TrackingAllocator::allocate(std::size_t bytes, MemoryCategory category) {
   if (bytes == 0) return nullptr;
@@ -32,23 +62,19 @@ void* TrackingAllocator::allocate(std::size_t bytes, MemoryCategory category) {
             << describe_live_locked() << ")";
     throw OutOfMemoryError(message.str(), bytes, category);
   }
-  void* pointer = nullptr;
-  if (device_.is_cpu()) {
-    const std::size_t rounded = (bytes + kCpuAlignment - 1) / kCpuAlignment * kCpuAlignment;
-    pointer = std::aligned_alloc(kCpuAlignment, rounded);
-  } else {
-    pointer = cuda_rt::device_malloc(bytes);
-  }
+  void* pointer = allocate_block_locked(bytes);
+  update_reserved_locked();
   if (pointer == nullptr) {
     std::ostringstream message;
     message << "out of memory on " << device_.name() << ": the device refused "
             << format_bytes(bytes) << " (" << bytes << " bytes) of " << category_name(category)
             << " with " << format_bytes(stats_.live_total) << " live ("
             << describe_live_locked() << ")";
-    if (device_.is_cuda()) {
-      const auto info = cuda_rt::mem_info();
-      message << "; cudaMemGetInfo: " << format_bytes(info.free_bytes) << " free of "
-              << format_bytes(info.total_bytes);
+    if (cache_) {
+      message << "; the allocator's cache was emptied and the request retried";
+      if (const std::string remark = cache_->describe_source(); !remark.empty()) {
+        message << "; " << remark;
+      }
     }
     throw OutOfMemoryError(message.str(), bytes, category);
   }
@@ -68,14 +94,22 @@ void* TrackingAllocator::allocate(std::size_t bytes, MemoryCategory category) {
 void TrackingAllocator::deallocate(void* pointer, std::size_t bytes,
                                    MemoryCategory category) noexcept {
   if (pointer == nullptr) return;
-  if (device_.is_cpu()) {
-    std::free(pointer);
-  } else {
-    cuda_rt::device_free(pointer);
-  }
   std::lock_guard lock(mutex_);
+  if (cache_) {
+    cache_->deallocate(pointer);
+  } else {
+    std::free(pointer);
+    cpu_reserved_ -= (bytes + kCpuAlignment - 1) / kCpuAlignment * kCpuAlignment;
+  }
+  update_reserved_locked();
   stats_.live[index_of(category)] -= bytes;
   if (counts_on_device(category)) stats_.live_total -= bytes;
+}
+
+void TrackingAllocator::empty_cache() {
+  std::lock_guard lock(mutex_);
+  if (cache_) cache_->empty_cache();
+  update_reserved_locked();
 }
 
 MemoryStats TrackingAllocator::stats() const {
@@ -88,6 +122,7 @@ void TrackingAllocator::reset_peak() {
   stats_.peak = stats_.live;
   stats_.peak_total = stats_.live_total;
   stats_.at_peak = stats_.live;
+  stats_.reserved_peak = stats_.reserved_total;
 }
 
 void TrackingAllocator::set_cap(std::optional<std::size_t> cap) {
@@ -138,17 +173,24 @@ std::string TrackingAllocator::report() const {
   std::snprintf(line, sizeof line, "  %-16s %12s %14s\n", "total",
                 format_bytes(s.live_total).c_str(), format_bytes(s.peak_total).c_str());
   out << line;
-  if (device_.is_cuda()) {
-    const auto info = cuda_rt::mem_info();
-    out << "  cudaMemGetInfo: " << format_bytes(info.free_bytes) << " free of "
-        << format_bytes(info.total_bytes) << "\n";
+  std::snprintf(line, sizeof line, "  %-16s %12s %14s  %zu driver allocations\n", "reserved",
+                format_bytes(s.reserved_total).c_str(), format_bytes(s.reserved_peak).c_str(),
+                s.driver_allocations);
+  out << line;
+  std::string remark;
+  {
+    std::lock_guard lock(mutex_);
+    if (cache_) remark = cache_->describe_source();
   }
+  if (!remark.empty()) out << "  " << remark << "\n";
   return out.str();
 }
 
 TrackingAllocator& allocator_for(Device device) {
   static std::mutex mutex;
-  static std::map<std::pair<int, int>, std::unique_ptr<TrackingAllocator>> allocators;
+  // Never destroyed (memory.hpp says why); still reachable, so not a leak to sanitizers.
+  static auto& allocators =
+      *new std::map<std::pair<int, int>, std::unique_ptr<TrackingAllocator>>();
   std::lock_guard lock(mutex);
   auto& slot = allocators[{static_cast<int>(device.type), device.index}];
   if (!slot) slot = std::make_unique<TrackingAllocator>(device);

@@ -11,6 +11,16 @@
 // GPU would have failed. Counts are the bytes requested (no rounding, no allocator
 // overhead), so a predicted peak can be checked against the measured one to the byte.
 //
+// Device memory comes through a CachingAllocator (caching_allocator.hpp): freed blocks are
+// kept for reuse, so that after the first training step no step calls cudaMalloc or
+// cudaFree. The counts above stay the bytes requested; what the allocator holds from the
+// driver (blocks in use at their rounded size, plus cached blocks) is reported apart, as
+// reserved bytes, with the number of driver allocations, and empty_cache() gives the
+// cached blocks back. On the CPU nothing is cached: reserved is the live allocations
+// rounded to 64 bytes (the alignment). The cap limits the bytes requested, not reserved.
+// A real cudaMalloc failure first empties the cache and retries once, then throws the
+// same OutOfMemoryError as the cap (with what cudaMemGetInfo saw).
+//
 // One category stands apart: host_data, the data sets a run reads from. A GPU run keeps
 // them in host memory and copies one batch at a time to the device (that batch is
 // MemoryCategory::data), so host_data is counted in its own row but not in the totals,
@@ -22,12 +32,14 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <stdexcept>
 #include <string>
 #include <string_view>
 
+#include "common/caching_allocator.hpp"
 #include "common/device.hpp"
 
 namespace bigbatch {
@@ -79,6 +91,12 @@ struct MemoryStats {
   std::size_t live_total = 0;  ///< device bytes live now (every category but host_data)
   std::size_t peak_total = 0;  ///< the most device bytes ever live at once
   std::size_t allocation_count = 0;  ///< allocations made since construction
+  /// Bytes held from the driver now: blocks in use at their size class plus cached blocks
+  /// (CUDA); live allocations rounded to 64 bytes, host_data included (CPU). At least
+  /// live_total.
+  std::size_t reserved_total = 0;
+  std::size_t reserved_peak = 0;       ///< the most bytes ever reserved at once
+  std::size_t driver_allocations = 0;  ///< blocks obtained from the driver (cudaMalloc calls)
 
   /// live[c]: the bytes of category `c` allocated and not yet freed.
   std::size_t live_of(MemoryCategory c) const { return live[static_cast<std::size_t>(c)]; }
@@ -108,8 +126,14 @@ class OutOfMemoryError : public std::runtime_error {
 /// total, and an optional cap. Thread-safe; not copyable.
 class TrackingAllocator {
  public:
-  /// An allocator for `device` with nothing live and no cap.
-  explicit TrackingAllocator(Device device) : device_(device) {}
+  /// An allocator for `device` with nothing live and no cap; a CUDA device's memory comes
+  /// from cudaMalloc through a CachingAllocator.
+  explicit TrackingAllocator(Device device);
+  /// An allocator for `device` whose memory comes from `source` through a CachingAllocator
+  /// (tests pass a stand-in for the driver).
+  TrackingAllocator(Device device, std::unique_ptr<DeviceMemorySource> source);
+  /// Gives the cached blocks back (see allocator_for for the process-wide allocators).
+  ~TrackingAllocator();
   TrackingAllocator(const TrackingAllocator&) = delete;
   TrackingAllocator& operator=(const TrackingAllocator&) = delete;
 
@@ -127,6 +151,9 @@ class TrackingAllocator {
   void set_cap(std::optional<std::size_t> cap);
   /// The cap in bytes, or std::nullopt when there is none.
   std::optional<std::size_t> cap() const;
+  /// Gives every cached, unused block back to the driver (cudaFree); nothing on the CPU.
+  /// The next allocations of those sizes call the driver again.
+  void empty_cache();
   /// The device whose memory this allocator hands out.
   Device device() const { return device_; }
 
@@ -135,14 +162,23 @@ class TrackingAllocator {
 
  private:
   std::string describe_live_locked() const;
+  void* allocate_block_locked(std::size_t bytes);
+  void update_reserved_locked();
 
   Device device_;
+  std::unique_ptr<DeviceMemorySource> source_;  // nullptr on the CPU
+  std::unique_ptr<CachingAllocator> cache_;     // nullptr on the CPU
+  std::size_t cpu_reserved_ = 0;                // CPU: live bytes rounded to 64
   mutable std::mutex mutex_;
   MemoryStats stats_;
   std::optional<std::size_t> cap_;
 };
 
-/// The process-wide allocator of a device (one per device, created on first use).
+/// The process-wide allocator of a device (one per device, created on first use). These are
+/// never destroyed: a tensor destroyed late in the program's exit still finds its
+/// allocator, and no cudaFree runs from a static destructor after the CUDA runtime has
+/// shut down. Cached device memory goes back to the driver with the process (or earlier,
+/// through empty_cache()).
 TrackingAllocator& allocator_for(Device device);
 
 /// Sets a cap for the lifetime of the object and restores the previous one after.
