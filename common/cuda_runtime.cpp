@@ -24,9 +24,26 @@ void throw_on_error(cudaError_t status, const char* what) {
 
 bool compiled() { return true; }
 
-bool available(std::string* why_not) {
+/// cudaGetDeviceCount's answer, asked once per process (a thread-safe static): the answer
+/// does not change while the process runs, and every tensor constructor asks.
+struct DeviceCount {
+  cudaError_t status = cudaSuccess;
   int count = 0;
-  const cudaError_t status = cudaGetDeviceCount(&count);
+};
+
+const DeviceCount& device_count() {
+  static const DeviceCount answer = [] {
+    DeviceCount result;
+    result.status = cudaGetDeviceCount(&result.count);
+    if (result.status != cudaSuccess) cudaGetLastError();  // clear the sticky error
+    return result;
+  }();
+  return answer;
+}
+
+bool available(std::string* why_not) {
+  const cudaError_t status = device_count().status;
+  const int count = device_count().count;
   if (status != cudaSuccess || count == 0) {
     if (why_not != nullptr) {
       *why_not = status != cudaSuccess
@@ -35,7 +52,6 @@ bool available(std::string* why_not) {
                            "); is there a GPU with an NVIDIA driver on this machine?"
                      : std::string("no CUDA device present");
     }
-    cudaGetLastError();  // clear the sticky error left by the failed query
     return false;
   }
   return true;
@@ -53,10 +69,23 @@ void* device_malloc(std::size_t bytes) {
 void device_free(void* pointer) noexcept { cudaFree(pointer); }
 
 void memcpy(void* dst, const void* src, std::size_t bytes, CopyKind kind) {
-  const cudaMemcpyKind k = kind == CopyKind::host_to_device   ? cudaMemcpyHostToDevice
-                           : kind == CopyKind::device_to_host ? cudaMemcpyDeviceToHost
-                                                              : cudaMemcpyDeviceToDevice;
-  throw_on_error(cudaMemcpy(dst, src, bytes, k), "cudaMemcpy");
+  switch (kind) {
+    case CopyKind::host_to_device:
+      // Queued on the default stream: from pageable memory (every host buffer here) the call
+      // returns once the source is staged, so the caller may reuse it. cudaMemcpy syncs the
+      // stream first; the async form does not have to (CUDA's "API synchronization
+      // behavior" still allows the driver to wait when it stages pageable memory: only a
+      // pinned staging buffer would rule that out).
+      throw_on_error(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, 0),
+                     "cudaMemcpyAsync (host to device)");
+      return;
+    case CopyKind::device_to_host:
+      throw_on_error(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy");
+      return;
+    case CopyKind::device_to_device:
+      throw_on_error(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToDevice), "cudaMemcpy");
+      return;
+  }
 }
 
 void memset_zero(void* dst, std::size_t bytes) {

@@ -12,7 +12,8 @@ namespace bigbatch::cuda_rt {
 /// True when the build includes the CUDA backend.
 bool compiled();
 /// True when the CUDA backend is compiled in and at least one device answers.
-/// Otherwise false, with the reason in *why_not (if given).
+/// Otherwise false, with the reason in *why_not (if given). The device count is asked
+/// once per process (cudaGetDeviceCount) and remembered.
 bool available(std::string* why_not = nullptr);
 
 /// The direction of a memcpy().
@@ -21,7 +22,10 @@ enum class CopyKind { host_to_device, device_to_host, device_to_device };
 void* device_malloc(std::size_t bytes);  ///< nullptr when the device is full
 /// Frees memory from device_malloc(); errors are ignored.
 void device_free(void* pointer) noexcept;
-/// Copies `bytes` bytes from `src` to `dst` in the direction `kind` (cudaMemcpy).
+/// Copies `bytes` bytes from `src` to `dst` in the direction `kind`, in order with the
+/// kernels on the default stream. Host to device is queued (cudaMemcpyAsync; the pageable
+/// source may be reused on return) and need not wait for the device; device to host waits
+/// for the copy (and so for the work queued before it).
 void memcpy(void* dst, const void* src, std::size_t bytes, CopyKind kind);
 /// Sets `bytes` bytes of device memory at `dst` to zero.
 void memset_zero(void* dst, std::size_t bytes);

@@ -1,9 +1,9 @@
 // batchnorm.cu: BatchNorm over the batch on the GPU (the contract is in batchnorm.hpp).
 //
-// Every reduction over the batch is one thread per feature walking the rows in order with
-// unfused float operations (__fmul_rn, __fadd_rn): the same additions as the CPU reference,
-// in the same order, so the batch statistics and parameter gradients are the CPU's bit for
-// bit. The elementwise parts (y, dx, the running averages) are plain expressions, which nvcc
+// Every reduction over the batch follows reduction_order.hpp's order 1 (tiles of 32 rows
+// summed by many blocks into a partials buffer, then the tiles in order by one thread per
+// feature) with unfused float operations (__fmul_rn, __fadd_rn): deterministic, and the
+// same terms as the CPU reference, added in another order (rounding differences only). The elementwise parts (y, dx, the running averages) are plain expressions, which nvcc
 // may contract into fused multiply-adds: they differ from the CPU by rounding only.
 #include "kernels/batchnorm.hpp"
 #include "kernels/cuda_common.cuh"
@@ -11,25 +11,38 @@
 namespace bigbatch::cuda {
 namespace {
 
-/// Per feature j: mean, rstd (biased variance) and the running statistics.
+/// The statistics' terms for reduction_order.hpp's order 1: x itself while `mean` is null
+/// (the first pass), then the squared deviation (x - mean[j])^2.
 template <class T>
-__global__ void statistics_kernel(const T* x, float* mean, float* rstd, float* running_mean,
-                                  float* running_var, std::int64_t M, std::int64_t N,
-                                  float momentum, float eps) {
+struct StatisticsTerms {
+  const T* x;
+  const float* mean;  // nullptr in the first pass
+  std::int64_t N;
+  __device__ float operator()(int, std::int64_t i, std::int64_t j) const {
+    const float value = to_float(x[i * N + j]);
+    if (mean == nullptr) return value;
+    const float deviation = value - mean[j];
+    return __fmul_rn(deviation, deviation);
+  }
+};
+
+/// Per feature j: mean = (the tiles of x, in order) / M.
+__global__ void mean_fold_kernel(const float* partials, float* mean, std::int64_t tiles,
+                                 std::int64_t M, std::int64_t N) {
   for (const std::int64_t j : grid_stride(N)) {
-    float sum = 0.0f;
-#pragma unroll 8
-    for (std::int64_t i = 0; i < M; ++i) sum += to_float(x[i * N + j]);
-    const float mu = sum / static_cast<float>(M);
-    float squared_deviations = 0.0f;
-#pragma unroll 8
-    for (std::int64_t i = 0; i < M; ++i) {
-      const float deviation = to_float(x[i * N + j]) - mu;
-      squared_deviations = __fadd_rn(squared_deviations, __fmul_rn(deviation, deviation));
-    }
-    mean[j] = mu;
+    mean[j] = fold_column_tiles(0.0f, partials, tiles, N, j) / static_cast<float>(M);
+  }
+}
+
+/// Per feature j, from the tiles of the squared deviations: rstd (biased variance) and the
+/// running statistics.
+__global__ void variance_fold_kernel(const float* partials, const float* mean, float* rstd,
+                                     float* running_mean, float* running_var, std::int64_t tiles,
+                                     std::int64_t M, std::int64_t N, float momentum, float eps) {
+  for (const std::int64_t j : grid_stride(N)) {
+    const float squared_deviations = fold_column_tiles(0.0f, partials, tiles, N, j);
     rstd[j] = detail::inverse_std(squared_deviations / static_cast<float>(M), eps);
-    running_mean[j] = detail::running_average(running_mean[j], mu, momentum);
+    running_mean[j] = detail::running_average(running_mean[j], mean[j], momentum);
     running_var[j] = detail::running_average(
         running_var[j], squared_deviations / static_cast<float>(M - 1), momentum);
   }
@@ -55,29 +68,35 @@ __global__ void normalize_kernel(const T* x, const float* weight, const float* b
   }
 }
 
-/// Per feature j, rows in order: dbias += dy, dweight += dy * xhat, and the batch means
-/// of dy and dy * xhat that dx needs (mean_dy, mean_dy_xhat: [N] each).
+/// The backward's terms for reduction_order.hpp's order 1: k = 0 is dy, k = 1 is
+/// dy * xhat.
 template <class T>
-__global__ void feature_gradient_kernel(const T* x, const float* mean, const float* rstd,
-                                        const T* dy, float* dweight, float* dbias,
-                                        float* mean_dy, float* mean_dy_xhat, std::int64_t M,
-                                        std::int64_t N) {
+struct FeatureGradientTerms {
+  const T* x;
+  const float* mean;
+  const float* rstd;
+  const T* dy;
+  std::int64_t N;
+  __device__ float operator()(int k, std::int64_t i, std::int64_t j) const {
+    const float g = to_float(dy[i * N + j]);
+    if (k == 0) return g;
+    return __fmul_rn(g, detail::normalize(to_float(x[i * N + j]), mean[j], rstd[j]));
+  }
+};
+
+/// Per feature j, the tiles in order: dbias += dy, dweight += dy * xhat, and the batch means
+/// of dy and dy * xhat that dx needs (mean_dy, mean_dy_xhat: [N] each).
+__global__ void feature_gradient_fold_kernel(const float* partials, float* dweight, float* dbias,
+                                             float* mean_dy, float* mean_dy_xhat,
+                                             std::int64_t tiles, std::int64_t M,
+                                             std::int64_t N) {
+  const float* dy_tiles = partials;
+  const float* dy_xhat_tiles = partials + tiles * N;
   for (const std::int64_t j : grid_stride(N)) {
-    const float mu = mean[j], r = rstd[j];
-    float sum_g = 0.0f, sum_g_xhat = 0.0f, dw = dweight[j], db = dbias[j];
-#pragma unroll 8
-    for (std::int64_t i = 0; i < M; ++i) {
-      const float g = to_float(dy[i * N + j]);
-      const float g_xhat = __fmul_rn(g, detail::normalize(to_float(x[i * N + j]), mu, r));
-      sum_g = __fadd_rn(sum_g, g);
-      sum_g_xhat = __fadd_rn(sum_g_xhat, g_xhat);
-      db = __fadd_rn(db, g);
-      dw = __fadd_rn(dw, g_xhat);
-    }
-    dweight[j] = dw;
-    dbias[j] = db;
-    mean_dy[j] = sum_g / static_cast<float>(M);
-    mean_dy_xhat[j] = sum_g_xhat / static_cast<float>(M);
+    dbias[j] = fold_column_tiles(dbias[j], dy_tiles, tiles, N, j);
+    dweight[j] = fold_column_tiles(dweight[j], dy_xhat_tiles, tiles, N, j);
+    mean_dy[j] = fold_column_tiles(0.0f, dy_tiles, tiles, N, j) / static_cast<float>(M);
+    mean_dy_xhat[j] = fold_column_tiles(0.0f, dy_xhat_tiles, tiles, N, j) / static_cast<float>(M);
   }
 }
 
@@ -111,10 +130,21 @@ void forward_train_typed(const Tensor& x, const Tensor& weight, const Tensor& bi
                          float eps) {
   const std::int64_t M = x.dim(0), N = x.dim(1);
   if (N == 0) return;
-  statistics_kernel<T><<<grid_for(N, kFeatureThreads), kFeatureThreads>>>(
-      x.data<T>(), mean.data<float>(), rstd.data<float>(), running_mean.data<float>(),
-      running_var.data<float>(), M, N, momentum, eps);
-  BIGBATCH_CHECK_LAUNCH("batchnorm statistics_kernel");
+  const std::int64_t tiles = reduction_order::tile_count(M);
+  const Tensor partials({tiles, N}, DType::f32, x.device(), MemoryCategory::workspace);
+  launch_column_tile_sums<1>("batchnorm column_tile_sums_kernel (mean)",
+                             StatisticsTerms<T>{x.data<T>(), nullptr, N}, partials.data<float>(),
+                             M, N);
+  mean_fold_kernel<<<grid_for(N), kThreadsPerBlock>>>(partials.data<float>(), mean.data<float>(),
+                                                      tiles, M, N);
+  BIGBATCH_CHECK_LAUNCH("batchnorm mean_fold_kernel");
+  launch_column_tile_sums<1>("batchnorm column_tile_sums_kernel (variance)",
+                             StatisticsTerms<T>{x.data<T>(), mean.data<float>(), N},
+                             partials.data<float>(), M, N);
+  variance_fold_kernel<<<grid_for(N), kThreadsPerBlock>>>(
+      partials.data<float>(), mean.data<float>(), rstd.data<float>(), running_mean.data<float>(),
+      running_var.data<float>(), tiles, M, N, momentum, eps);
+  BIGBATCH_CHECK_LAUNCH("batchnorm variance_fold_kernel");
   launch_normalize<T>(x, weight, bias, mean.data<float>(), rstd.data<float>(), y);
 }
 
@@ -141,10 +171,17 @@ void backward_typed(const Tensor& x, const Tensor& weight, const Tensor& mean, c
   const Tensor batch_means({2, N}, DType::f32, x.device(), MemoryCategory::workspace);
   float* mean_dy = batch_means.data<float>();
   float* mean_dy_xhat = mean_dy + N;
-  feature_gradient_kernel<T><<<grid_for(N, kFeatureThreads), kFeatureThreads>>>(
-      x.data<T>(), mean.data<float>(), rstd.data<float>(), dy.data<T>(), dweight.data<float>(),
-      dbias.data<float>(), mean_dy, mean_dy_xhat, M, N);
-  BIGBATCH_CHECK_LAUNCH("batchnorm feature_gradient_kernel");
+  const std::int64_t tiles = reduction_order::tile_count(M);
+  const Tensor partials({2, tiles, N}, DType::f32, x.device(), MemoryCategory::workspace);
+  launch_column_tile_sums<2>(
+      "batchnorm column_tile_sums_kernel (gradients)",
+      FeatureGradientTerms<T>{x.data<T>(), mean.data<float>(), rstd.data<float>(), dy.data<T>(),
+                              N},
+      partials.data<float>(), M, N);
+  feature_gradient_fold_kernel<<<grid_for(N), kThreadsPerBlock>>>(
+      partials.data<float>(), dweight.data<float>(), dbias.data<float>(), mean_dy, mean_dy_xhat,
+      tiles, M, N);
+  BIGBATCH_CHECK_LAUNCH("batchnorm feature_gradient_fold_kernel");
   input_gradient_kernel<T><<<grid_for(M * N), kThreadsPerBlock>>>(
       x.data<T>(), weight.data<float>(), mean.data<float>(), rstd.data<float>(), dy.data<T>(),
       mean_dy, mean_dy_xhat, dx.data<T>(), M, N);

@@ -34,11 +34,15 @@
 // batch of one sample is rejected in training (its unbiased variance is 0/0).
 //
 // Arithmetic, as in layernorm.hpp: statistics in f32 (f64 for f64), two-pass variance,
-// rstd = 1 / sqrt(var + eps) correctly rounded. Every reduction over the batch (the
-// statistics, and dweight/dbias) walks the rows in order 0..M-1 with one float addition per
-// row; dweight and dbias start from the buffer's value:
+// rstd = 1 / sqrt(var + eps) correctly rounded. On the CPU every reduction over the batch
+// (the statistics, and dweight/dbias) walks the rows in order 0..M-1 with one float
+// addition per row; dweight and dbias start from the buffer's value:
 //     dweight[j] = dweight[j] + dy[i][j] * ((x[i][j] - mean[j]) * rstd[j])
 //     dbias[j]   = dbias[j]   + dy[i][j]
+// The CUDA backend adds the same terms in reduction_order.hpp's order 1 (tiles of 32 rows
+// summed in parallel, then the tiles in order; the sums that start from 0, the statistics
+// and the means dx needs, from the first tile): deterministic, and within rounding of the
+// CPU's order.
 //
 // The pitfall this op exists to show: the statistics belong to the batch that was passed.
 // Micro-batches of 64 normalise each sample with the micro-batch's mean and variance, so

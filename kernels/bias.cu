@@ -12,16 +12,21 @@ __global__ void add_bias_kernel(T* y, const float* bias, std::int64_t n, std::in
   }
 }
 
-// dy: [rows, cols], dbias: [cols]. One thread per column adds the rows in order (the
-// contract in bias.hpp); neighbouring threads read neighbouring columns, so each row's
-// reads coalesce.
+// bias_backward in reduction_order.hpp's order 1: the tile sums of dy (many blocks), then
+// dbias[j] += the tiles in order (one thread per column).
 template <class G>  // dy's element type, float or __half (widened exactly)
-__global__ void bias_backward_kernel(const G* dy, float* dbias, std::int64_t rows,
-                                     std::int64_t cols) {
+struct BiasGradientTerm {
+  const G* dy;
+  std::int64_t cols;
+  __device__ float operator()(int, std::int64_t i, std::int64_t j) const {
+    return to_float(dy[i * cols + j]);
+  }
+};
+
+__global__ void bias_fold_kernel(const float* partials, float* dbias, std::int64_t tiles,
+                                 std::int64_t cols) {
   for (const std::int64_t j : grid_stride(cols)) {
-    float sum = dbias[j];
-    for (std::int64_t i = 0; i < rows; ++i) sum = __fadd_rn(sum, to_float(dy[i * cols + j]));
-    dbias[j] = sum;
+    dbias[j] = fold_column_tiles(dbias[j], partials, tiles, cols, j);
   }
 }
 
@@ -38,13 +43,18 @@ void add_bias(const Tensor& y, const Tensor& bias) {
 }
 
 void bias_backward(const Tensor& dy, const Tensor& dbias) {
-  const std::int64_t cols = dy.dim(1);
-  if (cols == 0) return;
+  const std::int64_t rows = dy.dim(0), cols = dy.dim(1);
+  if (rows == 0 || cols == 0) return;
+  const std::int64_t tiles = reduction_order::tile_count(rows);
+  const Tensor partials({tiles, cols}, DType::f32, dy.device(), MemoryCategory::workspace);
   dispatch_f16_f32("bias_backward", dy.dtype(), [&]<class G>(ElementType<G>) {
-    bias_backward_kernel<<<grid_for(cols), kThreadsPerBlock>>>(
-        dy.data<G>(), dbias.data<float>(), dy.dim(0), cols);
+    launch_column_tile_sums<1>("bias_backward column_tile_sums_kernel",
+                               BiasGradientTerm<G>{dy.data<G>(), cols}, partials.data<float>(),
+                               rows, cols);
   });
-  BIGBATCH_CHECK_LAUNCH("bias_backward_kernel");
+  bias_fold_kernel<<<grid_for(cols), kThreadsPerBlock>>>(partials.data<float>(),
+                                                         dbias.data<float>(), tiles, cols);
+  BIGBATCH_CHECK_LAUNCH("bias_fold_kernel");
 }
 
 }  // namespace bigbatch::cuda

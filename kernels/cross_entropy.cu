@@ -1,10 +1,13 @@
 // cross_entropy.cu: softmax cross-entropy on the GPU (the contract is in cross_entropy.hpp).
 //
 // One block per row computes the row's max and sum of exponentials with fixed-tree block
-// reductions. The forward writes one loss per row to a workspace; a single thread then adds
-// them in row order, the order the CPU uses (the row losses themselves may differ from the
-// CPU's by rounding: tree reductions, expf/logf), and accumulates into the loss. The labels were
-// checked on the host by the dispatcher before any launch.
+// reductions. The forward writes one loss per row to a workspace, then sums them in
+// reduction_order.hpp's order 2: one block per chunk of 4096 rows writes the chunk's sum
+// over the chunk's first row loss (which it has read by then), and one block adds those
+// partials and accumulates into the loss. Deterministic; the CPU adds the rows in order,
+// so the two differ by rounding (as do the row losses: tree reductions, expf/logf).
+// The labels are not checked here (cross_entropy.hpp): a label outside [0, C) makes its
+// row's loss and gradient NaN, and nothing is read outside the row.
 #include "kernels/cross_entropy.hpp"
 #include "kernels/cuda_common.cuh"
 
@@ -29,6 +32,11 @@ __device__ void row_softmax_statistics(const T* row, std::int64_t C, float* max,
   *sum_exp = block_sum(local_sum);
 }
 
+/// Whether a label names a class of a row of C logits.
+__device__ inline bool label_in_range(std::int32_t label, std::int64_t C) {
+  return label >= 0 && label < C;
+}
+
 template <class T>
 __global__ void row_loss_kernel(const T* logits, const std::int32_t* labels, float* row_loss,
                                 std::int64_t M, std::int64_t C) {
@@ -37,17 +45,31 @@ __global__ void row_loss_kernel(const T* logits, const std::int32_t* labels, flo
     float max, sum_exp;
     row_softmax_statistics(row, C, &max, &sum_exp);
     if (threadIdx.x == 0) {
-      row_loss[i] = detail::cross_entropy_row_loss(max, to_float(row[labels[i]]), logf(sum_exp));
+      const std::int32_t label = labels[i];
+      row_loss[i] = label_in_range(label, C) ? detail::cross_entropy_row_loss(
+                                                   max, to_float(row[label]), logf(sum_exp))
+                                             : NAN;
     }
   }
 }
 
-/// loss[0] += (row losses added in row order) * factor: one thread, the CPU's order.
-__global__ void accumulate_loss_kernel(const float* row_loss, std::int64_t M, float factor,
+/// Order 2's first level, one block per chunk: row_loss[chunk's first row] = the chunk's
+/// sum. Every thread has read its rows before block_sum returns (it synchronises the
+/// block), and no other block reads this chunk, so the overwrite is safe.
+__global__ void chunk_sum_kernel(float* row_loss, std::int64_t M) {
+  using reduction_order::kSumChunk;
+  const std::int64_t begin = blockIdx.x * kSumChunk;
+  const std::int64_t end = begin + kSumChunk < M ? begin + kSumChunk : M;
+  const float sum = lane_tree_sum(row_loss, begin, end);
+  if (threadIdx.x == 0) row_loss[begin] = sum;
+}
+
+/// Order 2's second level, one block: loss[0] += (the chunks' sums, at row_loss[c * 4096])
+/// * factor.
+__global__ void accumulate_loss_kernel(const float* row_loss, std::int64_t chunks, float factor,
                                        float* loss) {
-  float total = 0.0f;
-  for (std::int64_t i = 0; i < M; ++i) total += row_loss[i];
-  loss[0] = __fadd_rn(loss[0], __fmul_rn(total, factor));
+  const float total = lane_tree_sum(row_loss, 0, chunks, reduction_order::kSumChunk);
+  if (threadIdx.x == 0) loss[0] = __fadd_rn(loss[0], __fmul_rn(total, factor));
 }
 
 template <class T>
@@ -57,9 +79,12 @@ __global__ void gradient_kernel(const T* logits, const std::int32_t* labels, flo
     const T* row = logits + i * C;
     float max, sum_exp;
     row_softmax_statistics(row, C, &max, &sum_exp);
+    const std::int32_t label = labels[i];
+    const bool valid = label_in_range(label, C);
     for (std::int64_t c = threadIdx.x; c < C; c += blockDim.x) {
-      dlogits[i * C + c] = detail::cross_entropy_gradient(expf(to_float(row[c]) - max), sum_exp,
-                                                          c == labels[i], factor);
+      dlogits[i * C + c] = valid ? detail::cross_entropy_gradient(expf(to_float(row[c]) - max),
+                                                                  sum_exp, c == label, factor)
+                                 : NAN;
     }
   }
 }
@@ -100,9 +125,12 @@ void forward_typed(const Tensor& logits, const Tensor& labels, const Tensor& los
   row_loss_kernel<T><<<row_blocks(M), kThreadsPerBlock>>>(
       logits.data<T>(), labels.data<std::int32_t>(), row_loss.data<float>(), M, C);
   BIGBATCH_CHECK_LAUNCH("cross_entropy row_loss_kernel");
-  accumulate_loss_kernel<<<1, 1>>>(row_loss.data<float>(), M,
-                                   detail::cross_entropy_factor<float>(global_count, scale),
-                                   loss.data<float>());
+  const std::int64_t chunks = (M + reduction_order::kSumChunk - 1) / reduction_order::kSumChunk;
+  chunk_sum_kernel<<<static_cast<unsigned>(chunks), kThreadsPerBlock>>>(row_loss.data<float>(), M);
+  BIGBATCH_CHECK_LAUNCH("cross_entropy chunk_sum_kernel");
+  accumulate_loss_kernel<<<1, kThreadsPerBlock>>>(
+      row_loss.data<float>(), chunks, detail::cross_entropy_factor<float>(global_count, scale),
+      loss.data<float>());
   BIGBATCH_CHECK_LAUNCH("cross_entropy accumulate_loss_kernel");
 }
 

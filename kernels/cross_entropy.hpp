@@ -32,7 +32,9 @@
 //     m - logits[label] before adding log(s) keeps the small log(s) from being rounded away
 //     against a large m;
 //   - factor = scale / global_count, one rounded division;
-//   - total = 0; for i in 0..M-1 in order: total = total + loss_i (a float accumulator);
+//   - total = 0; for i in 0..M-1 in order: total = total + loss_i (a float accumulator) on
+//     the CPU; on CUDA the deterministic parallel order 2 of reduction_order.hpp (chunks of
+//     4096 rows over 256 lanes and a fixed tree, then the chunks the same way);
 //   - loss[0] = loss[0] + total * factor.
 //   - dlogits[i][c] = (exp(logits[c] - m) / s - [c == label_i]) * factor, with the same
 //     factor, so the gradient is exactly the derivative of what the forward accumulates.
@@ -42,10 +44,13 @@
 //   micro-batches are bit-identical to those rows of the big batch's gradient. The loss is
 //   a sum of per-micro-batch totals and so matches the big batch's to rounding only.
 //
-// Labels. An out-of-range label is an error, never a silent wrong read: the dispatcher
-// checks every label before launching anything. For CUDA tensors it copies the labels to
-// the host to check them (4 bytes per sample and one synchronisation per call: the price
-// of a clear error naming the row and the label).
+// Labels. An out-of-range label is an error, never a silent wrong read. On the CPU the
+// dispatcher checks every label before anything is written (check_labels, in
+// common/data/dataset.hpp). CUDA labels are checked once, where they are placed on the
+// device (gather_rows, or the caller's own check_labels): checking them here would copy them
+// back and wait for the device in every step. The CUDA kernels still never read outside a
+// row: a label outside [0, C) makes that row's loss and gradient NaN (which the overflow
+// check of dynamic loss scaling then sees), and count_correct counts the row as wrong.
 #pragma once
 
 #include <cstdint>
@@ -56,7 +61,7 @@
 namespace bigbatch {
 
 /// loss += scale * sum_i loss_i / global_count (accumulates); logits: [M, C], labels:
-/// i32 [M], loss: [1]. Throws for a label outside [0, C).
+/// i32 [M], loss: [1]. Throws for a label outside [0, C) on the CPU (NaN on CUDA).
 void cross_entropy_forward(const Tensor& logits, const Tensor& labels, const Tensor& loss,
                            float global_count, float scale = 1.0f);
 /// dlogits = (softmax(logits) - one_hot(labels)) * (scale / global_count) (=);

@@ -263,6 +263,14 @@ double warp_tree_sum(double* lanes) {
   return lanes[0];
 }
 
+/// The kNormLanes lane sums combined: the warp tree in each group of 32 lanes, then over the
+/// 8 group sums padded to 32. `lanes` is overwritten.
+double combine_lanes(double* lanes) {
+  double groups[32] = {};
+  for (int w = 0; w < kNormLanes / 32; ++w) groups[w] = warp_tree_sum(lanes + 32 * w);
+  return warp_tree_sum(groups);
+}
+
 /// One chunk of at most kNormChunk elements: g = g * inv_scale, non_finite |= any g was inf
 /// or NaN, and the sum of the new g^2 in the order elementwise.hpp states.
 double unscale_chunk(float* data, std::int64_t n, float inv_scale, std::uint32_t& non_finite) {
@@ -280,9 +288,7 @@ double unscale_chunk(float* data, std::int64_t n, float inv_scale, std::uint32_t
       }
     });
   }
-  double groups[32] = {};
-  for (int w = 0; w < kNormLanes / 32; ++w) groups[w] = warp_tree_sum(lanes + 32 * w);
-  return warp_tree_sum(groups);
+  return combine_lanes(lanes);
 }
 
 }  // namespace
@@ -333,9 +339,10 @@ void unscale_and_check_finite(const std::vector<Tensor>& tensors, float inv_scal
     });
     first_chunk += chunks;
   }
-  double total = 0.0;
-  for (std::int64_t c = 0; c < first_chunk; ++c) total += sums[c];
-  squared_norm.data<double>()[0] = total;
+  // The chunks' sums as a chunk's elements: lane c % 256 adds chunk sum c, in order.
+  double lanes[kNormLanes] = {};
+  for (std::int64_t c = 0; c < first_chunk; ++c) lanes[c % kNormLanes] += sums[c];
+  squared_norm.data<double>()[0] = combine_lanes(lanes);
   if (any_non_finite.load()) found_inf.data<float>()[0] = 1.0f;
 }
 

@@ -62,6 +62,19 @@ __device__ inline double warp_tree_sum(double value) {
   return value;
 }
 
+/// The lane sums of a block of kNormLanes threads combined: the warp tree in each group of
+/// 32, then over the 8 group sums padded to 32. Lane 0 gets the result; every thread of the
+/// block must call it (it synchronises the block).
+__device__ inline double combine_lanes(double sum) {
+  __shared__ double group_sums[kNormLanes / 32];
+  const int lane = static_cast<int>(threadIdx.x);
+  sum = warp_tree_sum(sum);
+  if (lane % 32 == 0) group_sums[lane / 32] = sum;
+  __syncthreads();
+  if (lane < 32) sum = warp_tree_sum(lane < kNormLanes / 32 ? group_sums[lane] : 0.0);
+  return sum;
+}
+
 __global__ void unscale_norm_kernel(TensorList list, ChunkOffsets offsets, float inv_scale,
                                     float* found_inf, double* chunk_sums) {
   float* data = list.data[blockIdx.y];
@@ -78,23 +91,18 @@ __global__ void unscale_norm_kernel(TensorList list, ChunkOffsets offsets, float
     data[i] = unscaled;
     sum = __dadd_rn(sum, __dmul_rn(unscaled, unscaled));  // the square is exact
   }
-  __shared__ double group_sums[kNormLanes / 32];
-  sum = warp_tree_sum(sum);
-  if (lane % 32 == 0) group_sums[lane / 32] = sum;
-  __syncthreads();
-  if (lane < 32) {
-    sum = warp_tree_sum(lane < kNormLanes / 32 ? group_sums[lane] : 0.0);
-    if (lane == 0) chunk_sums[offsets.first[blockIdx.y] + blockIdx.x] = sum;
-  }
+  sum = combine_lanes(sum);
+  if (lane == 0) chunk_sums[offsets.first[blockIdx.y] + blockIdx.x] = sum;
   if (non_finite) *found_inf = 1.0f;
 }
 
-// The chunks' sums, added in order by one thread: the order is the contract, and there are
-// numel / 4096 of them (about 300 for a million parameters).
-__global__ void sum_in_order_kernel(const double* chunk_sums, std::int64_t n, double* total) {
+// The chunks' sums combined as a chunk's elements (elementwise.hpp), by one block: lane l adds
+// chunk sums l, l + 256, ... in order, then the lanes meet in the same trees.
+__global__ void sum_chunks_kernel(const double* chunk_sums, std::int64_t n, double* total) {
   double sum = 0.0;
-  for (std::int64_t c = 0; c < n; ++c) sum = __dadd_rn(sum, chunk_sums[c]);
-  *total = sum;
+  for (std::int64_t c = threadIdx.x; c < n; c += kNormLanes) sum = __dadd_rn(sum, chunk_sums[c]);
+  sum = combine_lanes(sum);
+  if (threadIdx.x == 0) *total = sum;
 }
 
 template <class Src, class Dst>
@@ -185,9 +193,9 @@ void unscale_and_check_finite(const std::vector<Tensor>& tensors, float inv_scal
                                               chunk_sums.data<double>());
     BIGBATCH_CHECK_LAUNCH("unscale_norm_kernel");
   }
-  sum_in_order_kernel<<<1, 1>>>(chunk_sums.data<double>(), first_chunk,
-                                squared_norm.data<double>());
-  BIGBATCH_CHECK_LAUNCH("sum_in_order_kernel");
+  sum_chunks_kernel<<<1, kNormLanes>>>(chunk_sums.data<double>(), first_chunk,
+                                       squared_norm.data<double>());
+  BIGBATCH_CHECK_LAUNCH("sum_chunks_kernel");
 }
 
 }  // namespace bigbatch::cuda

@@ -41,9 +41,13 @@
 //   adds the squares of elements l, l + 256, l + 512, ... in that order (a square of a
 //   float is exact in float64); the 256 lanes are summed as CUDA's warp shuffles do: in
 //   each group of 32, lane i takes lane i + d for d = 16, 8, 4, 2, 1, then the 8 group sums
-//   the same way (padded to 32 with zeros); the chunks' sums are then added in order, tensor
-//   by tensor. The chunk sums live in one f64 workspace tensor of squared_norm_chunks(tensors)
-//   elements, allocated for the call.
+//   the same way (padded to 32 with zeros). The chunks' sums (numbered in order, tensor by
+//   tensor) are then combined the same way as a chunk's elements: lane l adds chunk sums l,
+//   l + 256, l + 512, ... in that order, and the lanes meet in the same trees (on CUDA one
+//   block of 256 threads, instead of one thread walking every chunk). The chunk sums live in
+//   one f64 workspace tensor of squared_norm_chunks(tensors) elements, allocated for the call.
+// - found_inf on CUDA: every thread that saw an inf or NaN stores the same 1.0f, so the
+//   result does not depend on which store lands last (no reduction, no atomics needed).
 //
 // The CPU building blocks of these loops (run_vectorized, the binary16 conversions,
 // check_same_or_disjoint) are not part of this API: they live in cpu_vector.hpp, which

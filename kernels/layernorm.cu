@@ -2,9 +2,11 @@
 //
 // Forward and dx: one block per row; the row's sums are block reductions with a fixed tree,
 // so a row's result does not depend on the grid or on the other rows (and differs from the
-// CPU's sequential sums by rounding only). dweight and dbias: one thread per feature, walking
-// the rows in order with unfused float operations (__fmul_rn, __fadd_rn): exactly the
-// additions the header promises, so micro-batches accumulate bit for bit, as on the CPU.
+// CPU's sequential sums by rounding only). dweight and dbias: reduction_order.hpp's order 1
+// (tiles of 32 rows summed by many blocks, then the tiles in order), with unfused float
+// operations (__fmul_rn, __fadd_rn): deterministic, and bit for bit the same for
+// micro-batches whose rows are multiples of 32; it differs from the CPU's row order by
+// rounding.
 // Elsewhere nvcc may contract a*b+c into a fused multiply-add: rounding differences only.
 #include "kernels/cuda_common.cuh"
 #include "kernels/layernorm.hpp"
@@ -66,22 +68,29 @@ __global__ void input_gradient_kernel(const T* x, const float* weight, const flo
   }
 }
 
-/// dweight[j] += dy * xhat, dbias[j] += dy, rows in order; one thread per feature j.
+/// The parameter gradients' terms for reduction_order.hpp's order 1: k = 0 is dy * xhat
+/// (dweight), k = 1 is dy (dbias).
 template <class T>
-__global__ void parameter_gradient_kernel(const T* x, const float* mean, const float* rstd,
-                                          const T* dy, float* dweight, float* dbias,
-                                          std::int64_t M, std::int64_t N) {
+struct ParameterGradientTerms {
+  const T* x;
+  const float* mean;
+  const float* rstd;
+  const T* dy;
+  std::int64_t N;
+  __device__ float operator()(int k, std::int64_t i, std::int64_t j) const {
+    const float g = to_float(dy[i * N + j]);
+    if (k == 1) return g;
+    return __fmul_rn(g, detail::normalize(to_float(x[i * N + j]), mean[i], rstd[i]));
+  }
+};
+
+/// dweight[j] += the dy * xhat tiles, dbias[j] += the dy tiles, each in tile order.
+__global__ void parameter_gradient_fold_kernel(const float* partials, float* dweight,
+                                               float* dbias, std::int64_t tiles,
+                                               std::int64_t N) {
   for (const std::int64_t j : grid_stride(N)) {
-    float dw = dweight[j], db = dbias[j];
-#pragma unroll 8
-    for (std::int64_t i = 0; i < M; ++i) {
-      const float g = to_float(dy[i * N + j]);
-      const float xhat = detail::normalize(to_float(x[i * N + j]), mean[i], rstd[i]);
-      dw = __fadd_rn(dw, __fmul_rn(g, xhat));
-      db = __fadd_rn(db, g);
-    }
-    dweight[j] = dw;
-    dbias[j] = db;
+    dweight[j] = fold_column_tiles(dweight[j], partials, tiles, N, j);
+    dbias[j] = fold_column_tiles(dbias[j], partials + tiles * N, tiles, N, j);
   }
 }
 
@@ -105,10 +114,16 @@ void backward_typed(const Tensor& x, const Tensor& weight, const Tensor& mean,
   // The parameter gradients first, so that dx may be dy or x itself: the stream runs the
   // launches in order, and input_gradient_kernel writes each dx element after the last
   // read of it, by the same thread (layernorm.hpp: memory sharing).
-  parameter_gradient_kernel<T><<<grid_for(N, kFeatureThreads), kFeatureThreads>>>(
-      x.data<T>(), mean.data<float>(), rstd.data<float>(), dy.data<T>(), dweight.data<float>(),
-      dbias.data<float>(), M, N);
-  BIGBATCH_CHECK_LAUNCH("layernorm parameter_gradient_kernel");
+  const std::int64_t tiles = reduction_order::tile_count(M);
+  const Tensor partials({2, tiles, N}, DType::f32, x.device(), MemoryCategory::workspace);
+  launch_column_tile_sums<2>(
+      "layernorm column_tile_sums_kernel",
+      ParameterGradientTerms<T>{x.data<T>(), mean.data<float>(), rstd.data<float>(),
+                                dy.data<T>(), N},
+      partials.data<float>(), M, N);
+  parameter_gradient_fold_kernel<<<grid_for(N), kThreadsPerBlock>>>(
+      partials.data<float>(), dweight.data<float>(), dbias.data<float>(), tiles, N);
+  BIGBATCH_CHECK_LAUNCH("layernorm parameter_gradient_fold_kernel");
   input_gradient_kernel<T><<<row_blocks(M), kThreadsPerBlock>>>(
       x.data<T>(), weight.data<float>(), mean.data<float>(), rstd.data<float>(), dy.data<T>(),
       dx.data<T>(), M, N);

@@ -25,7 +25,7 @@
 // step correctly rounded on both backends (no approximate rsqrt).
 //
 // The accumulation contract (why dweight and dbias are +=). The parameter gradients are
-// reductions over the batch. Both backends compute them as
+// reductions over the batch. The CPU computes them as
 //     for each row i in order 0, 1, ..., M-1:
 //         dweight[j] = dweight[j] + dy[i][j] * ((x[i][j] - mean[i]) * rstd[i])
 //         dbias[j]   = dbias[j]   + dy[i][j]
@@ -35,6 +35,10 @@
 // performs exactly the additions of one backward on all rows: gradient accumulation gives
 // the big batch's parameter gradients bit for bit, whatever the micro-batch sizes. (This
 // holds for LayerNorm because its statistics are per row; BatchNorm cannot offer it.)
+// The CUDA backend adds the same terms (same rounded products) in reduction_order.hpp's
+// order 1 (tiles of 32 rows summed in parallel, then the tiles in order onto the buffer):
+// deterministic, bit for bit the same for micro-batches whose rows are multiples of 32, and
+// within rounding of the CPU's order.
 // dx is per row and is overwritten.
 //
 // Memory sharing in the backward (checked by the dispatcher, the same rules for BatchNorm).
@@ -60,7 +64,7 @@ namespace bigbatch {
 void layernorm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& y,
                        const Tensor& mean, const Tensor& rstd, float eps = 1e-5f);
 /// The backward of layernorm_forward: dx overwritten (=), dweight and dbias accumulated
-/// (+=) row by row in order.
+/// (+=) in the order stated above (CPU: row by row; CUDA: tile by tile).
 void layernorm_backward(const Tensor& x, const Tensor& weight, const Tensor& mean,
                         const Tensor& rstd, const Tensor& dy, const Tensor& dx,
                         const Tensor& dweight, const Tensor& dbias);

@@ -193,11 +193,14 @@ void expect_train_forward_matches_oracle(const Problem& p, Device device) {
   EXPECT_TRUE(testing::all_close(testing::to_doubles(got.running_var), want_running_var,
                                  from(running_var_tolerance)));
   if (device.is_cuda()) {
-    // The batch statistics are the CPU's additions in the CPU's order: bit for bit. The
-    // elementwise parts are each within the bound: within twice it of each other.
+    // The batch statistics are the CPU's terms added in another order (tiles of 32 rows,
+    // reduction_order.hpp), the elementwise parts the same formulas: each backend is within
+    // the bound of the exact value, so within twice it of the other.
     const TrainOutputs cpu = run_train(p, running_mean0, running_var0, Device::cpu());
-    EXPECT_TRUE(testing::bitwise_equal(got.mean, cpu.mean));
-    EXPECT_TRUE(testing::bitwise_equal(got.rstd, cpu.rstd));
+    EXPECT_TRUE(testing::all_close(testing::to_doubles(got.mean), testing::to_doubles(cpu.mean),
+                                   [&](std::size_t j) { return 2 * mean_tolerance[j]; }));
+    EXPECT_TRUE(testing::all_close(testing::to_doubles(got.rstd), testing::to_doubles(cpu.rstd),
+                                   [&](std::size_t j) { return 2 * rstd_tolerance[j]; }));
     EXPECT_TRUE(testing::all_close(testing::to_doubles(got.y), testing::to_doubles(cpu.y),
                                    [&](std::size_t k) { return 2 * y_tolerance[k]; }));
     EXPECT_TRUE(testing::all_close(testing::to_doubles(got.running_var),

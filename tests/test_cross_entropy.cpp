@@ -8,6 +8,7 @@
 #include <cmath>
 #include <vector>
 
+#include "common/data/dataset.hpp"
 #include "kernels/cross_entropy.hpp"
 #include "tests/finite_difference.hpp"
 #include "tests/harness.hpp"
@@ -364,6 +365,10 @@ TEST_P(CrossEntropy, PowerOfTwoScaleIsExact) {
 
 // ---- labels ---------------------------------------------------------------------------------
 
+// An out-of-range label is never read past its row. On the CPU the op refuses it, naming the
+// row, before writing anything. On CUDA, where labels are checked once on their way to the
+// device (check_labels, gather_rows) and not in every call, check_labels names the row, and
+// the op makes that row's loss and gradient NaN (the overflow check then sees it).
 TEST_P(CrossEntropy, RejectsOutOfRangeLabelsNamingTheRow) {
   Problem p = make_problem(7, 10, DType::f32, 700);
   const Tensor loss = testing::make_tensor({0.5}, {1}, DType::f32, device());
@@ -371,12 +376,29 @@ TEST_P(CrossEntropy, RejectsOutOfRangeLabelsNamingTheRow) {
   for (const std::int32_t bad : {-1, 10, 1 << 30}) {
     p.labels[3] = bad;
     const Tensor logits = logits_tensor(p, device()), labels = labels_tensor(p, device());
+    const std::string expected = "label " + std::to_string(bad) + " of row 3 is outside [0, 10)";
     try {
-      cross_entropy_forward(logits, labels, loss, 7.0f);
+      if (device().is_cuda()) {
+        check_labels(labels, 10, "labels");
+      } else {
+        cross_entropy_forward(logits, labels, loss, 7.0f);
+      }
       ADD_FAILURE() << "label " << bad << " was accepted";
     } catch (const std::invalid_argument& e) {
-      const std::string expected = "label " + std::to_string(bad) + " of row 3 is outside [0, 10)";
       EXPECT_NE(std::string(e.what()).find(expected), std::string::npos) << e.what();
+    }
+    if (device().is_cuda()) {
+      cross_entropy_forward(logits, labels, loss, 7.0f);
+      EXPECT_TRUE(std::isnan(testing::to_doubles(loss)[0]));
+      fill(loss, 0.5);
+      testing::poison(dlogits);
+      cross_entropy_backward(logits, labels, dlogits, 7.0f);
+      const auto gradient = testing::to_doubles(dlogits);
+      for (std::size_t k = 0; k < gradient.size(); ++k) {
+        EXPECT_EQ(std::isnan(gradient[k]), k / 10 == 3) << "element " << k;
+      }
+      EXPECT_LE(count_correct(logits, labels), 6) << "the bad row is never correct";
+      continue;
     }
     EXPECT_THROW(cross_entropy_backward(logits, labels, dlogits, 7.0f), std::invalid_argument);
     EXPECT_THROW(count_correct(logits, labels), std::invalid_argument);

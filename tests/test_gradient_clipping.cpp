@@ -33,7 +33,8 @@ namespace {
 /// The order kernels/elementwise.hpp states, written out independently of the kernels:
 /// chunks of 4096, 256 lanes each summing every 256th element, the warp tree (every lane
 /// i < d adding lane i + d at once, d = 16 .. 1) within each group of 32 lanes and then
-/// over the 8 group sums padded to 32, the chunks in order.
+/// over the 8 group sums padded to 32; the chunk sums combined the same way (lane c % 256
+/// adds chunk sum c in order, then the same trees).
 double stated_order_squared_norm(const std::vector<std::vector<float>>& tensors) {
   const auto tree = [](std::vector<double> lanes) {  // 32 values, by value: a copy per round
     for (int d = 16; d > 0; d /= 2) {
@@ -43,7 +44,15 @@ double stated_order_squared_norm(const std::vector<std::vector<float>>& tensors)
     }
     return lanes[0];
   };
-  double total = 0.0;
+  const auto combine = [&](const std::vector<double>& lanes) {  // 256 lane sums
+    std::vector<double> groups(32, 0.0);
+    for (std::size_t w = 0; w < 8; ++w) {
+      groups[w] = tree(std::vector<double>(lanes.begin() + static_cast<long>(32 * w),
+                                           lanes.begin() + static_cast<long>(32 * w + 32)));
+    }
+    return tree(groups);
+  };
+  std::vector<double> chunk_sums;
   for (const std::vector<float>& t : tensors) {
     const std::size_t n = t.size();
     for (std::size_t begin = 0; begin < n; begin += 4096) {
@@ -51,15 +60,12 @@ double stated_order_squared_norm(const std::vector<std::vector<float>>& tensors)
       for (std::size_t i = begin; i < std::min(n, begin + 4096); ++i) {
         lanes[(i - begin) % 256] += static_cast<double>(t[i]) * static_cast<double>(t[i]);
       }
-      std::vector<double> groups(32, 0.0);
-      for (std::size_t w = 0; w < 8; ++w) {
-        groups[w] = tree(std::vector<double>(lanes.begin() + static_cast<long>(32 * w),
-                                             lanes.begin() + static_cast<long>(32 * w + 32)));
-      }
-      total += tree(groups);
+      chunk_sums.push_back(combine(lanes));
     }
   }
-  return total;
+  std::vector<double> lanes(256, 0.0);
+  for (std::size_t c = 0; c < chunk_sums.size(); ++c) lanes[c % 256] += chunk_sums[c];
+  return combine(lanes);
 }
 
 class GlobalNorm : public testing::DeviceTest {
@@ -115,6 +121,20 @@ TEST_P(GlobalNorm, TheEightGroupSumsMeetInTheStatedTree) {
   values[0] = 1.0;
   for (const std::size_t i : {64u, 65u, 192u, 193u}) values[i] = 0x1p-27;
   const Tensor t = testing::make_tensor(values, {4096}, DType::f32, device());
+  const Tensor found_inf = scalar(DType::f32), squared_norm = scalar(DType::f64);
+  unscale_and_check_finite({t}, 1.0f, found_inf, squared_norm);
+  EXPECT_EQ(squared_norm.to_vector<double>()[0], 1.0 + 0x1p-52);
+  EXPECT_EQ(stated_order_squared_norm({t.to_vector<float>()}), 1.0 + 0x1p-52);
+}
+
+TEST_P(GlobalNorm, TheChunkSumsMeetInTheStatedTreeNotInSequence) {
+  // Four chunks with sums c0 = 1, c1 = c3 = 2^-53 (two elements of 2^-27 each), c2 = 0. In
+  // the stated order they sit in lanes 0..3, whose tree adds c1 + c3 = 2^-52 first, then
+  // 1 + 2^-52: exactly 1 + 2^-52. Added in sequence, each lone 2^-53 rounds away against 1.
+  std::vector<double> values(4 * 4096, 0.0);
+  values[0] = 1.0;
+  for (const std::size_t i : {4096u, 4097u, 3 * 4096u, 3 * 4096u + 1}) values[i] = 0x1p-27;
+  const Tensor t = testing::make_tensor(values, {4 * 4096}, DType::f32, device());
   const Tensor found_inf = scalar(DType::f32), squared_norm = scalar(DType::f64);
   unscale_and_check_finite({t}, 1.0f, found_inf, squared_norm);
   EXPECT_EQ(squared_norm.to_vector<double>()[0], 1.0 + 0x1p-52);

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "kernels/layernorm.hpp"
+#include "kernels/reduction_order.hpp"
 #include "tests/harness.hpp"
 #include "tests/normalization_testing.hpp"
 
@@ -413,9 +414,11 @@ TEST_P(LayerNorm, MicroBatchesGiveTheBigBatchGradientsBitForBit) {
   for (const DType dtype : {DType::f32, DType::f16}) {
     // 1000 rows: 15 micro-batches of 64 and a last one of 40.
     expect_micro_batches_match_big_batch(make_problem(1000, 33, dtype, 41), 64, device());
-    // 1024 rows in slices of 1, 7 (the last one of 2) and 64.
+    // 1024 rows in slices of 1, 7 (the last one of 2), 32 and 64; on CUDA only the
+    // multiples of its 32-row tiles (layernorm.hpp).
     const Problem p = make_problem(1024, 33, dtype, 42);
-    for (const std::int64_t slice : {1, 7, 64}) {
+    for (const std::int64_t slice : {1, 7, 32, 64}) {
+      if (device().is_cuda() && slice % reduction_order::kTileRows != 0) continue;
       expect_micro_batches_match_big_batch(p, slice, device());
     }
   }

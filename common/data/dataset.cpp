@@ -9,6 +9,17 @@ Dataset slice(const Dataset& dataset, std::int64_t begin, std::int64_t end) {
           dataset.name};
 }
 
+void check_labels(const Tensor& labels, std::int64_t num_classes, const std::string& what) {
+  BIGBATCH_CHECK(labels.dtype() == DType::i32, what, ": labels must be i32, got ",
+                 labels.describe());
+  const Tensor host = labels.device().is_cpu() ? labels : labels.to(Device::cpu());
+  const std::int32_t* values = host.data<std::int32_t>();
+  for (std::int64_t i = 0; i < host.numel(); ++i) {
+    BIGBATCH_CHECK(0 <= values[i] && values[i] < num_classes, what, ": label ", values[i],
+                   " of row ", i, " is outside [0, ", num_classes, ")");
+  }
+}
+
 void gather_rows(const Dataset& dataset, const std::vector<std::int64_t>& indices,
                  const Tensor& features_out, const Tensor& labels_out) {
   BIGBATCH_CHECK(dataset.features.device().is_cpu() && dataset.labels.device().is_cpu(),
@@ -40,6 +51,7 @@ void gather_rows(const Dataset& dataset, const std::vector<std::int64_t>& indice
     gathered_labels[b] = source_labels[row];
   }
   if (!on_host) {  // a Tensor copy shares storage: copying into it writes the output
+    check_labels(labels, dataset.num_classes, "gather_rows (" + dataset.name + ")");
     Tensor(features_out).copy_from(features);
     Tensor(labels_out).copy_from(labels);
   }

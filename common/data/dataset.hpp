@@ -91,11 +91,19 @@ Dataset make_synthetic(const SyntheticOptions& options = {});
 /// Samples [begin, end) as views of `dataset` (no copy).
 Dataset slice(const Dataset& dataset, std::int64_t begin, std::int64_t end);
 
+/// Throws std::invalid_argument, naming `what`, the row and the label, unless every label of
+/// `labels` (i32 [N], any device) lies in [0, num_classes). A CUDA tensor is copied to the
+/// host first, which waits for the device: check labels once, where they are placed on the
+/// device (gather_rows does), not in every step.
+void check_labels(const Tensor& labels, std::int64_t num_classes, const std::string& what);
+
 /// Copies the samples at `indices` (in that order, repeats allowed) into
 /// features_out f32 [B, D] and labels_out i32 [B], B = indices.size(), on any device:
 ///   features_out[b, :] = dataset.features[indices[b], :]     (overwrite)
 ///   labels_out[b]      = dataset.labels[indices[b]]          (overwrite)
-/// On CUDA the rows are gathered on the host and copied over in one transfer each.
+/// On CUDA the rows are gathered on the host and copied over in one transfer each, and the
+/// labels are checked (check_labels) on the host before they go: the CUDA cross-entropy
+/// does not check them again.
 void gather_rows(const Dataset& dataset, const std::vector<std::int64_t>& indices,
                  const Tensor& features_out, const Tensor& labels_out);
 
