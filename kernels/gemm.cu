@@ -15,6 +15,7 @@
 
 #include <climits>
 #include <mutex>
+#include <utility>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -99,7 +100,63 @@ int as_int(std::int64_t value, const char* name) {
   return static_cast<int>(value);
 }
 
+/// The events of the timed GEMMs (set_gemm_timing): a start and an end per call, reused.
+struct GemmTimer {
+  std::mutex mutex;
+  bool enabled = false;
+  std::vector<std::pair<cudaEvent_t, cudaEvent_t>> events;  // created on demand, kept
+  std::size_t used = 0;                                      // pairs recorded since the take
+};
+
+GemmTimer& gemm_timer() {
+  static GemmTimer& timer = *new GemmTimer();  // never destroyed: events outlive no runtime
+  return timer;
+}
+
 }  // namespace
+
+void set_gemm_timing(bool enabled) {
+  GemmTimer& timer = gemm_timer();
+  const std::lock_guard<std::mutex> lock(timer.mutex);
+  timer.enabled = enabled;
+}
+
+int begin_gemm_timing() {
+  GemmTimer& timer = gemm_timer();
+  const std::lock_guard<std::mutex> lock(timer.mutex);
+  if (!timer.enabled) return -1;
+  if (timer.used == timer.events.size()) {
+    std::pair<cudaEvent_t, cudaEvent_t> pair{};
+    check_cuda(cudaEventCreate(&pair.first), "cudaEventCreate");
+    check_cuda(cudaEventCreate(&pair.second), "cudaEventCreate");
+    timer.events.push_back(pair);
+  }
+  check_cuda(cudaEventRecord(timer.events[timer.used].first, 0), "cudaEventRecord");
+  return static_cast<int>(timer.used++);
+}
+
+void end_gemm_timing(int index) {
+  if (index < 0) return;
+  GemmTimer& timer = gemm_timer();
+  const std::lock_guard<std::mutex> lock(timer.mutex);
+  check_cuda(cudaEventRecord(timer.events[static_cast<std::size_t>(index)].second, 0),
+             "cudaEventRecord");
+}
+
+double take_gemm_milliseconds() {
+  GemmTimer& timer = gemm_timer();
+  const std::lock_guard<std::mutex> lock(timer.mutex);
+  double total = 0;
+  for (std::size_t k = 0; k < timer.used; ++k) {
+    float ms = 0;
+    check_cuda(cudaEventSynchronize(timer.events[k].second), "cudaEventSynchronize");
+    check_cuda(cudaEventElapsedTime(&ms, timer.events[k].first, timer.events[k].second),
+               "cudaEventElapsedTime");
+    total += ms;
+  }
+  timer.used = 0;
+  return total;
+}
 
 void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c,
           float alpha, float beta) {
@@ -122,6 +179,7 @@ void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Te
   // Column-major view: C^T [N, M] = op(B)^T [N, K] x op(A)^T [K, M]. A stored row of
   // length ld is a stored column of length ld, so each leading dimension is the
   // operand's row length, dim(1).
+  const int timing = begin_gemm_timing();
   check_cublas(
       cublasGemmEx(handle_for(a.device().index), trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
                    trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, as_int(sizes.n, "N"),
@@ -130,6 +188,7 @@ void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Te
                    as_int(a.dim(1), "lda"), &beta, c.raw_data(), output_type,
                    as_int(sizes.n, "ldc"), compute, CUBLAS_GEMM_DEFAULT),
       "cublasGemmEx");
+  end_gemm_timing(timing);
 }
 
 }  // namespace bigbatch::cuda

@@ -92,6 +92,18 @@ namespace cuda {
 /// The CUDA implementation of bigbatch::gemm.
 void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c,
           float alpha = 1.0f, float beta = 0.0f);
+
+/// Starts (true) or stops timing every CUDA GEMM (cuBLAS and the fused cuBLASLt epilogues)
+/// with a pair of CUDA events around it, for benchmarks. Recording events adds no wait.
+void set_gemm_timing(bool enabled);
+/// Waits for the GEMMs timed since the last call and returns their total time in
+/// milliseconds (cudaEventElapsedTime), forgetting them.
+double take_gemm_milliseconds();
+/// Records the start of a timed GEMM; the returned index goes to end_gemm_timing (-1 when
+/// timing is off). For the .cu files that call cuBLAS.
+int begin_gemm_timing();
+/// Records the end of the timed GEMM `index` (nothing for -1).
+void end_gemm_timing(int index);
 }
 
 }  // namespace bigbatch

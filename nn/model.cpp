@@ -14,6 +14,7 @@
 #include "kernels/elementwise.hpp"
 #include "kernels/fill.hpp"
 #include "kernels/gemm.hpp"
+#include "kernels/gemm_epilogue.hpp"
 #include "kernels/layernorm.hpp"
 
 namespace bigbatch::nn {
@@ -311,9 +312,14 @@ Tensor Model::block_forward(std::size_t index, const Tensor& h, const ForwardCon
   saved.normed = norm_forward(block.ln, h, context.training, saved.mean, saved.rstd,
                               /*update_running=*/!context.recompute);
   saved.pre_activation = activation_tensor({rows, inner});
-  linear_forward(block.fc1, saved.normed, saved.pre_activation);
   saved.hidden = activation_tensor({rows, inner});
-  activation_forward(config_.activation, saved.pre_activation, saved.hidden);
+  if (config_.activation == Activation::gelu) {  // one cuBLASLt call where fused epilogues are on
+    linear_bias_gelu_forward(saved.normed, working_weight(block.fc1), block.fc1.bias,
+                             saved.pre_activation, saved.hidden);
+  } else {
+    linear_forward(block.fc1, saved.normed, saved.pre_activation);
+    activation_forward(config_.activation, saved.pre_activation, saved.hidden);
+  }
   if (dropout_active(config_, context)) {
     dropout_forward(saved.hidden, saved.hidden, dropout_spec(config_, context, index));
   }
@@ -333,19 +339,27 @@ Tensor Model::block_backward(std::size_t index, const BlockActivations& saved,
   const Block& block = blocks_.at(index);
   // d_hidden: [b, E*H], the gradient of fc2's input, then (in place) of fc1's output.
   Tensor d_hidden = workspace_tensor(saved.pre_activation.shape());
-  linear_backward_input(block.fc2, d_output, d_hidden);
-  // One pass through dropout's and the activation's backward (no dropout: p = 0, the
-  // same bits). Under selective recomputation (BlockKeep::gemm_outputs) the same pass
-  // rebuilds the activation after dropout, fc2's input, from fc1's output and the mask
-  // (the counter RNG draws it again): the forward's bits (kernels/dropout.hpp).
   Tensor hidden = saved.hidden;
   const bool recompute_hidden = !hidden.defined();
-  if (recompute_hidden) hidden = activation_tensor(saved.pre_activation.shape());
-  const DropoutSpec spec = dropout_active(config_, context)
-                               ? dropout_spec(config_, context, index)
-                               : DropoutSpec{0.0f, 0, 0, context.first_row};
-  activation_dropout_backward(pointwise(config_.activation), saved.pre_activation, d_hidden,
-                              d_hidden, spec, recompute_hidden ? hidden : Tensor());
+  if (config_.activation == Activation::gelu && !dropout_active(config_, context) &&
+      !recompute_hidden) {
+    // GELU alone: fc2's input-gradient GEMM and GELU's backward as one call (one cuBLASLt
+    // call where fused epilogues are on; otherwise the same bits as the pass below with
+    // p = 0, kernels/dropout.hpp).
+    gemm_gelu_backward(d_output, working_weight(block.fc2), saved.pre_activation, d_hidden);
+  } else {
+    linear_backward_input(block.fc2, d_output, d_hidden);
+    // One pass through dropout's and the activation's backward (no dropout: p = 0, the
+    // same bits). Under selective recomputation (BlockKeep::gemm_outputs) the same pass
+    // rebuilds the activation after dropout, fc2's input, from fc1's output and the mask
+    // (the counter RNG draws it again): the forward's bits (kernels/dropout.hpp).
+    if (recompute_hidden) hidden = activation_tensor(saved.pre_activation.shape());
+    const DropoutSpec spec = dropout_active(config_, context)
+                                 ? dropout_spec(config_, context, index)
+                                 : DropoutSpec{0.0f, 0, 0, context.first_row};
+    activation_dropout_backward(pointwise(config_.activation), saved.pre_activation, d_hidden,
+                                d_hidden, spec, recompute_hidden ? hidden : Tensor());
+  }
   linear_backward_parameters(block.fc2, hidden, d_output);
   hidden = Tensor();
   Tensor normed = saved.normed;
