@@ -9,7 +9,8 @@
 #
 # Writes: OUTDIR/configure.log, build.log, ctest.log, ctest-junit.xml, nvidia-smi.txt,
 #         bench_kernels.json and bench_training.json (Google Benchmark JSON: the kernels,
-#         and whole training steps in fp32 and fp16) with their logs.
+#         and whole training steps in fp32 and fp16) with their logs, and
+#         bench_training_gpu.json (the GPU step grid, with the GEMMs' share of the step).
 # Exits non-zero when the build fails, a test fails, or a CUDA test was skipped (on a GPU
 # machine a skip means the GPU was not usable, which this script exists to catch; the
 # PyTorch comparison may skip where torch is not installed).
@@ -62,6 +63,12 @@ grep -E 'cuda|CUDA' "$out/bench_kernels.log" | head -40
   --benchmark_out_format=json --benchmark_repetitions=3 \
   --benchmark_report_aggregates_only=true > "$out/bench_training.log" 2>&1 || bench_status=1
 grep -E 'median' "$out/bench_training.log"
+# The GPU step grid on its own (depth 4/16, H 1024/4096, B 1024, fp32/fp16, accumulation,
+# fused epilogues) with gemm_ms, gemm_share and driver_allocations as counters.
+"$build/bench/bench_training" --benchmark_filter='BM_TrainingStep/cuda' \
+  --benchmark_out="$out/bench_training_gpu.json" --benchmark_out_format=json \
+  > "$out/bench_training_gpu.log" 2>&1 || bench_status=1
+grep -E 'cuda' "$out/bench_training_gpu.log" | head -30
 
 echo "== summary: tests exit $test_status, benchmarks exit $bench_status"
 [ "$test_status" -eq 0 ] && [ "$bench_status" -eq 0 ]

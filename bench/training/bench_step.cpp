@@ -3,10 +3,16 @@
 // memory the step needs as counters (exact, from the tracking allocator):
 //   activations_peak   the most bytes of saved activations alive at once
 //   peak_total         the device's peak during the step
-// Time per step is the benchmark's time; samples/s is items_per_second.
+// Time per step is the benchmark's time; samples/s is items_per_second. On CUDA also:
+//   gemm_ms            milliseconds per step inside GEMMs (cuBLAS and the fused cuBLASLt
+//                      epilogues), from CUDA events around each call
+//   gemm_share         gemm_ms over the step's wall time
+//   driver_allocations cudaMalloc calls during the timed steps (0 once the cache is warm)
+// and the argument `fused` (1: the cuBLASLt GEMM epilogues, kernels/gemm_epilogue.hpp).
 // Run: bench_training --benchmark_out=training.json --benchmark_out_format=json
 #include <benchmark/benchmark.h>
 
+#include <chrono>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -14,6 +20,8 @@
 #include "common/cuda_runtime.hpp"
 #include "common/memory.hpp"
 #include "common/rng.hpp"
+#include "kernels/gemm.hpp"
+#include "kernels/gemm_epilogue.hpp"
 #include "nn/model.hpp"
 #include "nn/training.hpp"
 
@@ -22,7 +30,7 @@ namespace {
 
 constexpr std::int64_t kInputs = 784, kClasses = 10;
 
-/// args: precision (0 fp32, 1 fp16), depth, hidden, batch, micro-batch.
+/// args: precision (0 fp32, 1 fp16), depth, hidden, batch, micro-batch, fused epilogues.
 void BM_TrainingStep(benchmark::State& state, Device device) {
   std::string why_not;
   if (device.is_cuda() && !cuda_rt::available(&why_not)) {
@@ -45,35 +53,85 @@ void BM_TrainingStep(benchmark::State& state, Device device) {
   const Tensor x_device = Tensor::from_vector(x, {batch, kInputs}).to(device);
   const Tensor labels_device = Tensor::from_vector(labels, {batch}).to(device);
   TrackingAllocator& allocator = allocator_for(device);
-  const std::size_t activations_before = allocator.stats().live_of(MemoryCategory::activations);
-  allocator.reset_peak();
-  std::int64_t step = 0;
-  for (auto _ : state) {
+  const bool fused = state.range(5) == 1;
+  set_fused_epilogues(fused);
+  const auto one_step = [&](std::int64_t step) {
     model.zero_grad();
     const float loss = nn::accumulate_gradients(model, x_device, labels_device, micro_batch,
                                                 {true, 3, step * batch});
     optimizer.step();
-    benchmark::DoNotOptimize(loss);  // the loss is read back: the step has finished
+    return loss;  // read back: the step has finished
+  };
+  one_step(0);  // warm-up: the caching allocator takes its blocks, cuBLAS its workspaces
+  const std::size_t activations_before = allocator.stats().live_of(MemoryCategory::activations);
+  allocator.reset_peak();
+  const std::size_t driver_allocations_before = allocator.stats().driver_allocations;
+#if BIGBATCH_HAVE_CUDA
+  if (device.is_cuda()) {
+    cuda::take_gemm_milliseconds();
+    cuda::set_gemm_timing(true);
+  }
+#endif
+  double step_ms = 0;
+  std::int64_t step = 1;
+  for (auto _ : state) {
+    const auto start = std::chrono::steady_clock::now();
+    benchmark::DoNotOptimize(one_step(step));
+    step_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+                   .count();
     ++step;
   }
+  double gemm_ms = 0;
+#if BIGBATCH_HAVE_CUDA
+  if (device.is_cuda()) {
+    cuda::set_gemm_timing(false);
+    gemm_ms = cuda::take_gemm_milliseconds();
+  }
+#endif
+  set_fused_epilogues(false);
+  const auto steps = static_cast<double>(state.iterations());
+  if (device.is_cuda()) {
+    state.counters["gemm_ms"] = gemm_ms / steps;
+    state.counters["gemm_share"] = step_ms > 0 ? gemm_ms / step_ms : 0.0;
+  }
   const MemoryStats stats = allocator.stats();
+  state.counters["driver_allocations"] =
+      static_cast<double>(stats.driver_allocations - driver_allocations_before);
+  state.counters["reserved_peak"] = static_cast<double>(stats.reserved_peak);
   state.counters["activations_peak"] = static_cast<double>(
       stats.peak_of(MemoryCategory::activations) - activations_before);
   state.counters["peak_total"] = static_cast<double>(stats.peak_total);
   state.SetItemsProcessed(state.iterations() * batch);
   state.SetLabel(std::string(fp16 ? "fp16" : "fp32") + " depth " +
                  std::to_string(config.depth) + " H " + std::to_string(config.hidden) +
-                 " B " + std::to_string(batch) + " micro " + std::to_string(micro_batch));
+                 " B " + std::to_string(batch) + " micro " + std::to_string(micro_batch) +
+                 (fused ? " fused" : ""));
 }
 
 void step_arguments(benchmark::internal::Benchmark* b) {
-  b->ArgNames({"fp16", "depth", "hidden", "batch", "micro"});
-  for (const std::int64_t precision : {0, 1}) b->Args({precision, 4, 512, 1024, 1024});
+  b->ArgNames({"fp16", "depth", "hidden", "batch", "micro", "fused"});
+  for (const std::int64_t precision : {0, 1}) b->Args({precision, 4, 512, 1024, 1024, 0});
+  b->Unit(benchmark::kMillisecond)->UseRealTime();
+}
+
+/// The GPU's grid: depth 4 and 16, H 1024 and 4096, a batch of 1024 in one micro-batch or
+/// in four of 256 (accumulation), fp32, and fp16 with and without the fused epilogues.
+void gpu_step_arguments(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"fp16", "depth", "hidden", "batch", "micro", "fused"});
+  for (const std::int64_t depth : {4, 16}) {
+    for (const std::int64_t hidden : {1024, 4096}) {
+      for (const std::int64_t micro : {1024, 256}) {
+        b->Args({0, depth, hidden, 1024, micro, 0});
+        b->Args({1, depth, hidden, 1024, micro, 0});
+        b->Args({1, depth, hidden, 1024, micro, 1});
+      }
+    }
+  }
   b->Unit(benchmark::kMillisecond)->UseRealTime();
 }
 
 BENCHMARK_CAPTURE(BM_TrainingStep, cpu, Device::cpu())->Apply(step_arguments);
-BENCHMARK_CAPTURE(BM_TrainingStep, cuda, Device::cuda())->Apply(step_arguments);
+BENCHMARK_CAPTURE(BM_TrainingStep, cuda, Device::cuda())->Apply(gpu_step_arguments);
 
 }  // namespace
 }  // namespace bigbatch
