@@ -396,7 +396,14 @@ Tensor Model::forward(const Tensor& x, const ForwardContext& context) {
   Tensor h = activation_tensor({rows, config_.hidden});
   activation_forward(config_.activation, saved_.stem_pre_activation, h);
 
-  if (runner_) {
+  if (!context.training) {
+    // Inference: no backward pass follows, so each block's saved tensors go as soon as the
+    // block is done (an evaluation holds one block's activations, not the whole model's).
+    for (std::size_t i = 0; i < blocks_.size(); ++i) {
+      BlockActivations transient;
+      h = block_forward(i, h, context, transient);
+    }
+  } else if (runner_) {
     h = runner_->forward(*this, std::move(h), context);  // saved_.blocks stays empty
   } else {
     saved_.blocks.resize(blocks_.size());

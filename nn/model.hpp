@@ -245,9 +245,10 @@ class Model {
   /// Sets every parameter gradient to 0.
   void zero_grad();
 
-  /// logits [b, C] (MemoryCategory::activations) of x [b, D] f32; saves what backward()
-  /// needs, replacing what an earlier forward() saved. BatchNorm in training updates its
-  /// running statistics and needs b >= 2.
+  /// logits [b, C] (MemoryCategory::activations) of x [b, D] f32; in training saves what
+  /// backward() needs, replacing what an earlier forward() saved (an inference forward,
+  /// context.training false, keeps no block's activations and allows no backward).
+  /// BatchNorm in training updates its running statistics and needs b >= 2.
   Tensor forward(const Tensor& x, const ForwardContext& context);
   /// Adds (+=) the gradients of the loss with respect to every parameter, given dlogits
   /// [b, C] f32 of the last forward(); releases the saved activations as it goes.
@@ -272,7 +273,7 @@ class Model {
   /// What the last forward() saved, until backward() takes it over.
   const SavedActivations& saved_activations() const { return saved_; }
   /// True between a forward() and the backward() that releases its activations.
-  bool has_saved_activations() const { return saved_.input.defined(); }
+  bool has_saved_activations() const { return saved_.input.defined() && saved_.context.training; }
 
   /// Writes state_dict() to a safetensors file (metadata: the config).
   void save(const std::string& path) const;
