@@ -18,6 +18,7 @@
 #include "nn/training.hpp"
 #include "tests/harness.hpp"
 #include "tests/labelled_batch.hpp"
+#include "tests/measure_step.hpp"
 #include "tests/tiny_training.hpp"
 
 namespace bigbatch {
@@ -25,6 +26,8 @@ namespace {
 
 using checkpointing::ScheduledRunner;
 using checkpointing::StepShape;
+using testing::Measured;
+using testing::measure;
 
 const std::vector<std::string> kPolicies = {
     "none",      "every:1",   "every:3",   "sqrt",           "optimal:1",
@@ -48,43 +51,6 @@ std::int64_t expected_advances(const std::string& policy, std::int64_t n) {
     return checkpointing::binomial_advances(n, std::min(slots, n));
   }
   return 0;  // none, selective
-}
-
-struct Measured {
-  MemoryStats stats;
-  std::int64_t evaluations = -1, recomputations = -1;  // -1: no runner
-};
-
-/// One accumulate_gradients over a batch on `device`, the peak reset just before it, as
-/// predict_step describes the step (AdamW's state live, the batch in MemoryCategory::data).
-Measured measure(const StepShape& step, const std::string& policy, bool runner_for_none,
-                 Device device) {
-  nn::Model model(step.model, device);
-  nn::Optimizer optimizer(model.parameters(), step.optimizer);
-  std::shared_ptr<ScheduledRunner> runner;
-  if (policy != "none" || runner_for_none) {
-    runner = ScheduledRunner::for_policy(policy, step.model.depth);
-    model.set_block_runner(runner);
-  }
-  // The batch in MemoryCategory::data on the device and nothing else live (the random
-  // batch's own tensors go before the step).
-  Tensor x({step.batch, step.model.inputs}, DType::f32, device, MemoryCategory::data);
-  Tensor labels({step.batch}, DType::i32, device, MemoryCategory::data);
-  {
-    const testing::LabelledBatch batch = testing::random_labelled_batch(step.model, step.batch, 3);
-    x.copy_from(batch.x);
-    labels.copy_from(batch.labels);
-  }
-  TrackingAllocator& allocator = allocator_for(device);
-  allocator.reset_peak();
-  nn::accumulate_gradients(model, x, labels, step.micro_batch, {true, 11, 0});
-  Measured m;
-  m.stats = allocator.stats();
-  if (runner) {
-    m.evaluations = runner->evaluations();
-    m.recomputations = runner->recomputations();
-  }
-  return m;
 }
 
 /// Every figure the allocator keeps, predicted to the byte (the allocation count aside:

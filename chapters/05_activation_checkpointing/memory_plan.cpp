@@ -30,8 +30,7 @@ double recompute_cost(const std::string& policy, std::int64_t depth) {
          (selective ? kSelectiveCost * static_cast<double>(depth) : 0.0);
 }
 
-BudgetChoice choose_for_budget(const StepShape& step, std::size_t budget) {
-  const std::int64_t depth = step.model.depth;
+std::vector<std::string> checkpoint_candidates(std::int64_t depth) {
   std::vector<std::string> candidates = {"none", "selective"};
   for (const char* family : {"every:", "optimal:"}) {
     for (std::int64_t k = 1; k <= depth; ++k) {
@@ -39,6 +38,12 @@ BudgetChoice choose_for_budget(const StepShape& step, std::size_t budget) {
       candidates.push_back(family + std::to_string(k) + kSelectiveSuffix);
     }
   }
+  return candidates;
+}
+
+BudgetChoice choose_for_budget(const StepShape& step, std::size_t budget) {
+  const std::int64_t depth = step.model.depth;
+  const std::vector<std::string> candidates = checkpoint_candidates(depth);
   BudgetChoice best;
   bool found = false;
   std::string smallest_policy;

@@ -49,10 +49,13 @@ struct BudgetChoice {
   std::size_t candidates = 0;    ///< policies weighed
 };
 
-/// budget:BYTES: of none, selective, every:K and optimal:SLOTS (K, SLOTS = 1 .. depth),
-/// each with and without selective, the one of least recompute_cost whose predicted step
-/// peak (StepPrediction::peak: everything on the device) is at most `budget`; ties go to
-/// the smaller peak, then to the earlier in that list. Throws std::invalid_argument when
+/// The policies budget:BYTES weighs, in this order: none, selective, then every:K and
+/// optimal:SLOTS for K, SLOTS = 1 .. depth, each without and with +selective.
+std::vector<std::string> checkpoint_candidates(std::int64_t depth);
+
+/// budget:BYTES: of checkpoint_candidates(depth), the one of least recompute_cost whose
+/// predicted step peak (StepPrediction::peak: everything on the device) is at most
+/// `budget`; ties go to the smaller peak, then to the earlier in that list. Throws std::invalid_argument when
 /// none fits, naming the smallest peak any of them reaches and its policy.
 BudgetChoice choose_for_budget(const StepShape& step, std::size_t budget);
 

@@ -35,6 +35,7 @@
 #include "common/memory.hpp"
 #include "chapters/05_activation_checkpointing/memory_plan.hpp"
 #include "chapters/05_activation_checkpointing/scheduled_runner.hpp"
+#include "chapters/06_planner/planner.hpp"
 #include "chapters/train/snapshot.hpp"
 #include "chapters/train/trainer.hpp"
 #include "nn/lr_schedule.hpp"
@@ -56,6 +57,12 @@ constexpr const char* kExitCodes =
 
 /// A mistake of the user's: reported without a stack of context, exit code 2.
 class UsageError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+/// No plan fits --device-memory (bigbatch plan, --plan auto): exit code 3, as out of memory.
+class NoPlanFits : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
 };
@@ -99,6 +106,9 @@ struct TrainOptions {
   std::int64_t snapshot_keep = 2;
   std::string resume;               ///< a snapshot folder to continue from
   loss_scaling::DynamicScalerOptions scaling;  ///< --scale-*: for --loss-scale dynamic
+  std::string plan;                 ///< "auto": chapter 06's planner chooses (train)
+  std::string calibration;          ///< the planner's cost-model file
+  bool recalibrate = false;         ///< measure the cost model again
   std::set<std::string> given;  ///< the flags on the command line, e.g. "--depth"
 };
 
@@ -632,7 +642,109 @@ struct Interrupted {
   int signal;
 };
 
-int run_train(const TrainOptions& options) {
+/// The planner's cost-model file: --calibration, else $XDG_CACHE_HOME (or ~/.cache)
+/// /bigbatch/calibration.json.
+std::string calibration_path(const TrainOptions& options) {
+  if (!options.calibration.empty()) return options.calibration;
+  if (const char* cache = std::getenv("XDG_CACHE_HOME"); cache != nullptr && *cache != 0) {
+    return std::string(cache) + "/bigbatch/calibration.json";
+  }
+  const char* home = std::getenv("HOME");
+  return std::string(home != nullptr && *home != 0 ? home : ".") + "/.cache/bigbatch/calibration.json";
+}
+
+/// Chapter 06's answer for the model, batch, optimizer and --device-memory of `options`,
+/// with its table printed; throws UsageError without --device-memory.
+planning::PlanResult plan_for(const TrainOptions& options, const nn::ModelConfig& config,
+                              Device device) {
+  if (options.device_memory.empty()) {
+    throw UsageError("planning needs --device-memory SIZE, the memory to plan for");
+  }
+  planning::PlanRequest request{config, options.batch, optimizer_options(options), 0};
+  try {
+    request.budget = parse_bytes(options.device_memory);
+  } catch (const std::invalid_argument& e) {
+    throw UsageError(std::string("--device-memory: ") + e.what());
+  }
+  if (options.given.count("--precision")) {
+    request.precisions = {options.precision == "fp16" ? nn::Precision::fp16 : nn::Precision::fp32};
+  }
+  const std::string path = calibration_path(options);
+  bool measured = false;
+  planning::CostModel cost;
+  try {
+    cost = planning::calibration_for(path, config, request.optimizer, device, options.batch,
+                                     options.recalibrate, &measured);
+  } catch (const std::runtime_error& e) {
+    throw UsageError(std::string("--calibration: ") + e.what());
+  }
+  std::cout << "plan: batch " << options.batch << " under " << format_bytes(request.budget)
+            << " on " << device.name() << "; step times from the cost model "
+            << (measured ? "measured now, saved to " : "in ") << path << "\n";
+  const planning::PlanResult result = planning::make_plan(request, cost);
+  if (result.feasible.empty()) {
+    const planning::Plan& smallest = *result.smallest;
+    throw NoPlanFits(
+        "no plan fits the step in " + format_bytes(request.budget) + ": the smallest predicted "
+        "peak is " + format_bytes(smallest.prediction.peak()) + " (" +
+        planning::describe(smallest, options.batch) + "), of which " +
+        format_bytes(result.fixed_bytes) + " are parameters, gradients, master weights, "
+        "optimizer state and the batch, which no plan can trade away");
+  }
+  std::printf("  %-24s %-10s %-22s %12s %12s\n", "micro-batch (per step)", "precision",
+              "checkpoint", "peak", "step time");
+  for (std::size_t i = 0; i < result.feasible.size(); ++i) {
+    const planning::Plan& p = result.feasible[i];
+    const std::string micro = std::to_string(p.micro_batch) + " (" +
+                              std::to_string((options.batch + p.micro_batch - 1) / p.micro_batch) +
+                              ")";
+    std::printf("  %-24s %-10s %-22s %12s %10.4f s%s\n", micro.c_str(),
+                nn::precision_name(p.precision).c_str(), p.checkpoint.c_str(),
+                format_bytes(p.prediction.peak()).c_str(), p.seconds, i == 0 ? "  <- fastest" : "");
+  }
+  std::cout << "  (" << result.weighed << " plans weighed; fp16 trains with dynamic loss "
+            << "scaling)\n";
+  return result;
+}
+
+/// bigbatch plan: the table, and the train flags of the fastest plan.
+int run_plan(const TrainOptions& options) {
+  const Splits splits = load_data(options);
+  const std::int64_t classes =
+      std::max(splits.train.num_classes, splits.test ? splits.test->num_classes : 0);
+  const nn::ModelConfig config = model_config(options, splits.train.feature_dim(), classes);
+  const planning::Plan best = plan_for(options, config, choose_device(options.device)).best();
+  std::cout << "train it with: --micro-batch " << best.micro_batch << " --precision "
+            << nn::precision_name(best.precision)
+            << (best.precision == nn::Precision::fp16 ? " --loss-scale dynamic" : "")
+            << " --checkpoint " << best.checkpoint << " (or --plan auto)\n";
+  return 0;
+}
+
+/// --plan auto: the flags the plan sets, written into a copy of the options.
+TrainOptions with_plan(const TrainOptions& given) {
+  for (const char* flag : {"--micro-batch", "--checkpoint", "--loss-scale"}) {
+    if (given.given.count(flag)) {
+      throw UsageError(std::string("--plan auto chooses ") + (flag + 2) + " itself: drop " + flag);
+    }
+  }
+  if (given.plan != "auto") throw UsageError("--plan: expected auto, got '" + given.plan + "'");
+  TrainOptions options = given;
+  const Splits splits = load_data(options);
+  const std::int64_t classes =
+      std::max(splits.train.num_classes, splits.test ? splits.test->num_classes : 0);
+  const nn::ModelConfig config = model_config(options, splits.train.feature_dim(), classes);
+  const planning::Plan best = plan_for(options, config, choose_device(options.device)).best();
+  std::cout << "plan auto: " << planning::describe(best, options.batch) << "\n";
+  options.micro_batch = best.micro_batch;
+  options.precision = nn::precision_name(best.precision);
+  options.loss_scale = best.precision == nn::Precision::fp16 ? "dynamic" : "none";
+  options.checkpoint = best.checkpoint;
+  return options;
+}
+
+int run_train(const TrainOptions& given) {
+  const TrainOptions& options = given.plan.empty() ? given : with_plan(given);
   if (options.micro_batch > options.batch) {
     throw UsageError("--micro-batch " + std::to_string(options.micro_batch) +
                      " is larger than --batch " + std::to_string(options.batch));
@@ -1132,6 +1244,16 @@ void add_train_flags(CLI::App& train, TrainOptions& o) {
       ->check(non_negative);
 }
 
+/// The planner's flags (chapter 06), on `bigbatch plan` and `bigbatch train`.
+void add_plan_flags(CLI::App& app, TrainOptions& o) {
+  app.add_option("--calibration", o.calibration,
+                 "the planner's cost-model file (JSON, keyed by model, optimizer and device; "
+                 "measured once and reused) [default: $XDG_CACHE_HOME or ~/.cache, "
+                 "bigbatch/calibration.json]");
+  app.add_flag("--recalibrate", o.recalibrate,
+               "measure the planner's cost model again (a few steps of the model)");
+}
+
 }  // namespace
 }  // namespace bigbatch
 
@@ -1145,6 +1267,17 @@ int main(int argc, char** argv) {
   CLI::App* train = app.add_subcommand("train", "train the residual MLP on a data set");
   train->footer(kExitCodes);
   add_train_flags(*train, options);
+  add_plan_flags(*train, options);
+  train->add_option("--plan", options.plan,
+                    "auto: train with the plan `bigbatch plan` picks for --device-memory "
+                    "(chapter 06: micro-batch, precision and checkpoint policy chosen for you)");
+  CLI::App* plan = app.add_subcommand(
+      "plan", "list the plans (micro-batch, precision, checkpoint policy) whose step fits in "
+              "--device-memory, with predicted peak and step time, fastest first; takes "
+              "train's flags");
+  plan->footer(kExitCodes);
+  add_train_flags(*plan, options);
+  add_plan_flags(*plan, options);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -1155,23 +1288,29 @@ int main(int argc, char** argv) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
     // One line naming the flag, not CLI11's two (the error, then a hint).
-    std::cerr << "bigbatch" << (train->parsed() ? " train" : "") << ": " << e.what()
-              << " (see bigbatch" << (train->parsed() ? " train" : "") << " --help)\n";
+    const std::string command = plan->parsed() ? " plan" : train->parsed() ? " train" : "";
+    std::cerr << "bigbatch" << command << ": " << e.what() << " (see bigbatch" << command
+              << " --help)\n";
     return kExitBadInput;
   }
-  for (const CLI::Option* option : train->get_options()) {
+  CLI::App* command = plan->parsed() ? plan : train;
+  for (const CLI::Option* option : command->get_options()) {
     if (option->count() > 0) options.given.insert(option->get_name());
   }
+  const std::string name = "bigbatch " + command->get_name();
   try {
-    return run_train(options);
+    return command == plan ? run_plan(options) : run_train(options);
   } catch (const UsageError& e) {
-    std::cerr << "bigbatch train: " << e.what() << "\n";
+    std::cerr << name << ": " << e.what() << "\n";
     return kExitBadInput;
+  } catch (const NoPlanFits& e) {
+    std::cerr << name << ": " << e.what() << "\n";
+    return kExitOutOfMemory;
   } catch (const OutOfMemoryError& e) {
-    std::cerr << "\nbigbatch train: " << e.what() << "\n";
+    std::cerr << "\n" << name << ": " << e.what() << "\n";
     return kExitOutOfMemory;
   } catch (const std::exception& e) {
-    std::cerr << "\nbigbatch train: " << e.what() << "\n";
+    std::cerr << "\n" << name << ": " << e.what() << "\n";
     return kExitFailure;
   }
 }

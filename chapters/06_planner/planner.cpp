@@ -1,0 +1,256 @@
+// planner.cpp: the cost model's calibration and the search over plans.
+#include "chapters/06_planner/planner.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
+
+#include "chapters/05_activation_checkpointing/memory_plan.hpp"
+#include "common/cuda_runtime.hpp"
+#include "common/format.hpp"
+#include "common/rng.hpp"
+#include "kernels/cpu_parallel.hpp"
+
+namespace bigbatch::planning {
+namespace {
+
+std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
+
+/// The median of `repeats` timings of `run` after one untimed warm-up run; waits for the
+/// device after each run, so a CUDA run is timed to its end.
+template <class Run>
+double median_seconds(Device device, int repeats, Run run) {
+  const auto finish = [&] {
+    if (device.is_cuda()) cuda_rt::synchronize();
+  };
+  run();
+  finish();
+  std::vector<double> times;
+  for (int r = 0; r < repeats; ++r) {
+    const auto start = std::chrono::steady_clock::now();
+    run();
+    finish();
+    times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  }
+  std::sort(times.begin(), times.end());
+  return times[times.size() / 2];
+}
+
+/// The line through (r1, t1) and (r2, t2); per_row is never negative (noise on a nearly
+/// flat cost) and fixed never below 0.
+LinearCost fit(std::int64_t r1, double t1, std::int64_t r2, double t2) {
+  LinearCost cost;
+  if (r2 > r1) cost.per_row = std::max(0.0, (t2 - t1) / static_cast<double>(r2 - r1));
+  cost.fixed = std::max(0.0, t1 - cost.per_row * static_cast<double>(r1));
+  if (r2 <= r1) cost.per_row = 0;
+  return cost;
+}
+
+PrecisionCost measure_precision(nn::ModelConfig config, const nn::Optimizer::Options& options,
+                                Device device, std::int64_t batch, int repeats) {
+  const std::int64_t r2 = std::max<std::int64_t>(1, std::min<std::int64_t>(batch, 128));
+  const std::int64_t r1 = std::max<std::int64_t>(1, std::min<std::int64_t>(r2 / 2, 16));
+  nn::Model model(config, device);
+  nn::Optimizer optimizer(model.parameters(), options);
+  std::vector<float> features(static_cast<std::size_t>(r2 * config.inputs));
+  std::vector<std::int32_t> labels(static_cast<std::size_t>(r2));
+  for (std::size_t i = 0; i < features.size(); ++i) {
+    features[i] = random_uniform(config.seed, /*stream=*/17, i) * 2 - 1;
+  }
+  for (std::size_t i = 0; i < labels.size(); ++i) {
+    labels[i] = static_cast<std::int32_t>(i % static_cast<std::size_t>(config.classes));
+  }
+  const Tensor x = Tensor::from_vector(features, {r2, config.inputs}).to(device);
+  const Tensor y = Tensor::from_vector(labels, {r2}).to(device);
+  const auto micro_step = [&](std::int64_t rows) {
+    return median_seconds(device, repeats, [&] {
+      model.zero_grad();
+      nn::accumulate_gradients(model, x.rows(0, rows), y.rows(0, rows), rows, {true, 1, 0});
+    });
+  };
+  const auto forward = [&](std::int64_t rows) {
+    return median_seconds(device, repeats, [&] { model.forward(x.rows(0, rows), {true, 1, 0}); });
+  };
+  PrecisionCost cost;
+  cost.micro_batch = fit(r1, micro_step(r1), r2, micro_step(r2));
+  cost.forward = fit(r1, forward(r1), r2, forward(r2));
+  cost.optimizer = median_seconds(device, repeats, [&] { optimizer.step(); });
+  return cost;
+}
+
+Json linear_json(const LinearCost& c) { return {{"fixed_s", c.fixed}, {"per_row_s", c.per_row}}; }
+LinearCost linear_from(const Json& j) {
+  return {j.at("fixed_s").get<double>(), j.at("per_row_s").get<double>()};
+}
+Json precision_json(const PrecisionCost& c) {
+  return {{"micro_batch", linear_json(c.micro_batch)},
+          {"forward", linear_json(c.forward)},
+          {"optimizer_s", c.optimizer}};
+}
+PrecisionCost precision_from(const Json& j) {
+  return {linear_from(j.at("micro_batch")), linear_from(j.at("forward")),
+          j.at("optimizer_s").get<double>()};
+}
+
+}  // namespace
+
+double CostModel::step_seconds(std::int64_t batch, std::int64_t micro_batch,
+                               nn::Precision precision, double recompute,
+                               std::int64_t depth) const {
+  const PrecisionCost& c = of(precision);
+  const double n = static_cast<double>(ceil_div(batch, micro_batch));
+  const double rows = static_cast<double>(batch);
+  const double per_block = depth > 0 ? recompute / static_cast<double>(depth) : 0.0;
+  return c.optimizer + n * c.micro_batch.fixed + rows * c.micro_batch.per_row +
+         per_block * (n * c.forward.fixed + rows * c.forward.per_row);
+}
+
+Json CostModel::to_json() const {
+  return {{"key", key}, {"fp32", precision_json(fp32)}, {"fp16", precision_json(fp16)}};
+}
+
+CostModel CostModel::from_json(const Json& json) {
+  try {
+    return {json.at("key").get<std::string>(), precision_from(json.at("fp32")),
+            precision_from(json.at("fp16"))};
+  } catch (const Json::exception& e) {
+    throw std::runtime_error(std::string("not a cost model: ") + e.what());
+  }
+}
+
+std::string cost_key(const nn::ModelConfig& model, const nn::Optimizer::Options& optimizer,
+                     Device device) {
+  std::ostringstream key;
+  key << "inputs " << model.inputs << ", classes " << model.classes << ", hidden "
+      << model.hidden << ", expansion " << model.expansion << ", depth " << model.depth
+      << ", norm " << nn::norm_name(model.norm) << ", activation "
+      << (model.activation == nn::Activation::gelu ? "gelu" : "relu") << ", dropout "
+      << model.dropout << ", optimizer "
+      << (std::holds_alternative<AdamWOptions>(optimizer) ? "adamw" : "sgd") << ", device "
+      << (device.is_cuda() ? cuda_rt::device_name() : "cpu") << ", threads "
+      << (device.is_cuda() ? 0 : cpu::max_threads());
+  return key.str();
+}
+
+CostModel calibrate(const nn::ModelConfig& model, const nn::Optimizer::Options& optimizer,
+                    Device device, std::int64_t batch, int repeats) {
+  CostModel cost;
+  cost.key = cost_key(model, optimizer, device);
+  nn::ModelConfig config = model;
+  config.precision = nn::Precision::fp32;
+  cost.fp32 = measure_precision(config, optimizer, device, batch, repeats);
+  config.precision = nn::Precision::fp16;
+  cost.fp16 = measure_precision(config, optimizer, device, batch, repeats);
+  return cost;
+}
+
+CostModel calibration_for(const std::string& path, const nn::ModelConfig& model,
+                          const nn::Optimizer::Options& optimizer, Device device,
+                          std::int64_t batch, bool fresh, bool* measured) {
+  const std::string key = cost_key(model, optimizer, device);
+  Json file = Json::object();
+  if (std::ifstream in(path); in) {
+    std::stringstream text;
+    text << in.rdbuf();
+    file = parse_json_limited(text.str(), 16, path);
+    if (!file.is_object()) throw std::runtime_error(path + ": not a JSON object");
+  }
+  if (!fresh && file.contains(key)) {
+    if (measured != nullptr) *measured = false;
+    return CostModel::from_json(file[key]);
+  }
+  const CostModel cost = calibrate(model, optimizer, device, batch);
+  file[key] = cost.to_json();
+  const std::filesystem::path target(path);
+  if (target.has_parent_path()) std::filesystem::create_directories(target.parent_path());
+  const std::string temporary = path + ".tmp";
+  {
+    std::ofstream out(temporary, std::ios::trunc);
+    out << file.dump(2) << "\n";
+    if (!out) throw std::runtime_error(temporary + ": cannot write the calibration");
+  }
+  std::filesystem::rename(temporary, path);
+  if (measured != nullptr) *measured = true;
+  return cost;
+}
+
+const Plan& PlanResult::best() const {
+  if (feasible.empty()) throw std::logic_error("PlanResult::best: no plan fits");
+  return feasible.front();
+}
+
+std::vector<std::int64_t> micro_batch_candidates(const nn::ModelConfig& model,
+                                                 std::int64_t batch) {
+  if (model.norm == nn::Norm::batch) return {batch};
+  std::vector<std::int64_t> sizes;
+  for (std::int64_t parts = 1;; parts *= 2) {
+    const std::int64_t m = ceil_div(batch, parts);
+    if (sizes.empty() || sizes.back() != m) sizes.push_back(m);
+    if (m == 1) break;
+  }
+  return sizes;
+}
+
+PlanResult make_plan(const PlanRequest& request, const CostModel& cost) {
+  const std::int64_t depth = request.model.depth;
+  // The checkpoint policies by increasing recomputation (stable: chapter 05's order on ties).
+  std::vector<std::pair<double, std::string>> policies;
+  for (const std::string& policy : checkpointing::checkpoint_candidates(depth)) {
+    policies.emplace_back(checkpointing::recompute_cost(policy, depth), policy);
+  }
+  std::stable_sort(policies.begin(), policies.end(),
+                   [](const auto& a, const auto& b) { return a.first < b.first; });
+
+  PlanResult result;
+  for (const nn::Precision precision : request.precisions) {
+    nn::ModelConfig config = request.model;
+    config.precision = precision;
+    for (const std::int64_t micro : micro_batch_candidates(config, request.batch)) {
+      const checkpointing::StepShape step{config, request.batch, micro, request.optimizer};
+      std::optional<Plan> chosen;
+      for (const auto& [recompute, policy] : policies) {
+        if (chosen && recompute > chosen->recompute) break;  // every further one is slower
+        Plan plan{micro, precision, policy, checkpointing::predict_policy(step, policy),
+                  recompute, cost.step_seconds(request.batch, micro, precision, recompute, depth)};
+        ++result.weighed;
+        if (!result.smallest || plan.prediction.peak() < result.smallest->prediction.peak()) {
+          result.smallest = plan;
+        }
+        if (plan.prediction.peak() > request.budget) continue;
+        if (!chosen || plan.prediction.peak() < chosen->prediction.peak()) chosen = plan;
+      }
+      if (!chosen) continue;
+      result.feasible.push_back(*chosen);
+      if (chosen->recompute == 0) break;  // smaller micro-batches only add fixed costs
+    }
+  }
+  std::stable_sort(result.feasible.begin(), result.feasible.end(),
+                   [](const Plan& a, const Plan& b) {
+                     return a.seconds != b.seconds ? a.seconds < b.seconds
+                                                   : a.prediction.peak() < b.prediction.peak();
+                   });
+  if (!result.feasible.empty()) {
+    result.smallest.reset();
+  } else if (result.smallest) {
+    const MemoryStats& s = result.smallest->prediction.stats;
+    for (const MemoryCategory c : {MemoryCategory::parameters, MemoryCategory::gradients,
+                                   MemoryCategory::master_weights, MemoryCategory::optimizer_state,
+                                   MemoryCategory::data}) {
+      result.fixed_bytes += s.at_peak_of(c);
+    }
+  }
+  return result;
+}
+
+std::string describe(const Plan& plan, std::int64_t batch) {
+  const std::int64_t n = ceil_div(batch, plan.micro_batch);
+  return "micro-batch " + std::to_string(plan.micro_batch) + " (" + std::to_string(n) +
+         " per step), " +
+         (plan.precision == nn::Precision::fp16 ? "fp16 + dynamic loss scaling" : "fp32") +
+         ", checkpoint " + plan.checkpoint;
+}
+
+}  // namespace bigbatch::planning

@@ -1,0 +1,135 @@
+// planner.hpp: chapter 06, "I have this much device memory and want this batch: what do I
+// run?" A plan is a micro-batch size, a precision (fp16 always with dynamic loss scaling)
+// and a checkpoint policy. Its peak bytes come from chapter 05's exact memory model
+// (predict_policy), its step time from a cost model fitted to a short measurement on the
+// device; the planner lists every plan that fits and picks the fastest.
+//
+//   CostModel cost = calibrate(model, optimizer, Device::cpu());    // about 20 measurements
+//   PlanResult result = make_plan({model, 4096, optimizer, 48 << 20}, cost);
+//   result.best()   // e.g. micro-batch 512, fp32, checkpoint none
+//
+// The cost model, per precision p (one micro-batch of r rows; a step of B rows in
+// n = ceil(B / m) micro-batches):
+//   micro-batch forward + backward   a_p + b_p r        (fitted at two sizes)
+//   forward alone                    c_p + d_p r        (what a recomputed block costs)
+//   optimizer boundary               o_p
+//   step(m, p, policy) = o_p + n a_p + B b_p + (R / depth) (n c_p + B d_p)
+// where R is the policy's recomputation in block forwards per micro-batch
+// (checkpointing::recompute_cost). The fit is linear in r: fixed costs per micro-batch
+// (launches, the head, the weights' reads) against costs per row. On a 2-core CPU the
+// fixed part is small; on a GPU at small r it dominates, which is what makes tiny
+// micro-batches slow there.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/device.hpp"
+#include "common/json.hpp"
+#include "nn/memory_model.hpp"
+#include "nn/model.hpp"
+#include "nn/training.hpp"
+
+namespace bigbatch::planning {
+
+/// Seconds = fixed * count + per_row * rows: a cost linear in the rows, with a fixed part
+/// per call.
+struct LinearCost {
+  double fixed = 0;    ///< seconds per call
+  double per_row = 0;  ///< seconds per row
+};
+
+/// The measured costs of one precision (the table above).
+struct PrecisionCost {
+  LinearCost micro_batch;  ///< a_p, b_p: forward + backward of one micro-batch
+  LinearCost forward;      ///< c_p, d_p: the forward pass alone
+  double optimizer = 0;    ///< o_p: the optimizer's step over every parameter
+};
+
+/// A cost model: what it was measured for (key) and the costs of fp32 and fp16.
+struct CostModel {
+  std::string key;  ///< the model's shape, the optimizer, the device and its threads
+  PrecisionCost fp32, fp16;
+
+  /// The costs of `precision`.
+  const PrecisionCost& of(nn::Precision precision) const {
+    return precision == nn::Precision::fp16 ? fp16 : fp32;
+  }
+  /// The predicted seconds of one optimizer step (the formula above); `recompute` is R.
+  double step_seconds(std::int64_t batch, std::int64_t micro_batch, nn::Precision precision,
+                      double recompute, std::int64_t depth) const;
+  /// The model as JSON (for the calibration file) and back; from_json throws
+  /// std::runtime_error for a file that does not hold one.
+  Json to_json() const;
+  static CostModel from_json(const Json& json);
+};
+
+/// What calibrate() is measured for, as a key: every field that changes the step's time.
+std::string cost_key(const nn::ModelConfig& model, const nn::Optimizer::Options& optimizer,
+                     Device device);
+
+/// Measures the cost model on `device`: each precision's micro-batch step at two row
+/// counts, its forward at the same two, and its optimizer step; each the median of
+/// `repeats` runs after one warm-up run. Rows: min(batch, 16) and min(batch, 128).
+CostModel calibrate(const nn::ModelConfig& model, const nn::Optimizer::Options& optimizer,
+                    Device device, std::int64_t batch, int repeats = 3);
+
+/// The cost model for (model, optimizer, device) from the JSON file at `path` (an object
+/// keyed by cost_key), measured and added to the file when it is not there or `fresh` is
+/// set. `measured` (when given) tells whether it was measured now.
+CostModel calibration_for(const std::string& path, const nn::ModelConfig& model,
+                          const nn::Optimizer::Options& optimizer, Device device,
+                          std::int64_t batch, bool fresh = false, bool* measured = nullptr);
+
+/// The question: this model, this batch, this optimizer, this much device memory.
+struct PlanRequest {
+  nn::ModelConfig model;  ///< its precision is ignored: the planner chooses one
+  std::int64_t batch = 0;
+  nn::Optimizer::Options optimizer;
+  std::size_t budget = 0;  ///< device bytes (as --device-memory caps them)
+  /// The precisions to consider (default both); fp16 means dynamic loss scaling.
+  std::vector<nn::Precision> precisions = {nn::Precision::fp32, nn::Precision::fp16};
+};
+
+/// One answer.
+struct Plan {
+  std::int64_t micro_batch = 0;
+  nn::Precision precision = nn::Precision::fp32;
+  std::string checkpoint = "none";  ///< a chapter 05 policy
+  nn::StepPrediction prediction;    ///< its step, byte by byte
+  double recompute = 0;             ///< R, block forwards per micro-batch
+  double seconds = 0;               ///< predicted seconds per optimizer step
+};
+
+/// Every feasible plan, fastest first, and what was weighed.
+struct PlanResult {
+  std::vector<Plan> feasible;  ///< sorted by seconds, then by peak
+  /// When nothing fits: the smallest peak any weighed plan reaches, that plan, and the
+  /// bytes at that peak that no plan can trade away (parameters, their gradients, fp32
+  /// master weights, optimizer state and the batch on the device).
+  std::optional<Plan> smallest;
+  std::size_t fixed_bytes = 0;
+  std::size_t weighed = 0;  ///< (micro-batch, precision, policy) triples predicted
+  /// The fastest plan; throws std::logic_error when none is feasible.
+  const Plan& best() const;
+};
+
+/// The micro-batch sizes the planner weighs: batch, ceil(batch / 2), ceil(batch / 4), ...
+/// down to 1, each once. With BatchNorm only the batch itself (smaller micro-batches
+/// change the update: chapter 02).
+std::vector<std::int64_t> micro_batch_candidates(const nn::ModelConfig& model, std::int64_t batch);
+
+/// Answers `request`. For each precision it walks the micro-batches from the largest
+/// down; at each, checkpoint policies in increasing recomputation (chapter 05's
+/// candidates) until one fits (the cheapest that fits: every other fitting policy of this
+/// micro-batch and precision is slower); once a micro-batch fits with no recomputation,
+/// smaller ones can only be slower (more fixed costs) and are not weighed.
+PlanResult make_plan(const PlanRequest& request, const CostModel& cost);
+
+/// "micro-batch 512 (8 per step), fp16 + dynamic loss scaling, checkpoint sqrt"
+std::string describe(const Plan& plan, std::int64_t batch);
+
+}  // namespace bigbatch::planning

@@ -1,0 +1,37 @@
+#!/bin/sh
+# check_plan.sh BIGBATCH
+# Chapter 06 from the command line. `bigbatch plan` lists the plans that fit --device-memory,
+# fastest first, measuring the cost model once into --calibration and reusing it after;
+# `bigbatch train --plan auto` trains with the fastest, and every step's measured peak (the
+# log's peak_bytes_total) fits the budget and equals the planned peak; a budget nothing fits
+# exits with 3 and names the smallest peak; --plan auto refuses a flag it would choose.
+set -u
+bigbatch=$1
+shape="--data synthetic --samples 600 --depth 8 --hidden 64 --batch 256 --calibration plan-calibration.json"
+run="$shape --device-memory 6MiB"
+fail() { echo "FAIL: $1"; exit 1; }
+rm -f plan-calibration.json
+"$bigbatch" plan $run > plan.txt; code=$?
+cat plan.txt
+[ "$code" -eq 0 ] || fail "bigbatch plan exited with $code"
+grep -q 'cost model measured now, saved to plan-calibration.json' plan.txt || fail "not measured"
+grep -q '<- fastest' plan.txt || fail "no fastest plan"
+"$bigbatch" plan $run > again.txt || fail "the second plan failed"
+grep -q 'cost model in plan-calibration.json' again.txt || fail "the calibration was not reused"
+# The fastest plan's peak, in bytes, from the train run's own line.
+"$bigbatch" train $run --plan auto --steps 2 --explain --log plan.jsonl > train.txt; code=$?
+cat train.txt
+[ "$code" -eq 0 ] || fail "train --plan auto exited with $code"
+grep -q '^plan auto: micro-batch ' train.txt || fail "the plan is not named"
+predicted=$(sed -n 's/^predicted step peak .* (\([0-9]*\) bytes), at: .*/\1/p' train.txt)
+[ -n "$predicted" ] || fail "no predicted step peak"
+[ "$predicted" -le 6291456 ] || fail "the plan's peak $predicted exceeds 6 MiB"
+exact=$(grep -c "\"peak_bytes_total\":$predicted," plan.jsonl)
+[ "$exact" -eq 2 ] || fail "the measured peaks are not the predicted $predicted: $(grep -o '"peak_bytes_total":[0-9]*' plan.jsonl | tr '\n' ' ')"
+"$bigbatch" plan $shape --device-memory 1MiB > none.txt 2> none.err; code=$?
+cat none.err
+[ "$code" -eq 3 ] || fail "a budget nothing fits exited with $code, not 3"
+grep -q 'the smallest predicted peak is' none.err || fail "the smallest peak is not named"
+"$bigbatch" train $run --plan auto --micro-batch 8 --steps 1 > /dev/null 2> refused.err; code=$?
+[ "$code" -eq 2 ] && grep -q 'drop --micro-batch' refused.err || fail "--plan auto took --micro-batch ($code)"
+echo "bigbatch plan and train --plan auto: the plan fits 6 MiB and its peak is measured as predicted"

@@ -1,0 +1,55 @@
+// measure_step.hpp: one training step's memory, measured by the tracking allocator, for
+// the tests that hold a prediction (chapter 05's memory model, chapter 06's planner)
+// against it.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "chapters/05_activation_checkpointing/memory_plan.hpp"
+#include "chapters/05_activation_checkpointing/scheduled_runner.hpp"
+#include "common/memory.hpp"
+#include "nn/training.hpp"
+#include "tests/labelled_batch.hpp"
+
+namespace bigbatch::testing {
+
+struct Measured {
+  MemoryStats stats;
+  std::int64_t evaluations = -1, recomputations = -1;  // -1: no runner
+};
+
+/// One accumulate_gradients over a batch on `device`, the peak reset just before it, as
+/// predict_step describes the step (AdamW's state live, the batch in MemoryCategory::data).
+inline Measured measure(const checkpointing::StepShape& step, const std::string& policy, bool runner_for_none,
+                 Device device) {
+  nn::Model model(step.model, device);
+  nn::Optimizer optimizer(model.parameters(), step.optimizer);
+  std::shared_ptr<checkpointing::ScheduledRunner> runner;
+  if (policy != "none" || runner_for_none) {
+    runner = checkpointing::ScheduledRunner::for_policy(policy, step.model.depth);
+    model.set_block_runner(runner);
+  }
+  // The batch in MemoryCategory::data on the device and nothing else live (the random
+  // batch's own tensors go before the step).
+  Tensor x({step.batch, step.model.inputs}, DType::f32, device, MemoryCategory::data);
+  Tensor labels({step.batch}, DType::i32, device, MemoryCategory::data);
+  {
+    const testing::LabelledBatch batch = random_labelled_batch(step.model, step.batch, 3);
+    x.copy_from(batch.x);
+    labels.copy_from(batch.labels);
+  }
+  TrackingAllocator& allocator = allocator_for(device);
+  allocator.reset_peak();
+  nn::accumulate_gradients(model, x, labels, step.micro_batch, {true, 11, 0});
+  Measured m;
+  m.stats = allocator.stats();
+  if (runner) {
+    m.evaluations = runner->evaluations();
+    m.recomputations = runner->recomputations();
+  }
+  return m;
+}
+
+}  // namespace bigbatch::testing

@@ -1,0 +1,171 @@
+// test_planner.cpp: chapter 06's planner (chapters/06_planner/planner.hpp). For a grid of
+// models and budgets the chosen plan's peak, measured by the allocator, equals its
+// prediction and fits the budget, and no (micro-batch, precision, policy) that fits is
+// predicted faster (brute force over every triple); when nothing fits, the smallest peak
+// reported is the smallest of every triple. The cost model here is fixed numbers, so the
+// choices do not depend on this machine's timing; the calibration file is tested apart.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "chapters/05_activation_checkpointing/memory_plan.hpp"
+#include "chapters/06_planner/planner.hpp"
+#include "tests/measure_step.hpp"
+#include "tests/temp_files.hpp"
+#include "tests/tiny_training.hpp"
+
+namespace bigbatch {
+namespace {
+
+using planning::CostModel;
+using planning::Plan;
+using planning::PlanRequest;
+
+/// Fixed costs that make every trade visible: a micro-batch's fixed cost, the rows' cost,
+/// a forward at about a third of a micro-batch step, fp16 a little faster per row.
+CostModel fixed_cost_model() {
+  CostModel cost;
+  cost.key = "test";
+  cost.fp32 = {{2e-3, 1e-4}, {0.7e-3, 0.35e-4}, 5e-3};
+  cost.fp16 = {{2.5e-3, 0.6e-4}, {0.9e-3, 0.2e-4}, 6e-3};
+  return cost;
+}
+
+TEST(Planner, MicroBatchCandidatesHalveDownToOne) {
+  const nn::ModelConfig model = testing::tiny_model(2, 0.0f);
+  EXPECT_EQ(planning::micro_batch_candidates(model, 1000),
+            (std::vector<std::int64_t>{1000, 500, 250, 125, 63, 32, 16, 8, 4, 2, 1}));
+  EXPECT_EQ(planning::micro_batch_candidates(model, 1), (std::vector<std::int64_t>{1}));
+  nn::ModelConfig batch_norm = model;
+  batch_norm.norm = nn::Norm::batch;  // smaller micro-batches change the update (chapter 02)
+  EXPECT_EQ(planning::micro_batch_candidates(batch_norm, 1000), (std::vector<std::int64_t>{1000}));
+}
+
+TEST(Planner, StepTimeFollowsTheFormula) {
+  const CostModel cost = fixed_cost_model();
+  // B = 100 in micro-batches of 30: n = 4; R = 6 block forwards per micro-batch at depth 3.
+  const double expected = 5e-3 + 4 * 2e-3 + 100 * 1e-4 + (6.0 / 3) * (4 * 0.7e-3 + 100 * 0.35e-4);
+  EXPECT_DOUBLE_EQ(cost.step_seconds(100, 30, nn::Precision::fp32, 6, 3), expected);
+  EXPECT_DOUBLE_EQ(cost.step_seconds(100, 100, nn::Precision::fp16, 0, 3), 6e-3 + 2.5e-3 + 100 * 0.6e-4);
+  // JSON and back: the same numbers.
+  const CostModel back = CostModel::from_json(Json::parse(cost.to_json().dump()));
+  EXPECT_EQ(back.to_json(), cost.to_json());
+  EXPECT_THROW(CostModel::from_json(Json::parse(R"({"key":"x"})")), std::runtime_error);
+}
+
+struct Triple {
+  std::int64_t micro;
+  nn::Precision precision;
+  std::string policy;
+  std::size_t peak;
+  double seconds;
+};
+
+/// Every (micro-batch, precision, policy) the planner could choose, predicted.
+std::vector<Triple> every_triple(const PlanRequest& request, const CostModel& cost) {
+  std::vector<Triple> all;
+  const std::int64_t depth = request.model.depth;
+  for (const nn::Precision precision : request.precisions) {
+    nn::ModelConfig config = request.model;
+    config.precision = precision;
+    for (const std::int64_t micro : planning::micro_batch_candidates(config, request.batch)) {
+      const checkpointing::StepShape step{config, request.batch, micro, request.optimizer};
+      for (const std::string& policy : checkpointing::checkpoint_candidates(depth)) {
+        all.push_back({micro, precision, policy, checkpointing::predict_policy(step, policy).peak(),
+                       cost.step_seconds(request.batch, micro, precision,
+                                         checkpointing::recompute_cost(policy, depth), depth)});
+      }
+    }
+  }
+  return all;
+}
+
+TEST(Planner, TheChosenPlanFitsIsMeasuredAsPredictedAndNothingFasterFits) {
+  const CostModel cost = fixed_cost_model();
+  for (const std::int64_t depth : {3, 8}) {
+    PlanRequest request{testing::tiny_model(depth, 0.0f), 48, AdamWOptions{}, 0};
+    const std::vector<Triple> all = every_triple(request, cost);
+    std::vector<std::size_t> peaks;
+    for (const Triple& t : all) peaks.push_back(t.peak);
+    std::sort(peaks.begin(), peaks.end());
+    // Budgets from the roomiest down to the smallest peak any plan has.
+    for (const double quantile : {1.0, 0.8, 0.5, 0.2, 0.05, 0.0}) {
+      const std::size_t budget = peaks[static_cast<std::size_t>(quantile * (peaks.size() - 1))];
+      request.budget = budget;
+      const planning::PlanResult result = planning::make_plan(request, cost);
+      const std::string where = "depth " + std::to_string(depth) + ", budget " + std::to_string(budget);
+      ASSERT_FALSE(result.feasible.empty()) << where;
+      const Plan& best = result.best();
+      EXPECT_LE(best.prediction.peak(), budget) << where;
+      for (const Triple& t : all) {
+        if (t.peak <= budget) {
+          EXPECT_GE(t.seconds, best.seconds) << where << ": " << t.micro << " "
+                                             << nn::precision_name(t.precision) << " " << t.policy
+                                             << " fits and is predicted faster than "
+                                             << planning::describe(best, request.batch);
+        }
+      }
+      // Run the chosen plan's step: the allocator's peak is the prediction, to the byte.
+      nn::ModelConfig config = request.model;
+      config.precision = best.precision;
+      const checkpointing::StepShape step{config, request.batch, best.micro_batch, request.optimizer};
+      const testing::Measured measured = testing::measure(step, best.checkpoint, false, Device::cpu());
+      EXPECT_EQ(measured.stats.peak_total, best.prediction.peak()) << where;
+      EXPECT_LE(measured.stats.peak_total, budget) << where;
+    }
+    // One byte below the smallest peak: nothing fits, and the smallest is the true minimum.
+    request.budget = peaks.front() - 1;
+    const planning::PlanResult none = planning::make_plan(request, cost);
+    EXPECT_TRUE(none.feasible.empty());
+    ASSERT_TRUE(none.smallest.has_value());
+    EXPECT_EQ(none.smallest->prediction.peak(), peaks.front());
+    EXPECT_EQ(none.weighed, all.size());
+    EXPECT_GT(none.fixed_bytes, 0u);
+    EXPECT_LE(none.fixed_bytes, peaks.front());
+    EXPECT_THROW(none.best(), std::logic_error);
+  }
+}
+
+TEST(Planner, OnePrecisionWhenAsked) {
+  PlanRequest request{testing::tiny_model(4, 0.0f), 32, AdamWOptions{}, 1u << 30,
+                      {nn::Precision::fp16}};
+  const planning::PlanResult result = planning::make_plan(request, fixed_cost_model());
+  ASSERT_FALSE(result.feasible.empty());
+  for (const Plan& plan : result.feasible) EXPECT_EQ(plan.precision, nn::Precision::fp16);
+  // Room for everything: the whole batch at once, no recomputation.
+  EXPECT_EQ(result.best().micro_batch, 32);
+  EXPECT_EQ(result.best().checkpoint, "none");
+}
+
+TEST(Planner, TheCalibrationIsMeasuredOnceAndReused) {
+  testing::TemporaryPath path("calibration.json");
+  const nn::ModelConfig model = testing::tiny_model(2, 0.0f);
+  bool measured = false;
+  const CostModel first =
+      planning::calibration_for(path.str(), model, AdamWOptions{}, Device::cpu(), 32, false, &measured);
+  EXPECT_TRUE(measured);
+  for (const auto* c : {&first.fp32, &first.fp16}) {
+    EXPECT_GE(c->micro_batch.fixed, 0);
+    EXPECT_GE(c->micro_batch.per_row, 0);
+    EXPECT_GT(c->micro_batch.fixed + 32 * c->micro_batch.per_row, 0);  // a step takes time
+    EXPECT_GT(c->optimizer, 0);
+  }
+  const CostModel again =
+      planning::calibration_for(path.str(), model, AdamWOptions{}, Device::cpu(), 32, false, &measured);
+  EXPECT_FALSE(measured);
+  EXPECT_EQ(again.to_json(), first.to_json());
+  // Another model gets its own entry; the first stays.
+  planning::calibration_for(path.str(), testing::tiny_model(3, 0.0f), AdamWOptions{},
+                            Device::cpu(), 32, false, &measured);
+  EXPECT_TRUE(measured);
+  planning::calibration_for(path.str(), model, AdamWOptions{}, Device::cpu(), 32, false, &measured);
+  EXPECT_FALSE(measured);
+  planning::calibration_for(path.str(), model, AdamWOptions{}, Device::cpu(), 32, true, &measured);
+  EXPECT_TRUE(measured);
+}
+
+}  // namespace
+}  // namespace bigbatch
