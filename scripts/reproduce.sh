@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Regenerates every committed result and figure, in order, on this machine:
+#   scripts/run-benchmarks.sh             bench/results/cpu-{kernels,training,checkpointing}.json
+#   scripts/fashion-mnist-equivalence.sh  bench/results/fashion-mnist-equivalence.txt
+#   scripts/large-batch-learning-rate.sh  bench/results/fashion-mnist-large-batch-*-epochs.txt
+#   scripts/fp16-loss-curves.sh           bench/results/chapter03-loss-curves.json
+#   scripts/chapter-figures.sh            chapters 03-04's data, then every notebook, headless,
+#                                         which writes docs/figures/
+# Each step installs what it needs and builds first. On 2 CPU cores the whole run takes
+# about an hour and a half; the results' own files say when and where they were made.
+# A GPU's results come from scripts/gpu-check.sh instead (it needs the device).
+#
+# Usage: scripts/reproduce.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+for step in run-benchmarks.sh fashion-mnist-equivalence.sh large-batch-learning-rate.sh \
+            fp16-loss-curves.sh chapter-figures.sh; do
+  echo "== scripts/$step"
+  "scripts/$step"
+done
+echo "every result is regenerated: git status shows what changed"
