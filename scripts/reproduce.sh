@@ -6,8 +6,9 @@
 #   scripts/fp16-loss-curves.sh           bench/results/chapter03-loss-curves.json
 #   scripts/chapter-figures.sh            chapters 03-04's data, then every notebook, headless,
 #                                         which writes docs/figures/
-# Each step installs what it needs and builds first. On 2 CPU cores the whole run takes
-# about an hour and a half; the results' own files say when and where they were made.
+# Each step installs what it needs and builds first, and its own header says how long it
+# runs (the Fashion-MNIST runs and the fp16 loss curves take the most); the results' own
+# files say when and where they were made.
 # A GPU's results come from scripts/gpu-check.sh instead (it needs the device).
 #
 # Usage: scripts/reproduce.sh
