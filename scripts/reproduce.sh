@@ -3,6 +3,7 @@
 #   scripts/run-benchmarks.sh             bench/results/cpu-{kernels,training,checkpointing}.json
 #   scripts/fashion-mnist-equivalence.sh  bench/results/fashion-mnist-equivalence.txt
 #   scripts/large-batch-learning-rate.sh  bench/results/fashion-mnist-large-batch-*-epochs.txt
+#   scripts/techniques-table.sh           bench/results/fashion-mnist-techniques.md
 #   scripts/fp16-loss-curves.sh           bench/results/chapter03-loss-curves.json
 #   scripts/chapter-figures.sh            chapters 03-04's data, then every notebook, headless,
 #                                         which writes docs/figures/
@@ -15,7 +16,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 for step in run-benchmarks.sh fashion-mnist-equivalence.sh large-batch-learning-rate.sh \
-            fp16-loss-curves.sh chapter-figures.sh; do
+            techniques-table.sh fp16-loss-curves.sh chapter-figures.sh; do
   echo "== scripts/$step"
   "scripts/$step"
 done
