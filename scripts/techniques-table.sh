@@ -35,8 +35,12 @@ run() {
   steps_per_epoch=$(sed -n 's/.* steps (\([0-9]*\) per epoch).*/\1/p' "$out/run.log" | head -n 1)
   local epoch_s
   epoch_s=$(awk -v ms="$ms" -v n="$steps_per_epoch" 'BEGIN { printf "%.1f", ms * n / 1000 }')
+  # The planner's choice, when it chose: "micro-batch 256 (4 per step), fp32, checkpoint ..."
+  local plan
+  plan=$(sed -n 's/^plan auto: //p' "$out/run.log")
+  [ -z "$plan" ] || name="$name: $plan"
   rows+="| $name | $accuracy | $peak | $epoch_s s |"$'\n'
-  commands+="    bigbatch train ${common[*]} $*"$'\n'
+  commands+="    bigbatch train ${common[*]} ${*/$out\//}"$'\n'
   echo "$name: accuracy $accuracy, step peak $peak, $epoch_s s per epoch"
 }
 run "batch 1024 in one piece, fp32"
