@@ -22,11 +22,12 @@ std::atomic<bool>& fused_setting() {
 
 std::atomic<std::int64_t> fused_calls{0};
 
+#if BIGBATCH_HAVE_CUDA
 /// Whether this call may try the fused path: enabled, on CUDA, f16 operands.
 bool try_fused(const Tensor& operand) {
-  return BIGBATCH_HAVE_CUDA && fused_setting().load() && operand.device().is_cuda() &&
-         operand.dtype() == DType::f16;
+  return fused_setting().load() && operand.device().is_cuda() && operand.dtype() == DType::f16;
 }
+#endif
 
 }  // namespace
 

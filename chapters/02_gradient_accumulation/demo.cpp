@@ -152,7 +152,7 @@ void the_wanted_batch_as_micro_batches(bb::SelfCheck& report, const bb::baseline
   const WantedBatchRun whole = train_wanted_batch(data, base::kWantedBatch, steps);
   report.note("one piece, no cap, step 1 peaks at: " + peaks(whole.first_step));
   std::string losses;
-  for (const float loss : accumulated.losses) losses += " " + number(loss, "%.4f");
+  for (const float loss : accumulated.losses) losses.append(" ").append(number(loss, "%.4f"));
   report.note("loss per step (micro-batches):" + losses);
   // An independent check that real gradients flowed: a backward that wrote nothing would
   // leave both runs equal and the loss flat (AdamW's decay alone does not train).
