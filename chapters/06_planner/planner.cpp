@@ -40,12 +40,11 @@ double median_seconds(Device device, int repeats, Run run) {
 }
 
 /// The line through (r1, t1) and (r2, t2); per_row is never negative (noise on a nearly
-/// flat cost) and fixed never below 0.
+/// flat cost) and fixed never below 0; one point (r2 <= r1) gives a constant.
 LinearCost fit(std::int64_t r1, double t1, std::int64_t r2, double t2) {
   LinearCost cost;
   if (r2 > r1) cost.per_row = std::max(0.0, (t2 - t1) / static_cast<double>(r2 - r1));
   cost.fixed = std::max(0.0, t1 - cost.per_row * static_cast<double>(r1));
-  if (r2 <= r1) cost.per_row = 0;
   return cost;
 }
 
