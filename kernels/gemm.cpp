@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <memory>
 #include <new>
 #include <utility>
@@ -265,6 +266,18 @@ Problem sub_problem(const Problem& p, std::int64_t row0, std::int64_t rows, std:
   return block;
 }
 
+/// dst[i] = src[i] for i < n: a panel's row of a few floats (mr or nr of them), where
+/// std::copy's call to memmove cost more than the copy.
+void copy_floats(const float* src, std::int64_t n, float* dst) {
+  std::int64_t i = 0;
+  for (; i + 8 <= n; i += 8) std::memcpy(dst + i, src + i, 8 * sizeof(float));
+  if (i + 4 <= n) {
+    std::memcpy(dst + i, src + i, 4 * sizeof(float));
+    i += 4;
+  }
+  for (; i < n; ++i) dst[i] = src[i];
+}
+
 /// A contiguous run of n elements as floats: the run itself, or widened into `buffer`.
 const float* run_as_floats(const void* run, bool f16, std::int64_t n, const IsaKernels& isa,
                            float* buffer) {
@@ -292,11 +305,21 @@ void pack_panel(const Operand& x, std::int64_t first, bool lanes_contiguous,
                                        x.f16, lanes, isa, run_buffer);
       float* out = dst + k * width;
       if (scale == 1.0f) {
-        std::copy(run, run + lanes, out);
+        copy_floats(run, lanes, out);
       } else {
         for (std::int64_t lane = 0; lane < lanes; ++lane) out[lane] = scale * run[lane];
       }
       std::fill(out + lanes, out + width, 0.0f);
+    }
+    return;
+  }
+  if (!x.f16 && isa.transpose_pack != nullptr) {
+    isa.transpose_pack(static_cast<const float*>(x.data) + first, outer_stride, lanes, kc,
+                       scale, dst, width);
+    if (lanes < width) {
+      for (std::int64_t k = 0; k < kc; ++k) {
+        std::fill(dst + k * width + lanes, dst + (k + 1) * width, 0.0f);
+      }
     }
     return;
   }
@@ -344,6 +367,30 @@ void pack_b_block(const Problem& p, const IsaKernels& isa, std::int64_t k0, std:
     const std::int64_t first = p.b.trans ? j * p.b.ld + k0 : k0 * p.b.ld + j;
     pack_panel(p.b, first, /*lanes_contiguous=*/!p.b.trans, /*outer_stride=*/p.b.ld, lanes, nr,
                kc, 1.0f, isa, packed + q * nr * kc);
+  }
+}
+
+/// Asks L2 for the elements of op(B)[k0 : k0 + kc, col0 : col0 + cols] ahead of their
+/// packing: while the tiles of one panel are computed, the next panel's source arrives.
+void prefetch_b_panel(const Problem& p, std::int64_t k0, std::int64_t kc, std::int64_t col0,
+                      std::int64_t cols) {
+  const int element = p.b.f16 ? 2 : 4;
+  const char* base = static_cast<const char*>(p.b.data);
+  if (p.b.trans) {  // B stored [N, K]: one run of kc elements per column
+    for (std::int64_t j = col0; j < col0 + cols; ++j) {
+      const char* run = base + (j * p.b.ld + k0) * element;
+      for (std::int64_t byte = 0; byte < kc * element; byte += 64) {
+        __builtin_prefetch(run + byte, 0, 2);
+      }
+    }
+    return;
+  }
+  for (std::int64_t k = k0; k < k0 + kc; ++k) {  // B stored [K, N]: one run per step k
+    const char* run = base + (k * p.b.ld + col0) * element;
+    for (std::int64_t byte = 0; byte < cols * element; byte += 64) {
+      __builtin_prefetch(run + byte, 0, 2);
+    }
+    __builtin_prefetch(run + cols * element - 1, 0, 2);
   }
 }
 
@@ -457,6 +504,22 @@ void run_blocked(const Problem& p, const IsaKernels& isa) {
       for (std::int64_t k0 = 0; k0 < p.k; k0 += isa.kc) {
         const std::int64_t kc = std::min(isa.kc, p.k - k0);
         const AccumulatorStart start = k0 == 0 ? first_block_start(p) : AccumulatorStart::c;
+        if (chunk <= isa.mc) {
+          // One block of rows (a micro-batch): op(B) is packed one panel at a time, just
+          // before the tiles that use it, so the panel is still in L1 when they read it.
+          pack_a_block(p, isa, chunk0, chunk, k0, kc, packed_a);
+          for (std::int64_t j = 0; j < cols; j += isa.nr) {
+            const std::int64_t panel_cols = std::min<std::int64_t>(isa.nr, cols - j);
+            pack_b_block(p, isa, k0, kc, col0 + j, panel_cols, packed_b);
+            if (j + isa.nr < cols) {
+              prefetch_b_panel(p, k0, kc, col0 + j + isa.nr,
+                               std::min<std::int64_t>(isa.nr, cols - j - isa.nr));
+            }
+            compute_block(isa, kc, packed_a, chunk, packed_b, panel_cols, acc + j, ld_acc,
+                          start, p.beta);
+          }
+          continue;
+        }
         pack_b_block(p, isa, k0, kc, col0, cols, packed_b);
         for (std::int64_t row0 = 0; row0 < chunk; row0 += isa.mc) {
           const std::int64_t rows = std::min(isa.mc, chunk - row0);

@@ -53,6 +53,13 @@ struct IsaKernels {
   void (*widen_f16)(const std::uint16_t* src, float* dst, std::int64_t n);
   /// dst[i] = the bits of src[i] rounded to binary16, to nearest even.
   void (*narrow_to_f16)(const float* src, std::uint16_t* dst, std::int64_t n);
+  /// For lane < lanes, k < steps: dst[k * width + lane] = src[lane * ld + k], times scale
+  /// unless scale is 1 (one rounded product, as the driver's own loop). Packs a panel whose
+  /// lanes are rows of the stored matrix (op(B) transposed, op(A) not); lanes <= width
+  /// and the padding lanes are left alone. nullptr: the driver's scalar loop does it.
+  void (*transpose_pack)(const float* src, std::int64_t ld, std::int64_t lanes,
+                         std::int64_t steps, float scale, float* dst, std::int64_t width) =
+      nullptr;
 };
 
 const IsaKernels& avx2_kernels();    ///< gemm_cpu_avx2.cpp; needs AVX2, FMA, F16C
