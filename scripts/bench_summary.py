@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Turns Google Benchmark JSON from bench_kernels into the Markdown tables in README.md.
 
-Usage: scripts/bench_summary.py [RESULTS.json]       (default: bench/results/cpu-kernels.json)
+Usage: scripts/bench_summary.py [RESULTS.json]
        scripts/bench_summary.py --update-readme [RESULTS.json]
+RESULTS.json defaults to bench/results/cpu-2core/cpu-kernels.json.
 
 Reads medians when the run has repetitions (aggregate "median"), plain runs otherwise.
 With --update-readme, replaces the text between the markers
@@ -97,9 +98,12 @@ def summary(path):
 
 
 def main(argv):
+    if "-h" in argv or "--help" in argv:
+        print(__doc__.strip())
+        return 0
     update = "--update-readme" in argv
     args = [a for a in argv if a != "--update-readme"]
-    path = args[0] if args else str(ROOT / "bench/results/cpu-kernels.json")
+    path = args[0] if args else str(ROOT / "bench/results/cpu-2core/cpu-kernels.json")
     text = summary(path)
     if not update:
         print(text)

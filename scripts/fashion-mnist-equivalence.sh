@@ -7,7 +7,8 @@
 #
 # Usage: scripts/fashion-mnist-equivalence.sh [EPOCHS] [MICRO_BATCH]   (defaults: 8, 64)
 # Prints both runs' test accuracy (and writes the same lines to
-# bench/results/fashion-mnist-equivalence.txt); exits non-zero when the parameters differ.
+# bench/results/cpu-2core/fashion-mnist-equivalence.txt); exits non-zero when the parameters
+# differ.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 epochs="${1:-8}"
@@ -16,8 +17,8 @@ scripts/install-deps.sh
 scripts/build.sh >/dev/null
 out="$(mktemp -d)"
 trap 'rm -rf "$out"' EXIT
-results=bench/results/fashion-mnist-equivalence.txt
-mkdir -p bench/results
+results=bench/results/cpu-2core/fashion-mnist-equivalence.txt
+mkdir -p bench/results/cpu-2core
 echo "$(date -u +%Y-%m-%dT%H:%M:%SZ), $(nproc) CPUs: $0 $epochs $micro" > "$results"
 common=(train --data fashion-mnist --depth 2 --hidden 256 --batch 256 --epochs "$epochs" --seed 0)
 for run in batch micro fp16; do

@@ -11,8 +11,8 @@
 # takes about 12 minutes.
 #
 # Usage: scripts/fp16-loss-curves.sh
-# Writes bench/results/chapter03-loss-curves.json (every step's loss and each run's test
-# accuracy) for notebooks/mixed_precision.ipynb, and prints a summary.
+# Writes bench/results/cpu-2core/chapter03-loss-curves.json (every step's loss and each
+# run's test accuracy) for notebooks/mixed_precision.ipynb, and prints a summary.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
@@ -42,7 +42,8 @@ for name, flags in extra.items():
     runs.append({"name": name, "command": f"bigbatch {command} {flags}".strip(),
                  "loss": losses, "test_loss": float(test.group(1)),
                  "test_accuracy": float(test.group(2))})
-path = pathlib.Path("bench/results/chapter03-loss-curves.json")
+path = pathlib.Path("bench/results/cpu-2core/chapter03-loss-curves.json")
+path.parent.mkdir(parents=True, exist_ok=True)
 path.write_text(json.dumps({"runs": runs}, indent=1) + "\n")
 fp32 = runs[0]["loss"]
 for run in runs[1:]:

@@ -11,6 +11,9 @@
 #         bench_kernels.json and bench_training.json (Google Benchmark JSON: the kernels,
 #         and whole training steps in fp32 and fp16) with their logs, and
 #         bench_training_gpu.json (the GPU step grid, with the GEMMs' share of the step).
+# OUTDIR holds the logs too, so it is a scratch folder, not the repository's: the committed
+# copies of the three JSON files go to bench/results/h200/ under the same names (one folder
+# per machine; notebooks/kernel_benchmarks.ipynb reads bench/results/h200/bench_kernels.json).
 # Exits non-zero when the build fails, a test fails, or a CUDA test was skipped (on a GPU
 # machine a skip means the GPU was not usable, which this script exists to catch; the
 # PyTorch comparison may skip where torch is not installed).
@@ -71,4 +74,6 @@ grep -E 'median' "$out/bench_training.log"
 grep -E 'cuda' "$out/bench_training_gpu.log" | head -30
 
 echo "== summary: tests exit $test_status, benchmarks exit $bench_status"
+echo "to commit the JSON: mkdir -p bench/results/h200 && cp $out/bench_kernels.json" \
+  "$out/bench_training.json $out/bench_training_gpu.json bench/results/h200/"
 [ "$test_status" -eq 0 ] && [ "$bench_status" -eq 0 ]

@@ -9,7 +9,8 @@
 #
 # Usage: scripts/large-batch-learning-rate.sh [EPOCHS ...]   (default: 8 16)
 # Writes every run's command and test accuracy to
-# bench/results/fashion-mnist-large-batch-EPOCHS-epochs.txt, one file per epoch count.
+# bench/results/cpu-2core/fashion-mnist-large-batch-EPOCHS-epochs.txt, one file per epoch
+# count.
 # BIGBATCH=path/to/bigbatch uses that program instead of installing and building.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -22,7 +23,7 @@ if [ -z "${BIGBATCH:-}" ]; then
 fi
 out="$(mktemp -d)"
 trap 'rm -rf "$out"' EXIT
-mkdir -p bench/results
+mkdir -p bench/results/cpu-2core
 base=(--data fashion-mnist --depth 2 --hidden 256 --optimizer adamw --lr 1e-3 --seed 0)
 large=(--batch 4096 --micro-batch 512)
 run() {
@@ -36,7 +37,7 @@ run() {
 }
 for epochs in "${epoch_counts[@]}"; do
   common=("${base[@]}" --epochs "$epochs")
-  results=bench/results/fashion-mnist-large-batch-$epochs-epochs.txt
+  results=bench/results/cpu-2core/fashion-mnist-large-batch-$epochs-epochs.txt
   echo "$(date -u +%Y-%m-%dT%H:%M:%SZ), $(nproc) CPUs: $0 $epochs" | tee "$results"
   run "batch 256"                          --batch 256
   run "4096 unchanged, warm-up 15"         "${large[@]}" --warmup-steps 15

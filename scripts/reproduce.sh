@@ -1,16 +1,18 @@
 #!/usr/bin/env bash
-# Regenerates every committed result and figure, in order, on this machine:
-#   scripts/run-benchmarks.sh             bench/results/cpu-{kernels,training,checkpointing}.json
-#   scripts/fashion-mnist-equivalence.sh  bench/results/fashion-mnist-equivalence.txt
-#   scripts/large-batch-learning-rate.sh  bench/results/fashion-mnist-large-batch-*-epochs.txt
-#   scripts/techniques-table.sh           bench/results/fashion-mnist-techniques.md
-#   scripts/fp16-loss-curves.sh           bench/results/chapter03-loss-curves.json
+# Regenerates every committed result and figure, in order, on this machine (the results go
+# to bench/results/cpu-2core/, the folder of the 2-core CPU that made the committed ones):
+#   scripts/run-benchmarks.sh             cpu-{kernels,training,checkpointing}.json
+#   scripts/fashion-mnist-equivalence.sh  fashion-mnist-equivalence.txt
+#   scripts/large-batch-learning-rate.sh  fashion-mnist-large-batch-*-epochs.txt
+#   scripts/techniques-table.sh           fashion-mnist-techniques.md
+#   scripts/fp16-loss-curves.sh           chapter03-loss-curves.json
 #   scripts/chapter-figures.sh            chapters 03-04's data, then every notebook, headless,
 #                                         which writes docs/figures/
 # Each step installs what it needs and builds first, and its own header says how long it
 # runs (the Fashion-MNIST runs and the fp16 loss curves take the most); the results' own
 # files say when and where they were made.
-# A GPU's results come from scripts/gpu-check.sh instead (it needs the device).
+# A GPU's results come from scripts/gpu-check.sh instead (it needs the device; its JSON is
+# committed in bench/results/h200/).
 #
 # Usage: scripts/reproduce.sh
 set -euo pipefail

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Runs the CPU kernel benchmarks and writes Google Benchmark JSON to
-# bench/results/cpu-kernels.json (the file the notebooks read), then the whole-step
-# benchmarks (fp32 and fp16) to bench/results/cpu-training.json, then chapter 05's
-# checkpoint policies over depths 4 to 64 to bench/results/cpu-checkpointing.json.
+# Runs the CPU benchmarks and writes Google Benchmark JSON to bench/results/cpu-2core/ (the
+# folder of the machine that made the committed results, a 2-core CPU; the notebooks read
+# it): the kernels to cpu-kernels.json, the whole-step benchmarks (fp32 and fp16) to
+# cpu-training.json, then chapter 05's checkpoint policies over depths 4 to 64 to
+# cpu-checkpointing.json.
 #
 # Usage: scripts/run-benchmarks.sh [extra Google Benchmark flags]
 #
@@ -23,17 +24,18 @@ if [ -z "${OPENBLAS_CORETYPE:-}" ]; then
   elif [[ " $flags " == *" avx2 "* ]]; then export OPENBLAS_CORETYPE=HASWELL
   fi
 fi
-mkdir -p bench/results
-build/bench/bench_kernels --benchmark_out=bench/results/cpu-kernels.json \
+results=bench/results/cpu-2core
+mkdir -p "$results"
+build/bench/bench_kernels --benchmark_out="$results/cpu-kernels.json" \
   --benchmark_out_format=json --benchmark_repetitions=5 \
   --benchmark_report_aggregates_only=true --benchmark_enable_random_interleaving=true "$@"
-echo "wrote bench/results/cpu-kernels.json"
-build/bench/bench_training --benchmark_out=bench/results/cpu-training.json \
+echo "wrote $results/cpu-kernels.json"
+build/bench/bench_training --benchmark_out="$results/cpu-training.json" \
   --benchmark_out_format=json --benchmark_repetitions=5 \
   --benchmark_report_aggregates_only=true --benchmark_enable_random_interleaving=true \
   --benchmark_filter=/cpu/ "$@"
-echo "wrote bench/results/cpu-training.json"
-build/bench/bench_checkpointing --benchmark_out=bench/results/cpu-checkpointing.json \
+echo "wrote $results/cpu-training.json"
+build/bench/bench_checkpointing --benchmark_out="$results/cpu-checkpointing.json" \
   --benchmark_out_format=json --benchmark_repetitions=7 \
   --benchmark_report_aggregates_only=true --benchmark_enable_random_interleaving=true "$@"
-echo "wrote bench/results/cpu-checkpointing.json"
+echo "wrote $results/cpu-checkpointing.json"

@@ -8,7 +8,7 @@
 # epoch.
 #
 # Usage: scripts/techniques-table.sh [EPOCHS]   (default 2)
-# Writes bench/results/fashion-mnist-techniques.md (the table, then every command).
+# Writes bench/results/cpu-2core/fashion-mnist-techniques.md (the table, then every command).
 # BIGBATCH=path/to/bigbatch uses that program instead of installing and building.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -20,8 +20,8 @@ if [ -z "${BIGBATCH:-}" ]; then
 fi
 out="$(mktemp -d)"
 trap 'rm -rf "$out"' EXIT
-results=bench/results/fashion-mnist-techniques.md
-mkdir -p bench/results
+results=bench/results/cpu-2core/fashion-mnist-techniques.md
+mkdir -p bench/results/cpu-2core
 common=(--data fashion-mnist --depth 2 --hidden 256 --optimizer adamw --lr 1e-3 --seed 0
         --batch 1024 --epochs "$epochs")
 rows="" commands=""
