@@ -109,6 +109,7 @@ struct TrainOptions {
   std::string plan;                 ///< "auto": chapter 06's planner chooses (train)
   std::string calibration;          ///< the planner's cost-model file
   bool recalibrate = false;         ///< measure the cost model again
+  bool json = false;                ///< bigbatch plan --json: the answer as one JSON object
   std::set<std::string> given;  ///< the flags on the command line, e.g. "--depth"
 };
 
@@ -653,8 +654,23 @@ std::string calibration_path(const TrainOptions& options) {
   return std::string(home != nullptr && *home != 0 ? home : ".") + "/.cache/bigbatch/calibration.json";
 }
 
+/// One plan as JSON (bigbatch plan --json): its settings, predicted peak in bytes (and the
+/// moment that holds it) and predicted seconds per step.
+Json plan_json(const planning::Plan& plan, std::int64_t batch) {
+  return {{"micro_batch", plan.micro_batch},
+          {"micro_batches", (batch + plan.micro_batch - 1) / plan.micro_batch},
+          {"precision", nn::precision_name(plan.precision)},
+          {"loss_scale", plan.precision == nn::Precision::fp16 ? "dynamic" : "none"},
+          {"checkpoint", plan.checkpoint},
+          {"recompute", plan.recompute},
+          {"peak_bytes", plan.prediction.peak()},
+          {"peak_moment", plan.prediction.peak_moment},
+          {"seconds", plan.seconds}};
+}
+
 /// Chapter 06's answer for the model, batch, optimizer and --device-memory of `options`,
-/// with its table printed; throws UsageError without --device-memory.
+/// with its table printed (with --json, one JSON object instead); throws UsageError without
+/// --device-memory, NoPlanFits when no plan fits (after the JSON object, with --json).
 planning::PlanResult plan_for(const TrainOptions& options, const nn::ModelConfig& config,
                               Device device) {
   if (options.device_memory.empty()) {
@@ -678,10 +694,29 @@ planning::PlanResult plan_for(const TrainOptions& options, const nn::ModelConfig
   } catch (const std::runtime_error& e) {
     throw UsageError(std::string("--calibration: ") + e.what());
   }
-  std::cout << "plan: batch " << options.batch << " under " << format_bytes(request.budget)
-            << " on " << device.name() << "; step times from the cost model "
-            << (measured ? "measured now, saved to " : "in ") << path << "\n";
   const planning::PlanResult result = planning::make_plan(request, cost);
+  if (options.json) {
+    Json answer = {{"batch", options.batch},
+                   {"budget_bytes", request.budget},
+                   {"device", device.name()},
+                   {"calibration", path},
+                   {"calibration_measured_now", measured},
+                   {"cost_model", cost.to_json()},
+                   {"weighed", result.weighed},
+                   {"feasible", Json::array()}};
+    for (const planning::Plan& p : result.feasible) {
+      answer["feasible"].push_back(plan_json(p, options.batch));
+    }
+    if (result.smallest) {  // nothing fits: the smallest peak, and what no plan can trade
+      answer["smallest"] = plan_json(*result.smallest, options.batch);
+      answer["fixed_bytes"] = result.fixed_bytes;
+    }
+    std::cout << answer.dump() << "\n" << std::flush;
+  } else {
+    std::cout << "plan: batch " << options.batch << " under " << format_bytes(request.budget)
+              << " on " << device.name() << "; step times from the cost model "
+              << (measured ? "measured now, saved to " : "in ") << path << "\n";
+  }
   if (result.feasible.empty()) {
     const planning::Plan& smallest = *result.smallest;
     throw NoPlanFits(
@@ -691,6 +726,7 @@ planning::PlanResult plan_for(const TrainOptions& options, const nn::ModelConfig
         format_bytes(result.fixed_bytes) + " are parameters, gradients, master weights, "
         "optimizer state and the batch, which no plan can trade away");
   }
+  if (options.json) return result;
   std::printf("  %-24s %-10s %-22s %12s %12s\n", "micro-batch (per step)", "precision",
               "checkpoint", "peak", "step time");
   for (std::size_t i = 0; i < result.feasible.size(); ++i) {
@@ -714,6 +750,7 @@ int run_plan(const TrainOptions& options) {
       std::max(splits.train.num_classes, splits.test ? splits.test->num_classes : 0);
   const nn::ModelConfig config = model_config(options, splits.train.feature_dim(), classes);
   const planning::Plan best = plan_for(options, config, choose_device(options.device)).best();
+  if (options.json) return 0;
   std::cout << "train it with: --micro-batch " << best.micro_batch << " --precision "
             << nn::precision_name(best.precision)
             << (best.precision == nn::Precision::fp16 ? " --loss-scale dynamic" : "")
@@ -1278,6 +1315,14 @@ int main(int argc, char** argv) {
   plan->footer(kExitCodes);
   add_train_flags(*plan, options);
   add_plan_flags(*plan, options);
+  plan->add_flag("--json", options.json,
+                 "print the answer as one JSON object instead of the table: batch, "
+                 "budget_bytes, device, calibration, calibration_measured_now, cost_model, "
+                 "weighed, feasible (every plan that fits, fastest first: micro_batch, "
+                 "micro_batches, precision, loss_scale, checkpoint, recompute, peak_bytes, "
+                 "peak_moment, seconds), and when nothing fits (exit code 3, the reason on "
+                 "stderr) smallest (the plan of smallest peak) and fixed_bytes (what no plan "
+                 "can trade away)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

@@ -5,6 +5,9 @@
 # `bigbatch train --plan auto` trains with the fastest, and every step's measured peak (the
 # log's peak_bytes_total) fits the budget and equals the planned peak; a budget nothing fits
 # exits with 3 and names the smallest peak; --plan auto refuses a flag it would choose.
+# `bigbatch plan --json` gives the same answer as one JSON object: its fastest plan is the
+# one --plan auto trains, with the same predicted peak in bytes; when nothing fits it exits
+# with 3 too and holds the smallest plan.
 set -u
 bigbatch=$1
 shape="--data synthetic --samples 600 --depth 8 --hidden 64 --batch 256 --calibration plan-calibration.json"
@@ -18,6 +21,10 @@ grep -q 'cost model measured now, saved to plan-calibration.json' plan.txt || fa
 grep -q '<- fastest' plan.txt || fail "no fastest plan"
 "$bigbatch" plan $run > again.txt || fail "the second plan failed"
 grep -q 'cost model in plan-calibration.json' again.txt || fail "the calibration was not reused"
+"$bigbatch" plan $run --json > plan.json || fail "bigbatch plan --json failed"
+[ "$(wc -l < plan.json)" -eq 1 ] || fail "--json wrote more than one line"
+grep -q '^{"batch":256,"budget_bytes":6291456,"device":"cpu","calibration":"plan-calibration.json","calibration_measured_now":false,' plan.json ||
+  fail "--json does not begin with the request: $(cut -c 1-200 plan.json)"
 # The fastest plan's peak, in bytes, from the train run's own line.
 "$bigbatch" train $run --plan auto --steps 2 --explain --log plan.jsonl > train.txt; code=$?
 cat train.txt
@@ -26,12 +33,20 @@ grep -q '^plan auto: micro-batch ' train.txt || fail "the plan is not named"
 predicted=$(sed -n 's/^predicted step peak .* (\([0-9]*\) bytes), at: .*/\1/p' train.txt)
 [ -n "$predicted" ] || fail "no predicted step peak"
 [ "$predicted" -le 6291456 ] || fail "the plan's peak $predicted exceeds 6 MiB"
+micro=$(sed -n 's/^plan auto: micro-batch \([0-9]*\) .*/\1/p' train.txt)
+grep -q "\"feasible\":\[{\"micro_batch\":$micro,[^}]*\"peak_bytes\":$predicted," plan.json ||
+  fail "--json's fastest plan is not micro-batch $micro with peak $predicted: $(cut -c 1-400 plan.json)"
 exact=$(grep -c "\"peak_bytes_total\":$predicted," plan.jsonl)
 [ "$exact" -eq 2 ] || fail "the measured peaks are not the predicted $predicted: $(grep -o '"peak_bytes_total":[0-9]*' plan.jsonl | tr '\n' ' ')"
 "$bigbatch" plan $shape --device-memory 1MiB > none.txt 2> none.err; code=$?
 cat none.err
 [ "$code" -eq 3 ] || fail "a budget nothing fits exited with $code, not 3"
 grep -q 'the smallest predicted peak is' none.err || fail "the smallest peak is not named"
+"$bigbatch" plan $shape --device-memory 1MiB --json > none.json 2> none.err; code=$?
+[ "$code" -eq 3 ] || fail "--json: a budget nothing fits exited with $code, not 3"
+grep -q '"feasible":\[\],"smallest":{"micro_batch":[0-9]*,.*},"fixed_bytes":[0-9]*}$' none.json ||
+  fail "--json: no smallest plan when nothing fits: $(cat none.json)"
+grep -q 'the smallest predicted peak is' none.err || fail "--json: the reason is not on stderr"
 "$bigbatch" train $run --plan auto --micro-batch 8 --steps 1 > /dev/null 2> refused.err; code=$?
 [ "$code" -eq 2 ] && grep -q 'drop --micro-batch' refused.err || fail "--plan auto took --micro-batch ($code)"
 echo "bigbatch plan and train --plan auto: the plan fits 6 MiB and its peak is measured as predicted"
