@@ -438,6 +438,9 @@ void compute_block(const IsaKernels& isa, std::int64_t kc, const float* packed_a
       }
       if (tile_rows == mr && tile_cols == nr) {
         isa.micro_kernel(kc, a_panel, b_panel, c, ld_acc, start, beta);
+      } else if (tile_cols == nr && isa.partial_micro_kernel != nullptr) {
+        isa.partial_micro_kernel(static_cast<int>(tile_rows), kc, a_panel, b_panel, c, ld_acc,
+                                 start, beta);
       } else {
         edge_tile(isa, kc, a_panel, b_panel, c, ld_acc, tile_rows, tile_cols, start, beta);
       }

@@ -4,8 +4,11 @@
 // has checked the CPU (__builtin_cpu_supports), so the library still runs on any x86-64.
 #include <immintrin.h>
 
+#include <array>
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <utility>
 
 #include "kernels/gemm.hpp"
 #include "kernels/gemm_internal.hpp"
@@ -23,13 +26,17 @@ constexpr int kVectors = 2;  // zmm registers per row of the tile
 constexpr int kNr = 16 * kVectors;
 static_assert(kMr <= kMaxMr && kNr <= kMaxNr);
 
-BIGBATCH_AVX512 void micro_kernel(std::int64_t kc, const float* a_panel, const float* b_panel,
-                                  float* c, std::int64_t ldc, AccumulatorStart start,
-                                  float beta) {
-  __m512 acc[kMr][kVectors];
+// The first `Rows` rows of the tile: all 14 (micro_kernel), or fewer for the last row
+// panel of a C whose rows are not a multiple of 14 (8 of a micro-batch of 64), which then
+// costs its rows and not 14; a_panel keeps its kMr stride either way.
+template <int Rows>
+BIGBATCH_AVX512 void micro_kernel_rows(std::int64_t kc, const float* a_panel,
+                                       const float* b_panel, float* c, std::int64_t ldc,
+                                       AccumulatorStart start, float beta) {
+  __m512 acc[Rows][kVectors];
   const __m512 beta_v = _mm512_set1_ps(beta);
 #pragma GCC unroll 16
-  for (int r = 0; r < kMr; ++r) {
+  for (int r = 0; r < Rows; ++r) {
 #pragma GCC unroll 4
     for (int v = 0; v < kVectors; ++v) {
       const float* c_rv = c + r * ldc + 16 * v;
@@ -43,7 +50,7 @@ BIGBATCH_AVX512 void micro_kernel(std::int64_t kc, const float* a_panel, const f
 #pragma GCC unroll 4
     for (int v = 0; v < kVectors; ++v) b_k[v] = _mm512_loadu_ps(b_panel + 16 * v);
 #pragma GCC unroll 16
-    for (int r = 0; r < kMr; ++r) {
+    for (int r = 0; r < Rows; ++r) {
       const __m512 a_rk = _mm512_set1_ps(a_panel[r]);
 #pragma GCC unroll 4
       for (int v = 0; v < kVectors; ++v) acc[r][v] = _mm512_fmadd_ps(a_rk, b_k[v], acc[r][v]);
@@ -52,10 +59,30 @@ BIGBATCH_AVX512 void micro_kernel(std::int64_t kc, const float* a_panel, const f
     b_panel += kNr;
   }
 #pragma GCC unroll 16
-  for (int r = 0; r < kMr; ++r) {
+  for (int r = 0; r < Rows; ++r) {
 #pragma GCC unroll 4
     for (int v = 0; v < kVectors; ++v) _mm512_storeu_ps(c + r * ldc + 16 * v, acc[r][v]);
   }
+}
+
+BIGBATCH_AVX512 void micro_kernel(std::int64_t kc, const float* a_panel, const float* b_panel,
+                                  float* c, std::int64_t ldc, AccumulatorStart start,
+                                  float beta) {
+  micro_kernel_rows<kMr>(kc, a_panel, b_panel, c, ldc, start, beta);
+}
+
+// IsaKernels::partial_micro_kernel: a table of micro_kernel_rows<1> ... <kMr - 1>.
+template <int... Rows>
+constexpr std::array<MicroKernel, sizeof...(Rows) + 1> partial_kernels(
+    std::integer_sequence<int, Rows...>) {
+  return {nullptr, &micro_kernel_rows<Rows + 1>...};
+}
+constexpr auto kPartialKernels = partial_kernels(std::make_integer_sequence<int, kMr - 1>{});
+
+void partial_micro_kernel(int rows, std::int64_t kc, const float* a_panel,
+                          const float* b_panel, float* c, std::int64_t ldc,
+                          AccumulatorStart start, float beta) {
+  kPartialKernels[static_cast<std::size_t>(rows)](kc, a_panel, b_panel, c, ldc, start, beta);
 }
 
 BIGBATCH_AVX512 void widen_f16(const std::uint16_t* src, float* dst, std::int64_t n) {
@@ -165,7 +192,7 @@ constexpr std::int64_t kKc = 512, kMc = 12 * kMr, kNc = 4096;
 static_assert(kMc % kMr == 0 && kNc % kNr == 0);
 const IsaKernels kKernels{kMr,          kNr,        kKc,           kMc,
                           kNc,          &micro_kernel, &widen_f16, &narrow_to_f16,
-                          &transpose_pack};
+                          &transpose_pack, &partial_micro_kernel};
 
 }  // namespace
 

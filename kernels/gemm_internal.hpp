@@ -60,7 +60,17 @@ struct IsaKernels {
   void (*transpose_pack)(const float* src, std::int64_t ld, std::int64_t lanes,
                          std::int64_t steps, float scale, float* dst, std::int64_t width) =
       nullptr;
+  /// micro_kernel on the first `rows` rows of the tile only (0 < rows < mr; a_panel keeps
+  /// its mr stride), for the last row panel of C; the same chains as micro_kernel. nullptr:
+  /// the driver runs micro_kernel on a padded copy of the tile.
+  void (*partial_micro_kernel)(int rows, std::int64_t kc, const float* a_panel,
+                               const float* b_panel, float* c, std::int64_t ldc,
+                               AccumulatorStart start, float beta) = nullptr;
 };
+
+/// The signature of IsaKernels::micro_kernel.
+using MicroKernel = void (*)(std::int64_t kc, const float* a_panel, const float* b_panel,
+                             float* c, std::int64_t ldc, AccumulatorStart start, float beta);
 
 const IsaKernels& avx2_kernels();    ///< gemm_cpu_avx2.cpp; needs AVX2, FMA, F16C
 const IsaKernels& avx512_kernels();  ///< gemm_cpu_avx512.cpp; needs AVX-512F, FMA, F16C
