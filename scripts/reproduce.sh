@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Regenerates every committed result and figure, in order, on this machine (the results go
 # to bench/results/cpu-2core/, the folder of the 2-core CPU that made the committed ones):
-#   scripts/run-benchmarks.sh             cpu-{kernels,training,checkpointing}.json
+#   scripts/run-benchmarks.sh             cpu-{kernels,training,accumulation,checkpointing}.json
 #   scripts/fashion-mnist-equivalence.sh  fashion-mnist-equivalence.txt
 #   scripts/large-batch-learning-rate.sh  fashion-mnist-large-batch-*-epochs.txt
 #   scripts/techniques-table.sh           fashion-mnist-techniques.md

@@ -2,8 +2,9 @@
 # Runs the CPU benchmarks and writes Google Benchmark JSON to bench/results/cpu-2core/ (the
 # folder of the machine that made the committed results, a 2-core CPU; the notebooks read
 # it): the kernels to cpu-kernels.json, the whole-step benchmarks (fp32 and fp16) to
-# cpu-training.json, then chapter 05's checkpoint policies over depths 4 to 64 to
-# cpu-checkpointing.json.
+# cpu-training.json, the accumulation sweep (batch 1024 as micro-batches of 1 to 1024,
+# naive and memory-free; 3 repetitions, the longest part) to cpu-accumulation.json, then
+# chapter 05's checkpoint policies over depths 4 to 64 to cpu-checkpointing.json.
 #
 # Usage: scripts/run-benchmarks.sh [extra Google Benchmark flags]
 #
@@ -33,8 +34,13 @@ echo "wrote $results/cpu-kernels.json"
 build/bench/bench_training --benchmark_out="$results/cpu-training.json" \
   --benchmark_out_format=json --benchmark_repetitions=5 \
   --benchmark_report_aggregates_only=true --benchmark_enable_random_interleaving=true \
-  --benchmark_filter=/cpu/ "$@"
+  --benchmark_filter=BM_TrainingStep/cpu/ "$@"
 echo "wrote $results/cpu-training.json"
+build/bench/bench_training --benchmark_out="$results/cpu-accumulation.json" \
+  --benchmark_out_format=json --benchmark_repetitions=3 \
+  --benchmark_report_aggregates_only=true --benchmark_enable_random_interleaving=true \
+  --benchmark_filter=BM_Accumulation/cpu/ "$@"
+echo "wrote $results/cpu-accumulation.json"
 build/bench/bench_checkpointing --benchmark_out="$results/cpu-checkpointing.json" \
   --benchmark_out_format=json --benchmark_repetitions=7 \
   --benchmark_report_aggregates_only=true --benchmark_enable_random_interleaving=true "$@"

@@ -9,14 +9,30 @@
 //   gemm_share         gemm_ms over the step's wall time
 //   driver_allocations cudaMalloc calls during the timed steps (0 once the cache is warm)
 // and the argument `fused` (1: the cuBLASLt GEMM epilogues, kernels/gemm_epilogue.hpp).
+//
+// BM_Accumulation/cpu: the same CPU model (fp32, depth 4, H 512) and effective batch 1024,
+// one optimizer step as micro-batches of 1, 2, 4, ..., 1024, in the two ways of chapter 02
+// (argument `naive`): 0 the memory-free way (zero_grad, then nn::accumulate_gradients), 1
+// the naive way (accumulation::NaiveAccumulator: one more gradients-sized fp32 buffer,
+// each micro-batch's mean loss, / N at the end). Counters (bytes, exact, from the tracking
+// allocator, over the timed steps):
+//   peak_total         the device's peak
+//   peak_CATEGORY      the most bytes of each of gradients, activations, workspace,
+//                      parameters and optimizer_state live at once
+//   activations_peak   as for BM_TrainingStep
+// Time per optimizer step is the benchmark's time, samples/s items_per_second. Micro-batch
+// 1 is 1024 forwards and backwards per step: the small micro-batches run one step each.
 // Run: bench_training --benchmark_out=training.json --benchmark_out_format=json
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "chapters/02_gradient_accumulation/accumulation.hpp"
 #include "common/cuda_runtime.hpp"
 #include "common/memory.hpp"
 #include "common/rng.hpp"
@@ -29,6 +45,21 @@ namespace bigbatch {
 namespace {
 
 constexpr std::int64_t kInputs = 784, kClasses = 10;
+
+/// A batch of `batch` random inputs and labels on `device` (the same for every benchmark).
+struct Batch {
+  Tensor x, labels;
+};
+Batch random_batch(std::int64_t batch, Device device) {
+  std::vector<float> x(static_cast<std::size_t>(batch * kInputs));
+  std::vector<std::int32_t> labels(static_cast<std::size_t>(batch));
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] = random_uniform(7, 0, i);
+  for (std::size_t i = 0; i < labels.size(); ++i) {
+    labels[i] = static_cast<std::int32_t>(random_bits(7, 1, i) % kClasses);
+  }
+  return {Tensor::from_vector(x, {batch, kInputs}).to(device),
+          Tensor::from_vector(labels, {batch}).to(device)};
+}
 
 /// args: precision (0 fp32, 1 fp16), depth, hidden, batch, micro-batch, fused epilogues.
 void BM_TrainingStep(benchmark::State& state, Device device) {
@@ -44,14 +75,7 @@ void BM_TrainingStep(benchmark::State& state, Device device) {
   config.precision = fp16 ? nn::Precision::fp16 : nn::Precision::fp32;
   nn::Model model(config, device);
   nn::Optimizer optimizer(model.parameters(), AdamWOptions{});
-  std::vector<float> x(static_cast<std::size_t>(batch * kInputs));
-  std::vector<std::int32_t> labels(static_cast<std::size_t>(batch));
-  for (std::size_t i = 0; i < x.size(); ++i) x[i] = random_uniform(7, 0, i);
-  for (std::size_t i = 0; i < labels.size(); ++i) {
-    labels[i] = static_cast<std::int32_t>(random_bits(7, 1, i) % kClasses);
-  }
-  const Tensor x_device = Tensor::from_vector(x, {batch, kInputs}).to(device);
-  const Tensor labels_device = Tensor::from_vector(labels, {batch}).to(device);
+  const auto [x_device, labels_device] = random_batch(batch, device);
   TrackingAllocator& allocator = allocator_for(device);
   const bool fused = state.range(5) == 1;
   set_fused_epilogues(fused);
@@ -135,6 +159,71 @@ void gpu_step_arguments(benchmark::internal::Benchmark* b) {
 
 BENCHMARK_CAPTURE(BM_TrainingStep, cpu, Device::cpu())->Apply(step_arguments);
 BENCHMARK_CAPTURE(BM_TrainingStep, cuda, Device::cuda())->Apply(gpu_step_arguments);
+
+/// args: naive (0 the memory-free way, 1 chapter 02's NaiveAccumulator), micro-batch.
+void BM_Accumulation(benchmark::State& state) {
+  constexpr std::int64_t batch = 1024;
+  const bool naive = state.range(0) == 1;
+  const std::int64_t micro_batch = state.range(1);
+  const nn::ModelConfig config{.inputs = kInputs, .hidden = 512, .expansion = 4,
+                               .classes = kClasses, .depth = 4, .seed = 1};
+  const Device device = Device::cpu();
+  nn::Model model(config, device);
+  nn::Optimizer optimizer(model.parameters(), AdamWOptions{});
+  const auto [x, labels] = random_batch(batch, device);
+  std::optional<accumulation::NaiveAccumulator> accumulator;  // its buffers live from here
+  if (naive) accumulator.emplace(model);
+  TrackingAllocator& allocator = allocator_for(device);
+  const auto one_step = [&](std::int64_t step, std::int64_t micro) {
+    const nn::ForwardContext context{true, 3, step * batch};
+    float loss = 0;
+    if (naive) {
+      loss = accumulator->gradients(model, x, labels, micro, context);
+    } else {
+      model.zero_grad();
+      loss = nn::accumulate_gradients(model, x, labels, micro, context);
+    }
+    optimizer.step();
+    return loss;  // read back: the step has finished
+  };
+  // Warm-up: one step of the same way. Below 64 rows a step is many micro-batches, which
+  // warm each other up, so this one runs as micro-batches of 64 (the peaks are measured
+  // only over the timed steps).
+  one_step(0, std::max<std::int64_t>(micro_batch, 64));
+  const std::size_t activations_before = allocator.stats().live_of(MemoryCategory::activations);
+  allocator.reset_peak();
+  std::int64_t step = 1;
+  for (auto _ : state) benchmark::DoNotOptimize(one_step(step++, micro_batch));
+  const MemoryStats stats = allocator.stats();
+  state.counters["peak_total"] = static_cast<double>(stats.peak_total);
+  for (const MemoryCategory c : {MemoryCategory::gradients, MemoryCategory::activations,
+                                 MemoryCategory::workspace, MemoryCategory::parameters,
+                                 MemoryCategory::optimizer_state}) {
+    state.counters["peak_" + std::string(category_name(c))] =
+        static_cast<double>(stats.peak_of(c));
+  }
+  state.counters["activations_peak"] = static_cast<double>(
+      stats.peak_of(MemoryCategory::activations) - activations_before);
+  state.SetItemsProcessed(state.iterations() * batch);
+  state.SetLabel(std::string(naive ? "naive" : "memory-free") + " fp32 depth 4 H 512 B " +
+                 std::to_string(batch) + " micro " + std::to_string(micro_batch));
+}
+
+// One registration per (way, micro-batch), each with its own iteration count: a step of
+// micro-batches of 1 takes seconds on two cores, one of 1024 a quarter of a second.
+[[maybe_unused]] const bool accumulation_registered = [] {
+  for (std::int64_t micro = 1; micro <= 1024; micro *= 2) {
+    for (const std::int64_t naive : {0, 1}) {
+      benchmark::RegisterBenchmark("BM_Accumulation/cpu", BM_Accumulation)
+          ->ArgNames({"naive", "micro"})
+          ->Args({naive, micro})
+          ->Iterations(micro < 64 ? 1 : 3)
+          ->Unit(benchmark::kMillisecond)
+          ->UseRealTime();
+    }
+  }
+  return true;
+}();
 
 }  // namespace
 }  // namespace bigbatch
