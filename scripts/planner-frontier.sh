@@ -1,0 +1,116 @@
+#!/usr/bin/env bash
+# The planner's frontier (chapter 06): the predicted step time of the fastest plan against
+# the device-memory budget, for chapter 06's demo setting (Fashion-MNIST, depth 2, hidden
+# 256, AdamW lr 1e-3, batch 4096). Two probes first: a budget nothing fits gives the
+# smallest peak any plan reaches and the bytes no plan can trade away (parameters,
+# gradients, optimizer state, the batch: F), a budget everything fits the peak of the
+# batch in one piece. Then `bigbatch plan --json` answers at COUNT budgets F + h, the
+# headroom h log-spaced from a quarter of the smallest plan's (nothing fits there) to 1.25
+# times the batch in one piece's: the plans differ most just above F, where only small
+# micro-batches with recomputation fit. Each budget's record is its fastest plan
+# (micro-batch, precision, checkpoint policy, predicted peak bytes and seconds per step),
+# the fastest fp16 plan, and how many plans fit (0: nothing fits). The cost model is
+# measured once, at the first probe, into a calibration file that every other call
+# reuses: one measurement prices every budget (it is step timing, so measure on an idle
+# machine: a loaded one can tip the choice between fp32 and fp16 on noise).
+# The whole script ran in 21 s on an otherwise idle 2-core CPU (2026-12-01; the build not
+# included).
+#
+# Usage: scripts/planner-frontier.sh [COUNT]   (default 28)
+# Writes bench/results/cpu-2core/planner-frontier.json for notebooks/planner_frontier.ipynb
+# and prints one line per budget.
+# BIGBATCH=path/to/bigbatch uses that program instead of installing and building.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+count="${1:-28}"
+if [ -z "${BIGBATCH:-}" ]; then
+  scripts/install-deps.sh
+  scripts/build.sh >/dev/null
+  BIGBATCH=build/chapters/cli/bigbatch
+fi
+out="$(mktemp -d)"
+trap 'rm -rf "$out"' EXIT
+results=bench/results/cpu-2core/planner-frontier.json
+mkdir -p bench/results/cpu-2core
+shape=(--data fashion-mnist --depth 2 --hidden 256 --optimizer adamw --lr 1e-3 --batch 4096)
+start=$(date +%s.%N)
+# One answer of `bigbatch plan --json` at BUDGET bytes, added to FILE; 3 (nothing fits) is
+# an answer too.
+plan() {
+  local code=0
+  "$BIGBATCH" plan "${shape[@]}" --device-memory "$1" --calibration "$out/calibration.json" \
+    --json > "$out/answer.json" 2> "$out/answer.err" || code=$?
+  if [ "$code" -ne 0 ] && [ "$code" -ne 3 ]; then cat "$out/answer.err"; exit 1; fi
+  cat "$out/answer.json" >> "$2"
+}
+plan 1MiB "$out/probes.jsonl"
+plan 1TiB "$out/probes.jsonl"
+# F, the smallest plan's headroom above it, and the batch in one piece's.
+read -r fixed low high < <(python3 -c '
+import json, sys
+nothing, everything = (json.loads(line) for line in open(sys.argv[1]))
+one_piece = next(p for p in everything["feasible"] if p["micro_batch"] == everything["batch"]
+                 and p["precision"] == "fp32" and p["checkpoint"] == "none")
+fixed = nothing["fixed_bytes"]
+print(fixed, nothing["smallest"]["peak_bytes"] - fixed, one_piece["peak_bytes"] - fixed)
+' "$out/probes.jsonl")
+: > "$out/answers.jsonl"
+for ((i = 0; i < count; i++)); do
+  budget=$(awk -v f="$fixed" -v l="$low" -v h="$high" -v i="$i" -v n="$count" \
+    'BEGIN { l /= 4; h *= 1.25; printf "%d", f + l * exp(log(h / l) * i / (n - 1)) }')
+  plan "$budget" "$out/answers.jsonl"
+done
+seconds=$(awk -v a="$start" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
+python3 - "$out/probes.jsonl" "$out/answers.jsonl" "$results" "$seconds" "$(nproc)" \
+  "${shape[*]}" <<'PY'
+import datetime, json, pathlib, sys
+probes = [json.loads(line) for line in open(sys.argv[1])]
+answers = [json.loads(line) for line in open(sys.argv[2])]
+results, seconds, cpus, shape = pathlib.Path(sys.argv[3]), float(sys.argv[4]), int(sys.argv[5]), sys.argv[6]
+calls = probes + answers
+assert calls[0]["calibration_measured_now"], "the first call did not measure the cost model"
+assert not any(a["calibration_measured_now"] for a in calls[1:]), "the cost model was measured twice"
+assert all(a["cost_model"] == calls[0]["cost_model"] for a in calls)
+keep = ("micro_batch", "micro_batches", "precision", "checkpoint", "recompute", "peak_bytes",
+        "seconds")
+pick = lambda plan: {k: plan[k] for k in keep}
+nothing, everything = probes
+smallest = {**pick(nothing["smallest"]), "fixed_bytes": nothing["fixed_bytes"]}
+one_piece = next(pick(p) for p in everything["feasible"] if p["micro_batch"] == everything["batch"]
+                 and p["precision"] == "fp32" and p["checkpoint"] == "none")
+budgets = []
+for a in answers:
+    record = {"budget_bytes": a["budget_bytes"], "fits": len(a["feasible"]), "best": None}
+    if a["feasible"]:
+        record["best"] = pick(a["feasible"][0])
+        fp16 = [p for p in a["feasible"] if p["precision"] == "fp16"]
+        record["fastest_fp16"] = pick(fp16[0]) if fp16 else None
+    budgets.append(record)
+document = {
+    "description": "bigbatch plan --json at log-spaced budgets (scripts/planner-frontier.sh)",
+    "date": datetime.date.today().isoformat(), "cpus": cpus, "device": answers[0]["device"],
+    "flags": shape, "batch": answers[0]["batch"], "seconds": seconds,
+    "cost_model": answers[0]["cost_model"],
+    "smallest_peak": smallest,  # the plan of smallest peak, and the bytes no plan can trade
+    "one_piece": one_piece,     # the batch in one piece, fp32, no checkpointing
+    "budgets": budgets,
+}
+compact = lambda value: json.dumps(value, separators=(", ", ": "))
+text = "{" + ",\n ".join(f"{json.dumps(k)}: {compact(v)}" for k, v in document.items()
+                         if k != "budgets")
+text += ',\n "budgets": [\n  ' + ",\n  ".join(compact(b) for b in budgets) + "\n ]}\n"
+json.loads(text)  # well-formed
+results.write_text(text)
+mib = lambda b: b / 2**20
+for b in budgets:
+    plan = b["best"]
+    what = (f"micro-batch {plan['micro_batch']} ({plan['micro_batches']} per step), "
+            f"{plan['precision']}, checkpoint {plan['checkpoint']}: peak "
+            f"{mib(plan['peak_bytes']):.2f} MiB, {plan['seconds']:.3f} s/step"
+            if plan else "nothing fits")
+    print(f"{mib(b['budget_bytes']):8.3f} MiB: {what}")
+print(f"smallest peak of any plan: {mib(smallest['peak_bytes']):.2f} MiB, of which "
+      f"{mib(smallest['fixed_bytes']):.2f} MiB no plan can trade; the batch in one piece: "
+      f"{mib(one_piece['peak_bytes']):.2f} MiB")
+print(f"wrote {results} in {seconds:.0f} s")
+PY
