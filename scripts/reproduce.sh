@@ -6,6 +6,8 @@
 #   scripts/large-batch-learning-rate.sh  fashion-mnist-large-batch-*-epochs.txt
 #   scripts/techniques-table.sh           fashion-mnist-techniques.md
 #   scripts/fp16-loss-curves.sh           chapter03-loss-curves.json
+#   scripts/fashion-mnist-curves.sh       fashion-mnist-curves.json
+#   scripts/planner-frontier.sh           planner-frontier.json
 #   scripts/chapter-figures.sh            chapters 03-04's data, then every notebook, headless,
 #                                         which writes docs/figures/
 # Each step installs what it needs and builds first, and its own header says how long it
@@ -18,7 +20,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 for step in run-benchmarks.sh fashion-mnist-equivalence.sh large-batch-learning-rate.sh \
-            techniques-table.sh fp16-loss-curves.sh chapter-figures.sh; do
+            techniques-table.sh fp16-loss-curves.sh fashion-mnist-curves.sh planner-frontier.sh \
+            chapter-figures.sh; do
   echo "== scripts/$step"
   "scripts/$step"
 done
