@@ -222,6 +222,7 @@ class AlignedFloats {
 /// Packing buffers of the calling thread, kept for its next call.
 struct Scratch {
   AlignedFloats packed_a, packed_b, f16_accumulator;
+  AlignedFloats transposed_a, transposed_c;  // the transposed micro-kernel's
 };
 
 Scratch& scratch_of_this_thread() {
@@ -448,6 +449,83 @@ void compute_block(const IsaKernels& isa, std::int64_t kc, const float* packed_a
   }
 }
 
+/// Whether the transposed micro-kernel serves `p`: offered, with an f32 C.
+bool transposed_kernel_fits(const Problem& p, const IsaKernels& isa) {
+  return isa.transposed_micro_kernel != nullptr && isa.transpose_pack != nullptr && !p.c_f16;
+}
+
+/// One kc block of a C of one row block (rows <= mc) with f32 operands, where op(B) is
+/// read where it is stored rather than packed at every call (a micro-batch's GEMMs meet
+/// the same weights 16 times a step at 64 rows): op(B) stored [K, N] (a backward's dY W)
+/// goes to the strided-B micro-kernel, a panel at a time; stored transposed [N, K] (a
+/// forward's x W^T) to the transposed micro-kernel, mr columns of C at a time against
+/// alpha * op(A)^T packed with the rows of C as its nr lanes. A column panel narrower
+/// than nr is packed as usual. Returns false, having done nothing, when the instruction
+/// set offers no such kernel.
+bool compute_block_from_stored_b(const Problem& p, const IsaKernels& isa, Scratch& scratch,
+                                 std::int64_t chunk0, std::int64_t rows, std::int64_t k0,
+                                 std::int64_t kc, std::int64_t col0, std::int64_t cols,
+                                 float* acc, std::int64_t ld_acc, AccumulatorStart start,
+                                 float* packed_a, float* packed_b) {
+  const std::int64_t mr = isa.mr, nr = isa.nr;
+  const auto* b = static_cast<const float*>(p.b.data);
+  if (p.b.trans) {
+    // C's rows as lanes, its columns as the broadcast side, on a transposed copy of C's
+    // block (each panel of rows: cols x lanes floats), written back at the end.
+    if (!transposed_kernel_fits(p, isa)) return false;
+    const std::int64_t lanes = isa.transposed_lanes, width = isa.transposed_columns;
+    const std::int64_t row_panels = (rows + lanes - 1) / lanes;
+    float* packed = scratch.transposed_a.get(row_panels * lanes * kc);
+    float* ct = scratch.transposed_c.get(row_panels * lanes * cols);
+    for (std::int64_t q = 0; q < row_panels; ++q) {
+      const std::int64_t i = chunk0 + q * lanes;
+      const std::int64_t panel_rows = std::min(lanes, chunk0 + rows - i);
+      const std::int64_t first = p.a.trans ? k0 * p.a.ld + i : i * p.a.ld + k0;
+      pack_panel(p.a, first, /*lanes_contiguous=*/p.a.trans, /*outer_stride=*/p.a.ld,
+                 panel_rows, lanes, kc, p.alpha, isa, packed + q * lanes * kc);
+      // ct[j * lanes + r] = C[r][j] (the padding rows start at 0 and are never stored).
+      float* ct_q = ct + q * lanes * cols;
+      if (start == AccumulatorStart::zero) continue;
+      if (panel_rows < lanes) std::fill(ct_q, ct_q + lanes * cols, 0.0f);
+      isa.transpose_pack(acc + q * lanes * ld_acc, ld_acc, panel_rows, cols, 1.0f, ct_q, lanes);
+    }
+    for (std::int64_t j = 0; j < cols; j += width) {
+      const int columns = static_cast<int>(std::min(width, cols - j));
+      const float* b_rows = b + (col0 + j) * p.b.ld + k0;  // B[col0 + j][k0]
+      // The last panel of rows prefetches the next columns' rows of B (the first
+      // panels re-read this call's from L1).
+      const float* next_rows = j + width < cols ? b_rows + width * p.b.ld : nullptr;
+      for (std::int64_t q = 0; q < row_panels; ++q) {
+        isa.transposed_micro_kernel(columns, kc, b_rows, p.b.ld, packed + q * lanes * kc,
+                                    ct + q * lanes * cols + j * lanes, start, p.beta,
+                                    q + 1 == row_panels ? next_rows : nullptr);
+      }
+    }
+    for (std::int64_t q = 0; q < row_panels; ++q) {  // C[r][j] = ct[j * lanes + r]
+      isa.transpose_pack(ct + q * lanes * cols, lanes, cols, std::min(lanes, rows - q * lanes),
+                         1.0f, acc + q * lanes * ld_acc, ld_acc);
+    }
+    return true;
+  }
+  if (isa.strided_b_micro_kernel == nullptr) return false;
+  pack_a_block(p, isa, chunk0, rows, k0, kc, packed_a);
+  for (std::int64_t j = 0; j < cols; j += nr) {
+    const std::int64_t width = std::min(nr, cols - j);
+    if (width < nr) {  // the last, narrow panel: packed, with its padding
+      pack_b_block(p, isa, k0, kc, col0 + j, width, packed_b);
+      compute_block(isa, kc, packed_a, rows, packed_b, width, acc + j, ld_acc, start, p.beta);
+      continue;
+    }
+    const float* b_panel = b + k0 * p.b.ld + col0 + j;  // B[k0][col0 + j]
+    for (std::int64_t i = 0; i < rows; i += mr) {
+      isa.strided_b_micro_kernel(static_cast<int>(std::min(mr, rows - i)), kc,
+                                 packed_a + i * kc, b_panel, p.b.ld, acc + i * ld_acc + j,
+                                 ld_acc, start, p.beta);
+    }
+  }
+  return true;
+}
+
 /// acc[r][j] = beta == 0 ? 0 : beta * float(C[r][j]) for an f16 C.
 void load_f16_block(const std::uint16_t* c, std::int64_t ldc, std::int64_t rows,
                     std::int64_t cols, float beta, const IsaKernels& isa, float* acc,
@@ -504,12 +582,25 @@ void run_blocked(const Problem& p, const IsaKernels& isa) {
       const std::int64_t ld_acc = p.c_f16 ? cols : p.ldc;
       auto* c_f16 = static_cast<std::uint16_t*>(p.c) + chunk0 * p.ldc + col0;
       if (p.c_f16) load_f16_block(c_f16, p.ldc, chunk, cols, p.beta, isa, acc, ld_acc);
-      for (std::int64_t k0 = 0; k0 < p.k; k0 += isa.kc) {
-        const std::int64_t kc = std::min(isa.kc, p.k - k0);
+      // The transposed micro-kernel reads and writes C by gathers and scatters: it takes
+      // K in longer blocks (up to 4 kc: a packed panel of at most 4 kc x 64 floats).
+      // (compute_block_from_stored_b takes every such block: the other paths' buffers hold
+      // kc steps only.)
+      const bool transposed = chunk <= isa.mc && !p.b.f16 && p.b.trans &&
+                              transposed_kernel_fits(p, isa);
+      const std::int64_t k_block = transposed ? 4 * isa.kc : isa.kc;
+      for (std::int64_t k0 = 0; k0 < p.k; k0 += k_block) {
+        const std::int64_t kc = std::min(k_block, p.k - k0);
         const AccumulatorStart start = k0 == 0 ? first_block_start(p) : AccumulatorStart::c;
         if (chunk <= isa.mc) {
-          // One block of rows (a micro-batch): op(B) is packed one panel at a time, just
-          // before the tiles that use it, so the panel is still in L1 when they read it.
+          // One block of rows (a micro-batch): op(B) is read where it is stored, or packed
+          // one panel at a time, just before the tiles that use it, while the next
+          // panel's source is prefetched.
+          if (!p.b.f16 &&
+              compute_block_from_stored_b(p, isa, scratch, chunk0, chunk, k0, kc, col0, cols,
+                                          acc, ld_acc, start, packed_a, packed_b)) {
+            continue;
+          }
           pack_a_block(p, isa, chunk0, chunk, k0, kc, packed_a);
           for (std::int64_t j = 0; j < cols; j += isa.nr) {
             const std::int64_t panel_cols = std::min<std::int64_t>(isa.nr, cols - j);

@@ -29,10 +29,12 @@ static_assert(kMr <= kMaxMr && kNr <= kMaxNr);
 // The first `Rows` rows of the tile: all 14 (micro_kernel), or fewer for the last row
 // panel of a C whose rows are not a multiple of 14 (8 of a micro-batch of 64), which then
 // costs its rows and not 14; a_panel keeps its kMr stride either way.
+// b_panel's row k is at b_panel + k * ldb: kNr for a packed panel, or op(B) read where
+// it is stored (IsaKernels::strided_b_micro_kernel).
 template <int Rows>
 BIGBATCH_AVX512 void micro_kernel_rows(std::int64_t kc, const float* a_panel,
-                                       const float* b_panel, float* c, std::int64_t ldc,
-                                       AccumulatorStart start, float beta) {
+                                       const float* b_panel, std::int64_t ldb, float* c,
+                                       std::int64_t ldc, AccumulatorStart start, float beta) {
   __m512 acc[Rows][kVectors];
   const __m512 beta_v = _mm512_set1_ps(beta);
 #pragma GCC unroll 16
@@ -56,7 +58,7 @@ BIGBATCH_AVX512 void micro_kernel_rows(std::int64_t kc, const float* a_panel,
       for (int v = 0; v < kVectors; ++v) acc[r][v] = _mm512_fmadd_ps(a_rk, b_k[v], acc[r][v]);
     }
     a_panel += kMr;
-    b_panel += kNr;
+    b_panel += ldb;
   }
 #pragma GCC unroll 16
   for (int r = 0; r < Rows; ++r) {
@@ -68,21 +70,118 @@ BIGBATCH_AVX512 void micro_kernel_rows(std::int64_t kc, const float* a_panel,
 BIGBATCH_AVX512 void micro_kernel(std::int64_t kc, const float* a_panel, const float* b_panel,
                                   float* c, std::int64_t ldc, AccumulatorStart start,
                                   float beta) {
-  micro_kernel_rows<kMr>(kc, a_panel, b_panel, c, ldc, start, beta);
+  micro_kernel_rows<kMr>(kc, a_panel, b_panel, kNr, c, ldc, start, beta);
 }
 
-// IsaKernels::partial_micro_kernel: a table of micro_kernel_rows<1> ... <kMr - 1>.
+// C^T's tile, for a C of few rows whose op(B) is stored transposed (a forward's x W^T):
+// the Columns (<= kTransposedColumns) columns j of C are rows of the stored B, read where
+// they are (row r at b_rows + r * ldb, its k-th element at + k) and broadcast one element
+// at a time; the kTransposedLanes rows i of C are a packed panel of alpha * op(A)^T
+// (a_panel[k * kTransposedLanes + i]), and so is C itself, transposed by the driver:
+// column j of C at ct + j * kTransposedLanes. Six columns, not 14: rows of a weight
+// matrix are often a multiple of 4 KiB apart, where they share one set of the 8-way L1,
+// and 14 streams in one set evict each other at every step. Each element's chain is
+// micro_kernel's: fma(B[j][k], alpha A[i][k], acc) for k in order is
+// fma(alpha A[i][k], B[j][k], acc), the product being exact before its one rounding.
+constexpr int kTransposedColumns = 6;
+constexpr int kTransposedVectors = 4;
+constexpr int kTransposedLanes = 16 * kTransposedVectors;
+static_assert(kTransposedLanes <= kMaxNr);
+
+// next_rows (or nullptr): the rows of B the next call reads, asked of L1 a cache line of
+// each per 16 steps, as this call's rows are consumed (a weight's rows are short runs
+// that the hardware prefetcher would learn too late). Always six rows: past the last row
+// of B a prefetch reads nothing and cannot fault.
+template <int Columns>
+BIGBATCH_AVX512 void transposed_kernel_columns(std::int64_t kc, const float* b_rows,
+                                               std::int64_t ldb, const float* a_panel,
+                                               float* ct, AccumulatorStart start, float beta,
+                                               const float* next_rows) {
+  __m512 acc[Columns][kTransposedVectors];
+  const __m512 beta_v = _mm512_set1_ps(beta);
+#pragma GCC unroll 8
+  for (int r = 0; r < Columns; ++r) {
+#pragma GCC unroll 4
+    for (int v = 0; v < kTransposedVectors; ++v) {
+      const float* c_rv = ct + r * kTransposedLanes + 16 * v;
+      acc[r][v] = start == AccumulatorStart::zero       ? _mm512_setzero_ps()
+                  : start == AccumulatorStart::scaled_c ? _mm512_mul_ps(beta_v, _mm512_loadu_ps(c_rv))
+                                                        : _mm512_loadu_ps(c_rv);
+    }
+  }
+  for (std::int64_t k0 = 0; k0 < kc; k0 += 16) {
+    if (next_rows != nullptr) {
+#pragma GCC unroll 8
+      for (int r = 0; r < kTransposedColumns; ++r) {
+        _mm_prefetch(reinterpret_cast<const char*>(next_rows + r * ldb + k0), _MM_HINT_T0);
+      }
+    }
+    const std::int64_t k_end = k0 + 16 < kc ? k0 + 16 : kc;
+    for (std::int64_t k = k0; k < k_end; ++k) {
+      __m512 a_k[kTransposedVectors];
+#pragma GCC unroll 4
+      for (int v = 0; v < kTransposedVectors; ++v) a_k[v] = _mm512_loadu_ps(a_panel + 16 * v);
+#pragma GCC unroll 8
+      for (int r = 0; r < Columns; ++r) {
+        const __m512 b_rk = _mm512_set1_ps(b_rows[r * ldb + k]);
+#pragma GCC unroll 4
+        for (int v = 0; v < kTransposedVectors; ++v) {
+          acc[r][v] = _mm512_fmadd_ps(b_rk, a_k[v], acc[r][v]);
+        }
+      }
+      a_panel += kTransposedLanes;
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < Columns; ++r) {
+#pragma GCC unroll 4
+    for (int v = 0; v < kTransposedVectors; ++v) {
+      _mm512_storeu_ps(ct + r * kTransposedLanes + 16 * v, acc[r][v]);
+    }
+  }
+}
+
+// Tables of the kernels above by size (index 0 unused).
+using StridedKernel = void (*)(std::int64_t, const float*, const float*, std::int64_t, float*,
+                               std::int64_t, AccumulatorStart, float);
+using TransposedKernel = void (*)(std::int64_t, const float*, std::int64_t, const float*,
+                                  float*, AccumulatorStart, float, const float*);
+// (micro_kernel_rows by rows 1 ... kMr; transposed_kernel_columns by columns 1 ... 6)
 template <int... Rows>
-constexpr std::array<MicroKernel, sizeof...(Rows) + 1> partial_kernels(
+constexpr std::array<StridedKernel, sizeof...(Rows) + 1> strided_kernels(
     std::integer_sequence<int, Rows...>) {
   return {nullptr, &micro_kernel_rows<Rows + 1>...};
 }
-constexpr auto kPartialKernels = partial_kernels(std::make_integer_sequence<int, kMr - 1>{});
+template <int... Rows>
+constexpr std::array<TransposedKernel, sizeof...(Rows) + 1> transposed_kernels(
+    std::integer_sequence<int, Rows...>) {
+  return {nullptr, &transposed_kernel_columns<Rows + 1>...};
+}
+constexpr auto kStridedKernels = strided_kernels(std::make_integer_sequence<int, kMr>{});
+constexpr auto kTransposedKernels =
+    transposed_kernels(std::make_integer_sequence<int, kTransposedColumns>{});
 
+// IsaKernels::partial_micro_kernel.
 void partial_micro_kernel(int rows, std::int64_t kc, const float* a_panel,
                           const float* b_panel, float* c, std::int64_t ldc,
                           AccumulatorStart start, float beta) {
-  kPartialKernels[static_cast<std::size_t>(rows)](kc, a_panel, b_panel, c, ldc, start, beta);
+  kStridedKernels[static_cast<std::size_t>(rows)](kc, a_panel, b_panel, kNr, c, ldc, start,
+                                                  beta);
+}
+
+// IsaKernels::strided_b_micro_kernel.
+void strided_b_micro_kernel(int rows, std::int64_t kc, const float* a_panel, const float* b,
+                            std::int64_t ldb, float* c, std::int64_t ldc,
+                            AccumulatorStart start, float beta) {
+  kStridedKernels[static_cast<std::size_t>(rows)](kc, a_panel, b, ldb, c, ldc, start, beta);
+}
+
+// IsaKernels::transposed_micro_kernel.
+void transposed_micro_kernel(int columns, std::int64_t kc, const float* b_rows,
+                             std::int64_t ldb, const float* a_panel, float* ct,
+                             AccumulatorStart start, float beta, const float* next_rows) {
+  kTransposedKernels[static_cast<std::size_t>(columns)](kc, b_rows, ldb, a_panel, ct, start,
+                                                        beta, next_rows);
 }
 
 BIGBATCH_AVX512 void widen_f16(const std::uint16_t* src, float* dst, std::int64_t n) {
@@ -192,7 +291,9 @@ constexpr std::int64_t kKc = 512, kMc = 12 * kMr, kNc = 4096;
 static_assert(kMc % kMr == 0 && kNc % kNr == 0);
 const IsaKernels kKernels{kMr,          kNr,        kKc,           kMc,
                           kNc,          &micro_kernel, &widen_f16, &narrow_to_f16,
-                          &transpose_pack, &partial_micro_kernel};
+                          &transpose_pack, &partial_micro_kernel,
+                          &strided_b_micro_kernel, &transposed_micro_kernel,
+                          kTransposedColumns, kTransposedLanes};
 
 }  // namespace
 

@@ -66,11 +66,32 @@ struct IsaKernels {
   void (*partial_micro_kernel)(int rows, std::int64_t kc, const float* a_panel,
                                const float* b_panel, float* c, std::int64_t ldc,
                                AccumulatorStart start, float beta) = nullptr;
+  /// micro_kernel on the first `rows` (1 ... mr) rows of the tile, with op(B) read where it
+  /// is stored, f32 [K, N]: row k of the panel at b + k * ldb (nr floats). The driver's
+  /// way for a C of one row block (a micro-batch), whose op(B) would otherwise be packed
+  /// again at every call. nullptr: not offered.
+  void (*strided_b_micro_kernel)(int rows, std::int64_t kc, const float* a_panel,
+                                 const float* b, std::int64_t ldb, float* c, std::int64_t ldc,
+                                 AccumulatorStart start, float beta) = nullptr;
+  /// The same chains for a C of one row block whose op(B) is stored transposed, f32
+  /// [N, K] (a forward's W), computed on C^T: for `columns` (1 ... transposed_columns)
+  /// columns j of C and its transposed_lanes rows i, ct[j * transposed_lanes + i]
+  /// continues acc = fma(a_panel[k * transposed_lanes + i], B[j][k], acc) for k < kc,
+  /// where column j's row of B starts at b_rows + j * ldb and a_panel is a packed panel of
+  /// alpha * op(A)^T whose lanes are the rows of C. next_rows: the b_rows of the next
+  /// call, to prefetch (or nullptr). nullptr: not offered (transpose_pack must be offered
+  /// with it: the driver transposes C with it).
+  void (*transposed_micro_kernel)(int columns, std::int64_t kc, const float* b_rows,
+                                  std::int64_t ldb, const float* a_panel, float* ct,
+                                  AccumulatorStart start, float beta,
+                                  const float* next_rows) = nullptr;
+  /// \var transposed_columns
+  /// Columns of C per transposed_micro_kernel call.
+  /// \var transposed_lanes
+  /// Rows of C per transposed_micro_kernel call: the lanes of its packed panel.
+  std::int64_t transposed_columns = 0, transposed_lanes = 0;
 };
 
-/// The signature of IsaKernels::micro_kernel.
-using MicroKernel = void (*)(std::int64_t kc, const float* a_panel, const float* b_panel,
-                             float* c, std::int64_t ldc, AccumulatorStart start, float beta);
 
 const IsaKernels& avx2_kernels();    ///< gemm_cpu_avx2.cpp; needs AVX2, FMA, F16C
 const IsaKernels& avx512_kernels();  ///< gemm_cpu_avx512.cpp; needs AVX-512F, FMA, F16C

@@ -520,6 +520,41 @@ TEST(GemmCpu, EveryRowCountOfTheLastRowPanelGivesTheSameBits) {
   }
 }
 
+TEST(GemmCpu, MicroBatchShapesGiveThePortableBits) {
+  // A C of one row block (a micro-batch) reads op(B) where it is stored: the AVX-512 path
+  // broadcasts a transposed op(B)'s rows against 64-row panels of op(A)^T, with C itself
+  // transposed in and out, and takes K in blocks of up to 2048; a plain op(B) is read a
+  // panel at a time. Rows past one panel (70 = 64 + 6), K past one block (2100), a beta
+  // that scales C, and a transposed A.
+  std::uint64_t seed = 1300;
+  for (const auto& [m, n, k] : std::vector<std::array<std::int64_t, 3>>{
+           {70, 13, 2100}, {64, 97, 600}, {129, 40, 70}}) {
+    for (const bool trans_a : {false, true}) {
+      for (const bool trans_b : {false, true}) {
+        for (const AlphaBeta& ab : {AlphaBeta{1.0f, 0.0f}, AlphaBeta{0.6f, -1.7f}}) {
+          const GemmCase g{m, n, k, trans_a, trans_b, ab.alpha, ab.beta, DType::f32,
+                           DType::f32};
+          GemmRun run = make_run(g, Device::cpu(), seed += 3);
+          const Tensor c_before = run.c.clone();
+          Tensor reference;
+          for_each_cpu_path([&](cpu::GemmPath path) {
+            const Tensor c = c_before.clone();
+            cpu::gemm(run.a, trans_a, run.b, trans_b, c, ab.alpha, ab.beta);
+            if (path == cpu::GemmPath::portable) {
+              reference = c;
+              EXPECT_TRUE(matches_oracle(g, GemmRun{run.a, run.b, c, run.c_before},
+                                         Device::cpu()))
+                  << describe(g);
+            } else {
+              EXPECT_TRUE(testing::bitwise_equal(c, reference)) << describe(g);
+            }
+          });
+        }
+      }
+    }
+  }
+}
+
 TEST(GemmCpu, EveryPathRoundsExtremeF16ValuesAlike) {
   // Operands whose products reach past the f16 range (|a b| up to 90000, so some outputs
   // are inf) or into its subnormals (|a b| below 2^-14): the f16 conversions of every
