@@ -517,10 +517,13 @@ bool compute_block_from_stored_b(const Problem& p, const IsaKernels& isa, Scratc
       continue;
     }
     const float* b_panel = b + k0 * p.b.ld + col0 + j;  // B[k0][col0 + j]
+    // The first row tile asks L2 for the next full panel's rows while it reads this one's
+    // from memory; the other tiles find this panel there.
+    const float* next_panel = j + 2 * nr <= cols ? b_panel + nr : nullptr;
     for (std::int64_t i = 0; i < rows; i += mr) {
       isa.strided_b_micro_kernel(static_cast<int>(std::min(mr, rows - i)), kc,
                                  packed_a + i * kc, b_panel, p.b.ld, acc + i * ld_acc + j,
-                                 ld_acc, start, p.beta);
+                                 ld_acc, start, p.beta, i == 0 ? next_panel : nullptr);
     }
   }
   return true;

@@ -30,11 +30,13 @@ static_assert(kMr <= kMaxMr && kNr <= kMaxNr);
 // panel of a C whose rows are not a multiple of 14 (8 of a micro-batch of 64), which then
 // costs its rows and not 14; a_panel keeps its kMr stride either way.
 // b_panel's row k is at b_panel + k * ldb: kNr for a packed panel, or op(B) read where
-// it is stored (IsaKernels::strided_b_micro_kernel).
+// it is stored (IsaKernels::strided_b_micro_kernel). prefetch_b (or nullptr): a panel laid
+// out as b_panel whose rows are asked of L2 as this one's are read (the next panel's).
 template <int Rows>
 BIGBATCH_AVX512 void micro_kernel_rows(std::int64_t kc, const float* a_panel,
                                        const float* b_panel, std::int64_t ldb, float* c,
-                                       std::int64_t ldc, AccumulatorStart start, float beta) {
+                                       std::int64_t ldc, AccumulatorStart start, float beta,
+                                       const float* prefetch_b = nullptr) {
   __m512 acc[Rows][kVectors];
   const __m512 beta_v = _mm512_set1_ps(beta);
 #pragma GCC unroll 16
@@ -48,6 +50,11 @@ BIGBATCH_AVX512 void micro_kernel_rows(std::int64_t kc, const float* a_panel,
     }
   }
   for (std::int64_t k = 0; k < kc; ++k) {
+    if (prefetch_b != nullptr) {
+      const char* row = reinterpret_cast<const char*>(prefetch_b + k * ldb);
+      _mm_prefetch(row, _MM_HINT_T1);
+      _mm_prefetch(row + 64, _MM_HINT_T1);
+    }
     __m512 b_k[kVectors];
 #pragma GCC unroll 4
     for (int v = 0; v < kVectors; ++v) b_k[v] = _mm512_loadu_ps(b_panel + 16 * v);
@@ -143,7 +150,7 @@ BIGBATCH_AVX512 void transposed_kernel_columns(std::int64_t kc, const float* b_r
 
 // Tables of the kernels above by size (index 0 unused).
 using StridedKernel = void (*)(std::int64_t, const float*, const float*, std::int64_t, float*,
-                               std::int64_t, AccumulatorStart, float);
+                               std::int64_t, AccumulatorStart, float, const float*);
 using TransposedKernel = void (*)(std::int64_t, const float*, std::int64_t, const float*,
                                   float*, AccumulatorStart, float, const float*);
 // (micro_kernel_rows by rows 1 ... kMr; transposed_kernel_columns by columns 1 ... 6)
@@ -166,14 +173,15 @@ void partial_micro_kernel(int rows, std::int64_t kc, const float* a_panel,
                           const float* b_panel, float* c, std::int64_t ldc,
                           AccumulatorStart start, float beta) {
   kStridedKernels[static_cast<std::size_t>(rows)](kc, a_panel, b_panel, kNr, c, ldc, start,
-                                                  beta);
+                                                  beta, nullptr);
 }
 
 // IsaKernels::strided_b_micro_kernel.
 void strided_b_micro_kernel(int rows, std::int64_t kc, const float* a_panel, const float* b,
                             std::int64_t ldb, float* c, std::int64_t ldc,
-                            AccumulatorStart start, float beta) {
-  kStridedKernels[static_cast<std::size_t>(rows)](kc, a_panel, b, ldb, c, ldc, start, beta);
+                            AccumulatorStart start, float beta, const float* prefetch_b) {
+  kStridedKernels[static_cast<std::size_t>(rows)](kc, a_panel, b, ldb, c, ldc, start, beta,
+                                                  prefetch_b);
 }
 
 // IsaKernels::transposed_micro_kernel.

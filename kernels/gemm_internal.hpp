@@ -72,7 +72,8 @@ struct IsaKernels {
   /// again at every call. nullptr: not offered.
   void (*strided_b_micro_kernel)(int rows, std::int64_t kc, const float* a_panel,
                                  const float* b, std::int64_t ldb, float* c, std::int64_t ldc,
-                                 AccumulatorStart start, float beta) = nullptr;
+                                 AccumulatorStart start, float beta,
+                                 const float* prefetch_b) = nullptr;
   /// The same chains for a C of one row block whose op(B) is stored transposed, f32
   /// [N, K] (a forward's W), computed on C^T: for `columns` (1 ... transposed_columns)
   /// columns j of C and its transposed_lanes rows i, ct[j * transposed_lanes + i]
