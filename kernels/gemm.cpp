@@ -419,16 +419,55 @@ void prefetch_tile(const float* c, std::int64_t ldc, std::int64_t rows, std::int
 }
 
 /// Every tile of an [rows, cols] block of the accumulator, for one kc block.
+/// One tile of C from its packed panels: the full micro-kernel, the partial one for a last
+/// row panel, or a padded copy.
+void compute_tile(const IsaKernels& isa, std::int64_t kc, const float* a_panel,
+                  const float* b_panel, float* c, std::int64_t ld_acc, std::int64_t tile_rows,
+                  std::int64_t tile_cols, AccumulatorStart start, float beta) {
+  if (tile_rows == isa.mr && tile_cols == isa.nr) {
+    isa.micro_kernel(kc, a_panel, b_panel, c, ld_acc, start, beta);
+  } else if (tile_cols == isa.nr && isa.partial_micro_kernel != nullptr) {
+    isa.partial_micro_kernel(static_cast<int>(tile_rows), kc, a_panel, b_panel, c, ld_acc,
+                             start, beta);
+  } else {
+    edge_tile(isa, kc, a_panel, b_panel, c, ld_acc, tile_rows, tile_cols, start, beta);
+  }
+}
+
+/// Below this many steps a kc block moves more bytes of C than of packed B (a micro-batch's
+/// weight gradient, K = its rows): the tiles then go along C's rows.
+constexpr std::int64_t kShortK = 128;
+
 void compute_block(const IsaKernels& isa, std::int64_t kc, const float* packed_a,
                    std::int64_t rows, const float* packed_b, std::int64_t cols, float* acc,
                    std::int64_t ld_acc, AccumulatorStart start, float beta) {
   const std::int64_t mr = isa.mr, nr = isa.nr;
+  if (kc < kShortK) {
+    // Row panel outermost: each tile's C follows the last one's along the same rows, and
+    // the next tile's C is asked for while this one computes.
+    for (std::int64_t i = 0; i < rows; i += mr) {
+      const float* a_panel = packed_a + i * kc;
+      const std::int64_t tile_rows = std::min(mr, rows - i);
+      for (std::int64_t j = 0; j < cols; j += nr) {
+        float* c = acc + i * ld_acc + j;
+        const std::int64_t tile_cols = std::min(nr, cols - j);
+        if (j + nr < cols) {
+          prefetch_tile(c + nr, ld_acc, tile_rows, std::min(nr, cols - j - nr));
+        } else if (i + mr < rows) {
+          prefetch_tile(acc + (i + mr) * ld_acc, ld_acc, std::min(mr, rows - i - mr),
+                        std::min(nr, cols));
+        }
+        compute_tile(isa, kc, a_panel, packed_b + j * kc, c, ld_acc, tile_rows, tile_cols,
+                     start, beta);
+      }
+    }
+    return;
+  }
   // Column panel outermost, so one packed B panel stays in cache across row panels.
   for (std::int64_t j = 0; j < cols; j += nr) {
     const float* b_panel = packed_b + j * kc;
     const std::int64_t tile_cols = std::min(nr, cols - j);
     for (std::int64_t i = 0; i < rows; i += mr) {
-      const float* a_panel = packed_a + i * kc;
       float* c = acc + i * ld_acc + j;
       const std::int64_t tile_rows = std::min(mr, rows - i);
       // The next tile down this column panel, or the first of the next one.
@@ -437,14 +476,8 @@ void compute_block(const IsaKernels& isa, std::int64_t kc, const float* packed_a
       } else if (j + nr < cols) {
         prefetch_tile(acc + j + nr, ld_acc, std::min(mr, rows), std::min(nr, cols - j - nr));
       }
-      if (tile_rows == mr && tile_cols == nr) {
-        isa.micro_kernel(kc, a_panel, b_panel, c, ld_acc, start, beta);
-      } else if (tile_cols == nr && isa.partial_micro_kernel != nullptr) {
-        isa.partial_micro_kernel(static_cast<int>(tile_rows), kc, a_panel, b_panel, c, ld_acc,
-                                 start, beta);
-      } else {
-        edge_tile(isa, kc, a_panel, b_panel, c, ld_acc, tile_rows, tile_cols, start, beta);
-      }
+      compute_tile(isa, kc, packed_a + i * kc, b_panel, c, ld_acc, tile_rows, tile_cols,
+                   start, beta);
     }
   }
 }
