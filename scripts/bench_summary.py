@@ -7,7 +7,10 @@ RESULTS.json defaults to bench/results/cpu-2core/cpu-kernels.json.
 
 Reads medians when the run has repetitions (aggregate "median"), plain runs otherwise.
 With --update-readme, replaces the text between the markers
-<!-- bench:begin --> and <!-- bench:end --> in README.md.
+<!-- bench:begin --> and <!-- bench:end --> in README.md, and between
+<!-- steps:begin --> and <!-- steps:end --> the whole-step table: bench_training's fp32
+steps (cpu-training.json) beside PyTorch's (pytorch-training.json, from
+bench/pytorch_step.py), both from the same folder, when both files are there.
 Only the standard library is needed, so this runs anywhere Python 3 does.
 """
 import json
@@ -97,6 +100,50 @@ def summary(path):
                         "**Other kernels**", other_table(runs)])
 
 
+def step_summary(training_path, pytorch_path):
+    """The fp32 whole-step rows of bench_training beside PyTorch's, and their ratios."""
+    ours, context = load_runs(training_path)
+    peer, peer_context = load_runs(pytorch_path)
+    shapes = [("one batch of 1024", "micro:1024"), ("16 micro-batches of 64", "micro:64")]
+    prefix = "TrainingStep/cpu/fp16:0/depth:4/hidden:512/batch:1024/"
+
+    def median_ms(runs, name):
+        run = runs.get(name)
+        return run["real_time"] if run and run.get("time_unit") == "ms" else None
+
+    times = []
+    for label, shape in shapes:
+        times.append((label, median_ms(ours, f"BM_{prefix}{shape}/fused:0"),
+                      median_ms(peer, f"PyTorch{prefix}{shape}")))
+    rows = ["| one optimizer step: depth 4, H 512, batch 1024, fp32, AdamW | bigbatch, ms | "
+            "PyTorch, ms | bigbatch / PyTorch |", "|---|---:|---:|---:|"]
+    for label, mine, theirs in times:
+        ratio = f"{mine / theirs:.2f}" if mine and theirs else "n/a"
+        rows.append(f"| {label} | {mine:.0f} | {theirs:.0f} | {ratio} |" if mine and theirs
+                    else f"| {label} | {mine or 'n/a'} | {theirs or 'n/a'} | n/a |")
+    (_, one_ours, one_peer), (_, micro_ours, micro_peer) = times
+    if one_ours and micro_ours and one_peer and micro_peer:
+        rows.append(f"| micro-batches / one batch | {micro_ours / one_ours:.2f} | "
+                    f"{micro_peer / one_peer:.2f} | |")
+    head = (f"Medians from `{pathlib.Path(training_path).resolve().relative_to(ROOT)}` "
+            f"({context.get('date', '?')}) and "
+            f"`{pathlib.Path(pytorch_path).resolve().relative_to(ROOT)}` "
+            f"({peer_context.get('date', '?')}, {peer_context.get('library', 'torch')}, "
+            f"{peer_context.get('threads', '?')} threads; bigbatch: "
+            f"{context.get('num_cpus', '?')} OpenMP threads), one run of "
+            "`scripts/run-benchmarks.sh`.")
+    return head + "\n\n" + "\n".join(rows)
+
+
+def replace_between(content, name, text):
+    begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
+    if begin not in content or end not in content:
+        sys.exit(f"README.md has no {name} markers")
+    before, rest = content.split(begin, 1)
+    _, after = rest.split(end, 1)
+    return f"{before}{begin}\n{text}\n{end}{after}"
+
+
 def main(argv):
     if "-h" in argv or "--help" in argv:
         print(__doc__.strip())
@@ -109,13 +156,12 @@ def main(argv):
         print(text)
         return 0
     readme = ROOT / "README.md"
-    content = readme.read_text()
-    begin, end = "<!-- bench:begin -->", "<!-- bench:end -->"
-    if begin not in content or end not in content:
-        sys.exit("README.md has no bench markers")
-    before, rest = content.split(begin, 1)
-    _, after = rest.split(end, 1)
-    readme.write_text(f"{before}{begin}\n{text}\n{end}{after}")
+    content = replace_between(readme.read_text(), "bench", text)
+    folder = pathlib.Path(path).resolve().parent
+    training, pytorch = folder / "cpu-training.json", folder / "pytorch-training.json"
+    if training.exists() and pytorch.exists():
+        content = replace_between(content, "steps", step_summary(training, pytorch))
+    readme.write_text(content)
     print("README.md updated")
     return 0
 

@@ -2,9 +2,12 @@
 # Runs the CPU benchmarks and writes Google Benchmark JSON to bench/results/cpu-2core/ (the
 # folder of the machine that made the committed results, a 2-core CPU; the notebooks read
 # it): the kernels to cpu-kernels.json, the whole-step benchmarks (fp32 and fp16) to
-# cpu-training.json, the accumulation sweep (batch 1024 as micro-batches of 1 to 1024,
+# cpu-training.json and their PyTorch peer (bench/pytorch_step.py) to
+# pytorch-training.json, the accumulation sweep (batch 1024 as micro-batches of 1 to 1024,
 # naive and memory-free; 3 repetitions, the longest part) to cpu-accumulation.json, then
-# chapter 05's checkpoint policies over depths 4 to 64 to cpu-checkpointing.json.
+# chapter 05's checkpoint policies over depths 4 to 64 to cpu-checkpointing.json and
+# chapter 06's planned steps across device budgets to cpu-planner.json; last, the README's
+# tables (scripts/bench_summary.py --update-readme).
 #
 # Usage: scripts/run-benchmarks.sh [extra Google Benchmark flags]
 #
@@ -36,6 +39,11 @@ build/bench/bench_training --benchmark_out="$results/cpu-training.json" \
   --benchmark_report_aggregates_only=true --benchmark_enable_random_interleaving=true \
   --benchmark_filter=BM_TrainingStep/cpu/ "$@"
 echo "wrote $results/cpu-training.json"
+# The PyTorch peer of the fp32 steps (Debian's python3-torch, as many threads as OpenMP
+# gives ours; the same OPENBLAS_CORETYPE), right after them.
+scripts/install-deps.sh python3-torch python3-numpy
+/usr/bin/python3 bench/pytorch_step.py --out "$results/pytorch-training.json" \
+  --threads "${OMP_NUM_THREADS:-$(nproc)}"
 build/bench/bench_training --benchmark_out="$results/cpu-accumulation.json" \
   --benchmark_out_format=json --benchmark_repetitions=3 \
   --benchmark_report_aggregates_only=true --benchmark_enable_random_interleaving=true \
@@ -43,5 +51,11 @@ build/bench/bench_training --benchmark_out="$results/cpu-accumulation.json" \
 echo "wrote $results/cpu-accumulation.json"
 build/bench/bench_checkpointing --benchmark_out="$results/cpu-checkpointing.json" \
   --benchmark_out_format=json --benchmark_repetitions=7 \
-  --benchmark_report_aggregates_only=true --benchmark_enable_random_interleaving=true "$@"
+  --benchmark_report_aggregates_only=true --benchmark_enable_random_interleaving=true \
+  --benchmark_filter=BM_CheckpointedStep "$@"
 echo "wrote $results/cpu-checkpointing.json"
+build/bench/bench_checkpointing --benchmark_out="$results/cpu-planner.json" \
+  --benchmark_out_format=json --benchmark_repetitions=3 \
+  --benchmark_report_aggregates_only=true --benchmark_filter=BM_PlannedStep "$@"
+echo "wrote $results/cpu-planner.json"
+python3 scripts/bench_summary.py --update-readme "$results/cpu-kernels.json"

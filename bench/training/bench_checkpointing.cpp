@@ -7,6 +7,15 @@
 //   block_forwards     block forward evaluations per step (the depth without checkpointing)
 // Time per step is the benchmark's time. Compare policies by their ratio to "none" at the
 // same depth, within one run (the machine's speed drifts between runs).
+//
+// BM_PlannedStep: chapter 06's question across budgets. For chapter 01's model and batch
+// (4096) and each device budget, the planner's fastest plan (its cost model measured once,
+// at the first budget), then that plan's optimizer steps on synthetic data, loss-scaled
+// when it is fp16, as chapter 06's demo trains it. Counters: the budget, the plan
+// (micro_batch, fp16, block_forwards: its recomputation per micro-batch), the predicted
+// step seconds and peak, the measured step peak (up to the optimizer boundary, the span
+// the memory model predicts) and the peak of each category then; samples/s is
+// items_per_second.
 // Run: bench_checkpointing --benchmark_out=checkpointing.json --benchmark_out_format=json
 #include <benchmark/benchmark.h>
 
@@ -15,8 +24,12 @@
 #include <string>
 #include <vector>
 
+#include "chapters/01_large_batch_baseline/baseline.hpp"
+#include "chapters/04_dynamic_loss_scaling/dynamic_loss_scaler.hpp"
 #include "chapters/05_activation_checkpointing/memory_plan.hpp"
 #include "chapters/05_activation_checkpointing/scheduled_runner.hpp"
+#include "chapters/06_planner/planner.hpp"
+#include "common/data/dataset.hpp"
 #include "common/memory.hpp"
 #include "common/rng.hpp"
 #include "nn/model.hpp"
@@ -86,6 +99,77 @@ void arguments(benchmark::internal::Benchmark* b) {
 }
 
 BENCHMARK(BM_CheckpointedStep)->Apply(arguments);
+
+/// The planner's cost model for chapter 01's model, measured at its first use.
+const planning::CostModel& chapter_01_cost_model() {
+  static const planning::CostModel cost =
+      planning::calibrate(baseline::model_config(), baseline::adamw_options(), Device::cpu(),
+                          baseline::kWantedBatch);
+  return cost;
+}
+
+/// args: the budget in MiB.
+void BM_PlannedStep(benchmark::State& state) {
+  const std::size_t budget = static_cast<std::size_t>(state.range(0)) << 20;
+  const planning::PlanResult result = planning::make_plan(
+      {baseline::model_config(), baseline::kWantedBatch, baseline::adamw_options(), budget},
+      chapter_01_cost_model());
+  if (result.feasible.empty()) {
+    state.SkipWithError("no plan fits this budget");
+    return;
+  }
+  const planning::Plan& plan = result.best();
+  nn::ModelConfig config = baseline::model_config();
+  config.precision = plan.precision;
+  nn::Model model(config, Device::cpu());
+  if (plan.checkpoint != "none") {
+    model.set_block_runner(checkpointing::ScheduledRunner::for_policy(plan.checkpoint,
+                                                                      config.depth));
+  }
+  nn::Optimizer optimizer(model.parameters(), baseline::adamw_options());
+  static const Dataset data = make_synthetic({.samples = 2 * baseline::kWantedBatch});
+  baseline::BaselineLoop loop(model, optimizer, data, baseline::kWantedBatch, plan.micro_batch,
+                              /*seed=*/5);
+  loss_scaling::DynamicLossScaler scaler;
+  const bool fp16 = plan.precision == nn::Precision::fp16;
+  TrackingAllocator& device = allocator_for(Device::cpu());
+  MemoryStats at_boundary;
+  std::int64_t k = 0;
+  const auto one_step = [&] {
+    device.reset_peak();
+    return loop.step(k++, fp16 ? scaler.scale() : 1.0f, [&] {
+      at_boundary = device.stats();
+      return !fp16 || !scaler.unscale_and_update(model).overflow;
+    });
+  };
+  one_step();  // warm-up
+  for (auto _ : state) benchmark::DoNotOptimize(one_step());
+  state.counters["budget"] = static_cast<double>(budget);
+  state.counters["micro_batch"] = static_cast<double>(plan.micro_batch);
+  state.counters["fp16"] = fp16 ? 1.0 : 0.0;
+  state.counters["block_forwards"] = plan.recompute;
+  state.counters["predicted_seconds"] = plan.seconds;
+  state.counters["predicted_peak"] = static_cast<double>(plan.prediction.peak());
+  state.counters["step_peak"] = static_cast<double>(at_boundary.peak_total);
+  for (const MemoryCategory category :
+       {MemoryCategory::parameters, MemoryCategory::master_weights, MemoryCategory::gradients,
+        MemoryCategory::optimizer_state, MemoryCategory::activations,
+        MemoryCategory::checkpoints, MemoryCategory::workspace, MemoryCategory::data}) {
+    state.counters["at_peak_" + std::string(category_name(category))] =
+        static_cast<double>(at_boundary.at_peak_of(category));
+  }
+  state.SetItemsProcessed(state.iterations() * baseline::kWantedBatch);
+  state.SetLabel(planning::describe(plan, baseline::kWantedBatch));
+}
+
+BENCHMARK(BM_PlannedStep)
+    ->ArgName("budget_mib")
+    ->DenseRange(34, 46, 4)
+    ->Arg(64)
+    ->Arg(96)
+    ->Arg(160)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
 
 }  // namespace
 }  // namespace bigbatch
