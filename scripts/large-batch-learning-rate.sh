@@ -16,14 +16,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 epoch_counts=(8 16)
 (($#)) && epoch_counts=("$@")
-if [ -z "${BIGBATCH:-}" ]; then
-  scripts/install-deps.sh
-  scripts/build.sh >/dev/null
-  BIGBATCH=build/chapters/cli/bigbatch
-fi
-out="$(mktemp -d)"
-trap 'rm -rf "$out"' EXIT
-mkdir -p bench/results/cpu-2core
+source scripts/bigbatch-program.sh
 base=(--data fashion-mnist --depth 2 --hidden 256 --optimizer adamw --lr 1e-3 --seed 0)
 large=(--batch 4096 --micro-batch 512)
 run() {

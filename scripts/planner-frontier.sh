@@ -23,15 +23,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 count="${1:-28}"
-if [ -z "${BIGBATCH:-}" ]; then
-  scripts/install-deps.sh
-  scripts/build.sh >/dev/null
-  BIGBATCH=build/chapters/cli/bigbatch
-fi
-out="$(mktemp -d)"
-trap 'rm -rf "$out"' EXIT
+source scripts/bigbatch-program.sh
 results=bench/results/cpu-2core/planner-frontier.json
-mkdir -p bench/results/cpu-2core
 shape=(--data fashion-mnist --depth 2 --hidden 256 --optimizer adamw --lr 1e-3 --batch 4096)
 start=$(date +%s.%N)
 # One answer of `bigbatch plan --json` at BUDGET bytes, added to FILE; 3 (nothing fits) is

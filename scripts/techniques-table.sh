@@ -13,15 +13,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 epochs="${1:-2}"
-if [ -z "${BIGBATCH:-}" ]; then
-  scripts/install-deps.sh
-  scripts/build.sh >/dev/null
-  BIGBATCH=build/chapters/cli/bigbatch
-fi
-out="$(mktemp -d)"
-trap 'rm -rf "$out"' EXIT
+source scripts/bigbatch-program.sh
 results=bench/results/cpu-2core/fashion-mnist-techniques.md
-mkdir -p bench/results/cpu-2core
 common=(--data fashion-mnist --depth 2 --hidden 256 --optimizer adamw --lr 1e-3 --seed 0
         --batch 1024 --epochs "$epochs")
 rows="" commands=""
