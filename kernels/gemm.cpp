@@ -526,8 +526,8 @@ bool compute_block_from_stored_b(const Problem& p, const IsaKernels& isa, Scratc
       const int columns = static_cast<int>(std::min(width, cols - j));
       const float* b_rows = b + (col0 + j) * p.b.ld + k0;  // B[col0 + j][k0]
       // The last panel of rows prefetches the next columns' rows of B (the first
-      // panels re-read this call's from L1).
-      const float* next_rows = j + width < cols ? b_rows + width * p.b.ld : nullptr;
+      // panels re-read this call's from L1), when the next tile is a whole one.
+      const float* next_rows = j + 2 * width <= cols ? b_rows + width * p.b.ld : nullptr;
       for (std::int64_t q = 0; q < row_panels; ++q) {
         isa.transposed_micro_kernel(columns, kc, b_rows, p.b.ld, packed + q * lanes * kc,
                                     ct + q * lanes * cols + j * lanes, start, p.beta,

@@ -97,8 +97,7 @@ static_assert(kTransposedLanes <= kMaxNr);
 
 // next_rows (or nullptr): the rows of B the next call reads, asked of L1 a cache line of
 // each per 16 steps, as this call's rows are consumed (a weight's rows are short runs
-// that the hardware prefetcher would learn too late). Always six rows: past the last row
-// of B a prefetch reads nothing and cannot fault.
+// that the hardware prefetcher would learn too late): six rows.
 template <int Columns>
 BIGBATCH_AVX512 void transposed_kernel_columns(std::int64_t kc, const float* b_rows,
                                                std::int64_t ldb, const float* a_panel,
