@@ -418,7 +418,6 @@ void prefetch_tile(const float* c, std::int64_t ldc, std::int64_t rows, std::int
   }
 }
 
-/// Every tile of an [rows, cols] block of the accumulator, for one kc block.
 /// One tile of C from its packed panels: the full micro-kernel, the partial one for a last
 /// row panel, or a padded copy.
 void compute_tile(const IsaKernels& isa, std::int64_t kc, const float* a_panel,
@@ -438,6 +437,7 @@ void compute_tile(const IsaKernels& isa, std::int64_t kc, const float* a_panel,
 /// weight gradient, K = its rows): the tiles then go along C's rows.
 constexpr std::int64_t kShortK = 128;
 
+/// Every tile of an [rows, cols] block of the accumulator, for one kc block.
 void compute_block(const IsaKernels& isa, std::int64_t kc, const float* packed_a,
                    std::int64_t rows, const float* packed_b, std::int64_t cols, float* acc,
                    std::int64_t ld_acc, AccumulatorStart start, float beta) {
@@ -491,10 +491,10 @@ bool transposed_kernel_fits(const Problem& p, const IsaKernels& isa) {
 /// read where it is stored rather than packed at every call (a micro-batch's GEMMs meet
 /// the same weights 16 times a step at 64 rows): op(B) stored [K, N] (a backward's dY W)
 /// goes to the strided-B micro-kernel, a panel at a time; stored transposed [N, K] (a
-/// forward's x W^T) to the transposed micro-kernel, mr columns of C at a time against
-/// alpha * op(A)^T packed with the rows of C as its nr lanes. A column panel narrower
-/// than nr is packed as usual. Returns false, having done nothing, when the instruction
-/// set offers no such kernel.
+/// forward's x W^T) to the transposed micro-kernel, transposed_columns columns of C at a
+/// time against alpha * op(A)^T packed with the rows of C as its transposed_lanes lanes,
+/// on a transposed copy of C. A column panel narrower than nr is packed as usual.
+/// Returns false, having done nothing, when the instruction set offers no such kernel.
 bool compute_block_from_stored_b(const Problem& p, const IsaKernels& isa, Scratch& scratch,
                                  std::int64_t chunk0, std::int64_t rows, std::int64_t k0,
                                  std::int64_t kc, std::int64_t col0, std::int64_t cols,
@@ -618,10 +618,10 @@ void run_blocked(const Problem& p, const IsaKernels& isa) {
       const std::int64_t ld_acc = p.c_f16 ? cols : p.ldc;
       auto* c_f16 = static_cast<std::uint16_t*>(p.c) + chunk0 * p.ldc + col0;
       if (p.c_f16) load_f16_block(c_f16, p.ldc, chunk, cols, p.beta, isa, acc, ld_acc);
-      // The transposed micro-kernel reads and writes C by gathers and scatters: it takes
-      // K in longer blocks (up to 4 kc: a packed panel of at most 4 kc x 64 floats).
-      // (compute_block_from_stored_b takes every such block: the other paths' buffers hold
-      // kc steps only.)
+      // The transposed micro-kernel transposes C in and out at every K block: it takes K
+      // in longer blocks (up to 4 kc: a packed panel of at most 4 kc x 64 floats).
+      // compute_block_from_stored_b takes every such block (the other paths' buffers hold
+      // kc steps only).
       const bool transposed = chunk <= isa.mc && !p.b.f16 && p.b.trans &&
                               transposed_kernel_fits(p, isa);
       const std::int64_t k_block = transposed ? 4 * isa.kc : isa.kc;

@@ -69,7 +69,8 @@ struct IsaKernels {
   /// micro_kernel on the first `rows` (1 ... mr) rows of the tile, with op(B) read where it
   /// is stored, f32 [K, N]: row k of the panel at b + k * ldb (nr floats). The driver's
   /// way for a C of one row block (a micro-batch), whose op(B) would otherwise be packed
-  /// again at every call. nullptr: not offered.
+  /// again at every call. prefetch_b: a panel laid out the same way whose rows are asked
+  /// of L2 meanwhile (the next one), or nullptr. nullptr: not offered.
   void (*strided_b_micro_kernel)(int rows, std::int64_t kc, const float* a_panel,
                                  const float* b, std::int64_t ldb, float* c, std::int64_t ldc,
                                  AccumulatorStart start, float beta,
