@@ -26,6 +26,36 @@ constexpr int kVectors = 2;  // zmm registers per row of the tile
 constexpr int kNr = 16 * kVectors;
 static_assert(kMr <= kMaxMr && kNr <= kMaxNr);
 
+// acc[r][v] = 0, beta * C or C, per `start`, for the Rows x Vectors zmm of a tile whose
+// row r starts at c + r * ldc; store_accumulators writes them back there. Shared by the
+// micro-kernel (C itself) and the transposed one (its transposed copy of C).
+template <int Rows, int Vectors>
+BIGBATCH_AVX512 __attribute__((always_inline)) inline void start_accumulators(
+    __m512 (&acc)[Rows][Vectors], const float* c, std::int64_t ldc, AccumulatorStart start,
+    float beta) {
+  const __m512 beta_v = _mm512_set1_ps(beta);
+#pragma GCC unroll 16
+  for (int r = 0; r < Rows; ++r) {
+#pragma GCC unroll 4
+    for (int v = 0; v < Vectors; ++v) {
+      const float* c_rv = c + r * ldc + 16 * v;
+      acc[r][v] = start == AccumulatorStart::zero       ? _mm512_setzero_ps()
+                  : start == AccumulatorStart::scaled_c ? _mm512_mul_ps(beta_v, _mm512_loadu_ps(c_rv))
+                                                        : _mm512_loadu_ps(c_rv);
+    }
+  }
+}
+
+template <int Rows, int Vectors>
+BIGBATCH_AVX512 __attribute__((always_inline)) inline void store_accumulators(
+    const __m512 (&acc)[Rows][Vectors], float* c, std::int64_t ldc) {
+#pragma GCC unroll 16
+  for (int r = 0; r < Rows; ++r) {
+#pragma GCC unroll 4
+    for (int v = 0; v < Vectors; ++v) _mm512_storeu_ps(c + r * ldc + 16 * v, acc[r][v]);
+  }
+}
+
 // The first `Rows` rows of the tile: all 14 (micro_kernel), or fewer for the last row
 // panel of a C whose rows are not a multiple of 14 (8 of a micro-batch of 64), which then
 // costs its rows and not 14; a_panel keeps its kMr stride either way.
@@ -38,17 +68,7 @@ BIGBATCH_AVX512 void micro_kernel_rows(std::int64_t kc, const float* a_panel,
                                        std::int64_t ldc, AccumulatorStart start, float beta,
                                        const float* prefetch_b = nullptr) {
   __m512 acc[Rows][kVectors];
-  const __m512 beta_v = _mm512_set1_ps(beta);
-#pragma GCC unroll 16
-  for (int r = 0; r < Rows; ++r) {
-#pragma GCC unroll 4
-    for (int v = 0; v < kVectors; ++v) {
-      const float* c_rv = c + r * ldc + 16 * v;
-      acc[r][v] = start == AccumulatorStart::zero       ? _mm512_setzero_ps()
-                  : start == AccumulatorStart::scaled_c ? _mm512_mul_ps(beta_v, _mm512_loadu_ps(c_rv))
-                                                        : _mm512_loadu_ps(c_rv);
-    }
-  }
+  start_accumulators(acc, c, ldc, start, beta);
   for (std::int64_t k = 0; k < kc; ++k) {
     if (prefetch_b != nullptr) {
       const char* row = reinterpret_cast<const char*>(prefetch_b + k * ldb);
@@ -67,11 +87,7 @@ BIGBATCH_AVX512 void micro_kernel_rows(std::int64_t kc, const float* a_panel,
     a_panel += kMr;
     b_panel += ldb;
   }
-#pragma GCC unroll 16
-  for (int r = 0; r < Rows; ++r) {
-#pragma GCC unroll 4
-    for (int v = 0; v < kVectors; ++v) _mm512_storeu_ps(c + r * ldc + 16 * v, acc[r][v]);
-  }
+  store_accumulators(acc, c, ldc);
 }
 
 BIGBATCH_AVX512 void micro_kernel(std::int64_t kc, const float* a_panel, const float* b_panel,
@@ -104,17 +120,7 @@ BIGBATCH_AVX512 void transposed_kernel_columns(std::int64_t kc, const float* b_r
                                                float* ct, AccumulatorStart start, float beta,
                                                const float* next_rows) {
   __m512 acc[Columns][kTransposedVectors];
-  const __m512 beta_v = _mm512_set1_ps(beta);
-#pragma GCC unroll 8
-  for (int r = 0; r < Columns; ++r) {
-#pragma GCC unroll 4
-    for (int v = 0; v < kTransposedVectors; ++v) {
-      const float* c_rv = ct + r * kTransposedLanes + 16 * v;
-      acc[r][v] = start == AccumulatorStart::zero       ? _mm512_setzero_ps()
-                  : start == AccumulatorStart::scaled_c ? _mm512_mul_ps(beta_v, _mm512_loadu_ps(c_rv))
-                                                        : _mm512_loadu_ps(c_rv);
-    }
-  }
+  start_accumulators(acc, ct, kTransposedLanes, start, beta);
   for (std::int64_t k0 = 0; k0 < kc; k0 += 16) {
     if (next_rows != nullptr) {
 #pragma GCC unroll 8
@@ -138,13 +144,7 @@ BIGBATCH_AVX512 void transposed_kernel_columns(std::int64_t kc, const float* b_r
       a_panel += kTransposedLanes;
     }
   }
-#pragma GCC unroll 8
-  for (int r = 0; r < Columns; ++r) {
-#pragma GCC unroll 4
-    for (int v = 0; v < kTransposedVectors; ++v) {
-      _mm512_storeu_ps(ct + r * kTransposedLanes + 16 * v, acc[r][v]);
-    }
-  }
+  store_accumulators(acc, ct, kTransposedLanes);
 }
 
 // Tables of the kernels above by size (index 0 unused).

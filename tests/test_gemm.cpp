@@ -370,6 +370,22 @@ void for_each_cpu_path(const std::function<void(cpu::GemmPath)>& body) {
   }
 }
 
+/// Runs `g` on every CPU path, each from a copy of run.c, and expects the other paths to
+/// give the portable path's bits; returns the portable path's C.
+Tensor expect_the_portable_bits_on_every_path(const GemmCase& g, const GemmRun& run) {
+  Tensor reference;
+  for_each_cpu_path([&](cpu::GemmPath path) {
+    const Tensor c = run.c.clone();
+    cpu::gemm(run.a, g.trans_a, run.b, g.trans_b, c, g.alpha, g.beta);
+    if (path == cpu::GemmPath::portable) {
+      reference = c;
+    } else {
+      EXPECT_TRUE(testing::bitwise_equal(c, reference)) << describe(g);
+    }
+  });
+  return reference;
+}
+
 constexpr std::int64_t kBatch = 1024, kIn = 96, kOut = 80;
 
 TEST(GemmCpu, RowsOfABatchEqualTheSameRowsComputedInSlices) {
@@ -474,18 +490,7 @@ TEST(GemmCpu, EveryInstructionSetPathGivesTheSameBits) {
           for (const AlphaBeta& ab : {AlphaBeta{1.0f, 0.0f}, AlphaBeta{-0.7f, 1.3f}}) {
             const GemmCase g{m, n, k, trans_a, trans_b, ab.alpha, ab.beta, types.operands,
                              types.output};
-            GemmRun run = make_run(g, Device::cpu(), seed += 3);
-            const Tensor c_before = run.c.clone();
-            Tensor reference;
-            for_each_cpu_path([&](cpu::GemmPath path) {
-              const Tensor c = c_before.clone();
-              cpu::gemm(run.a, trans_a, run.b, trans_b, c, ab.alpha, ab.beta);
-              if (path == cpu::GemmPath::portable) {
-                reference = c;
-              } else {
-                EXPECT_TRUE(testing::bitwise_equal(c, reference)) << describe(g);
-              }
-            });
+            expect_the_portable_bits_on_every_path(g, make_run(g, Device::cpu(), seed += 3));
           }
         }
       }
@@ -503,18 +508,7 @@ TEST(GemmCpu, EveryRowCountOfTheLastRowPanelGivesTheSameBits) {
     for (const std::int64_t n : {64, 47}) {
       for (const bool trans_b : {false, true}) {
         const GemmCase g{m, n, 41, false, trans_b, 1.0f, 1.0f, DType::f32, DType::f32};
-        GemmRun run = make_run(g, Device::cpu(), seed += 3);
-        const Tensor c_before = run.c.clone();
-        Tensor reference;
-        for_each_cpu_path([&](cpu::GemmPath path) {
-          const Tensor c = c_before.clone();
-          cpu::gemm(run.a, false, run.b, trans_b, c, 1.0f, 1.0f);
-          if (path == cpu::GemmPath::portable) {
-            reference = c;
-          } else {
-            EXPECT_TRUE(testing::bitwise_equal(c, reference)) << describe(g);
-          }
-        });
+        expect_the_portable_bits_on_every_path(g, make_run(g, Device::cpu(), seed += 3));
       }
     }
   }
@@ -534,21 +528,10 @@ TEST(GemmCpu, MicroBatchShapesGiveThePortableBits) {
         for (const AlphaBeta& ab : {AlphaBeta{1.0f, 0.0f}, AlphaBeta{0.6f, -1.7f}}) {
           const GemmCase g{m, n, k, trans_a, trans_b, ab.alpha, ab.beta, DType::f32,
                            DType::f32};
-          GemmRun run = make_run(g, Device::cpu(), seed += 3);
-          const Tensor c_before = run.c.clone();
-          Tensor reference;
-          for_each_cpu_path([&](cpu::GemmPath path) {
-            const Tensor c = c_before.clone();
-            cpu::gemm(run.a, trans_a, run.b, trans_b, c, ab.alpha, ab.beta);
-            if (path == cpu::GemmPath::portable) {
-              reference = c;
-              EXPECT_TRUE(matches_oracle(g, GemmRun{run.a, run.b, c, run.c_before},
-                                         Device::cpu()))
-                  << describe(g);
-            } else {
-              EXPECT_TRUE(testing::bitwise_equal(c, reference)) << describe(g);
-            }
-          });
+          const GemmRun run = make_run(g, Device::cpu(), seed += 3);
+          const Tensor c = expect_the_portable_bits_on_every_path(g, run);
+          EXPECT_TRUE(matches_oracle(g, GemmRun{run.a, run.b, c, run.c_before}, Device::cpu()))
+              << describe(g);
         }
       }
     }
