@@ -5,6 +5,7 @@
 #include <cstring>
 #include <functional>
 
+#include "common/cpu_features.hpp"
 #include "common/half.hpp"
 #include "kernels/cpu_parallel.hpp"
 #include "kernels/cpu_vector.hpp"
@@ -163,12 +164,11 @@ std::string_view simd_level_name(SimdLevel level) {
 
 SimdLevel simd_level_supported() {
   static const SimdLevel supported = [] {
-    __builtin_cpu_init();  // we may run before libgcc's own constructor
-    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-        __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl")) {
+    if (cpu_supports(CpuFeature::avx512f) && cpu_supports(CpuFeature::avx512bw) &&
+        cpu_supports(CpuFeature::avx512dq) && cpu_supports(CpuFeature::avx512vl)) {
       return SimdLevel::avx512;
     }
-    return __builtin_cpu_supports("avx2") ? SimdLevel::avx2 : SimdLevel::baseline;
+    return cpu_supports(CpuFeature::avx2) ? SimdLevel::avx2 : SimdLevel::baseline;
   }();
   return supported;
 }

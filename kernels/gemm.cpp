@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/cpu_features.hpp"
 #include "common/half.hpp"
 #include "kernels/cpu_parallel.hpp"
 #include "kernels/dispatch.hpp"
@@ -115,11 +116,11 @@ bool cpu_can_run(GemmPath path) {
   switch (path) {
     case GemmPath::portable: return true;
     case GemmPath::avx2:
-      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-             __builtin_cpu_supports("f16c");
+      return cpu_supports(CpuFeature::avx2) && cpu_supports(CpuFeature::fma) &&
+             cpu_supports(CpuFeature::f16c);
     case GemmPath::avx512:
-      return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("fma") &&
-             __builtin_cpu_supports("f16c");
+      return cpu_supports(CpuFeature::avx512f) && cpu_supports(CpuFeature::fma) &&
+             cpu_supports(CpuFeature::f16c);
   }
   return false;
 }

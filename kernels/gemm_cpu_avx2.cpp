@@ -1,7 +1,7 @@
 // gemm_cpu_avx2.cpp: the CPU GEMM's AVX2 + FMA building blocks (see gemm.hpp, IsaKernels).
 //
 // Only the functions marked BIGBATCH_AVX2 use AVX2; they run only after gemm.cpp has
-// checked the CPU (__builtin_cpu_supports), so the library still runs on any x86-64.
+// asked cpu_supports (common/cpu_features.hpp), so the library still runs on any x86-64.
 #include <immintrin.h>
 
 #include <cstdint>

@@ -1,7 +1,8 @@
 // gemm_cpu_avx512.cpp: the CPU GEMM's AVX-512 building blocks (see gemm.hpp, IsaKernels).
 //
 // Only the functions marked BIGBATCH_AVX512 use AVX-512; they run only after gemm.cpp
-// has checked the CPU (__builtin_cpu_supports), so the library still runs on any x86-64.
+// has asked cpu_supports (common/cpu_features.hpp), so the library still runs on any
+// x86-64.
 #include <immintrin.h>
 
 #include <array>

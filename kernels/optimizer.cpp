@@ -4,6 +4,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/cpu_features.hpp"
 #include "common/half.hpp"
 #include "kernels/cpu_parallel.hpp"
 #include "kernels/dispatch.hpp"
@@ -236,8 +237,8 @@ bool cpu_can_run(OptimizerPath path) {
   switch (path) {
     case OptimizerPath::portable: return true;
     case OptimizerPath::avx2:
-      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-             __builtin_cpu_supports("f16c");
+      return cpu_supports(CpuFeature::avx2) && cpu_supports(CpuFeature::fma) &&
+             cpu_supports(CpuFeature::f16c);
   }
   return false;
 }

@@ -6,7 +6,9 @@
 # Usage:
 #   scripts/mutation-check.sh                 every mutation on the list
 #   scripts/mutation-check.sh --only ID[,ID]  the named mutations only
-#   scripts/mutation-check.sh --list          print the list and exit
+#   scripts/mutation-check.sh --list          print the list (with what this CPU skips) and exit
+#   scripts/mutation-check.sh --cpu-features  print the instruction sets this CPU grants, as
+#                                             the kernels read them, and exit
 #   scripts/mutation-check.sh -j N            build and test with N jobs (default: nproc)
 #   scripts/mutation-check.sh --rev REV       test the committed revision REV instead of the
 #                                             tracked files as they are in the working tree
@@ -26,8 +28,15 @@
 # verdict is KILLED, with the failing tests' names, or SURVIVED. A mutation that does not
 # compile is an error of the list. The file is restored before the next mutation.
 #
-# Exit status: 0 when every mutation was killed; 1 when one survived, was stale or did not
-# compile; 2 for a usage error or when the unmutated copy does not build or pass.
+# An entry whose code runs only on some CPUs says which instruction sets it needs
+# (`needs: avx512f`). The script reads them as the kernels do (common/cpu_features.hpp):
+# the flags of /proc/cpuinfo, less what BIGBATCH_MAX_ISA hides (avx2: AVX-512; baseline:
+# AVX2, FMA and F16C too). Where one is missing the entry is SKIPPED, with the reason,
+# and counted apart: neither killed nor survived. (The tests run with the same
+# BIGBATCH_MAX_ISA, so they take the paths the script assumes.)
+#
+# Exit status: 0 when every mutation that ran was killed; 1 when one survived, was stale or
+# did not compile; 2 for a usage error or when the unmutated copy does not build or pass.
 set -euo pipefail
 
 repo=$(cd "$(dirname "$0")/.." && pwd)
@@ -36,6 +45,7 @@ jobs=$(nproc)
 only=""
 rev=""
 list_only=0
+features_only=0
 keep=0
 
 usage() { sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "$0"; }
@@ -46,6 +56,7 @@ while (($#)); do
     --only) [ $# -ge 2 ] || die "--only needs a list of ids"; only="$2"; shift 2 ;;
     --only=*) only="${1#--only=}"; shift ;;
     --list) list_only=1; shift ;;
+    --cpu-features) features_only=1; shift ;;
     -j) [ $# -ge 2 ] || die "-j needs a number"; jobs="$2"; shift 2 ;;
     -j*) jobs="${1#-j}"; shift ;;
     --rev) [ $# -ge 2 ] || die "--rev needs a revision"; rev="$2"; shift 2 ;;
@@ -57,12 +68,51 @@ while (($#)); do
 done
 [[ "$jobs" =~ ^[1-9][0-9]*$ ]] || die "-j needs a positive number, got '$jobs'"
 
+# ---- the CPU ---------------------------------------------------------------------------
+# The instruction sets an entry may need, each with the BIGBATCH_MAX_ISA level that
+# includes it (the table of common/cpu_features.cpp; tests/tools/check_cpu_features.sh
+# holds the two readings against each other).
+declare -A feature_level=([avx2]=1 [fma]=1 [f16c]=1
+                          [avx512f]=2 [avx512bw]=2 [avx512dq]=2 [avx512vl]=2)
+known_features=(avx2 fma f16c avx512f avx512bw avx512dq avx512vl)
+case "${BIGBATCH_MAX_ISA:-}" in
+  ""|avx512) max_level=2 ;;
+  avx2) max_level=1 ;;
+  baseline) max_level=0 ;;
+  *) die "BIGBATCH_MAX_ISA must be avx512, avx2 or baseline, got '$BIGBATCH_MAX_ISA'" ;;
+esac
+cpu_flags=" $(sed -n 's/^flags[[:space:]]*: //p' /proc/cpuinfo 2> /dev/null | head -n 1) "
+cpu_model=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo 2> /dev/null | head -n 1)
+granted=()
+for feature in "${known_features[@]}"; do
+  if [[ "$cpu_flags" == *" $feature "* ]] && ((feature_level[$feature] <= max_level)); then
+    granted+=("$feature")
+  fi
+done
+cpu_has_text=${granted[*]:-none of ${known_features[*]}}
+
+# missing_features NEEDS: the features of the space-separated list NEEDS this CPU lacks.
+missing_features() {
+  local feature missing=() have
+  for feature in $1; do
+    have=0
+    for g in "${granted[@]}"; do [ "$g" != "$feature" ] || have=1; done
+    ((have)) || missing+=("$feature")
+  done
+  echo "${missing[*]}"
+}
+
+if ((features_only)); then
+  echo "${granted[*]}"
+  exit 0
+fi
+
 # ---- the list --------------------------------------------------------------------------
 # Parallel arrays, one element per entry.
-ids=() files=() descriptions=() originals=() replacements=() programs=()
+ids=() files=() descriptions=() originals=() replacements=() programs=() needs=()
 
 add_entry() {  # the block just read, from the variables set by read_list
-  [ -n "$e_id$e_file$e_description$e_original$e_replacement$e_programs" ] || return 0
+  [ -n "$e_id$e_file$e_description$e_original$e_replacement$e_programs$e_needs" ] || return 0
   local missing=""
   for key in id file description original replacement; do
     local var="e_$key"
@@ -72,20 +122,25 @@ add_entry() {  # the block just read, from the variables set by read_list
   for existing in "${ids[@]}"; do
     [ "$existing" != "$e_id" ] || die "$list_file: id '$e_id' appears twice"
   done
+  for feature in $e_needs; do
+    [ -n "${feature_level[$feature]:-}" ] ||
+      die "$list_file: entry '$e_id' needs '$feature'; known: ${known_features[*]}"
+  done
   ids+=("$e_id") files+=("$e_file") descriptions+=("$e_description")
   originals+=("$e_original") replacements+=("$e_replacement") programs+=("$e_programs")
+  needs+=("$e_needs")
 }
 
 read_list() {
   local line key value
-  e_id="" e_file="" e_description="" e_original="" e_replacement="" e_programs=""
+  e_id="" e_file="" e_description="" e_original="" e_replacement="" e_programs="" e_needs=""
   line_number=0
   while IFS= read -r line || [ -n "$line" ]; do
     line_number=$((line_number + 1))
     line="${line%$'\r'}"
     if [[ "$line" =~ ^[[:space:]]*$ ]]; then
       add_entry
-      e_id="" e_file="" e_description="" e_original="" e_replacement="" e_programs=""
+      e_id="" e_file="" e_description="" e_original="" e_replacement="" e_programs="" e_needs=""
       continue
     fi
     [[ "$line" == \#* ]] && continue
@@ -100,6 +155,7 @@ read_list() {
       original) e_original="$value" ;;
       replacement) e_replacement="$value" ;;
       programs) e_programs="$value" ;;
+      needs) e_needs="$value" ;;
       *) die "$list_file:$line_number: unknown key '$key'" ;;
     esac
   done < "$list_file"
@@ -126,16 +182,31 @@ else
   selected=("${!ids[@]}")
 fi
 
+# skip_reason I: why entry I cannot run on this CPU ("" when it can).
+skip_reason() {
+  local missing
+  missing=$(missing_features "${needs[$1]}")
+  [ -z "$missing" ] || echo "needs ${needs[$1]}; this CPU has $cpu_has_text"
+}
+
 if ((list_only)); then
+  skipped_here=0
   for i in "${selected[@]}"; do
     printf '%-38s %s\n' "${ids[$i]}" "${descriptions[$i]}"
     printf '%-38s %s\n' "" "${files[$i]}; programs: ${programs[$i]:-all tests}"
+    reason=$(skip_reason "$i")
+    if [ -n "$reason" ]; then
+      printf '%-38s %s\n' "" "SKIPPED ($reason)"
+      skipped_here=$((skipped_here + 1))
+    fi
   done
-  echo "${#selected[@]} mutation(s)"
+  echo "${#selected[@]} mutation(s), $skipped_here skipped on this CPU"
   exit 0
 fi
 
 # ---- a private copy and its build ------------------------------------------------------
+echo "CPU: ${cpu_model:-unknown}; instruction sets granted: $cpu_has_text" \
+     "(BIGBATCH_MAX_ISA=${BIGBATCH_MAX_ISA:-unset})"
 start_time=$SECONDS
 work=$(mktemp -d "${TMPDIR:-/tmp}/bigbatch-mutation.XXXXXX")
 cleanup() {
@@ -255,7 +326,7 @@ apply() {
 
 # ---- the mutations ---------------------------------------------------------------------
 verdicts=() catchers=() seconds=()
-killed=0 survived=0 stale=0 broken=0
+killed=0 survived=0 stale=0 broken=0 skipped=0
 count=${#selected[@]}
 position=0
 for i in "${selected[@]}"; do
@@ -265,6 +336,15 @@ for i in "${selected[@]}"; do
   mutation_start=$SECONDS
   printf '[%d/%d] %s (%s) ... ' "$position" "$count" "$id" "${files[$i]}"
   catchers[$i]=""
+  reason=$(skip_reason "$i")
+  if [ -n "$reason" ]; then
+    verdicts[$i]="SKIPPED"
+    catchers[$i]="$reason"
+    skipped=$((skipped + 1))
+    echo "SKIPPED ($reason)"
+    seconds[$i]=0
+    continue
+  fi
   if [ ! -f "$file" ]; then
     verdicts[$i]="STALE"
     catchers[$i]="${files[$i]} does not exist"
@@ -345,5 +425,6 @@ echo "total time: $((SECONDS - start_time)) s"
 summary="mutations: $killed killed, $survived survived"
 ((stale == 0)) || summary+=", $stale stale"
 ((broken == 0)) || summary+=", $broken did not compile"
+((skipped == 0)) || summary+=", $skipped skipped (this CPU lacks what they need)"
 echo "$summary"
 ((survived == 0 && stale == 0 && broken == 0))

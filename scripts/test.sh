@@ -8,6 +8,8 @@ cd "$(dirname "$0")/.."
 scripts/install-deps.sh
 scripts/build.sh
 
+# The CPU paths this run takes (BIGBATCH_MAX_ISA=avx2 or baseline hides the sets above).
+echo "CPU: $(build/tests/cpu_features --describe)"
 status=0
 ctest --preset default --output-on-failure -j "$(nproc)" "$@" || status=$?
 

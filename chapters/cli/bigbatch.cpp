@@ -27,6 +27,7 @@
 #include <variant>
 #include <vector>
 
+#include "common/cpu_features.hpp"
 #include "common/cuda_runtime.hpp"
 #include "common/data/dataset.hpp"
 #include "common/format.hpp"
@@ -1298,7 +1299,14 @@ int main(int argc, char** argv) {
   using namespace bigbatch;
   CLI::App app{"bigbatch: large effective batches on one GPU"};
   app.require_subcommand(1);
-  app.set_version_flag("--version", std::string("bigbatch ") + BIGBATCH_VERSION);
+  std::string cpu;  // the CPU paths the kernels may take (BIGBATCH_MAX_ISA hides some)
+  try {
+    cpu = cpu_description();
+  } catch (const std::invalid_argument& e) {
+    std::cerr << "bigbatch: " << e.what() << "\n";
+    return kExitBadInput;
+  }
+  app.set_version_flag("--version", std::string("bigbatch ") + BIGBATCH_VERSION + "\nCPU: " + cpu);
   app.footer(kExitCodes);
   TrainOptions options;
   CLI::App* train = app.add_subcommand("train", "train the residual MLP on a data set");
