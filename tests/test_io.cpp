@@ -236,11 +236,11 @@ const std::string kSixFloats = little_endian_floats({0, 1, 2, 3, 4, 5});
 TEST(Safetensors, WritesTheReferenceImplementationsBytes) {
   // The byte strings the reference implementation's own tests expect
   // (huggingface/safetensors, safetensors/src/tensor.rs: test_serialization,
-  // test_serialization_forced_alignement, test_empty).
+  // test_serialization_forced_alignement, test_empty), written without checksums.
   TemporaryPath path("reference.safetensors");
   const auto written = [&](const std::vector<std::pair<std::string, Tensor>>& tensors,
                            const std::map<std::string, std::string>& metadata = {}) {
-    save_safetensors(path.str(), tensors, metadata);
+    save_safetensors(path.str(), tensors, metadata, TensorChecksums::none);
     return read_file(path.str());
   };
   const std::vector<float> values = {0, 1, 2, 3, 4, 5};
@@ -327,9 +327,13 @@ TEST(Safetensors, LaysTensorsOutByElementSizeThenName) {
   save_safetensors(path.str(), {{"z_half", varied_tensor({3}, DType::f16, 1)},
                                 {"a_half", varied_tensor({1}, DType::f16, 2)},
                                 {"m_double", varied_tensor({2}, DType::f64, 3)},
-                                {"b_float", varied_tensor({1}, DType::f32, 4)}});
+                                {"b_float", varied_tensor({1}, DType::f32, 4)}},
+                   {}, TensorChecksums::none);  // the entries alone, as the reference lays them
   const std::string file = read_file(path.str());
-  const std::string header = file.substr(8, file.size() - 8 - (16 + 4 + 2 + 6));
+  std::uint64_t header_bytes = 0;
+  std::memcpy(&header_bytes, file.data(), sizeof header_bytes);
+  ASSERT_EQ(file.size(), 8 + header_bytes + (16 + 4 + 2 + 6));
+  const std::string header = file.substr(8, header_bytes);
   const auto at = [&](const std::string& text) { return header.find(text); };
   EXPECT_LT(at("m_double"), at("b_float"));
   EXPECT_LT(at("b_float"), at("a_half"));
@@ -470,6 +474,95 @@ TEST(Safetensors, ValidatesButRefusesToLoadDtypesWithoutATensorType) {
             (std::map<std::string, std::string>{{"format", "pt"}}));
   EXPECT_TRUE(
       mentions(error_of([&] { load_safetensors(path.str()); }), {path.str(), "\"w\"", "BF16"}));
+}
+
+// ---- checksums ----------------------------------------------------------------------------
+
+/// CRC-32 (IEEE 802.3, reflected polynomial 0xEDB88320, as zlib's) one bit at a time:
+/// the definition, computed here without zlib.
+std::uint32_t crc32_by_definition(const std::string& bytes) {
+  std::uint32_t crc = 0xFFFFFFFFu;
+  for (const char byte : bytes) {
+    crc ^= static_cast<unsigned char>(byte);
+    for (int bit = 0; bit < 8; ++bit) crc = (crc >> 1) ^ (0xEDB88320u & (0u - (crc & 1u)));
+  }
+  return ~crc;
+}
+
+std::string hex8(std::uint32_t value) {
+  char text[9];
+  std::snprintf(text, sizeof text, "%08x", value);
+  return text;
+}
+
+TEST(Safetensors, RecordsEachTensorsCrc32InTheMetadata) {
+  // The CRC of "123456789" is the standard check value of CRC-32.
+  ASSERT_EQ(crc32_by_definition("123456789"), 0xCBF43926u);
+  TemporaryPath path("checksums.safetensors");
+  const Tensor weight = varied_tensor({5, 3}, DType::f32, 21);
+  const Tensor half = varied_tensor({7}, DType::f16, 22);
+  const Tensor empty = Tensor::zeros({0, 4}, DType::f32);
+  save_safetensors(path.str(), {{"weight", weight}, {"half", half}, {"empty", empty}},
+                   {{"step", "3"}});
+  const std::string file = read_file(path.str());
+  for (const auto& [name, tensor] : {std::pair<std::string, Tensor>{"weight", weight},
+                                     {"half", half}, {"empty", empty}}) {
+    const std::string entry =
+        "\"crc32." + name + "\":\"" + hex8(crc32_by_definition(bytes_of(tensor))) + "\"";
+    EXPECT_NE(file.find(entry), std::string::npos) << entry << " in " << file.substr(8, 300);
+  }
+  // The checksums are the file's own: the metadata read back is the caller's.
+  EXPECT_EQ(load_safetensors_metadata(path.str()),
+            (std::map<std::string, std::string>{{"step", "3"}}));
+  EXPECT_TRUE(mentions(error_of([&] {
+                         save_safetensors(path.str(), {{"w", weight}}, {{"crc32.w", "0"}});
+                       }),
+                       {"metadata key \"crc32.w\" is reserved"}));
+}
+
+TEST(Safetensors, RefusesATensorWhoseBytesChanged) {
+  TemporaryPath path("flipped.safetensors");
+  const Tensor weight = varied_tensor({5, 3}, DType::f32, 23);
+  const Tensor half = varied_tensor({7}, DType::f16, 24);
+  save_safetensors(path.str(), {{"weight", weight}, {"half", half}});
+  const std::string good = read_file(path.str());
+  std::uint64_t header_bytes = 0;
+  std::memcpy(&header_bytes, good.data(), sizeof header_bytes);
+  // The layout puts the f32 tensor first: weight at [0, 60), half at [60, 74).
+  for (const auto& [offset, name] :
+       {std::pair<std::size_t, std::string>{0, "weight"}, {37, "weight"}, {59, "weight"},
+        {60, "half"}, {73, "half"}}) {
+    for (const int bit : {0, 7}) {
+      std::string bad = good;
+      bad[8 + header_bytes + offset] = static_cast<char>(bad[8 + header_bytes + offset] ^ (1 << bit));
+      write_file(path.str(), bad);
+      EXPECT_TRUE(mentions(error_of([&] { load_safetensors(path.str()); }),
+                           {path.str(), "tensor \"" + name + "\" is damaged"}))
+          << "byte " << offset << " bit " << bit;
+      // The header alone is still whole: the metadata reads.
+      EXPECT_NO_THROW(load_safetensors_metadata(path.str()));
+    }
+  }
+  write_file(path.str(), good);
+  EXPECT_TRUE(testing::bitwise_equal(load_safetensors(path.str()).at("half"), half));
+}
+
+TEST(Safetensors, RefusesChecksumsThatAreMalformedOrNameNoTensor) {
+  TemporaryPath path("bad_checksum.safetensors");
+  const auto error_loading = [&](const std::string& metadata) {
+    write_file(path.str(),
+               safetensors_file(R"({"__metadata__":{)" + metadata +
+                                    R"(},"a":{"dtype":"F32","shape":[6],"data_offsets":[0,24]}})",
+                                kSixFloats));
+    return error_of([&] { load_safetensors(path.str()); });
+  };
+  const std::string right = hex8(crc32_by_definition(kSixFloats));
+  EXPECT_EQ(error_loading(R"("crc32.a":")" + right + "\""), "");
+  EXPECT_TRUE(mentions(error_loading(R"("crc32.a":"123")"), {"\"crc32.a\" must be 8 hex digits"}));
+  EXPECT_TRUE(mentions(error_loading(R"("crc32.a":"1234567g")"), {"must be 8 hex digits"}));
+  EXPECT_TRUE(mentions(error_loading(R"("crc32.a":")" + right + R"(","crc32.b":"00000000")"),
+                       {"a checksum of \"b\", no tensor"}));
+  EXPECT_TRUE(mentions(error_loading(R"("crc32.a":"00000000")"), {"tensor \"a\" is damaged"}));
 }
 
 TEST(Safetensors, AFailedSaveLeavesThePreviousFileIntact) {

@@ -5,12 +5,16 @@
 // later step's record, with accumulation over uneven micro-batches, fp16 with dynamic loss
 // scaling (skipped steps included), clipping, a warm-up and cosine schedule, dropout and
 // activation checkpointing on. A changed setting is refused by name; the folder keeps the
-// newest snapshots; a damaged file is refused and changes nothing. (The CLI's test kills
-// real processes: chapters/cli/check_resume.sh.)
+// newest snapshots; a damaged file (cut short, or a bit flipped in any tensor) is refused
+// and changes nothing; a folder has one writer at a time. (The CLI's tests kill real
+// processes: chapters/cli/check_resume.sh, check_snapshot_trust.sh.)
 #include <gtest/gtest.h>
+
+#include <unistd.h>
 
 #include <bit>
 #include <cstdint>
+#include <cstring>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -191,6 +195,58 @@ TEST(Snapshot, ADamagedFileIsRefusedAndChangesNothing) {
   }
   EXPECT_EQ(everything(other), before);
   EXPECT_EQ(other.trainer.steps_done(), 0);
+}
+
+TEST(Snapshot, AFlippedBitInAnyTensorIsRefusedNamingItAndChangesNothing) {
+  const testing::TemporaryDirectory folder;
+  const std::string path = snapshot_after_one_step(folder);
+  ASSERT_TRUE(train::snapshot_is_intact(path));
+  const std::string good = testing::read_file(path);
+  std::uint64_t header_bytes = 0;
+  std::memcpy(&header_bytes, good.data(), sizeof header_bytes);
+  // The byte buffer holds the model's tensors and the optimizer's: a bit of the first
+  // byte, of the middle one and of the last one, each in a tensor of its own part.
+  const std::size_t buffer = 8 + header_bytes, size = good.size() - buffer;
+  for (const std::size_t offset : {std::size_t{0}, size / 2, size - 1}) {
+    std::string bad = good;
+    bad[buffer + offset] = static_cast<char>(bad[buffer + offset] ^ 0x04);
+    testing::write_file(path, bad);
+    EXPECT_FALSE(train::snapshot_is_intact(path)) << "byte " << offset;
+    TinyRun other;
+    const auto before = everything(other);
+    const std::string error = testing::error_of([&] {
+      train::restore_snapshot(path, other.model, other.optimizer, other.trainer, kConfig);
+    });
+    EXPECT_TRUE(testing::mentions(error, {path, "\" is damaged"})) << error;
+    EXPECT_EQ(everything(other), before) << "byte " << offset;
+    EXPECT_EQ(other.trainer.steps_done(), 0);
+  }
+  testing::write_file(path, good);
+  EXPECT_TRUE(train::snapshot_is_intact(path));
+  EXPECT_FALSE(train::snapshot_is_intact(folder.file("no-such.safetensors")));
+}
+
+TEST(Snapshot, AFolderServesOneWriterAtATime) {
+  const testing::TemporaryDirectory folder;
+  {
+    const Snapshots writer(folder.str(), 2);
+    // Another holder (here another lock of this process: flock locks are per open file)
+    // is refused, naming the folder and the holder's pid from the lock file.
+    const std::string error = testing::error_of([&] { Snapshots(folder.str(), 2); });
+    EXPECT_TRUE(testing::mentions(error, {"the snapshot folder " + folder.str() +
+                                              " is in use by another run (pid " +
+                                              std::to_string(::getpid()) + ")"}))
+        << error;
+    EXPECT_THROW(train::SnapshotFolderLock{folder.str()}, train::SnapshotFolderInUse);
+    EXPECT_EQ(testing::read_file(folder.file(".lock")), std::to_string(::getpid()) + "\n");
+    // The lock file is no snapshot.
+    EXPECT_TRUE(writer.list().empty());
+  }
+  // Released with its holder: the folder is free again.
+  EXPECT_NO_THROW(Snapshots(folder.str(), 2));
+  train::SnapshotFolderLock first(folder.str());
+  train::SnapshotFolderLock moved(std::move(first));  // the lock travels with the object
+  EXPECT_THROW(train::SnapshotFolderLock{folder.str()}, train::SnapshotFolderInUse);
 }
 
 }  // namespace

@@ -882,27 +882,48 @@ int run_train(const TrainOptions& given) {
   std::optional<train::Snapshots> snapshots;
   if (!snapshot_dir.empty()) {
     try {
-      snapshots.emplace(snapshot_dir, options.snapshot_keep);
+      snapshots.emplace(snapshot_dir, options.snapshot_keep);  // and its folder's lock
     } catch (const std::runtime_error& e) {
-      throw UsageError(std::string("--snapshot-dir: ") + e.what());
+      throw UsageError(std::string(options.snapshot_dir.empty() ? "--resume: " : "--snapshot-dir: ") +
+                       e.what());
     }
   }
   std::int64_t resumed_at = 0;
   std::string last_snapshot;
   if (!options.resume.empty()) {
-    // From the --resume folder, even when --snapshot-dir sends new snapshots elsewhere.
-    const std::optional<train::SnapshotFile> latest =
-        train::Snapshots(options.resume, options.snapshot_keep).latest();
-    if (!latest) {
+    // From the --resume folder, even when --snapshot-dir sends new snapshots elsewhere
+    // (then that folder is locked too while it is read).
+    std::optional<train::SnapshotFolderLock> reading;
+    try {
+      std::error_code unknown;  // a folder that cannot be compared is locked apart
+      if (!std::filesystem::equivalent(snapshot_dir, options.resume, unknown)) {
+        reading.emplace(options.resume);
+      }
+    } catch (const std::runtime_error& e) {
+      throw UsageError(std::string("--resume: ") + e.what());
+    }
+    const std::vector<train::SnapshotFile> files = train::list_snapshots(options.resume);
+    if (files.empty()) {
       throw UsageError("--resume " + options.resume + ": no snapshot (step-*.safetensors) in it");
     }
     try {
-      train::restore_snapshot(latest->path, model, optimizer, trainer, settings);
-    } catch (const std::runtime_error& e) {  // a changed setting, or a damaged file
+      train::restore_snapshot(files.back().path, model, optimizer, trainer, settings);
+    } catch (const train::SnapshotMismatchError& e) {  // a changed setting
       throw UsageError(std::string("--resume: ") + e.what());
+    } catch (const std::runtime_error& e) {  // a damaged file: is an older one whole?
+      std::string message = std::string("--resume: ") + e.what();
+      const auto intact = std::find_if(std::next(files.rbegin()), files.rend(),
+                                       [](const train::SnapshotFile& file) {
+                                         return train::snapshot_is_intact(file.path);
+                                       });
+      message += intact == files.rend()
+                     ? "; no older snapshot in " + options.resume + " is intact"
+                     : "; the older snapshot " + intact->path +
+                           " is intact: move the newer ones out of the folder to resume from it";
+      throw UsageError(message);
     }
     resumed_at = trainer.steps_done();
-    last_snapshot = latest->path;
+    last_snapshot = files.back().path;
   }
 
   std::ofstream log;
@@ -1199,7 +1220,7 @@ void add_train_flags(CLI::App& train, TrainOptions& o) {
   train.add_flag("--drop-last", o.drop_last,
                  "drop each epoch's short last batch: floor(N / batch) steps per epoch");
   train.add_option("--seed", o.seed, "initialisation, shuffling and dropout seed")
-      ->capture_default_str();
+      ->capture_default_str()->check(non_negative);
   train.add_option("--shuffle", o.shuffle, "on: a fresh permutation per epoch; off: data order")
       ->capture_default_str()->check(one_of({"on", "off"}));
   train.add_option("--device", o.device, "cpu, cuda or cuda:N")->capture_default_str();

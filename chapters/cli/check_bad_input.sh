@@ -90,6 +90,7 @@ done <<TABLE
 --clip-grad-norm||$small --clip-grad-norm -1
 --features||--data synthetic --features 0 --steps 1
 --lr||$small --lr -0.1
+--seed||$small --seed -1
 --epochs||$small --epochs 2
 --norm batch||$small --norm batch --batch 65 --micro-batch 16
 --save||$small --save /nonexistent-folder/x.safetensors

@@ -1,9 +1,15 @@
 // snapshot.cpp: writing, finding and restoring snapshots (snapshot.hpp).
 #include "chapters/train/snapshot.hpp"
 
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <charconv>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <system_error>
 #include <utility>
@@ -65,21 +71,64 @@ T read_number(const std::map<std::string, std::string>& metadata, const std::str
   return value;
 }
 
+/// `dir`, created if missing: the folder a Snapshots object locks.
+const std::string& created_folder(const std::string& dir, std::int64_t keep) {
+  BIGBATCH_CHECK(keep >= 1, "Snapshots: keep must be >= 1, got ", keep);
+  std::error_code error;
+  fs::create_directories(dir, error);
+  if (error || !fs::is_directory(dir)) {
+    throw std::runtime_error("cannot create the snapshot folder " + dir + ": " +
+                             (error ? error.message() : "not a folder"));
+  }
+  return dir;
+}
+
 }  // namespace
 
-Snapshots::Snapshots(std::string dir, std::int64_t keep) : dir_(std::move(dir)), keep_(keep) {
-  BIGBATCH_CHECK(keep_ >= 1, "Snapshots: keep must be >= 1, got ", keep_);
-  std::error_code error;
-  fs::create_directories(dir_, error);
-  if (error || !fs::is_directory(dir_)) {
-    throw std::runtime_error("cannot create the snapshot folder " + dir_ + ": " +
-                             (error ? error.message() : "not a folder"));
+SnapshotFolderLock::SnapshotFolderLock(const std::string& dir) {
+  const std::string path = (fs::path(dir) / ".lock").string();
+  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd_ < 0) {
+    throw std::runtime_error("cannot open the snapshot folder's lock " + path + ": " +
+                             std::strerror(errno));
+  }
+  if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+    const int error = errno;
+    char holder[32] = {};
+    const ssize_t got = ::pread(fd_, holder, sizeof holder - 1, 0);
+    ::close(fd_);
+    fd_ = -1;
+    if (error != EWOULDBLOCK) {
+      throw std::runtime_error("cannot lock the snapshot folder " + dir + ": " +
+                               std::strerror(error));
+    }
+    std::string pid = got > 0 ? std::string(holder, static_cast<std::size_t>(got)) : "";
+    pid.erase(std::remove(pid.begin(), pid.end(), '\n'), pid.end());
+    throw SnapshotFolderInUse("the snapshot folder " + dir + " is in use by another run (pid " +
+                              (pid.empty() ? std::string("unknown") : pid) +
+                              "); wait for it to end, or give this run another folder");
+  }
+  // Ours now: record who holds it, for the message above.
+  const std::string pid = std::to_string(::getpid()) + "\n";
+  if (::ftruncate(fd_, 0) != 0 || ::pwrite(fd_, pid.data(), pid.size(), 0) < 0) {
+    // The lock holds without the pid; a refused run then says "pid unknown".
   }
 }
 
-std::vector<SnapshotFile> Snapshots::list() const {
+SnapshotFolderLock::~SnapshotFolderLock() {
+  if (fd_ >= 0) ::close(fd_);  // closing the last descriptor releases the lock
+}
+
+SnapshotFolderLock::SnapshotFolderLock(SnapshotFolderLock&& other) noexcept : fd_(other.fd_) {
+  other.fd_ = -1;
+}
+
+Snapshots::Snapshots(std::string dir, std::int64_t keep)
+    : dir_(std::move(dir)), keep_(keep), lock_(created_folder(dir_, keep_)) {}
+
+std::vector<SnapshotFile> list_snapshots(const std::string& dir) {
   std::vector<SnapshotFile> files;
-  for (const fs::directory_entry& entry : fs::directory_iterator(dir_)) {
+  for (const fs::directory_entry& entry : fs::directory_iterator(dir)) {
     if (!entry.is_regular_file()) continue;
     if (const auto step = step_of(entry.path().filename().string())) {
       files.push_back({entry.path().string(), *step});
@@ -88,6 +137,19 @@ std::vector<SnapshotFile> Snapshots::list() const {
   std::sort(files.begin(), files.end(),
             [](const SnapshotFile& a, const SnapshotFile& b) { return a.step < b.step; });
   return files;
+}
+
+bool snapshot_is_intact(const std::string& path) {
+  try {
+    const auto metadata = load_safetensors_metadata(path);
+    const auto format = metadata.find("format");
+    if (format == metadata.end() || format->second != kFormat) return false;
+    // Every checksum. Host memory outside the device's count and cap, as a data set's.
+    load_safetensors(path, MemoryCategory::host_data);
+    return true;
+  } catch (const std::runtime_error&) {
+    return false;
+  }
 }
 
 std::optional<SnapshotFile> Snapshots::latest() const {

@@ -17,6 +17,13 @@
 // its name and fsyncs the folder, so a file named step-*.safetensors is always complete:
 // a process killed at any moment, mid-write included, leaves the previous snapshots
 // whole (and at most a *.tmp file, removed by the next write). The newest `keep` are kept.
+//
+// Every tensor's bytes carry a CRC-32 (save_safetensors records them, load_safetensors
+// checks them), so a snapshot damaged on disk is refused, naming the file and the tensor,
+// instead of resumed. One run at a time writes to a folder: Snapshots holds an advisory
+// lock (flock) on DIR/.lock, which records the holder's pid, for as long as it lives; a
+// second run is refused with that pid. The kernel drops the lock when the process ends,
+// however it ends, so a killed run leaves nothing to clean up.
 #pragma once
 
 #include <cstdint>
@@ -24,6 +31,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "chapters/train/trainer.hpp"
 #include "nn/model.hpp"
@@ -41,14 +49,46 @@ class SnapshotMismatchError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+/// A snapshot folder that another process holds (SnapshotFolderLock): names the folder
+/// and the holder's pid.
+class SnapshotFolderInUse : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
 struct SnapshotFile {
   std::string path;
   std::int64_t step = 0;  ///< steps done when it was written
 };
 
+/// The snapshots in `dir`, oldest first (an empty list when there is none).
+std::vector<SnapshotFile> list_snapshots(const std::string& dir);
+
+/// True when `path` is a whole bigbatch snapshot: its header reads, it says it is one,
+/// and every tensor's bytes match their checksum. Changes nothing.
+bool snapshot_is_intact(const std::string& path);
+
+/// An advisory lock on a snapshot folder (DIR/.lock, created if missing, holding the pid
+/// of the process that has it), held while the object lives.
+class SnapshotFolderLock {
+ public:
+  /// Takes the lock on the existing folder `dir`, or throws SnapshotFolderInUse when
+  /// another process has it (std::runtime_error when the lock file cannot be opened).
+  explicit SnapshotFolderLock(const std::string& dir);
+  ~SnapshotFolderLock();
+  SnapshotFolderLock(SnapshotFolderLock&& other) noexcept;
+  SnapshotFolderLock& operator=(SnapshotFolderLock&&) = delete;
+  SnapshotFolderLock(const SnapshotFolderLock&) = delete;
+  SnapshotFolderLock& operator=(const SnapshotFolderLock&) = delete;
+
+ private:
+  int fd_ = -1;
+};
+
 class Snapshots {
  public:
-  /// Snapshots in `dir` (created if missing), keeping the newest `keep` (>= 1).
+  /// Snapshots in `dir` (created if missing), keeping the newest `keep` (>= 1); holds the
+  /// folder's lock (SnapshotFolderInUse when another run has it).
   Snapshots(std::string dir, std::int64_t keep);
 
   /// Writes the snapshot of the trainer's steps done (atomically, see above), removes
@@ -57,20 +97,21 @@ class Snapshots {
                     const Trainer& trainer, const RunConfig& config) const;
 
   /// The snapshots in the folder, oldest first (an empty list when there is none).
-  std::vector<SnapshotFile> list() const;
+  std::vector<SnapshotFile> list() const { return list_snapshots(dir_); }
   std::optional<SnapshotFile> latest() const;
   const std::string& dir() const { return dir_; }
 
  private:
   std::string dir_;
   std::int64_t keep_;
+  SnapshotFolderLock lock_;
 };
 
 /// Continues a run from a snapshot file: checks that every setting of `config` has the
 /// snapshot's value (SnapshotMismatchError naming the first that differs, or is missing on
 /// either side), then loads the model's and optimizer's tensors and the trainer's
-/// counters. Throws std::runtime_error naming the file for a damaged or foreign file;
-/// nothing is changed unless everything checks.
+/// counters. Throws std::runtime_error naming the file for a damaged (a tensor whose
+/// checksum differs names it) or foreign file; nothing is changed unless everything checks.
 void restore_snapshot(const std::string& path, nn::Model& model, nn::Optimizer& optimizer,
                       Trainer& trainer, const RunConfig& config);
 

@@ -5,14 +5,18 @@
 
 #include <algorithm>
 #include <bit>
+#include <charconv>
 #include <cerrno>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <limits>
 #include <numeric>
 #include <string_view>
+
+#include <zlib.h>
 
 #include "common/io/file_format_reading.hpp"
 #include "common/json.hpp"
@@ -29,6 +33,7 @@ constexpr std::uint64_t kMaxHeaderBytes = 100'000'000;
 constexpr std::size_t kHeaderAlignment = 8;
 constexpr const char* kMetadataKey = "__metadata__";
 constexpr int kMaxDepth = 64;  // a real header nests 3 levels; deeper is an attack
+constexpr std::string_view kChecksumPrefix = "crc32.";  // + tensor name: 8 hex digits
 
 using io_detail::fail;
 
@@ -68,9 +73,27 @@ struct TensorEntry {
 
 struct Header {
   std::vector<TensorEntry> tensors;  // ordered by data_offsets
-  std::map<std::string, std::string> metadata;
+  std::map<std::string, std::string> metadata;  // without the checksums
+  std::map<std::string, std::uint32_t> checksums;  // by tensor name, where recorded
   std::uint64_t buffer_start = 0;  // 8 + N: where the byte buffer begins in the file
 };
+
+// ---- checksums --------------------------------------------------------------------------
+
+/// zlib's CRC-32 (the polynomial of gzip and PNG) of `count` bytes.
+std::uint32_t crc32_of(const void* bytes, std::size_t count) {
+  return static_cast<std::uint32_t>(
+      ::crc32_z(0L, static_cast<const Bytef*>(bytes), static_cast<z_size_t>(count)));
+}
+
+/// A checksum as the metadata holds it: 8 lowercase hex digits.
+std::string checksum_text(std::uint32_t crc) {
+  char text[9];
+  std::snprintf(text, sizeof text, "%08x", crc);
+  return text;
+}
+
+bool is_checksum_key(std::string_view key) { return key.rfind(kChecksumPrefix, 0) == 0; }
 
 std::vector<std::int64_t> integer_array(const Json& value, const std::string& what,
                                         const std::string& path) {
@@ -89,16 +112,25 @@ std::vector<std::int64_t> integer_array(const Json& value, const std::string& wh
   return integers;
 }
 
-std::map<std::string, std::string> read_metadata(const Json& value, const std::string& path) {
+/// Reads "__metadata__" into the header: the checksums ("crc32.NAME") apart from the rest.
+void read_metadata(const Json& value, const std::string& path, Header& header) {
   if (!value.is_object()) fail(path, "\"__metadata__\" must be an object");
-  std::map<std::string, std::string> metadata;
   for (const auto& [key, entry] : value.items()) {
     if (!entry.is_string()) {
       fail(path, "\"__metadata__\" value of \"" + key + "\" must be a string");
     }
-    metadata[key] = entry.get<std::string>();
+    const std::string text = entry.get<std::string>();
+    if (!is_checksum_key(key)) {
+      header.metadata[key] = text;
+      continue;
+    }
+    std::uint32_t crc = 0;
+    const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), crc, 16);
+    if (text.size() != 8 || error != std::errc() || end != text.data() + text.size()) {
+      fail(path, "\"__metadata__\" value of \"" + key + "\" must be 8 hex digits (a CRC-32)");
+    }
+    header.checksums[key.substr(kChecksumPrefix.size())] = crc;
   }
-  return metadata;
 }
 
 TensorEntry read_tensor_entry(const std::string& name, const Json& value,
@@ -224,12 +256,17 @@ Header read_header(std::ifstream& in, const std::string& path) {
   header.buffer_start = 8 + header_bytes;
   for (const auto& [name, value] : root.items()) {
     if (name == kMetadataKey) {
-      header.metadata = read_metadata(value, path);
+      read_metadata(value, path, header);
     } else {
       header.tensors.push_back(read_tensor_entry(name, value, path));
     }
   }
   validate_layout(header.tensors, file_bytes - header.buffer_start, path);
+  for (const auto& [name, crc] : header.checksums) {
+    const bool named = std::any_of(header.tensors.begin(), header.tensors.end(),
+                                   [&](const TensorEntry& entry) { return entry.name == name; });
+    if (!named) fail(path, "\"__metadata__\" holds a checksum of \"" + name + "\", no tensor");
+  }
   return header;
 }
 
@@ -265,10 +302,17 @@ struct PlannedTensor {
   std::uint64_t begin, end;
 };
 
+/// The header: `metadata`, each tensor's checksum (`crcs`, in plan order; none when
+/// empty) and its entry.
 std::string build_header(const std::vector<PlannedTensor>& plan,
-                         const std::map<std::string, std::string>& metadata) {
+                         const std::map<std::string, std::string>& metadata,
+                         const std::vector<std::uint32_t>& crcs) {
   Json header = Json::object();
-  if (!metadata.empty()) header[kMetadataKey] = metadata;
+  std::map<std::string, std::string> with_checksums = metadata;
+  for (std::size_t i = 0; i < crcs.size(); ++i) {
+    with_checksums[std::string(kChecksumPrefix) + *plan[i].name] = checksum_text(crcs[i]);
+  }
+  if (!with_checksums.empty()) header[kMetadataKey] = with_checksums;
   for (const PlannedTensor& item : plan) {
     header[*item.name] = {{"dtype", safetensors_dtype_of(item.tensor->dtype())},
                           {"shape", item.tensor->shape()},
@@ -320,10 +364,20 @@ void check_unique_names(const std::vector<std::pair<std::string, Tensor>>& tenso
 
 void save_safetensors(const std::string& path,
                       const std::vector<std::pair<std::string, Tensor>>& tensors,
-                      const std::map<std::string, std::string>& metadata) {
+                      const std::map<std::string, std::string>& metadata,
+                      TensorChecksums checksums) {
   check_unique_names(tensors);
+  for (const auto& entry : metadata) {
+    BIGBATCH_CHECK(!is_checksum_key(entry.first), "save_safetensors: metadata key \"",
+                   entry.first, "\" is reserved (", kChecksumPrefix, "NAME holds a tensor's CRC-32)");
+  }
   const std::vector<PlannedTensor> plan = plan_layout(tensors);
-  const std::string header = build_header(plan, metadata);
+  // The checksums are known once the bytes are written (a CUDA tensor is copied to the
+  // host once, for both): the header goes first with zeros in their place, 8 hex digits
+  // each, and is written again over itself, the same length, with the real ones.
+  const bool record = checksums == TensorChecksums::crc32;
+  std::vector<std::uint32_t> crcs(record ? plan.size() : 0, 0);
+  std::string header = build_header(plan, metadata, crcs);
   const std::uint64_t header_bytes = header.size();  // little-endian, as the host
 
   const std::string temporary = path + ".tmp";
@@ -341,7 +395,19 @@ void save_safetensors(const std::string& path,
       // largest tensor only.
       const Tensor host =
           item.tensor->device().is_cpu() ? *item.tensor : item.tensor->to(Device::cpu());
+      if (record) {
+        crcs[static_cast<std::size_t>(&item - plan.data())] =
+            crc32_of(host.raw_data(), host.nbytes());
+      }
       if (!write_all(fd, host.raw_data(), host.nbytes())) error = errno;
+    }
+    if (error == 0 && record) {
+      header = build_header(plan, metadata, crcs);
+      if (header.size() != header_bytes) fail(temporary, "the checksummed header changed length");
+      if (::lseek(fd, sizeof header_bytes, SEEK_SET) < 0 ||
+          !write_all(fd, header.data(), header.size())) {
+        error = errno;
+      }
     }
   } catch (...) {
     ::close(fd);
@@ -378,6 +444,15 @@ std::map<std::string, Tensor> load_safetensors(const std::string& path, MemoryCa
       in.seekg(static_cast<std::streamoff>(header.buffer_start + entry.begin));
       in.read(static_cast<char*>(tensor.raw_data()), static_cast<std::streamsize>(tensor.nbytes()));
       if (!in) fail(path, "reading tensor \"" + entry.name + "\" failed: " + std::strerror(errno));
+    }
+    const auto recorded = header.checksums.find(entry.name);
+    if (recorded != header.checksums.end()) {
+      const std::uint32_t crc = crc32_of(tensor.raw_data(), tensor.nbytes());
+      if (crc != recorded->second) {
+        fail(path, "tensor \"" + entry.name + "\" is damaged: its bytes have CRC-32 " +
+                       checksum_text(crc) + ", the file recorded " +
+                       checksum_text(recorded->second));
+      }
     }
     tensors.emplace(entry.name, std::move(tensor));
   }

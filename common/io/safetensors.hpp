@@ -24,6 +24,15 @@
 // exactly shape x element size bytes, the ranges lie inside the buffer, do not overlap,
 // leave no gaps, and cover the buffer to its last byte. Tensors of dtypes F32, F16, F64
 // and I32 are loaded (other dtypes, e.g. BF16, are refused by name).
+//
+// Checksums: the writer records (unless told not to, for byte-exact files) each
+// tensor's CRC-32 (zlib's) in the metadata, as
+// "crc32.NAME": "8 hex digits" (the format allows any string metadata, so other readers
+// see an ordinary entry), and the reader checks every tensor that has one: a flipped bit
+// in a tensor's bytes is refused, naming the file and the tensor, instead of loaded. A
+// file without them (written by another tool) loads as before. The "crc32." keys are the
+// file's own: a caller's metadata may not use them, and the metadata read back does not
+// show them.
 #pragma once
 
 #include <map>
@@ -36,21 +45,29 @@
 
 namespace bigbatch {
 
-/// Writes `tensors` (any device; CUDA tensors are copied to the host) and the
-/// string-to-string `metadata` to `path`, atomically. Names must be unique, non-empty
-/// and not "__metadata__". Throws std::runtime_error when the file cannot be written.
+/// Whether save_safetensors records the tensors' checksums.
+enum class TensorChecksums {
+  crc32,  ///< "crc32.NAME" in the metadata for every tensor (the default)
+  none,   ///< nothing added: the reference implementation's bytes exactly
+};
+
+/// Writes `tensors` (any device; CUDA tensors are copied to the host), their checksums
+/// and the string-to-string `metadata` to `path`, atomically. Names must be unique,
+/// non-empty and not "__metadata__"; no metadata key may start with "crc32.". Throws
+/// std::runtime_error when the file cannot be written.
 void save_safetensors(const std::string& path,
                       const std::vector<std::pair<std::string, Tensor>>& tensors,
-                      const std::map<std::string, std::string>& metadata = {});
+                      const std::map<std::string, std::string>& metadata = {},
+                      TensorChecksums checksums = TensorChecksums::crc32);
 
 /// Reads every tensor of a safetensors file into CPU tensors tagged `category`
-/// (move them with Tensor::to). Throws std::runtime_error naming the file and the
-/// rule it breaks.
+/// (move them with Tensor::to), checking each recorded checksum. Throws
+/// std::runtime_error naming the file and the rule it breaks (or the damaged tensor).
 std::map<std::string, Tensor> load_safetensors(
     const std::string& path, MemoryCategory category = MemoryCategory::parameters);
 
-/// The "__metadata__" map of a safetensors file (empty when it has none). Reads and
-/// validates the header only.
+/// The "__metadata__" map of a safetensors file, less the checksums (empty when it has
+/// nothing else). Reads and validates the header only: the tensors' bytes are not checked.
 std::map<std::string, std::string> load_safetensors_metadata(const std::string& path);
 
 }  // namespace bigbatch

@@ -1,0 +1,90 @@
+#!/bin/sh
+# check_snapshot_trust.sh BIGBATCH
+# Snapshots that can be trusted, on real processes:
+# - a bit flipped in the newest snapshot's tensor bytes: --resume exits 2 with one line
+#   that names the file and the damaged tensor and the older snapshot that is intact;
+#   moved aside, the run resumes from that older one and ends with the uninterrupted
+#   run's parameters, byte for byte;
+# - a bit flipped in a --save file: --init exits 2 naming the file and the tensor;
+# - a folder another run is using: a second run exits 2 naming the folder and the first
+#   run's pid, and once the first is killed (SIGKILL) a third run takes the folder.
+set -u
+bigbatch=$1
+run="--data synthetic --samples 2000 --depth 2 --hidden 32 --batch 64 --micro-batch 24 --precision fp16 --loss-scale dynamic"
+failures=0
+fail() { echo "FAIL: $1"; failures=$((failures + 1)); }
+rm -rf trust && mkdir trust && cd trust || exit 1
+
+# flip FILE: inverts one bit of FILE's last byte (the end of its byte buffer: a tensor's).
+flip() {
+  size=$(wc -c < "$1")
+  last=$(tail -c 1 "$1" | od -An -tu1 | tr -d ' ')
+  head -c $((size - 1)) "$1" > flipped.tmp
+  printf "\\$(printf %03o $(( last ^ 16 )))" >> flipped.tmp
+  mv flipped.tmp "$1"
+}
+
+"$bigbatch" train $run --steps 6 --save straight.safetensors > straight.txt ||
+  fail "the uninterrupted run failed"
+"$bigbatch" train $run --steps 6 --snapshot-dir snaps --snapshot-every 2 --snapshot-keep 3 \
+  > first.txt || fail "the run that writes the snapshots failed"
+[ -f snaps/step-00000006.safetensors ] && [ -f snaps/step-00000004.safetensors ] ||
+  fail "the snapshots of steps 4 and 6 are not there: $(ls snaps)"
+
+# The newest damaged, then the one before it too: the refusal names the newest intact one.
+flip snaps/step-00000006.safetensors
+"$bigbatch" train $run --steps 6 --resume snaps > resumed.txt 2> err.txt
+code=$?
+cat err.txt
+[ $code -eq 2 ] || fail "a damaged snapshot was resumed (exit $code)"
+[ "$(wc -l < err.txt)" -eq 1 ] || fail "the refusal is not one line"
+grep -q 'step-00000006.safetensors: tensor ".*" is damaged' err.txt ||
+  fail "the refusal does not name the file and the damaged tensor"
+grep -q 'the older snapshot snaps/step-00000004.safetensors is intact' err.txt ||
+  fail "the refusal does not name the older snapshot that is intact"
+flip snaps/step-00000004.safetensors
+"$bigbatch" train $run --steps 6 --resume snaps > resumed.txt 2> err.txt
+cat err.txt
+grep -q 'the older snapshot snaps/step-00000002.safetensors is intact' err.txt ||
+  fail "with two damaged, the refusal does not name the newest intact one"
+
+mkdir damaged && mv snaps/step-00000006.safetensors snaps/step-00000004.safetensors damaged/
+"$bigbatch" train $run --steps 6 --resume snaps --save resumed.safetensors > resumed.txt ||
+  fail "resuming from the intact snapshot failed"
+grep -q 'resumed from snaps/step-00000002.safetensors after step 2' resumed.txt ||
+  fail "the run did not resume after step 2: $(grep resumed resumed.txt)"
+cmp straight.safetensors resumed.safetensors ||
+  fail "resumed from the older snapshot, the run ends with other parameters"
+
+cp straight.safetensors init.safetensors
+flip init.safetensors
+"$bigbatch" train $run --steps 1 --init init.safetensors > /dev/null 2> err.txt
+code=$?
+cat err.txt
+[ $code -eq 2 ] && grep -q -- '--init: init.safetensors: tensor ".*" is damaged' err.txt ||
+  fail "a damaged --init file was not refused by name (exit $code)"
+
+# One run at a time per folder.
+"$bigbatch" train $run --steps 100000 --snapshot-dir busy > holder.txt 2>&1 &
+holder=$!
+waited=0
+until [ "$(cat busy/.lock 2>/dev/null)" = "$holder" ] || [ $waited -ge 600 ]; do
+  sleep 0.05
+  waited=$((waited + 1))
+done
+"$bigbatch" train $run --steps 1 --snapshot-dir busy > /dev/null 2> err.txt
+code=$?
+cat err.txt
+[ $code -eq 2 ] || fail "a second run took a folder in use (exit $code)"
+grep -q "the snapshot folder busy is in use by another run (pid $holder)" err.txt ||
+  fail "the refusal does not name the folder and the holder's pid $holder"
+"$bigbatch" train $run --steps 1 --resume busy > /dev/null 2> err.txt
+grep -q "in use by another run (pid $holder)" err.txt ||
+  fail "--resume read a folder in use: $(cat err.txt)"
+kill -9 $holder
+wait $holder 2> /dev/null
+"$bigbatch" train $run --steps 1 --snapshot-dir busy > after.txt 2>&1 ||
+  fail "after the holder was killed the folder stays locked: $(cat after.txt)"
+
+if [ $failures -gt 0 ]; then echo "$failures check(s) failed"; exit 1; fi
+echo "PASSED: damaged snapshots and parameter files refused by name, folders used one run at a time"
