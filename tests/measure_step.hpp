@@ -22,12 +22,12 @@ struct Measured {
 
 /// One accumulate_gradients over a batch on `device`, the peak reset just before it, as
 /// predict_step describes the step (AdamW's state live, the batch in MemoryCategory::data).
-inline Measured measure(const checkpointing::StepShape& step, const std::string& policy, bool runner_for_none,
-                 Device device) {
+inline Measured measure(const checkpointing::StepShape& step, const checkpointing::Policy& policy,
+                        bool runner_for_none, Device device) {
   nn::Model model(step.model, device);
   nn::Optimizer optimizer(model.parameters(), step.optimizer);
   std::shared_ptr<checkpointing::ScheduledRunner> runner;
-  if (policy != "none" || runner_for_none) {
+  if (policy.needs_runner() || runner_for_none) {
     runner = checkpointing::ScheduledRunner::for_policy(policy, step.model.depth);
     model.set_block_runner(runner);
   }

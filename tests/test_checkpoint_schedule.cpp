@@ -7,7 +7,8 @@
 // - every(n, K), sqrt and store_all obey the rules with the counts and peaks their
 //   definitions give;
 // - validate() names the action and the rule for each kind of broken schedule;
-// - parse_policy() reads the four forms and refuses the rest with a reason;
+// - Policy::parse() reads every form and refuses the rest with a reason, and text() prints
+//   each policy back as it reads;
 // - the worked example: optimal(10, 3), printed, and its rendering pinned.
 #include <gtest/gtest.h>
 
@@ -17,6 +18,8 @@
 #include <string>
 #include <vector>
 
+#include "chapters/05_activation_checkpointing/memory_plan.hpp"
+#include "chapters/05_activation_checkpointing/policy.hpp"
 #include "chapters/05_activation_checkpointing/schedule.hpp"
 #include "tests/harness.hpp"
 
@@ -44,10 +47,11 @@ std::string rejection(const Schedule& schedule) {
   return "";
 }
 
-/// The message parse_policy() throws for this text, or "" when it accepts it.
+/// The message Policy::parse (or its schedule for 10 blocks) throws for this text, or ""
+/// when it accepts it.
 std::string policy_rejection(const std::string& text) {
   try {
-    checkpointing::parse_policy(text, 10);
+    checkpointing::Policy::parse(text).schedule_for(10);
   } catch (const std::invalid_argument& error) {
     return error.what();
   }
@@ -359,22 +363,55 @@ TEST(Validate, ReRunningTheLastBlockAfterTheHeadIsAllowedButRunsNoSecondHead) {
                                 {"advance 2, head\nfrom h2: tape 2, backward 2"}));
 }
 
-// ---- parse_policy ---------------------------------------------------------------------------
+// ---- policies as values ---------------------------------------------------------------------
 
 TEST(ParsePolicy, ReadsTheFourForms) {
-  EXPECT_EQ(rendered(checkpointing::parse_policy("none", 10)),
+  EXPECT_EQ(rendered(checkpointing::Policy::parse("none").schedule_for(10)),
             rendered(checkpointing::store_all(10)));
-  EXPECT_EQ(rendered(checkpointing::parse_policy("every:4", 10)),
+  EXPECT_EQ(rendered(checkpointing::Policy::parse("every:4").schedule_for(10)),
             rendered(checkpointing::every(10, 4)));
-  EXPECT_EQ(rendered(checkpointing::parse_policy("sqrt", 10)),
+  EXPECT_EQ(rendered(checkpointing::Policy::parse("sqrt").schedule_for(10)),
             rendered(checkpointing::sqrt_schedule(10)));
-  EXPECT_EQ(rendered(checkpointing::parse_policy("optimal:3", 10)),
+  EXPECT_EQ(rendered(checkpointing::Policy::parse("optimal:3").schedule_for(10)),
             rendered(checkpointing::optimal(10, 3)));
   for (const std::string text : {"none", "every:4", "sqrt", "optimal:3"}) {
-    const Schedule schedule = checkpointing::parse_policy(text, 10);
+    const Schedule schedule = checkpointing::Policy::parse(text).schedule_for(10);
     EXPECT_EQ(schedule.policy, text) << "the policy reads back as written";
     EXPECT_EQ(schedule.depth, 10);
   }
+}
+
+TEST(ParsePolicy, EveryPolicyPrintsBackAsItReads) {
+  using checkpointing::Policy;
+  std::vector<std::string> texts = {"selective", "sqrt+selective", "budget:96MiB",
+                                    "budget:1000", "budget:1GiB", "budget:1536KiB"};
+  for (const Policy& candidate : checkpointing::checkpoint_candidates(8)) {
+    texts.push_back(candidate.text());
+  }
+  EXPECT_EQ(texts.size(), 6u + 2u + 2u * 2u * 8u);  // the budget search's 34 candidates
+  for (const std::string& text : texts) {
+    const Policy policy = Policy::parse(text);
+    EXPECT_EQ(policy.text(), text);
+    EXPECT_EQ(Policy::parse(policy.text()), policy) << text;
+  }
+  // The fields each form sets, and the forms that read as another's value.
+  EXPECT_EQ(Policy::parse("every:4"),
+            (Policy{.schedule = checkpointing::ScheduleKind::every, .argument = 4}));
+  EXPECT_EQ(Policy::parse("optimal:3+selective"),
+            (Policy{.schedule = checkpointing::ScheduleKind::optimal, .argument = 3,
+                    .keep = nn::BlockKeep::gemm_outputs}));
+  EXPECT_EQ(Policy::parse("none+selective"), Policy::parse("selective"));
+  EXPECT_EQ(Policy::parse("budget:1.5GiB").text(), "budget:1536MiB");
+  EXPECT_EQ(*Policy::parse("budget:1.5GiB").budget, std::size_t{3} << 29);
+  EXPECT_EQ(Policy::parse("budget:123457").text(), "budget:123457");
+  EXPECT_FALSE(Policy::parse("none").needs_runner());
+  EXPECT_TRUE(Policy::parse("selective").needs_runner());
+  EXPECT_TRUE(Policy::parse("budget:1MiB").is_budget());
+  EXPECT_TRUE(testing::mentions(policy_rejection("budget:1MiB"), {"depends on the step"}));
+  EXPECT_TRUE(testing::mentions(policy_rejection("budget:lots"),
+                                {"\"budget:lots\"", "BYTES must be a size"}));
+  EXPECT_TRUE(testing::mentions(policy_rejection("every:0+selective"), {"must be >= 1, got 0"}));
+  EXPECT_TRUE(testing::mentions(policy_rejection("+selective"), {"unknown policy"}));
 }
 
 TEST(ParsePolicy, RefusesAnythingElseWithAReason) {
@@ -395,7 +432,7 @@ TEST(ParsePolicy, RefusesAnythingElseWithAReason) {
   EXPECT_TRUE(testing::mentions(policy_rejection("optimal:0"), {"SLOTS", "must be >= 1"}));
   EXPECT_TRUE(testing::mentions(policy_rejection("none:2"), {"none takes no argument"}));
   EXPECT_TRUE(testing::mentions(policy_rejection("sqrt:"), {"sqrt takes no argument"}));
-  EXPECT_THROW(checkpointing::parse_policy("sqrt", 0), std::invalid_argument);
+  EXPECT_THROW(checkpointing::Policy::parse("sqrt").schedule_for(0), std::invalid_argument);
 }
 
 }  // namespace

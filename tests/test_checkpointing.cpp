@@ -52,7 +52,7 @@ StepResult one_step(std::int64_t depth, nn::Norm norm, const std::string& policy
   nn::Model model(config, device);
   std::shared_ptr<ScheduledRunner> runner;
   if (policy != "none") {
-    runner = ScheduledRunner::for_policy(policy, depth);
+    runner = ScheduledRunner::for_policy(checkpointing::Policy::parse(policy), depth);
     model.set_block_runner(runner);
   }
   const testing::LabelledBatch batch = testing::random_labelled_batch(config, 24, 3);
@@ -90,7 +90,7 @@ TEST_P(Checkpointing, EveryPolicyGivesTheGradientsOfNoCheckpointingBitForBit) {
         EXPECT_EQ(checkpointed.gradients, reference.gradients);
         // 3 micro-batches, each running the schedule's block forwards.
         const checkpointing::ScheduleStats stats =
-            checkpointing::simulate(ScheduledRunner::for_policy(policy, depth)->schedule());
+            checkpointing::simulate(ScheduledRunner::for_policy(checkpointing::Policy::parse(policy), depth)->schedule());
         EXPECT_EQ(checkpointed.evaluations, 3 * (stats.advances + stats.tapes));
         EXPECT_EQ(checkpointed.recomputations, 3 * (stats.advances + stats.tapes - depth));
       }
@@ -110,7 +110,7 @@ std::vector<std::vector<float>> trained_fp16(const std::string& policy) {
   config.precision = nn::Precision::fp16;
   nn::Model model(config, Device::cpu());
   if (policy != "none") {
-    model.set_block_runner(ScheduledRunner::for_policy(policy, 5));
+    model.set_block_runner(ScheduledRunner::for_policy(checkpointing::Policy::parse(policy), 5));
   }
   nn::Optimizer optimizer(model.parameters(), AdamWOptions{});
   train::TrainConfig train_config;
@@ -144,7 +144,7 @@ std::size_t activation_peak(std::int64_t depth, const std::string& policy) {
   const nn::ModelConfig config = testing::tiny_model(depth, 0.0f);
   nn::Model model(config, Device::cpu());
   if (policy != "none") {
-    model.set_block_runner(ScheduledRunner::for_policy(policy, depth));
+    model.set_block_runner(ScheduledRunner::for_policy(checkpointing::Policy::parse(policy), depth));
   }
   const testing::LabelledBatch batch = testing::random_labelled_batch(config, 64, 5);
   allocator.reset_peak();

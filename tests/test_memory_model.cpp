@@ -71,17 +71,18 @@ class MemoryModel : public testing::DeviceTest {};
 TEST_P(MemoryModel, EveryPolicyPrecisionAndDepthIsPredictedToTheByte) {
   for (const nn::Precision precision : {nn::Precision::fp32, nn::Precision::fp16}) {
     for (const std::int64_t depth : {1, 2, 7, 16, 33, 64}) {
-      for (const std::string& policy : kPolicies) {
+      for (const std::string& text : kPolicies) {
+        const checkpointing::Policy policy = checkpointing::Policy::parse(text);
         StepShape step{testing::tiny_model(depth, 0.25f), kBatch, kMicroBatch, AdamWOptions{}};
         step.model.precision = precision;
         const std::string what = nn::precision_name(precision) + ", depth " +
-                                 std::to_string(depth) + ", " + policy;
+                                 std::to_string(depth) + ", " + text;
         const nn::StepPrediction predicted = checkpointing::predict_policy(step, policy);
         const Measured measured = measure(step, policy, false, device());
         expect_equal_books(predicted.stats, measured.stats, what);
-        const std::int64_t advances = expected_advances(policy, depth);
+        const std::int64_t advances = expected_advances(text, depth);
         EXPECT_EQ(predicted.block_forwards, kMicroBatches * (depth + advances)) << what;
-        if (policy != "none") {
+        if (policy.needs_runner()) {
           EXPECT_EQ(measured.evaluations, predicted.block_forwards) << what;
           EXPECT_EQ(measured.recomputations, kMicroBatches * advances) << what;
         }
@@ -92,17 +93,18 @@ TEST_P(MemoryModel, EveryPolicyPrecisionAndDepthIsPredictedToTheByte) {
 
 TEST_P(MemoryModel, BatchNormAndTheRunnerForNoneArePredictedToTheByte) {
   for (const std::int64_t depth : {1, 7, 16}) {
-    for (const std::string policy : {"none", "sqrt", "optimal:2+selective"}) {
+    for (const std::string text : {"none", "sqrt", "optimal:2+selective"}) {
+      const checkpointing::Policy policy = checkpointing::Policy::parse(text);
       StepShape step{testing::tiny_model(depth, 0.25f), kBatch, kMicroBatch, SgdOptions{}};
       step.model.norm = nn::Norm::batch;
-      const std::string what = "BatchNorm, SGD, depth " + std::to_string(depth) + ", " + policy;
+      const std::string what = "BatchNorm, SGD, depth " + std::to_string(depth) + ", " + text;
       expect_equal_books(checkpointing::predict_policy(step, policy).stats,
                          measure(step, policy, false, device()).stats, what);
     }
     // store_all executed by the runner allocates as the model's own loop does.
     const StepShape step{testing::tiny_model(depth, 0.0f), kBatch, kMicroBatch, AdamWOptions{}};
-    expect_equal_books(checkpointing::predict_policy(step, "none").stats,
-                       measure(step, "none", true, device()).stats, "the runner's none");
+    expect_equal_books(checkpointing::predict_policy(step, {}).stats,
+                       measure(step, {}, true, device()).stats, "the runner's none");
   }
 }
 
@@ -115,19 +117,19 @@ TEST(MemoryModel, NamesTheMomentThatHoldsThePeak) {
   // the head's, and the workspace holds the gradients of the block's output, of fc2's and
   // fc1's inputs, and the one being made.
   StepShape step{testing::tiny_model(4, 0.0f), 8, 8, AdamWOptions{}};
-  EXPECT_EQ(checkpointing::predict_policy(step, "none").peak_moment,
+  EXPECT_EQ(checkpointing::predict_policy(step, {}).peak_moment,
             "micro-batch 1, block 3 backward: the block's input gradient");
   // With one checkpoint slot, every block but the first is reached again from h0 only:
   // the peak comes while block 3 is taped again for its backward.
-  const std::string optimal = checkpointing::predict_policy(step, "optimal:1").peak_moment;
+  const std::string optimal = checkpointing::predict_policy(step, checkpointing::Policy::parse("optimal:1")).peak_moment;
   EXPECT_NE(optimal.find("backward"), std::string::npos) << optimal;
 }
 
 TEST(MemoryModel, TheBudgetPolicyPicksTheCheapestThatFits) {
   StepShape step{testing::tiny_model(16, 0.0f), 64, 64, AdamWOptions{}};
-  const std::size_t none = checkpointing::predict_policy(step, "none").peak();
+  const std::size_t none = checkpointing::predict_policy(step, {}).peak();
   // Room for everything: no recomputation at all.
-  EXPECT_EQ(checkpointing::choose_for_budget(step, none).policy, "none");
+  EXPECT_EQ(checkpointing::choose_for_budget(step, none).policy.text(), "none");
   // Tighter budgets: something must be recomputed. The choice fits, and no policy that
   // fits costs less (brute force over every candidate the header lists).
   std::vector<std::string> candidates = {"none", "selective"};
@@ -137,15 +139,17 @@ TEST(MemoryModel, TheBudgetPolicyPicksTheCheapestThatFits) {
       candidates.push_back(family + std::to_string(k) + "+selective");
     }
   }
-  const std::size_t selective = checkpointing::predict_policy(step, "selective").peak();
+  const std::size_t selective =
+      checkpointing::predict_policy(step, checkpointing::Policy::parse("selective")).peak();
   for (const std::size_t budget : {none - 1, selective - 1}) {
     const checkpointing::BudgetChoice choice = checkpointing::choose_for_budget(step, budget);
     EXPECT_LE(choice.prediction.peak(), budget);
     EXPECT_EQ(choice.candidates, candidates.size());
-    for (const std::string& policy : candidates) {
+    for (const std::string& text : candidates) {
+      const checkpointing::Policy policy = checkpointing::Policy::parse(text);
       if (checkpointing::predict_policy(step, policy).peak() <= budget) {
         EXPECT_LE(choice.cost, checkpointing::recompute_cost(policy, 16))
-            << "budget " << budget << ": " << choice.policy << " chosen, " << policy
+            << "budget " << budget << ": " << choice.policy.text() << " chosen, " << text
             << " fits and costs less";
       }
     }
@@ -160,9 +164,13 @@ TEST(MemoryModel, TheBudgetPolicyPicksTheCheapestThatFits) {
     EXPECT_NE(std::string(e.what()).find("the smallest predicted peak is"), std::string::npos)
         << e.what();
   }
-  EXPECT_EQ(checkpointing::resolve_policy("sqrt", step), "sqrt");
-  EXPECT_EQ(checkpointing::resolve_policy("budget:" + std::to_string(none), step), "none");
-  EXPECT_THROW(checkpointing::resolve_policy("budget:lots", step), std::invalid_argument);
+  const auto resolved = [&](const std::string& text) {
+    return checkpointing::resolve_policy(checkpointing::Policy::parse(text), step).text();
+  };
+  EXPECT_EQ(resolved("sqrt"), "sqrt");
+  EXPECT_EQ(resolved("budget:" + std::to_string(none)), "none");
+  EXPECT_EQ(resolved("budget:" + std::to_string(none - 1)),
+            checkpointing::choose_for_budget(step, none - 1).policy.text());
 }
 
 }  // namespace

@@ -59,7 +59,7 @@ TEST(Planner, StepTimeFollowsTheFormula) {
 struct Triple {
   std::int64_t micro;
   nn::Precision precision;
-  std::string policy;
+  checkpointing::Policy policy;
   std::size_t peak;
   double seconds;
 };
@@ -73,7 +73,7 @@ std::vector<Triple> every_triple(const PlanRequest& request, const CostModel& co
     config.precision = precision;
     for (const std::int64_t micro : planning::micro_batch_candidates(config, request.batch)) {
       const checkpointing::StepShape step{config, request.batch, micro, request.optimizer};
-      for (const std::string& policy : checkpointing::checkpoint_candidates(depth)) {
+      for (const checkpointing::Policy& policy : checkpointing::checkpoint_candidates(depth)) {
         all.push_back({micro, precision, policy, checkpointing::predict_policy(step, policy).peak(),
                        cost.step_seconds(request.batch, micro, precision,
                                          checkpointing::recompute_cost(policy, depth), depth)});
@@ -103,7 +103,7 @@ TEST(Planner, TheChosenPlanFitsIsMeasuredAsPredictedAndNothingFasterFits) {
       for (const Triple& t : all) {
         if (t.peak <= budget) {
           EXPECT_GE(t.seconds, best.seconds) << where << ": " << t.micro << " "
-                                             << nn::precision_name(t.precision) << " " << t.policy
+                                             << nn::precision_name(t.precision) << " " << t.policy.text()
                                              << " fits and is predicted faster than "
                                              << planning::describe(best, request.batch);
         }
@@ -137,7 +137,7 @@ TEST(Planner, OnePrecisionWhenAsked) {
   for (const Plan& plan : result.feasible) EXPECT_EQ(plan.precision, nn::Precision::fp16);
   // Room for everything: the whole batch at once, no recomputation.
   EXPECT_EQ(result.best().micro_batch, 32);
-  EXPECT_EQ(result.best().checkpoint, "none");
+  EXPECT_EQ(result.best().checkpoint.text(), "none");
 }
 
 TEST(Planner, TheCalibrationIsMeasuredOnceAndReused) {

@@ -63,7 +63,7 @@ struct TinyRun {
       : model(model_config(), Device::cpu()),
         optimizer(model.parameters(), AdamWOptions{}),
         trainer(model, optimizer, data, train_config()) {
-    model.set_block_runner(checkpointing::ScheduledRunner::for_policy("sqrt", 4));
+    model.set_block_runner(checkpointing::ScheduledRunner::for_policy(checkpointing::Policy::parse("sqrt"), 4));
   }
 };
 

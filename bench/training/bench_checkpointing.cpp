@@ -44,14 +44,15 @@ const std::vector<std::string> kPolicies = {"none",      "sqrt",      "every:4",
 
 /// args: the policy's index in kPolicies, depth.
 void BM_CheckpointedStep(benchmark::State& state) {
-  const std::string policy = kPolicies.at(static_cast<std::size_t>(state.range(0)));
+  const std::string text = kPolicies.at(static_cast<std::size_t>(state.range(0)));
+  const checkpointing::Policy policy = checkpointing::Policy::parse(text);
   const std::int64_t depth = state.range(1);
   const nn::ModelConfig config{.inputs = kInputs, .hidden = 256, .expansion = 4,
                                .classes = kClasses, .depth = depth, .dropout = 0.1f,
                                .seed = 1};
   nn::Model model(config, Device::cpu());
   std::shared_ptr<checkpointing::ScheduledRunner> runner;
-  if (policy != "none") {
+  if (policy.needs_runner()) {
     runner = checkpointing::ScheduledRunner::for_policy(policy, depth);
     model.set_block_runner(runner);
   }
@@ -85,7 +86,7 @@ void BM_CheckpointedStep(benchmark::State& state) {
       static_cast<double>(predicted.stats.peak_total - predicted.stats.live_total);
   state.counters["block_forwards"] = static_cast<double>(
       runner ? runner->evaluations() / static_cast<std::int64_t>(state.iterations()) : depth);
-  state.SetLabel(policy + " depth " + std::to_string(depth));
+  state.SetLabel(text + " depth " + std::to_string(depth));
 }
 
 void arguments(benchmark::internal::Benchmark* b) {
@@ -122,7 +123,7 @@ void BM_PlannedStep(benchmark::State& state) {
   nn::ModelConfig config = baseline::model_config();
   config.precision = plan.precision;
   nn::Model model(config, Device::cpu());
-  if (plan.checkpoint != "none") {
+  if (plan.checkpoint.needs_runner()) {
     model.set_block_runner(checkpointing::ScheduledRunner::for_policy(plan.checkpoint,
                                                                       config.depth));
   }

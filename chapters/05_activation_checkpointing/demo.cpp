@@ -47,11 +47,11 @@ struct Measured {
 };
 
 /// One forward and backward of the batch, `repeats` times, under a policy.
-Measured measure(std::int64_t depth, const std::string& policy, const bb::Tensor& x,
+Measured measure(std::int64_t depth, const cp::Policy& policy, const bb::Tensor& x,
                  const bb::Tensor& labels, int repeats) {
   bb::nn::Model model(deep(depth), bb::Device::cpu());
   std::shared_ptr<cp::ScheduledRunner> runner;
-  if (policy != "none") {
+  if (policy.needs_runner()) {
     runner = cp::ScheduledRunner::for_policy(policy, depth);
     model.set_block_runner(runner);
   }
@@ -80,7 +80,7 @@ void the_problem(bb::SelfCheck& report, const bb::Tensor& x, const bb::Tensor& l
   std::vector<std::size_t> bytes;
   std::string line = "activations at the step's peak, batch " + std::to_string(x.dim(0)) + ":";
   for (const std::int64_t depth : {4, 8, 16}) {
-    bytes.push_back(measure(depth, "none", x, labels, 1).activation_bytes);
+    bytes.push_back(measure(depth, cp::Policy{}, x, labels, 1).activation_bytes);
     line += "  depth " + std::to_string(depth) + " " + bb::format_bytes(bytes.back());
   }
   report.note(line);
@@ -107,7 +107,8 @@ void the_schedules(bb::SelfCheck& report) {
   std::string table = "depth 32, recomputed block forwards:";
   for (const std::string policy : {"every:2", "every:4", "sqrt", "every:8", "optimal:2",
                                    "optimal:3", "optimal:6"}) {
-    table += "  " + policy + " " + std::to_string(cp::advances(cp::parse_policy(policy, 32)));
+    table += "  " + policy + " " +
+             std::to_string(cp::advances(cp::Policy::parse(policy).schedule_for(32)));
   }
   report.note(table);
   bool optimal = true;
@@ -133,15 +134,16 @@ void deep_model(bb::SelfCheck& report, const bb::Tensor& x, const bb::Tensor& la
   report.section("(c) Depth 32, batch " + std::to_string(x.dim(0)) +
                  ": every policy against no checkpointing, measured and predicted");
   const int repeats = quick ? 1 : 3;
-  const Measured none = measure(depth, "none", x, labels, repeats);
+  const Measured none = measure(depth, cp::Policy{}, x, labels, repeats);
   std::printf("   %-14s %12s %7s %12s %12s %9s %6s\n", "policy", "activations", "x less",
               "step peak", "predicted", "forwards", "time");
   bool identical = true, predicted_exactly = true;
   std::size_t sqrt_bytes = 0, optimal_bytes = 0;
   std::size_t selective_bytes = 0;
-  for (const std::string policy : {"none", "every:4", "sqrt", "every:8", "optimal:2",
-                                   "optimal:6", "selective", "sqrt+selective"}) {
-    const Measured m = policy == "none" ? none : measure(depth, policy, x, labels, repeats);
+  for (const std::string text : {"none", "every:4", "sqrt", "every:8", "optimal:2",
+                                 "optimal:6", "selective", "sqrt+selective"}) {
+    const cp::Policy policy = cp::Policy::parse(text);
+    const Measured m = policy == cp::Policy{} ? none : measure(depth, policy, x, labels, repeats);
     const bb::nn::StepPrediction predicted = cp::predict_policy(step_of(depth, x), policy);
     identical &= m.gradients == none.gradients;
     predicted_exactly &= step_bytes(predicted) == m.step_bytes &&
@@ -149,16 +151,16 @@ void deep_model(bb::SelfCheck& report, const bb::Tensor& x, const bb::Tensor& la
                                  predicted.stats.at_peak_of(MemoryCategory::checkpoints) ==
                              m.activation_bytes &&
                          predicted.block_forwards == m.block_forwards;
-    if (policy == "sqrt") sqrt_bytes = m.activation_bytes;
-    if (policy == "optimal:2") optimal_bytes = m.activation_bytes;
-    if (policy == "selective") selective_bytes = m.activation_bytes;
-    figure_data.push_back({{"policy", policy},
+    if (text == "sqrt") sqrt_bytes = m.activation_bytes;
+    if (text == "optimal:2") optimal_bytes = m.activation_bytes;
+    if (text == "selective") selective_bytes = m.activation_bytes;
+    figure_data.push_back({{"policy", text},
                            {"activation_bytes", m.activation_bytes},
                            {"step_bytes", m.step_bytes},
                            {"predicted_step_bytes", step_bytes(predicted)},
                            {"block_forwards", m.block_forwards},
                            {"time_ratio", m.seconds / none.seconds}});
-    std::printf("   %-14s %12s %7s %12s %12s %9lld %5sx\n", policy.c_str(),
+    std::printf("   %-14s %12s %7s %12s %12s %9lld %5sx\n", text.c_str(),
                 bb::format_bytes(m.activation_bytes).c_str(),
                 number(static_cast<double>(none.activation_bytes) /
                        static_cast<double>(m.activation_bytes), "%.2f").c_str(),
@@ -187,7 +189,7 @@ void budget(bb::SelfCheck& report, const bb::Tensor& x, const bb::Tensor& labels
   const std::int64_t depth = 32;
   report.section("(d) budget:BYTES: the cheapest policy that fits, chosen before running");
   const cp::StepShape step = step_of(depth, x);
-  const bb::nn::StepPrediction none = cp::predict_policy(step, "none");
+  const bb::nn::StepPrediction none = cp::predict_policy(step, cp::Policy{});
   report.note("without checkpointing the step peaks at " + bb::format_bytes(none.peak()) +
               " (" + bb::format_bytes(step_bytes(none)) + " of it the step's own), at: " +
               none.peak_moment);
@@ -201,7 +203,7 @@ void budget(bb::SelfCheck& report, const bb::Tensor& x, const bb::Tensor& labels
     fits &= m.step_bytes <= budget - none.stats.live_total;
     std::printf("   budget %s (the step's own %d%%): %s, %s predicted, %s measured, "
                 "%lld block forwards; its peak at: %s\n",
-                bb::format_bytes(budget).c_str(), percent, choice.policy.c_str(),
+                bb::format_bytes(budget).c_str(), percent, choice.policy.text().c_str(),
                 bb::format_bytes(step_bytes(choice.prediction)).c_str(),
                 bb::format_bytes(m.step_bytes).c_str(),
                 static_cast<long long>(m.block_forwards), choice.prediction.peak_moment.c_str());

@@ -1,20 +1,16 @@
 // memory_plan.cpp: predicting a policy's step, and the budget policy.
 #include "chapters/05_activation_checkpointing/memory_plan.hpp"
 
+#include <optional>
 #include <stdexcept>
 
 #include "chapters/05_activation_checkpointing/scheduled_runner.hpp"
 #include "common/format.hpp"
 
 namespace bigbatch::checkpointing {
-namespace {
 
-const std::string kSelectiveSuffix = "+selective";
-
-}  // namespace
-
-nn::StepPrediction predict_policy(const StepShape& step, const std::string& policy) {
-  if (policy == "none") {
+nn::StepPrediction predict_policy(const StepShape& step, const Policy& policy) {
+  if (!policy.needs_runner()) {
     return nn::predict_step(step.model, step.batch, step.micro_batch, step.optimizer);
   }
   const auto runner = ScheduledRunner::for_policy(policy, step.model.depth);
@@ -22,20 +18,20 @@ nn::StepPrediction predict_policy(const StepShape& step, const std::string& poli
   return nn::predict_step(step.model, step.batch, step.micro_batch, step.optimizer, ledger.get());
 }
 
-double recompute_cost(const std::string& policy, std::int64_t depth) {
-  if (policy == "none") return 0;
-  const auto runner = ScheduledRunner::for_policy(policy, depth);
-  const bool selective = runner->keep() == nn::BlockKeep::gemm_outputs;
-  return static_cast<double>(advances(runner->schedule())) +
+double recompute_cost(const Policy& policy, std::int64_t depth) {
+  if (!policy.needs_runner()) return 0;
+  const bool selective = policy.keep == nn::BlockKeep::gemm_outputs;
+  return static_cast<double>(advances(policy.schedule_for(depth))) +
          (selective ? kSelectiveCost * static_cast<double>(depth) : 0.0);
 }
 
-std::vector<std::string> checkpoint_candidates(std::int64_t depth) {
-  std::vector<std::string> candidates = {"none", "selective"};
-  for (const char* family : {"every:", "optimal:"}) {
+std::vector<Policy> checkpoint_candidates(std::int64_t depth) {
+  std::vector<Policy> candidates = {Policy{}, Policy{.keep = nn::BlockKeep::gemm_outputs}};
+  for (const ScheduleKind family : {ScheduleKind::every, ScheduleKind::optimal}) {
     for (std::int64_t k = 1; k <= depth; ++k) {
-      candidates.push_back(family + std::to_string(k));
-      candidates.push_back(family + std::to_string(k) + kSelectiveSuffix);
+      for (const nn::BlockKeep keep : {nn::BlockKeep::all, nn::BlockKeep::gemm_outputs}) {
+        candidates.push_back(Policy{.schedule = family, .argument = k, .keep = keep});
+      }
     }
   }
   return candidates;
@@ -43,14 +39,14 @@ std::vector<std::string> checkpoint_candidates(std::int64_t depth) {
 
 BudgetChoice choose_for_budget(const StepShape& step, std::size_t budget) {
   const std::int64_t depth = step.model.depth;
-  const std::vector<std::string> candidates = checkpoint_candidates(depth);
+  const std::vector<Policy> candidates = checkpoint_candidates(depth);
   BudgetChoice best;
   bool found = false;
-  std::string smallest_policy;
+  std::optional<Policy> smallest_policy;
   std::size_t smallest = 0;
-  for (const std::string& policy : candidates) {
+  for (const Policy& policy : candidates) {
     const nn::StepPrediction prediction = predict_policy(step, policy);
-    if (smallest_policy.empty() || prediction.peak() < smallest) {
+    if (!smallest_policy || prediction.peak() < smallest) {
       smallest = prediction.peak();
       smallest_policy = policy;
     }
@@ -66,7 +62,7 @@ BudgetChoice choose_for_budget(const StepShape& step, std::size_t budget) {
     throw std::invalid_argument(
         "budget:" + std::to_string(budget) + ": no checkpoint policy fits the step in " +
         format_bytes(budget) + "; the smallest predicted peak is " + format_bytes(smallest) +
-        " (" + std::to_string(smallest) + " bytes, " + smallest_policy +
+        " (" + std::to_string(smallest) + " bytes, " + smallest_policy->text() +
         "); parameters, gradients, optimizer state and the batch cannot be checkpointed: "
         "try a smaller --micro-batch or --precision fp16");
   }
@@ -74,20 +70,8 @@ BudgetChoice choose_for_budget(const StepShape& step, std::size_t budget) {
   return best;
 }
 
-std::string resolve_policy(const std::string& policy, const StepShape& step) {
-  const std::string prefix = "budget:";
-  if (policy.compare(0, prefix.size(), prefix) != 0) {
-    ScheduledRunner::for_policy(policy, step.model.depth);  // throws for what it cannot read
-    return policy;
-  }
-  std::size_t budget = 0;
-  try {
-    budget = parse_bytes(policy.substr(prefix.size()));
-  } catch (const std::exception& e) {
-    throw std::invalid_argument("\"" + policy + "\": BYTES must be a size such as 96MiB (" +
-                                e.what() + ")");
-  }
-  return choose_for_budget(step, budget).policy;
+Policy resolve_policy(const Policy& policy, const StepShape& step) {
+  return policy.is_budget() ? choose_for_budget(step, *policy.budget).policy : policy;
 }
 
 }  // namespace bigbatch::checkpointing

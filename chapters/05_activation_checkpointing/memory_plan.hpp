@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "chapters/05_activation_checkpointing/policy.hpp"
 #include "nn/memory_model.hpp"
 #include "nn/model.hpp"
 #include "nn/training.hpp"
@@ -25,14 +26,14 @@ struct StepShape {
   nn::Optimizer::Options optimizer;
 };
 
-/// nn::predict_step for a policy as ScheduledRunner::for_policy reads it; "none" is the
-/// model run without a runner (its own order). Throws std::invalid_argument as for_policy.
-nn::StepPrediction predict_policy(const StepShape& step, const std::string& policy);
+/// nn::predict_step for a policy (not a budget: std::invalid_argument); none is the model
+/// run without a runner (its own order).
+nn::StepPrediction predict_policy(const StepShape& step, const Policy& policy);
 
 /// The recomputation a policy costs, in block forwards per step beyond the n of plain
 /// training: its advances, plus, with selective recomputation, kSelectiveCost for each
 /// block (the LayerNorm and activation it runs again in the backward pass). Per micro-batch.
-double recompute_cost(const std::string& policy, std::int64_t depth);
+double recompute_cost(const Policy& policy, std::int64_t depth);
 
 /// Selective recomputation of one block, in block forwards: the LayerNorm's forward again
 /// and the store of the rebuilt activation (the fused backward pass rebuilds it). From
@@ -44,7 +45,7 @@ double recompute_cost(const std::string& policy, std::int64_t depth);
 inline constexpr double kSelectiveCost = 0.15;
 
 struct BudgetChoice {
-  std::string policy;            ///< e.g. "optimal:3" or "sqrt+selective"
+  Policy policy;                 ///< e.g. optimal:3 or sqrt+selective
   nn::StepPrediction prediction;
   double cost = 0;               ///< recompute_cost
   std::size_t candidates = 0;    ///< policies weighed
@@ -52,7 +53,7 @@ struct BudgetChoice {
 
 /// The policies budget:BYTES weighs, in this order: none, selective, then every:K and
 /// optimal:SLOTS for K, SLOTS = 1 .. depth, each without and with +selective.
-std::vector<std::string> checkpoint_candidates(std::int64_t depth);
+std::vector<Policy> checkpoint_candidates(std::int64_t depth);
 
 /// budget:BYTES: of checkpoint_candidates(depth), the one of least recompute_cost whose
 /// predicted step peak (StepPrediction::peak: everything on the device) is at most
@@ -60,9 +61,8 @@ std::vector<std::string> checkpoint_candidates(std::int64_t depth);
 /// none fits, naming the smallest peak any of them reaches and its policy.
 BudgetChoice choose_for_budget(const StepShape& step, std::size_t budget);
 
-/// A policy as `--checkpoint` takes it, with budget:BYTES (BYTES as common/format's
-/// parse_bytes reads it: 96MiB, 1.5GiB, 123456) resolved by choose_for_budget; any other
-/// policy is returned as it is.
-std::string resolve_policy(const std::string& policy, const StepShape& step);
+/// A policy with budget:BYTES resolved by choose_for_budget; any other policy is returned
+/// as it is.
+Policy resolve_policy(const Policy& policy, const StepShape& step);
 
 }  // namespace bigbatch::checkpointing

@@ -254,31 +254,6 @@ Schedule optimal(std::int64_t depth, std::int64_t slots) {
   return s;
 }
 
-Schedule parse_policy(const std::string& text, std::int64_t depth) {
-  const std::string expected = "expected none, every:K, sqrt or optimal:SLOTS";
-  const std::size_t colon = text.find(':');
-  const std::string name = text.substr(0, colon);
-  const bool has_argument = colon != std::string::npos;
-  const std::string argument = has_argument ? text.substr(colon + 1) : std::string();
-  const std::string quoted = "checkpoint policy \"" + text + "\"";
-  if (name == "none" || name == "sqrt") {
-    BIGBATCH_CHECK(!has_argument, quoted, ": ", name, " takes no argument; ", expected);
-    return name == "none" ? store_all(depth) : sqrt_schedule(depth);
-  }
-  BIGBATCH_CHECK(name == "every" || name == "optimal", quoted, ": unknown policy; ", expected);
-  const char* what = name == "every" ? "the segment length K" : "the number of slots SLOTS";
-  const char* form = name == "every" ? "every:K" : "optimal:SLOTS";
-  BIGBATCH_CHECK(!argument.empty(), quoted, ": ", what, " is missing (", form, ")");
-  std::int64_t value = 0;
-  const char* first = argument.data();
-  const char* last = first + argument.size();
-  const std::from_chars_result parsed = std::from_chars(first, last, value);
-  BIGBATCH_CHECK(parsed.ec == std::errc() && parsed.ptr == last, quoted, ": ", what,
-                 " must be a whole number, got \"", argument, "\"");
-  BIGBATCH_CHECK(value >= 1, quoted, ": ", what, " must be >= 1, got ", value);
-  return name == "every" ? every(depth, value) : optimal(depth, value);
-}
-
 // ---- counts -----------------------------------------------------------------------------
 
 std::int64_t advances(const Schedule& schedule) { return count(schedule, Op::advance); }

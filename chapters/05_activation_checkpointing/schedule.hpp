@@ -55,7 +55,7 @@ struct Action {
 };
 
 struct Schedule {
-  std::string policy;      ///< as parse_policy reads it: "none", "every:4", "sqrt", "optimal:3"
+  std::string policy;      ///< a label for reports: "none", "every:4", "sqrt", "optimal:3"
   std::int64_t depth = 0;  ///< n, the number of blocks
   std::vector<Action> actions;
 };
@@ -107,11 +107,6 @@ Schedule sqrt_schedule(std::int64_t depth);
 /// one block is taped at a time (each tape(k) is followed by backward(k)).
 Schedule optimal(std::int64_t depth, std::int64_t slots);
 
-/// Reads "none", "every:K", "sqrt" or "optimal:SLOTS" (K, SLOTS: whole numbers >= 1) and
-/// builds that schedule for `depth` blocks. Throws std::invalid_argument naming the text
-/// and what is wrong: an unknown name, a missing or non-numeric K or SLOTS, one below 1, an
-/// argument given to "none" or "sqrt".
-Schedule parse_policy(const std::string& text, std::int64_t depth);
 
 // ---- counts -----------------------------------------------------------------------------
 // Block forward evaluations only, never backward ones (every schedule runs each block's

@@ -79,31 +79,9 @@ ScheduledRunner::ScheduledRunner(Schedule schedule, nn::BlockKeep keep)
 
 ScheduledRunner::~ScheduledRunner() = default;
 
-std::shared_ptr<ScheduledRunner> ScheduledRunner::for_policy(const std::string& policy,
+std::shared_ptr<ScheduledRunner> ScheduledRunner::for_policy(const Policy& policy,
                                                              std::int64_t depth) {
-  const std::string suffix = "+selective";
-  if (policy == "selective") {
-    return std::make_shared<ScheduledRunner>(store_all(depth), nn::BlockKeep::gemm_outputs);
-  }
-  if (policy.size() > suffix.size() &&
-      policy.compare(policy.size() - suffix.size(), suffix.size(), suffix) == 0) {
-    return std::make_shared<ScheduledRunner>(
-        parse_policy(policy.substr(0, policy.size() - suffix.size()), depth),
-        nn::BlockKeep::gemm_outputs);
-  }
-  if (policy.rfind("budget:", 0) == 0) {
-    throw std::invalid_argument("checkpoint policy \"" + policy + "\" depends on the step: "
-                                "resolve it with resolve_policy (memory_plan.hpp) first");
-  }
-  static const char* const kKnown[] = {"none", "every:", "sqrt", "optimal:"};
-  bool known = false;
-  for (const char* name : kKnown) known = known || policy.rfind(name, 0) == 0;
-  if (!known) {
-    throw std::invalid_argument("checkpoint policy \"" + policy + "\": unknown policy; "
-                                "expected none, every:K, sqrt, optimal:SLOTS, selective, "
-                                "POLICY+selective or budget:BYTES");
-  }
-  return std::make_shared<ScheduledRunner>(parse_policy(policy, depth));
+  return std::make_shared<ScheduledRunner>(policy.schedule_for(depth), policy.keep);
 }
 
 Tensor ScheduledRunner::forward(nn::Model& model, Tensor h0, const nn::ForwardContext& context) {

@@ -23,6 +23,7 @@
 #include <memory>
 #include <string>
 
+#include "chapters/05_activation_checkpointing/policy.hpp"
 #include "chapters/05_activation_checkpointing/schedule.hpp"
 #include "nn/memory_model.hpp"
 #include "nn/model.hpp"
@@ -44,13 +45,10 @@ class ScheduledRunner : public nn::BlockRunner {
   explicit ScheduledRunner(Schedule schedule, nn::BlockKeep keep = nn::BlockKeep::all);
   ~ScheduledRunner() override;
 
-  /// The runner for a policy as `bigbatch train --checkpoint` reads it: a schedule
-  /// (schedule.hpp's parse_policy: none, every:K, sqrt, optimal:SLOTS), "selective"
-  /// (every block taped, keeping its GEMM outputs only), or a schedule and selective
-  /// together as "POLICY+selective". Throws std::invalid_argument for anything else
-  /// (budget:BYTES is resolved to one of these first: memory_plan.hpp).
-  static std::shared_ptr<ScheduledRunner> for_policy(const std::string& policy,
-                                                     std::int64_t depth);
+  /// The runner for a policy (policy.hpp): its schedule for `depth` blocks, each taped
+  /// block keeping what the policy's keep says (none: store_all). Throws
+  /// std::invalid_argument for a budget (memory_plan.hpp resolves it to one of these first).
+  static std::shared_ptr<ScheduledRunner> for_policy(const Policy& policy, std::int64_t depth);
 
   Tensor forward(nn::Model& model, Tensor h0, const nn::ForwardContext& context) override;
   Tensor backward(nn::Model& model, Tensor dh_n, const nn::ForwardContext& context) override;

@@ -32,11 +32,11 @@ struct Outcome {
 /// `micro`, with the plan's precision (fp16 with dynamic loss scaling) and checkpoint
 /// policy, measuring every step's peak on the (possibly capped) device.
 Outcome train(const base::Data& data, std::int64_t micro, bb::nn::Precision precision,
-              const std::string& policy, std::int64_t steps) {
+              const bb::checkpointing::Policy& policy, std::int64_t steps) {
   bb::nn::ModelConfig config = base::model_config();
   config.precision = precision;
   bb::nn::Model model(config, bb::Device::cpu());
-  if (policy != "none") {
+  if (policy.needs_runner()) {
     model.set_block_runner(bb::checkpointing::ScheduledRunner::for_policy(policy, config.depth));
   }
   bb::nn::Optimizer optimizer(model.parameters(), base::adamw_options());
@@ -80,7 +80,7 @@ int main(int argc, char** argv) {
                                       base::kDeviceBytes};
   const bb::checkpointing::StepShape whole{model, base::kWantedBatch, base::kWantedBatch,
                                            base::adamw_options()};
-  const std::size_t whole_peak = bb::checkpointing::predict_policy(whole, "none").peak();
+  const std::size_t whole_peak = bb::checkpointing::predict_policy(whole, {}).peak();
   report.check(whole_peak > base::kDeviceBytes,
                "in one piece, fp32, no checkpointing, the step would peak at " +
                    bb::format_bytes(whole_peak) + ": it does not fit (chapter 01)");
@@ -95,7 +95,7 @@ int main(int argc, char** argv) {
                 (std::to_string(p.micro_batch) + " (" +
                  std::to_string((base::kWantedBatch + p.micro_batch - 1) / p.micro_batch) + ")")
                     .c_str(),
-                bb::nn::precision_name(p.precision).c_str(), p.checkpoint.c_str(),
+                bb::nn::precision_name(p.precision).c_str(), p.checkpoint.text().c_str(),
                 bb::format_bytes(p.prediction.peak()).c_str(), p.seconds);
   }
   if (!report.check(!result.feasible.empty(), std::to_string(result.feasible.size()) +
@@ -116,7 +116,7 @@ int main(int argc, char** argv) {
     bb::ScopedMemoryCap cap(bb::Device::cpu(), base::kDeviceBytes);
     planned = train(data, best.micro_batch, best.precision, best.checkpoint, steps);
   }
-  const Outcome uncapped = train(data, base::kWantedBatch, bb::nn::Precision::fp32, "none", steps);
+  const Outcome uncapped = train(data, base::kWantedBatch, bb::nn::Precision::fp32, {}, steps);
   // The memory model counts the model's step; this loop's loss scaler also keeps its
   // found-inf flag (one f32, allocated at the first boundary) live from then on.
   const std::size_t scaler_bytes = best.precision == bb::nn::Precision::fp16 ? sizeof(float) : 0;

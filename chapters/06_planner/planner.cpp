@@ -196,8 +196,8 @@ std::vector<std::int64_t> micro_batch_candidates(const nn::ModelConfig& model,
 PlanResult make_plan(const PlanRequest& request, const CostModel& cost) {
   const std::int64_t depth = request.model.depth;
   // The checkpoint policies by increasing recomputation (stable: chapter 05's order on ties).
-  std::vector<std::pair<double, std::string>> policies;
-  for (const std::string& policy : checkpointing::checkpoint_candidates(depth)) {
+  std::vector<std::pair<double, checkpointing::Policy>> policies;
+  for (const checkpointing::Policy& policy : checkpointing::checkpoint_candidates(depth)) {
     policies.emplace_back(checkpointing::recompute_cost(policy, depth), policy);
   }
   std::stable_sort(policies.begin(), policies.end(),
@@ -249,7 +249,7 @@ std::string describe(const Plan& plan, std::int64_t batch) {
   return "micro-batch " + std::to_string(plan.micro_batch) + " (" + std::to_string(n) +
          " per step), " +
          (plan.precision == nn::Precision::fp16 ? "fp16 + dynamic loss scaling" : "fp32") +
-         ", checkpoint " + plan.checkpoint;
+         ", checkpoint " + plan.checkpoint.text();
 }
 
 }  // namespace bigbatch::planning

@@ -27,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "chapters/05_activation_checkpointing/policy.hpp"
 #include "common/device.hpp"
 #include "common/json.hpp"
 #include "nn/memory_model.hpp"
@@ -98,7 +99,7 @@ struct PlanRequest {
 struct Plan {
   std::int64_t micro_batch = 0;
   nn::Precision precision = nn::Precision::fp32;
-  std::string checkpoint = "none";  ///< a chapter 05 policy
+  checkpointing::Policy checkpoint;  ///< a chapter 05 policy (never a budget)
   nn::StepPrediction prediction;    ///< its step, byte by byte
   double recompute = 0;             ///< R, block forwards per micro-batch
   double seconds = 0;               ///< predicted seconds per optimizer step

@@ -662,7 +662,7 @@ Json plan_json(const planning::Plan& plan, std::int64_t batch) {
           {"micro_batches", (batch + plan.micro_batch - 1) / plan.micro_batch},
           {"precision", nn::precision_name(plan.precision)},
           {"loss_scale", plan.precision == nn::Precision::fp16 ? "dynamic" : "none"},
-          {"checkpoint", plan.checkpoint},
+          {"checkpoint", plan.checkpoint.text()},
           {"recompute", plan.recompute},
           {"peak_bytes", plan.prediction.peak()},
           {"peak_moment", plan.prediction.peak_moment},
@@ -736,7 +736,7 @@ planning::PlanResult plan_for(const TrainOptions& options, const nn::ModelConfig
                               std::to_string((options.batch + p.micro_batch - 1) / p.micro_batch) +
                               ")";
     std::printf("  %-24s %-10s %-22s %12s %10.4f s%s\n", micro.c_str(),
-                nn::precision_name(p.precision).c_str(), p.checkpoint.c_str(),
+                nn::precision_name(p.precision).c_str(), p.checkpoint.text().c_str(),
                 format_bytes(p.prediction.peak()).c_str(), p.seconds, i == 0 ? "  <- fastest" : "");
   }
   std::cout << "  (" << result.weighed << " plans weighed; fp16 trains with dynamic loss "
@@ -755,7 +755,7 @@ int run_plan(const TrainOptions& options) {
   std::cout << "train it with: --micro-batch " << best.micro_batch << " --precision "
             << nn::precision_name(best.precision)
             << (best.precision == nn::Precision::fp16 ? " --loss-scale dynamic" : "")
-            << " --checkpoint " << best.checkpoint << " (or --plan auto)\n";
+            << " --checkpoint " << best.checkpoint.text() << " (or --plan auto)\n";
   return 0;
 }
 
@@ -777,7 +777,7 @@ TrainOptions with_plan(const TrainOptions& given) {
   options.micro_batch = best.micro_batch;
   options.precision = nn::precision_name(best.precision);
   options.loss_scale = best.precision == nn::Precision::fp16 ? "dynamic" : "none";
-  options.checkpoint = best.checkpoint;
+  options.checkpoint = best.checkpoint.text();
   return options;
 }
 
@@ -831,19 +831,18 @@ int run_train(const TrainOptions& given) {
   // prediction, and --explain prints the prediction.
   const checkpointing::StepShape step_shape{config_of_model, options.batch, micro_batch,
                                             optimizer_options(options)};
-  std::string policy = options.checkpoint;
+  checkpointing::Policy asked, policy;  // policy: asked, with a budget resolved
   std::shared_ptr<checkpointing::ScheduledRunner> runner;
-  if (options.checkpoint != "none") {
-    try {
-      policy = checkpointing::resolve_policy(options.checkpoint, step_shape);
-      if (policy != "none") {
-        runner = checkpointing::ScheduledRunner::for_policy(policy, config_of_model.depth);
-      }
-    } catch (const std::invalid_argument& e) {
-      throw UsageError(std::string("--checkpoint: ") + e.what());
+  try {
+    asked = checkpointing::Policy::parse(options.checkpoint);
+    policy = checkpointing::resolve_policy(asked, step_shape);
+    if (policy.needs_runner()) {
+      runner = checkpointing::ScheduledRunner::for_policy(policy, config_of_model.depth);
     }
-    if (runner) model.set_block_runner(runner);
+  } catch (const std::invalid_argument& e) {
+    throw UsageError(std::string("--checkpoint: ") + e.what());
   }
+  if (runner) model.set_block_runner(runner);
   if (!options.init.empty()) {
     try {
       model.load(options.init);
@@ -973,13 +972,13 @@ int run_train(const TrainOptions& given) {
     std::cout << " (the last micro-batch has " << options.batch % micro_batch << " samples)";
   }
   std::cout << "\nprecision " << precision_description(options, config) << "\n";
-  if (options.checkpoint != policy) {
-    std::cout << "checkpoint " << options.checkpoint << ": " << policy
+  if (asked != policy) {
+    std::cout << "checkpoint " << asked.text() << ": " << policy.text()
               << ", the policy of fewest recomputations whose predicted step fits\n";
   }
   if (runner) {
     const checkpointing::ScheduleStats stats = checkpointing::simulate(runner->schedule());
-    std::cout << "activation checkpointing " << policy << ": at most " << stats.max_checkpoints
+    std::cout << "activation checkpointing " << policy.text() << ": at most " << stats.max_checkpoints
               << " block inputs kept and " << stats.max_taped
               << (stats.max_taped == 1 ? " block's" : " blocks'")
               << " activations at a time; " << stats.advances + stats.tapes

@@ -1,0 +1,60 @@
+// policy.hpp: a checkpoint policy as a value. `bigbatch train --checkpoint` reads one from
+// text once, at the edge (Policy::parse); below it every component (the runner, the memory
+// plan, the budget search, the planner) takes the value, and text() prints it back:
+//
+//   text               schedule         argument  keep          budget
+//   none               none             0         all           -
+//   every:K            every            K         all           -
+//   sqrt               sqrt             0         all           -
+//   optimal:SLOTS      optimal          SLOTS     all           -
+//   selective          none             0         gemm_outputs  -
+//   POLICY+selective   POLICY's         POLICY's  gemm_outputs  -
+//   budget:BYTES       (resolved by memory_plan.hpp's resolve_policy)  BYTES
+//
+// K and SLOTS are whole numbers >= 1. "none+selective" reads as "selective" (the same
+// runner). A budget's BYTES are read by common/format's parse_bytes (96MiB, 1.5GiB,
+// 123456) and printed in the largest binary unit that holds them exactly, so
+// parse(p.text()) == p for every policy, and text(parse(t)) == t for every text printed.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "chapters/05_activation_checkpointing/schedule.hpp"
+#include "nn/model.hpp"
+
+namespace bigbatch::checkpointing {
+
+/// The schedule families of schedule.hpp.
+enum class ScheduleKind { none, every, sqrt, optimal };
+
+struct Policy {
+  ScheduleKind schedule = ScheduleKind::none;
+  std::int64_t argument = 0;                ///< K of every:K, SLOTS of optimal:SLOTS; else 0
+  nn::BlockKeep keep = nn::BlockKeep::all;  ///< gemm_outputs: selective recomputation
+  std::optional<std::size_t> budget;        ///< budget:BYTES (then the fields above are unused)
+
+  /// Reads a policy as --checkpoint takes it. Throws std::invalid_argument naming the text
+  /// and what is wrong (an unknown name, a missing, non-numeric or non-positive K or SLOTS,
+  /// an argument given to none or sqrt, a budget that is not a size).
+  static Policy parse(std::string_view text);
+  /// The text parse reads back as this policy.
+  std::string text() const;
+
+  /// budget:BYTES, which a step's shape must resolve first (memory_plan.hpp).
+  bool is_budget() const { return budget.has_value(); }
+  /// True unless the model runs its blocks in its own order (none, no budget).
+  bool needs_runner() const {
+    return is_budget() || schedule != ScheduleKind::none || keep != nn::BlockKeep::all;
+  }
+  /// The schedule for `depth` blocks (none: store_all). Throws std::invalid_argument for a
+  /// budget, and as the builders do for a depth below 1.
+  Schedule schedule_for(std::int64_t depth) const;
+
+  friend bool operator==(const Policy&, const Policy&) = default;
+};
+
+}  // namespace bigbatch::checkpointing
