@@ -338,7 +338,7 @@ TEST(ClippingMistakes, ClippingBeforeUnscalingClipsAtMaxOverS) {
   nn::Model model(tiny_model(2, 0.25f), Device::cpu());
   model.zero_grad();
   nn::accumulate_gradients(model, data.features, data.labels, 16, {true, 1, 0}, 64, scale);
-  clipping::BoundaryCheck check;
+  loss_scaling::UnscalePass check;
   const clipping::GradientStats scaled = check.unscale_and_measure(model, 1.0f);  // no unscale
   clipping::clip_gradients(model, scaled.norm, max_norm);
   const clipping::GradientStats after = check.unscale_and_measure(model, scale);

@@ -27,16 +27,38 @@ bool unscale_gradients(const nn::Model& model, float scale, const Tensor& found_
   return found_inf.to_vector<float>()[0] != 0.0f;
 }
 
+void UnscalePass::allocate(Device device, bool with_norm) {
+  if (!found_inf_.defined() || found_inf_.device() != device) {
+    found_inf_ = Tensor({1}, DType::f32, device, MemoryCategory::workspace);
+    squared_norm_ = Tensor();
+  }
+  if (with_norm && !squared_norm_.defined()) {
+    squared_norm_ = Tensor({1}, DType::f64, device, MemoryCategory::workspace);
+  }
+}
+
+bool UnscalePass::unscale(const nn::Model& model, float scale) {
+  allocate(model.device(), /*with_norm=*/false);
+  return unscale_gradients(model, scale, found_inf_);
+}
+
+GradientStats UnscalePass::unscale_and_measure(const nn::Model& model, float scale) {
+  allocate(model.device(), /*with_norm=*/true);
+  GradientStats stats;
+  stats.overflow = unscale_gradients(model, scale, found_inf_, &squared_norm_);
+  // The square root of the float64 sum, rounded once to float: within half an ulp of the
+  // exact norm whenever the sum itself is (it is for any realistic parameter count).
+  stats.norm = static_cast<float>(std::sqrt(squared_norm_.to_vector<double>()[0]));
+  return stats;
+}
+
 StaticLossScaler::StaticLossScaler(float scale) : scale_(scale) {
   BIGBATCH_CHECK(std::isfinite(scale) && scale > 0.0f,
                  "StaticLossScaler: the scale must be finite and positive, got ", scale);
 }
 
 bool StaticLossScaler::unscale_and_check(const nn::Model& model) {
-  if (!found_inf_.defined()) {
-    found_inf_ = Tensor({1}, DType::f32, model.device(), MemoryCategory::workspace);
-  }
-  const bool overflow = unscale_gradients(model, scale_, found_inf_);
+  const bool overflow = pass_.unscale(model, scale_);
   if (overflow) ++skipped_;
   return !overflow;
 }

@@ -10,8 +10,14 @@
 //
 // With an overflow the step must be skipped: a non-finite gradient would write inf or NaN
 // into the weights. StaticLossScaler keeps S fixed and says whether to step; chapter 04's
-// DynamicLossScaler also moves S.
+// DynamicLossScaler also moves S, and its OptimizerBoundary puts the pieces in order.
+//
+// UnscalePass is the one place that holds the pass's results on the device (found-inf, and
+// the squared norm when it is measured): the scalers here and chapter 04's boundary each
+// run their pass through one.
 #pragma once
+
+#include <limits>
 
 #include "common/tensor.hpp"
 #include "nn/model.hpp"
@@ -27,6 +33,34 @@ namespace bigbatch::loss_scaling {
 /// clipping's norm, chapter 04).
 bool unscale_gradients(const nn::Model& model, float scale, const Tensor& found_inf,
                        const Tensor* squared_norm = nullptr);
+
+/// What the boundary's one pass over the gradients found.
+struct GradientStats {
+  bool overflow = false;  ///< some gradient was inf or NaN before unscaling
+  /// The global L2 norm of the unscaled gradients (inf or NaN after an overflow; NaN when
+  /// the pass did not measure it).
+  float norm = std::numeric_limits<float>::quiet_NaN();
+};
+
+/// The fused pass of unscale_gradients with its device results: found-inf (f32 [1]) and,
+/// when the norm is measured, the squared norm (f64 [1]), both MemoryCategory::workspace on
+/// the model's device, allocated once and reused.
+class UnscalePass {
+ public:
+  /// g = g * (1 / scale) for every parameter gradient; returns whether any was inf or NaN.
+  /// One float comes back from the device.
+  bool unscale(const nn::Model& model, float scale);
+  /// The same pass, also measuring the unscaled gradients' global L2 norm (scale 1: it
+  /// only measures). Two values come back from the device.
+  GradientStats unscale_and_measure(const nn::Model& model, float scale);
+  /// Allocates the results now (4 bytes, 12 with the norm's) rather than at the first
+  /// call, so that every step, the first of a run included, holds the same bytes.
+  void allocate(Device device, bool with_norm);
+
+ private:
+  Tensor found_inf_;     // f32 [1]
+  Tensor squared_norm_;  // f64 [1], when the norm is measured
+};
 
 /// A fixed loss scale S (a power of two keeps scaling and unscaling exact).
 class StaticLossScaler {
@@ -47,7 +81,7 @@ class StaticLossScaler {
  private:
   float scale_;
   std::int64_t skipped_ = 0;
-  Tensor found_inf_;  // allocated on first use, on the model's device
+  UnscalePass pass_;
 };
 
 }  // namespace bigbatch::loss_scaling

@@ -145,7 +145,7 @@ void the_boundary(bb::SelfCheck& report, const bb::baseline::Data& data) {
   const Rows rows = first_rows(data.train, batch);
   const bb::nn::ForwardContext context{true, 11, 0};
   bb::nn::Model model(base::model_config(), bb::Device::cpu());
-  clip::BoundaryCheck check;
+  bb::loss_scaling::UnscalePass check;
 
   // The right way, with and without micro-batches: one norm, of the step's gradient.
   model.zero_grad();

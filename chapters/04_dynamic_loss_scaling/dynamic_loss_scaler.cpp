@@ -75,10 +75,7 @@ ScaleUpdate DynamicLossScaler::update(bool overflow) {
 }
 
 ScaleUpdate DynamicLossScaler::unscale_and_update(const nn::Model& model) {
-  if (!found_inf_.defined()) {
-    found_inf_ = Tensor({1}, DType::f32, model.device(), MemoryCategory::workspace);
-  }
-  return update(unscale_gradients(model, scale_, found_inf_));
+  return update(pass_.unscale(model, scale_));
 }
 
 }  // namespace bigbatch::loss_scaling

@@ -89,7 +89,7 @@ class DynamicLossScaler {
   std::int64_t clean_run_ = 0;
   std::int64_t overflow_run_ = 0;
   std::int64_t skipped_ = 0;
-  Tensor found_inf_;
+  UnscalePass pass_;
 };
 
 }  // namespace bigbatch::loss_scaling

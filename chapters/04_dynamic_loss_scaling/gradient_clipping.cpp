@@ -1,4 +1,5 @@
-// gradient_clipping.cpp: the boundary's measuring pass and clipping by the global norm.
+// gradient_clipping.cpp: clipping by the global norm, and the mistake of clipping each
+// micro-batch.
 #include "chapters/04_dynamic_loss_scaling/gradient_clipping.hpp"
 
 #include <algorithm>
@@ -9,22 +10,6 @@
 #include "kernels/elementwise.hpp"
 
 namespace bigbatch::clipping {
-
-void BoundaryCheck::allocate(Device device) {
-  if (found_inf_.defined() && found_inf_.device() == device) return;
-  found_inf_ = Tensor({1}, DType::f32, device, MemoryCategory::workspace);
-  squared_norm_ = Tensor({1}, DType::f64, device, MemoryCategory::workspace);
-}
-
-GradientStats BoundaryCheck::unscale_and_measure(const nn::Model& model, float scale) {
-  allocate(model.device());
-  GradientStats stats;
-  stats.overflow = loss_scaling::unscale_gradients(model, scale, found_inf_, &squared_norm_);
-  // The square root of the float64 sum, rounded once to float: within half an ulp of the
-  // exact norm whenever the sum itself is (it is for any realistic parameter count).
-  stats.norm = static_cast<float>(std::sqrt(squared_norm_.to_vector<double>()[0]));
-  return stats;
-}
 
 float clip_factor(float norm, float max_norm) {
   BIGBATCH_CHECK(max_norm > 0.0f, "clip_factor: max_norm must be positive, got ", max_norm);
@@ -47,7 +32,7 @@ float accumulate_clipping_each_micro_batch(nn::Model& model, const Tensor& x,
   const std::int64_t rows = x.shape()[0];
   BIGBATCH_CHECK(micro_batch > 0, "accumulate_clipping_each_micro_batch: micro_batch must be "
                                   "positive, got ", micro_batch);
-  BoundaryCheck check;
+  loss_scaling::UnscalePass check;
   float loss = 0;
   for (std::int64_t begin = 0; begin < rows; begin += micro_batch) {
     const std::int64_t end = std::min(rows, begin + micro_batch);

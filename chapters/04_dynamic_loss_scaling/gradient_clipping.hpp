@@ -1,10 +1,11 @@
 // gradient_clipping.hpp: chapter 04's second component: clipping by the global L2 norm, and
 // the order of everything that happens at the optimizer boundary.
 //
-// The boundary, after the step's last micro-batch (bigbatch::train::Trainer runs exactly
-// this sequence; the chapter's demo checks each mistake it avoids):
+// The boundary, after the step's last micro-batch (optimizer_boundary.hpp holds exactly
+// this sequence in one object, which bigbatch::train::Trainer uses; the chapter's demo
+// checks each mistake it avoids):
 //   1. unscale    g = g * (1/S) for every parameter gradient, with the inf/NaN check and
-//                 the global squared norm in the same pass (unscale_and_measure)
+//                 the global squared norm in the same pass (UnscalePass::unscale_and_measure)
 //   2. overflow?  skip: no clip, no optimizer step, the learning-rate schedule does not
 //                 advance; the dynamic scale backs off
 //   3. norm       sqrt of the sum of every g^2: a float64 sum in a fixed order, rounded
@@ -23,35 +24,16 @@
 #include <cstdint>
 #include <vector>
 
+#include "chapters/03_fp16_static_loss_scaling/loss_scaling.hpp"
 #include "common/tensor.hpp"
 #include "nn/model.hpp"
 #include "nn/training.hpp"
 
 namespace bigbatch::clipping {
 
-/// What the boundary's one pass over the gradients found.
-struct GradientStats {
-  bool overflow = false;  ///< some gradient was inf or NaN before unscaling
-  float norm = 0;         ///< the global L2 norm of the unscaled gradients (inf or NaN
-                          ///< after an overflow)
-};
-
-/// Steps 1 and 3: the fused pass, and the two small device tensors it reports through.
-class BoundaryCheck {
- public:
-  /// g = g * (1 / scale) for every parameter gradient of the model; returns whether any
-  /// was inf or NaN and the norm of the result. scale must be finite and positive (1: no
-  /// loss scaling, the pass only measures). Two values come back from the device.
-  GradientStats unscale_and_measure(const nn::Model& model, float scale);
-  /// Allocates the pass's two results (12 bytes of workspace) now rather than at the first
-  /// call, so that every step, the first of a run or of a resumed run included, holds the
-  /// same bytes.
-  void allocate(Device device);
-
- private:
-  Tensor found_inf_;     // f32 [1], on the model's device (workspace), allocated on first use
-  Tensor squared_norm_;  // f64 [1]
-};
+/// Steps 1 and 3 are chapter 03's fused pass, measuring the norm too
+/// (loss_scaling::UnscalePass::unscale_and_measure).
+using loss_scaling::GradientStats;
 
 /// PyTorch's clip_grad_norm_ factor, in float: min(1, max_norm / (norm + 1e-6)).
 /// max_norm must be positive.

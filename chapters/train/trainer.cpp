@@ -8,13 +8,27 @@
 
 namespace bigbatch::train {
 
+namespace {
+
+/// The boundary's options from the trainer's configuration, checked with its messages.
+loss_scaling::BoundaryOptions boundary_options(const TrainConfig& config) {
+  BIGBATCH_CHECK(config.clip_grad_norm >= 0.0f && std::isfinite(config.clip_grad_norm),
+                 "Trainer: clip_grad_norm must be finite and >= 0 (0: off), got ",
+                 config.clip_grad_norm);
+  return {config.loss_scaling, config.fixed_scale, config.dynamic_scaling,
+          config.clip_grad_norm};
+}
+
+}  // namespace
+
 Trainer::Trainer(nn::Model& model, nn::Optimizer& optimizer, const Dataset& data,
                  TrainConfig config)
     : model_(model),
       optimizer_(optimizer),
       config_(config),
       stream_(data, config.batch, config.shuffle, config.seed,
-              config.drop_last ? nn::LastBatch::drop : nn::LastBatch::keep_short) {
+              config.drop_last ? nn::LastBatch::drop : nn::LastBatch::keep_short),
+      boundary_(boundary_options(config), model.device()) {
   BIGBATCH_CHECK(config_.micro_batch >= 0 && config_.micro_batch <= config_.batch,
                  "Trainer: micro_batch must lie in [0, batch = ", config_.batch, "], got ",
                  config_.micro_batch);
@@ -24,9 +38,6 @@ Trainer::Trainer(nn::Model& model, nn::Optimizer& optimizer, const Dataset& data
                  model_.config().inputs);
   BIGBATCH_CHECK(config_.steps > 0 || config_.epochs > 0,
                  "Trainer: give a positive number of steps or epochs");
-  BIGBATCH_CHECK(config_.clip_grad_norm >= 0.0f && std::isfinite(config_.clip_grad_norm),
-                 "Trainer: clip_grad_norm must be finite and >= 0 (0: off), got ",
-                 config_.clip_grad_norm);
   BIGBATCH_CHECK(config_.warmup_steps >= 0, "Trainer: warmup_steps must be >= 0, got ",
                  config_.warmup_steps);
   total_steps_ =
@@ -34,14 +45,6 @@ Trainer::Trainer(nn::Model& model, nn::Optimizer& optimizer, const Dataset& data
   schedule_ = {optimizer_.learning_rate(), total_steps_, config_.warmup_steps,
                config_.lr_schedule};
   dropout_seed_ = nn::dropout_seed_for_run(config_.seed);
-  if (config_.loss_scaling == LossScaling::fixed) fixed_scaler_.emplace(config_.fixed_scale);
-  if (config_.loss_scaling == LossScaling::dynamic) {
-    dynamic_scaler_.emplace(config_.dynamic_scaling);
-  }
-  // The boundary's pass runs with a scaler or clipping; its 12 bytes live from the start.
-  if (config_.loss_scaling != LossScaling::none || config_.clip_grad_norm > 0.0f) {
-    boundary_.allocate(model_.device());
-  }
   batch_features_ = Tensor({config_.batch, data.feature_dim()}, DType::f32, model_.device(),
                            MemoryCategory::data);
   batch_labels_ = Tensor({config_.batch}, DType::i32, model_.device(), MemoryCategory::data);
@@ -61,14 +64,12 @@ StepRecord Trainer::step() {
   optimizer_.set_learning_rate(lr);
   model_.zero_grad();
   // The scale is constant over the step's micro-batches; it changes only at the boundary.
-  const float scale = fixed_scaler_     ? fixed_scaler_->scale()
-                      : dynamic_scaler_ ? dynamic_scaler_->scale()
-                                        : 1.0f;
+  const float scale = boundary_.scale();
   const nn::ForwardContext context{true, dropout_seed_, batch.first_row};
   const float loss = nn::accumulate_gradients(model_, x, labels, config_.micro_batch, context,
                                               /*global_count=*/batch.size, scale);
-  // The boundary, in gradient_clipping.hpp's order.
-  const bool scaling = fixed_scaler_ || dynamic_scaler_;
+  // The boundary, in gradient_clipping.hpp's order (the object refuses any other).
+  const bool scaling = boundary_.scaling();
   if (!scaling && !std::isfinite(loss)) {  // with a scaler, the check below skips the step
     throw NonFiniteLossError("step " + std::to_string(k + 1) + " (epoch " +
                              std::to_string(batch.epoch) + ", batch " +
@@ -78,26 +79,21 @@ StepRecord Trainer::step() {
                              "weights (look for a NaN or inf in the data, or lower the "
                              "learning rate)");
   }
-  const bool clip = config_.clip_grad_norm > 0.0f;
-  clipping::GradientStats gradients{false, std::numeric_limits<float>::quiet_NaN()};
-  if (scaling || clip) gradients = boundary_.unscale_and_measure(model_, scale);  // 1, 3
-  const bool overflow = gradients.overflow;
-  if (overflow && !scaling) {
-    throw NonFiniteGradientError("step " + std::to_string(k + 1) +
-                                 ": a gradient is inf or NaN (the global norm is " +
-                                 std::to_string(gradients.norm) +
-                                 "); without a loss scaler the step cannot be skipped, so "
-                                 "the run stops before the weights are written");
+  if (boundary_.measures()) {
+    const loss_scaling::GradientStats& gradients = boundary_.unscale(model_);  // 1, 3
+    if (gradients.overflow && !scaling) {
+      throw NonFiniteGradientError("step " + std::to_string(k + 1) +
+                                   ": a gradient is inf or NaN (the global norm is " +
+                                   std::to_string(gradients.norm) +
+                                   "); without a loss scaler the step cannot be skipped, so "
+                                   "the run stops before the weights are written");
+    }
   }
-  float factor = 1.0f;
-  if (overflow) {
-    ++skipped_steps_;  // 2: no clip, no step, the schedule stays
-  } else {
-    if (clip) factor = clipping::clip_gradients(model_, gradients.norm, config_.clip_grad_norm);
-    optimizer_.step();  // 5, with lr_at(schedule_, optimizer_steps_)
-    ++optimizer_steps_;
-  }
-  if (dynamic_scaler_) dynamic_scaler_->update(overflow);  // 2 (back off) or 6 (count it)
+  // 2 (an overflow: no clip, no step, the schedule stays) or 4 and 5, with lr_at(schedule_,
+  // optimizer_steps_).
+  const loss_scaling::BoundaryOutcome outcome = boundary_.step(model_, optimizer_);
+  if (!outcome.skipped) ++optimizer_steps_;
+  boundary_.update();  // 2 (back off) or 6 (count it)
   // 7: the gradients are zeroed before the next step's first micro-batch.
 
   ++steps_done_;
@@ -112,10 +108,10 @@ StepRecord Trainer::step() {
                      static_cast<double>(stream_.batches_per_epoch());
   record.learning_rate = lr;
   record.loss_scale = scale;
-  record.skipped = overflow;
-  record.grad_norm = gradients.norm;
-  record.clip_factor = factor;
-  record.skipped_steps = skipped_steps_;
+  record.skipped = outcome.skipped;
+  record.grad_norm = outcome.norm;
+  record.clip_factor = outcome.clip_factor;
+  record.skipped_steps = boundary_.skipped_steps();
   record.memory = allocator.stats();
   if (record.memory.peak_total > largest_step_memory_.peak_total) {
     largest_step_memory_ = record.memory;
@@ -126,9 +122,8 @@ StepRecord Trainer::step() {
 }
 
 TrainerState Trainer::state() const {
-  TrainerState s{steps_done_, samples_done_, optimizer_steps_, skipped_steps_, std::nullopt};
-  if (dynamic_scaler_) s.scaler = dynamic_scaler_->state();
-  return s;
+  return {steps_done_, samples_done_, optimizer_steps_, boundary_.skipped_steps(),
+          boundary_.dynamic_state()};
 }
 
 void Trainer::restore(const TrainerState& s) {
@@ -139,14 +134,14 @@ void Trainer::restore(const TrainerState& s) {
                      s.optimizer_steps + s.skipped_steps == s.steps_done,
                  "Trainer::restore: ", s.optimizer_steps, " steps taken and ", s.skipped_steps,
                  " skipped do not add up to ", s.steps_done, " done");
-  BIGBATCH_CHECK(s.scaler.has_value() == dynamic_scaler_.has_value(),
-                 "Trainer::restore: the state ", s.scaler ? "has" : "has no",
-                 " dynamic loss scaler, this run ", dynamic_scaler_ ? "has one" : "has none");
-  if (dynamic_scaler_) dynamic_scaler_->restore(*s.scaler);
+  const bool dynamic = boundary_.dynamic_state().has_value();
+  BIGBATCH_CHECK(s.scaler.has_value() == dynamic, "Trainer::restore: the state ",
+                 s.scaler ? "has" : "has no", " dynamic loss scaler, this run ",
+                 dynamic ? "has one" : "has none");
+  boundary_.restore(s.scaler, s.skipped_steps);
   steps_done_ = s.steps_done;
   samples_done_ = s.samples_done;
   optimizer_steps_ = s.optimizer_steps;
-  skipped_steps_ = s.skipped_steps;
   optimizer_.set_steps_taken(s.optimizer_steps);
 }
 

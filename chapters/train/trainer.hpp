@@ -11,11 +11,12 @@
 //   loss = nn::accumulate_gradients(model, x, labels, micro_batch,
 //                                   {training, dropout_seed, first_row}, global count b,
 //                                   loss scale S: 1, the static S, or the dynamic one's)
-//   the boundary (chapters/04_dynamic_loss_scaling/gradient_clipping.hpp), with a loss
-//     scaler or clipping: one pass unscales every gradient by 1/S, checks it and measures
-//     the global norm; an overflow skips the step (no clip, no optimizer step, the
-//     schedule stays) and, dynamic, backs S off; otherwise clip to the norm limit, then
-//   optimizer.step(), and the dynamic scale's growth counter counts the step
+//   the boundary (chapters/04_dynamic_loss_scaling/optimizer_boundary.hpp, one object
+//     whose stages keep gradient_clipping.hpp's order), with a loss scaler or clipping:
+//     one pass unscales every gradient by 1/S, checks it and measures the global norm; an
+//     overflow skips the step (no clip, no optimizer step, the schedule stays) and,
+//     dynamic, backs S off; otherwise clip to the norm limit, then optimizer.step(), and
+//     the dynamic scale's growth counter counts the step
 // The learning-rate schedule counts optimizer steps taken: a skipped step does not
 // advance it (PyTorch warns when a scheduler steps before its optimizer for this reason).
 // Without a loss scaler, an inf or NaN loss, or gradient found by that pass, stops the run
@@ -35,6 +36,7 @@
 #include "chapters/03_fp16_static_loss_scaling/loss_scaling.hpp"
 #include "chapters/04_dynamic_loss_scaling/dynamic_loss_scaler.hpp"
 #include "chapters/04_dynamic_loss_scaling/gradient_clipping.hpp"
+#include "chapters/04_dynamic_loss_scaling/optimizer_boundary.hpp"
 #include "common/data/dataset.hpp"
 #include "common/memory.hpp"
 #include "nn/lr_schedule.hpp"
@@ -44,8 +46,8 @@
 
 namespace bigbatch::train {
 
-/// How the loss is scaled under mixed precision (chapters 03-04).
-enum class LossScaling { none, fixed, dynamic };
+/// How the loss is scaled under mixed precision (chapters 03-04): none, fixed, dynamic.
+using LossScaling = loss_scaling::LossScaleRule;
 
 struct TrainConfig {
   std::int64_t batch = 256;        ///< B, samples per optimizer step
@@ -148,11 +150,8 @@ class Trainer {
   TrainConfig config_;
   nn::SampleStream stream_;
   nn::LrSchedule schedule_;
-  std::optional<loss_scaling::StaticLossScaler> fixed_scaler_;
-  std::optional<loss_scaling::DynamicLossScaler> dynamic_scaler_;
-  clipping::BoundaryCheck boundary_;
+  loss_scaling::OptimizerBoundary boundary_;  // the scale, unscale, clip, step, update
   std::int64_t optimizer_steps_ = 0;  // steps taken: the schedule's clock
-  std::int64_t skipped_steps_ = 0;
   std::int64_t total_steps_ = 0;
   std::int64_t steps_done_ = 0;
   std::int64_t samples_done_ = 0;

@@ -1,0 +1,105 @@
+// optimizer_boundary.cpp: the boundary's stages (optimizer_boundary.hpp).
+#include "chapters/04_dynamic_loss_scaling/optimizer_boundary.hpp"
+
+#include <cmath>
+#include <stdexcept>
+
+#include "common/check.hpp"
+
+namespace bigbatch::loss_scaling {
+
+std::string stage_name(OptimizerBoundary::Stage stage) {
+  switch (stage) {
+    case OptimizerBoundary::Stage::ready: return "ready";
+    case OptimizerBoundary::Stage::unscaled: return "unscaled";
+    case OptimizerBoundary::Stage::stepped: return "stepped";
+  }
+  return "?";
+}
+
+OptimizerBoundary::OptimizerBoundary(BoundaryOptions options, Device device)
+    : options_(options) {
+  BIGBATCH_CHECK(options_.clip_grad_norm >= 0.0f && std::isfinite(options_.clip_grad_norm),
+                 "OptimizerBoundary: clip_grad_norm must be finite and >= 0 (0: off), got ",
+                 options_.clip_grad_norm);
+  BIGBATCH_CHECK(options_.rule != LossScaleRule::fixed ||
+                     (std::isfinite(options_.fixed_scale) && options_.fixed_scale > 0.0f),
+                 "OptimizerBoundary: the fixed scale must be finite and positive, got ",
+                 options_.fixed_scale);
+  if (options_.rule == LossScaleRule::dynamic) dynamic_.emplace(options_.dynamic);
+  if (measures()) pass_.allocate(device, /*with_norm=*/true);
+}
+
+void OptimizerBoundary::require(Stage wanted, const char* action) const {
+  if (stage_ == wanted) return;
+  throw std::logic_error(std::string("OptimizerBoundary: ") + action + " at stage " +
+                         stage_name(stage_) + "; it belongs at stage " + stage_name(wanted) +
+                         " (scale, unscale, step, update, in that order, once each per step)");
+}
+
+float OptimizerBoundary::scale() const {
+  require(Stage::ready, "scale() asked");
+  switch (options_.rule) {
+    case LossScaleRule::none: return 1.0f;
+    case LossScaleRule::fixed: return options_.fixed_scale;
+    case LossScaleRule::dynamic: return dynamic_->scale();
+  }
+  return 1.0f;
+}
+
+const GradientStats& OptimizerBoundary::unscale(const nn::Model& model) {
+  require(Stage::ready, "unscale()");
+  stats_ = pass_.unscale_and_measure(model, scale());
+  stage_ = Stage::unscaled;
+  return stats_;
+}
+
+BoundaryOutcome OptimizerBoundary::step(const nn::Model& model, nn::Optimizer& optimizer) {
+  BoundaryOutcome outcome;
+  if (measures()) {
+    require(Stage::unscaled, "step()");
+    outcome.norm = stats_.norm;
+  } else {
+    require(Stage::ready, "step()");
+    stats_ = GradientStats{};
+  }
+  outcome.scale_used = options_.rule == LossScaleRule::dynamic ? dynamic_->scale()
+                       : options_.rule == LossScaleRule::fixed ? options_.fixed_scale
+                                                               : 1.0f;
+  overflow_ = stats_.overflow;
+  if (overflow_) {
+    outcome.skipped = true;  // no clip, no step
+    ++skipped_;
+  } else {
+    if (options_.clip_grad_norm > 0.0f) {
+      outcome.clip_factor = clipping::clip_gradients(model, stats_.norm, options_.clip_grad_norm);
+    }
+    optimizer.step();
+  }
+  stage_ = Stage::stepped;
+  return outcome;
+}
+
+void OptimizerBoundary::update() {
+  require(Stage::stepped, "update()");
+  stage_ = Stage::ready;  // first: an underflow error leaves the boundary usable
+  if (dynamic_) dynamic_->update(overflow_);
+}
+
+std::optional<DynamicLossScaler::State> OptimizerBoundary::dynamic_state() const {
+  if (!dynamic_) return std::nullopt;
+  return dynamic_->state();
+}
+
+void OptimizerBoundary::restore(const std::optional<DynamicLossScaler::State>& state,
+                                std::int64_t skipped) {
+  BIGBATCH_CHECK(state.has_value() == dynamic_.has_value(), "OptimizerBoundary::restore: the "
+                 "state ", state ? "has" : "has no", " dynamic loss scaler, this boundary ",
+                 dynamic_ ? "has one" : "has none");
+  BIGBATCH_CHECK(skipped >= 0, "OptimizerBoundary::restore: ", skipped, " skipped steps");
+  if (dynamic_) dynamic_->restore(*state);
+  skipped_ = skipped;
+  stage_ = Stage::ready;
+}
+
+}  // namespace bigbatch::loss_scaling

@@ -1,0 +1,107 @@
+// optimizer_boundary.hpp: chapter 04's third component, the optimizer boundary as one
+// object, shaped like PyTorch's GradScaler. Chapters 03-04 teach its pieces (the loss
+// scale, the fused unscale pass, the static and dynamic rules, clipping); this object
+// holds them in gradient_clipping.hpp's order and refuses any other:
+//
+//   const float s = boundary.scale();       S for every micro-batch of the step (1: none)
+//   ... nn::accumulate_gradients(..., s) ... the loss scaled by S, micro-batch by micro-batch
+//   boundary.unscale(model);                ready -> unscaled: the one fused pass (g *= 1/S,
+//                                           the inf/NaN check, the global norm)
+//   boundary.step(model, optimizer);        unscaled -> stepped: an overflow skips it (no
+//                                           clip, no optimizer step); else clip, then step
+//   boundary.update();                      stepped -> ready: the scale rule (static: none;
+//                                           dynamic: back off, or count the clean step)
+//
+// Misuse throws std::logic_error naming the stage: unscale twice, step before unscale when
+// the pass is needed (a loss scale or clipping: the optimizer would see S times the
+// gradients, or clip them unmeasured), step twice, update without a step, or scale() asked
+// mid-boundary. With neither a loss scale nor clipping there is nothing to unscale, and
+// step() may follow the micro-batches directly.
+//
+// The strategies: LossScaleRule::none (S = 1), fixed (chapter 03: S stays, an overflow
+// skips the step) and dynamic (chapter 04's DynamicLossScaler rule). The pass's results
+// live in one UnscalePass (12 bytes of workspace, allocated by the constructor when the
+// pass is needed, so that every step holds the same bytes).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "chapters/03_fp16_static_loss_scaling/loss_scaling.hpp"
+#include "chapters/04_dynamic_loss_scaling/dynamic_loss_scaler.hpp"
+#include "chapters/04_dynamic_loss_scaling/gradient_clipping.hpp"
+#include "nn/model.hpp"
+#include "nn/training.hpp"
+
+namespace bigbatch::loss_scaling {
+
+/// How the loss is scaled under mixed precision (chapters 03-04).
+enum class LossScaleRule { none, fixed, dynamic };
+
+struct BoundaryOptions {
+  LossScaleRule rule = LossScaleRule::none;
+  float fixed_scale = 1.0f;            ///< S of LossScaleRule::fixed
+  DynamicScalerOptions dynamic = {};   ///< for LossScaleRule::dynamic
+  float clip_grad_norm = 0.0f;         ///< the global L2 norm to clip to; 0: no clipping
+};
+
+/// What one optimizer boundary did.
+struct BoundaryOutcome {
+  bool skipped = false;    ///< an overflow: no optimizer step was taken
+  float scale_used = 1;    ///< the S this step's gradients were computed with
+  /// The unscaled gradients' global L2 norm before clipping (NaN when the pass did not run).
+  float norm = std::numeric_limits<float>::quiet_NaN();
+  float clip_factor = 1;   ///< what clipping multiplied the gradients by (1: none)
+};
+
+class OptimizerBoundary {
+ public:
+  enum class Stage { ready, unscaled, stepped };
+
+  /// Checks the options (a finite positive fixed scale, the dynamic rule's ranges, a
+  /// finite clip_grad_norm >= 0) and allocates the pass's results on `device` when needed.
+  OptimizerBoundary(BoundaryOptions options, Device device);
+
+  /// S for this step's micro-batches; only at Stage::ready (before the first backward).
+  float scale() const;
+  Stage stage() const { return stage_; }
+  /// A loss scale is in use (fixed or dynamic): an overflow skips the step.
+  bool scaling() const { return options_.rule != LossScaleRule::none; }
+  /// The fused pass runs at every boundary (a loss scale or clipping).
+  bool measures() const { return scaling() || options_.clip_grad_norm > 0.0f; }
+
+  /// The fused pass: ready -> unscaled. Returns what it found.
+  const GradientStats& unscale(const nn::Model& model);
+  /// unscaled (or ready, when the pass is not needed) -> stepped: skips on an overflow,
+  /// else clips (when asked) and takes the optimizer step.
+  BoundaryOutcome step(const nn::Model& model, nn::Optimizer& optimizer);
+  /// stepped -> ready: the dynamic rule moves S (LossScaleUnderflowError at its minimum).
+  void update();
+
+  /// Optimizer steps skipped for an overflow so far.
+  std::int64_t skipped_steps() const { return skipped_; }
+  /// The dynamic rule's state (snapshots), or nullopt without it.
+  std::optional<DynamicLossScaler::State> dynamic_state() const;
+  /// Continues the dynamic rule from a state(), and the skip count. Throws
+  /// std::invalid_argument when the rule is not dynamic but a state is given, or the
+  /// reverse, and as DynamicLossScaler::restore does.
+  void restore(const std::optional<DynamicLossScaler::State>& state, std::int64_t skipped);
+
+ private:
+  /// Throws std::logic_error unless at `wanted`, naming `action` and the stage.
+  void require(Stage wanted, const char* action) const;
+
+  BoundaryOptions options_;
+  std::optional<DynamicLossScaler> dynamic_;
+  UnscalePass pass_;
+  Stage stage_ = Stage::ready;
+  GradientStats stats_;
+  bool overflow_ = false;  // the current step's verdict, between step() and update()
+  std::int64_t skipped_ = 0;
+};
+
+/// "ready", "unscaled", "stepped".
+std::string stage_name(OptimizerBoundary::Stage stage);
+
+}  // namespace bigbatch::loss_scaling
