@@ -1,5 +1,7 @@
 #include "common/cpu_features.hpp"
 
+#include <cpuid.h>
+
 #include <cstdlib>
 #include <fstream>
 
@@ -67,7 +69,13 @@ bool cpu_has(CpuFeature feature) {
   switch (feature) {
     case CpuFeature::avx2: return __builtin_cpu_supports("avx2");
     case CpuFeature::fma: return __builtin_cpu_supports("fma");
-    case CpuFeature::f16c: return __builtin_cpu_supports("f16c");
+    case CpuFeature::f16c: {
+      // Not every compiler's builtin knows "f16c" (clang 14's does not): CPUID leaf 1,
+      // ECX bit 29, with the OS saving the AVX registers F16C works on.
+      unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+      return __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 && (ecx & bit_F16C) != 0 &&
+             __builtin_cpu_supports("avx");
+    }
     case CpuFeature::avx512f: return __builtin_cpu_supports("avx512f");
     case CpuFeature::avx512bw: return __builtin_cpu_supports("avx512bw");
     case CpuFeature::avx512dq: return __builtin_cpu_supports("avx512dq");

@@ -262,7 +262,8 @@ Header read_header(std::ifstream& in, const std::string& path) {
     }
   }
   validate_layout(header.tensors, file_bytes - header.buffer_start, path);
-  for (const auto& [name, crc] : header.checksums) {
+  for (const auto& checksum : header.checksums) {
+    const std::string& name = checksum.first;  // a name, not a binding: lambdas capture it
     const bool named = std::any_of(header.tensors.begin(), header.tensors.end(),
                                    [&](const TensorEntry& entry) { return entry.name == name; });
     if (!named) fail(path, "\"__metadata__\" holds a checksum of \"" + name + "\", no tensor");
