@@ -21,6 +21,20 @@ Json json_float(float value) {
   return widened;
 }
 
+namespace {
+
+/// "[json.exception.parse_error.101] parse error at line 1, column 6: ..." without the
+/// library's bracketed identifier.
+std::string library_message(const std::exception& error) {
+  std::string message = error.what();
+  if (const auto end = message.find("] "); message.starts_with("[json.") && end != message.npos) {
+    message.erase(0, end + 2);
+  }
+  return message;
+}
+
+}  // namespace
+
 Json parse_json_limited(std::string_view text, int max_depth, const std::string& what) {
   // The callback sees every object start and end and every key: a stack of the keys seen
   // in each open object finds a repeat; the depth it is given bounds the nesting.
@@ -50,13 +64,11 @@ Json parse_json_limited(std::string_view text, int max_depth, const std::string&
   try {
     return Json::parse(text.begin(), text.end(), check);
   } catch (const Json::parse_error& error) {
-    // "[json.exception.parse_error.101] parse error at line 1, column 6: ..." without
-    // the library's bracketed identifier.
-    std::string message = error.what();
-    if (const auto end = message.find("] "); message.starts_with("[json.") && end != message.npos) {
-      message.erase(0, end + 2);
-    }
-    throw std::runtime_error(what + ": " + message);
+    throw std::runtime_error(what + ": " + library_message(error));
+  } catch (const Json::out_of_range& error) {
+    // A number beyond a double (1e400): the library's out_of_range is no runtime_error,
+    // but to the reader it is one more malformed text.
+    throw std::runtime_error(what + ": " + library_message(error));
   } catch (const std::runtime_error&) {
     if (problem.empty()) throw;
     throw std::runtime_error(what + ": " + problem);

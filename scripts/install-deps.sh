@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Installs the Debian packages bigbatch builds, tests and benchmarks with, if missing;
+# Installs the Debian packages bigbatch builds, tests and benchmarks with, if missing
+# (ccache lets scripts/mutation-check.sh build its second copy from the first's objects);
 # given package names, installs those instead (scripts/fuzz.sh: clang and libFuzzer).
 # The CUDA toolkit is not installed here: the build uses it when nvcc is on PATH (or in
 # /usr/local/cuda/bin) and builds the CPU backend alone otherwise.
@@ -10,7 +11,7 @@ set -euo pipefail
 
 packages=(build-essential cmake googletest libgtest-dev libbenchmark-dev zlib1g-dev
           libopenblas-dev dataset-fashion-mnist doxygen libcli11-dev
-          nlohmann-json3-dev)
+          nlohmann-json3-dev ccache)
 (($#)) && packages=("$@")
 missing=()
 for package in "${packages[@]}"; do

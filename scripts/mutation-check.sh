@@ -10,14 +10,20 @@
 #   scripts/mutation-check.sh --cpu-features  print the instruction sets this CPU grants, as
 #                                             the kernels read them, and exit
 #   scripts/mutation-check.sh -j N            build and test with N jobs (default: nproc)
+#   scripts/mutation-check.sh -P N            plant N mutations at a time, each worker in a
+#                                             copy of its own (default: 2 on 2 or more jobs
+#                                             when ccache is found, else 1)
 #   scripts/mutation-check.sh --rev REV       test the committed revision REV instead of the
 #                                             tracked files as they are in the working tree
-#   scripts/mutation-check.sh --keep          keep the temporary copy (its path is printed)
+#   scripts/mutation-check.sh --keep          keep the temporary copies (their folder is printed)
 #   scripts/mutation-check.sh --mutations FILE  another list in the same format
 #
 # The working tree is never touched: the tracked files (as they are now, edits included;
 # a new file must be tracked, `git add -N` is enough) are copied into a temporary folder,
-# configured once (-DBIGBATCH_CUDA=OFF -DBIGBATCH_BUILD_BENCH=OFF, Release) and built once.
+# once per worker, and each copy is configured (-DBIGBATCH_CUDA=OFF
+# -DBIGBATCH_BUILD_BENCH=OFF, Release) and built once (with ccache, when there is one, the
+# copies after the first from its cache). Each worker plants its share of the list in its
+# own copy, so two workers never touch one file or one build.
 # "Every test" below means the CTest tests labelled unit, chapter or cli: the GoogleTest
 # cases, the chapter demos (chapter_NN_name, run with --quick) and the bigbatch smoke
 # tests; not the PyTorch comparison, which trains for minutes and needs torch. Every test
@@ -43,6 +49,7 @@ repo=$(cd "$(dirname "$0")/.." && pwd)
 list_file="$repo/scripts/mutations.txt"
 jobs=$(nproc)
 only=""
+workers=""
 rev=""
 list_only=0
 features_only=0
@@ -59,6 +66,8 @@ while (($#)); do
     --cpu-features) features_only=1; shift ;;
     -j) [ $# -ge 2 ] || die "-j needs a number"; jobs="$2"; shift 2 ;;
     -j*) jobs="${1#-j}"; shift ;;
+    -P) [ $# -ge 2 ] || die "-P needs a number"; workers="$2"; shift 2 ;;
+    -P*) workers="${1#-P}"; shift ;;
     --rev) [ $# -ge 2 ] || die "--rev needs a revision"; rev="$2"; shift 2 ;;
     --keep) keep=1; shift ;;
     --mutations) [ $# -ge 2 ] || die "--mutations needs a file"; list_file="$2"; shift 2 ;;
@@ -67,6 +76,8 @@ while (($#)); do
   esac
 done
 [[ "$jobs" =~ ^[1-9][0-9]*$ ]] || die "-j needs a positive number, got '$jobs'"
+[ -z "$workers" ] || [[ "$workers" =~ ^[1-9][0-9]*$ ]] ||
+  die "-P needs a positive number, got '$workers'"
 
 # ---- the CPU ---------------------------------------------------------------------------
 # The instruction sets an entry may need, each with the BIGBATCH_MAX_ISA level that
@@ -204,18 +215,18 @@ if ((list_only)); then
   exit 0
 fi
 
-# ---- a private copy and its build ------------------------------------------------------
+# ---- private copies and their builds ---------------------------------------------------
 echo "CPU: ${cpu_model:-unknown}; instruction sets granted: $cpu_has_text" \
      "(BIGBATCH_MAX_ISA=${BIGBATCH_MAX_ISA:-unset})"
 start_time=$SECONDS
 work=$(mktemp -d "${TMPDIR:-/tmp}/bigbatch-mutation.XXXXXX")
 cleanup() {
-  if ((keep)); then echo "kept the copy in $work"; else rm -rf "$work"; fi
+  if ((keep)); then echo "kept the copies in $work"; else rm -rf "$work"; fi
 }
 trap cleanup EXIT
-trap 'exit 130' INT TERM  # so that the copy is removed when the run is interrupted
+trap 'exit 130' INT TERM  # so that the copies are removed when the run is interrupted
 
-copy="$work/src"
+copy="$work/src-1"
 mkdir -p "$copy"
 if [ -n "$rev" ]; then
   git -C "$repo" archive --format=tar "$rev" | tar -xf - -C "$copy"
@@ -227,24 +238,47 @@ else
   echo "copied the tracked files of $repo to $copy"
 fi
 
-build="$copy/build-mutation"
+# Each worker plants its mutations in a copy of its own, built in it. With ccache the
+# copies after the first compile from its cache (the paths are made relative to $work, so
+# the copies' compiler command lines are the same), which is what makes a second worker
+# cheaper than the time it saves; without ccache one worker runs.
+launcher=()
+if command -v ccache > /dev/null; then
+  export CCACHE_DIR="$work/ccache" CCACHE_BASEDIR="$work" CCACHE_NOHASHDIR=true
+  launcher=(-DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+elif [ -z "$workers" ]; then
+  workers=1
+fi
+count_selected=${#selected[@]}
+[ -n "$workers" ] || workers=$((jobs >= 2 ? 2 : 1))
+((workers <= count_selected)) || workers=$count_selected
+for ((w = 2; w <= workers; ++w)); do cp -a "$copy" "$work/src-$w"; done
+
 logs="$work/logs"
 mkdir -p "$logs"
 generator=()
 if command -v ninja > /dev/null; then generator=(-G Ninja); fi
 
-echo "configuring and building (CPU only, -j $jobs)"
-if ! cmake -S "$copy" -B "$build" "${generator[@]}" -DBIGBATCH_CUDA=OFF \
-       -DBIGBATCH_BUILD_BENCH=OFF -DCMAKE_BUILD_TYPE=Release > "$logs/configure.log" 2>&1; then
-  tail -n 40 "$logs/configure.log" >&2
-  die "the unmutated copy does not configure"
-fi
-if ! cmake --build "$build" -j "$jobs" > "$logs/build.log" 2>&1; then
-  tail -n 40 "$logs/build.log" >&2
-  die "the unmutated copy does not build"
-fi
+# build_copy W: configures and builds copy W (CPU only, Release) with -j $jobs.
+build_copy() {
+  local src="$work/src-$1"
+  if ! cmake -S "$src" -B "$src/build-mutation" "${generator[@]}" "${launcher[@]}" \
+         -DBIGBATCH_CUDA=OFF -DBIGBATCH_BUILD_BENCH=OFF -DCMAKE_BUILD_TYPE=Release \
+         > "$logs/configure-$1.log" 2>&1; then
+    tail -n 40 "$logs/configure-$1.log" >&2
+    die "the unmutated copy does not configure"
+  fi
+  if ! cmake --build "$src/build-mutation" -j "$jobs" > "$logs/build-$1.log" 2>&1; then
+    tail -n 40 "$logs/build-$1.log" >&2
+    die "the unmutated copy does not build"
+  fi
+}
+echo "configuring and building $workers cop$( ((workers == 1)) && echo y || echo ies)" \
+     "(CPU only, -j $jobs${launcher[*]:+, ccache})"
+for ((w = 1; w <= workers; ++w)); do build_copy "$w"; done
 echo "built in $((SECONDS - start_time)) s"
 
+build="$copy/build-mutation"
 failed_log="$build/Testing/Temporary/LastTestsFailed.log"
 # The tests of a mutation that names no programs, and of the check of the unmutated copy.
 all_tests=(-L '^(unit|chapter|cli)$')
@@ -325,86 +359,95 @@ apply() {
 }
 
 # ---- the mutations ---------------------------------------------------------------------
-verdicts=() catchers=() seconds=()
-killed=0 survived=0 stale=0 broken=0 skipped=0
-count=${#selected[@]}
-position=0
-for i in "${selected[@]}"; do
-  position=$((position + 1))
-  id="${ids[$i]}"
-  file="$copy/${files[$i]}"
-  mutation_start=$SECONDS
-  printf '[%d/%d] %s (%s) ... ' "$position" "$count" "$id" "${files[$i]}"
-  catchers[$i]=""
+# run_mutation I POSITION: plants entry I in the current copy ($copy, $build), rebuilds and
+# tests, restores the file; writes "VERDICT<TAB>SECONDS<TAB>DETAIL" to $work/results/I and
+# prints its line.
+mkdir -p "$work/results"
+run_mutation() {
+  local i=$1 position=$2
+  local id="${ids[$i]}" file="$copy/${files[$i]}" mutation_start=$SECONDS
+  local verdict="" detail="" reason occurrences selection
+  local build_args=() test_args=("${all_tests[@]}") targets=()
   reason=$(skip_reason "$i")
   if [ -n "$reason" ]; then
-    verdicts[$i]="SKIPPED"
-    catchers[$i]="$reason"
-    skipped=$((skipped + 1))
-    echo "SKIPPED ($reason)"
-    seconds[$i]=0
-    continue
-  fi
-  if [ ! -f "$file" ]; then
-    verdicts[$i]="STALE"
-    catchers[$i]="${files[$i]} does not exist"
-    stale=$((stale + 1))
-    echo "STALE"
-    seconds[$i]=$((SECONDS - mutation_start))
-    continue
-  fi
-  backup="$work/original"
-  cp -p "$file" "$backup"
-  if ! occurrences=$(apply "$file" "${originals[$i]}" "${replacements[$i]}"); then
-    verdicts[$i]="STALE"
-    catchers[$i]="the original snippet occurs ${occurrences:-?} times in ${files[$i]}"
-    stale=$((stale + 1))
-    echo "STALE"
-    seconds[$i]=$((SECONDS - mutation_start))
-    continue
-  fi
-
-  read -r -a targets <<< "${programs[$i]}"
-  build_args=()
-  test_args=("${all_tests[@]}")
-  if ((${#targets[@]})); then
-    build_args=(--target "${targets[@]}")
-    if ! selection=$(ctest_selection "${targets[@]}" 2>&1); then
-      cp "$backup" "$file"
-      touch "$file"
-      verdicts[$i]="STALE"
-      catchers[$i]="$selection"
-      stale=$((stale + 1))
-      echo "STALE"
-      seconds[$i]=$((SECONDS - mutation_start))
-      continue
-    fi
-    read -r -a test_args <<< "$selection"
-  fi
-
-  if ! cmake --build "$build" -j "$jobs" "${build_args[@]}" > "$logs/$id.build.log" 2>&1; then
-    verdicts[$i]="DID NOT COMPILE"
-    catchers[$i]="the compiler says: $(grep -m 1 -E 'error' "$logs/$id.build.log" |
-                                         sed "s|$copy/||" || true)"
-    broken=$((broken + 1))
-    echo "DID NOT COMPILE"
-    grep -m 5 -E 'error' "$logs/$id.build.log" | sed "s|$copy/||; s/^/    /" || true
+    verdict="SKIPPED" detail="$reason"
+  elif [ ! -f "$file" ]; then
+    verdict="STALE" detail="${files[$i]} does not exist"
   else
-    run_tests "$logs/$id.tests.log" "${test_args[@]}"
-    if ((${#failed_tests[@]})); then
-      verdicts[$i]="KILLED"
-      catchers[$i]=$(IFS=','; echo "${failed_tests[*]}" | sed 's/,/, /g')
-      killed=$((killed + 1))
+    local backup="$work/original-$id"
+    cp -p "$file" "$backup"
+    if ! occurrences=$(apply "$file" "${originals[$i]}" "${replacements[$i]}"); then
+      verdict="STALE" detail="the original snippet occurs ${occurrences:-?} times in ${files[$i]}"
     else
-      verdicts[$i]="SURVIVED"
-      survived=$((survived + 1))
+      read -r -a targets <<< "${programs[$i]}"
+      if ((${#targets[@]})); then
+        build_args=(--target "${targets[@]}")
+        if ! selection=$(ctest_selection "${targets[@]}" 2>&1); then
+          verdict="STALE" detail="$selection"
+        else
+          read -r -a test_args <<< "$selection"
+        fi
+      fi
+      if [ -z "$verdict" ]; then
+        if ! cmake --build "$build" -j "$jobs" "${build_args[@]}" > "$logs/$id.build.log" 2>&1; then
+          verdict="DID NOT COMPILE"
+          detail="the compiler says: $(grep -m 1 -E 'error' "$logs/$id.build.log" |
+                                       sed "s|$copy/||" || true)"
+        else
+          run_tests "$logs/$id.tests.log" "${test_args[@]}"
+          if ((${#failed_tests[@]})); then
+            verdict="KILLED" detail=$(IFS=','; echo "${failed_tests[*]}" | sed 's/,/, /g')
+          else
+            verdict="SURVIVED"
+          fi
+        fi
+      fi
     fi
-    echo "${verdicts[$i]}"
+    # Restore the file: its new modification time makes the next build recompile it.
+    cp "$backup" "$file"
+    touch "$file"
   fi
-  # Restore the file: its new modification time makes the next build recompile it.
-  cp "$backup" "$file"
-  touch "$file"
-  seconds[$i]=$((SECONDS - mutation_start))
+  printf '%s\t%s\t%s\n' "$verdict" "$((SECONDS - mutation_start))" "$detail" \
+    > "$work/results/$i"
+  local line
+  line=$(printf '[%d/%d] %s (%s) ... %s' "$position" "$count" "$id" "${files[$i]}" "$verdict")
+  [ "$verdict" != "SKIPPED" ] || line+=" ($detail)"
+  echo "$line"
+  if [ "$verdict" = "DID NOT COMPILE" ]; then
+    grep -m 5 -E 'error' "$logs/$id.build.log" | sed "s|$copy/||; s/^/    /" || true
+  fi
+}
+
+count=${#selected[@]}
+# Worker W takes the entries at positions W, W + workers, ... of the list, in its own copy,
+# with its share of the jobs; the lines come as the mutations finish.
+jobs_per_worker=$((jobs / workers > 0 ? jobs / workers : 1))
+echo "planting $count mutation(s), $workers at a time"
+for ((w = 1; w <= workers; ++w)); do
+  (
+    copy="$work/src-$w"
+    build="$copy/build-mutation"
+    failed_log="$build/Testing/Temporary/LastTestsFailed.log"
+    jobs=$jobs_per_worker
+    for ((position = w; position <= count; position += workers)); do
+      run_mutation "${selected[$((position - 1))]}" "$position"
+    done
+  ) &
+done
+wait
+
+verdicts=() catchers=() seconds=()
+killed=0 survived=0 stale=0 broken=0 skipped=0
+for i in "${selected[@]}"; do
+  [ -f "$work/results/$i" ] || die "the worker that had '${ids[$i]}' gave no verdict"
+  IFS=$'\t' read -r verdicts[$i] seconds[$i] catchers[$i] < "$work/results/$i"
+  case "${verdicts[$i]}" in
+    KILLED) killed=$((killed + 1)) ;;
+    SURVIVED) survived=$((survived + 1)) ;;
+    STALE) stale=$((stale + 1)) ;;
+    SKIPPED) skipped=$((skipped + 1)) ;;
+    *) broken=$((broken + 1)) ;;
+  esac
 done
 
 # ---- the report ------------------------------------------------------------------------

@@ -461,6 +461,16 @@ TEST(Json, ParsingLimitsDepthAndRefusesRepeatedKeys) {
   EXPECT_TRUE(mentions(problem("[[[1]]]", 2), {"test.json", "deeper than 2"}));
   EXPECT_EQ(parse_json_limited("[[1]]", 2, "x").dump(), "[[1]]");
   EXPECT_TRUE(mentions(problem(R"({"a" 1})", 8), {"test.json", "parse error"}));
+  // A number beyond a double is a malformed text too (the fuzzer's find: the library
+  // threw its own out_of_range, which no loader's caller expects).
+  for (const std::string text : {R"({"a":1e400})", R"({"a":291e79017})", "[-1e999]"}) {
+    try {
+      parse_json_limited(text, 8, "test.json");
+      ADD_FAILURE() << text << " was read";
+    } catch (const std::runtime_error& e) {
+      EXPECT_TRUE(mentions(e.what(), {"test.json", "number overflow"})) << e.what();
+    }
+  }
 }
 
 TEST(Safetensors, ValidatesButRefusesToLoadDtypesWithoutATensorType) {
