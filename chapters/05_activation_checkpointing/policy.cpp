@@ -3,6 +3,7 @@
 
 #include <charconv>
 #include <stdexcept>
+#include <utility>
 
 #include "common/check.hpp"
 #include "common/format.hpp"
