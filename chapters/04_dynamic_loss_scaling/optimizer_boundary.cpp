@@ -39,6 +39,10 @@ void OptimizerBoundary::require(Stage wanted, const char* action) const {
 
 float OptimizerBoundary::scale() const {
   require(Stage::ready, "scale() asked");
+  return current_scale();
+}
+
+float OptimizerBoundary::current_scale() const {
   switch (options_.rule) {
     case LossScaleRule::none: return 1.0f;
     case LossScaleRule::fixed: return options_.fixed_scale;
@@ -49,7 +53,7 @@ float OptimizerBoundary::scale() const {
 
 const GradientStats& OptimizerBoundary::unscale(const nn::Model& model) {
   require(Stage::ready, "unscale()");
-  stats_ = pass_.unscale_and_measure(model, scale());
+  stats_ = pass_.unscale_and_measure(model, current_scale());
   stage_ = Stage::unscaled;
   return stats_;
 }
@@ -63,9 +67,7 @@ BoundaryOutcome OptimizerBoundary::step(const nn::Model& model, nn::Optimizer& o
     require(Stage::ready, "step()");
     stats_ = GradientStats{};
   }
-  outcome.scale_used = options_.rule == LossScaleRule::dynamic ? dynamic_->scale()
-                       : options_.rule == LossScaleRule::fixed ? options_.fixed_scale
-                                                               : 1.0f;
+  outcome.scale_used = current_scale();
   overflow_ = stats_.overflow;
   if (overflow_) {
     outcome.skipped = true;  // no clip, no step

@@ -92,6 +92,8 @@ class OptimizerBoundary {
  private:
   /// Throws std::logic_error unless at `wanted`, naming `action` and the stage.
   void require(Stage wanted, const char* action) const;
+  /// The rule's S now (1, the fixed scale or the dynamic one), at any stage.
+  float current_scale() const;
 
   BoundaryOptions options_;
   std::optional<DynamicLossScaler> dynamic_;
