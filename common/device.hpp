@@ -37,4 +37,7 @@ struct Device {
 /// Parses "cpu", "cuda" or "cuda:N"; throws std::invalid_argument otherwise.
 Device parse_device(const std::string& text);
 
+/// The device as a setting (common/settings.hpp): its name.
+inline std::string setting_text(const Device& device) { return device.name(); }
+
 }  // namespace bigbatch

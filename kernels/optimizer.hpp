@@ -53,6 +53,7 @@
 #include <string_view>
 #include <vector>
 
+#include "common/settings.hpp"
 #include "common/tensor.hpp"
 
 namespace bigbatch {
@@ -85,6 +86,27 @@ struct AdamWOptions {
   /// Decoupled weight decay: param is multiplied by 1 - lr * weight_decay, >= 0.
   double weight_decay = 1e-2;
 };
+
+// The optimizers' settings (common/settings.hpp): every one shapes the trajectory.
+template <SettingsOf<SgdOptions> Self, class Visit>
+constexpr void visit_settings(Self& o, Visit&& visit) {
+  visit("lr", o.lr, SettingRole::trajectory);
+  visit("momentum", o.momentum, SettingRole::trajectory);
+  visit("dampening", o.dampening, SettingRole::trajectory);
+  visit("weight-decay", o.weight_decay, SettingRole::trajectory);
+  visit("nesterov", o.nesterov, SettingRole::trajectory);
+}
+static_assert(every_field_visited<SgdOptions>(), "classify SgdOptions' new field above");
+
+template <SettingsOf<AdamWOptions> Self, class Visit>
+constexpr void visit_settings(Self& o, Visit&& visit) {
+  visit("lr", o.lr, SettingRole::trajectory);
+  visit("beta1", o.beta1, SettingRole::trajectory);
+  visit("beta2", o.beta2, SettingRole::trajectory);
+  visit("eps", o.eps, SettingRole::trajectory);
+  visit("weight-decay", o.weight_decay, SettingRole::trajectory);
+}
+static_assert(every_field_visited<AdamWOptions>(), "classify AdamWOptions' new field above");
 
 /// One SGD step. Throws std::invalid_argument for mismatched tensors or options that
 /// PyTorch rejects (lr < 0, momentum < 0, weight_decay < 0, nesterov without momentum

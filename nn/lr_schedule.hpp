@@ -55,6 +55,8 @@ double scaled_learning_rate(double lr, LrScale scale, std::int64_t batch,
                             std::int64_t reference_batch);
 
 std::string lr_schedule_name(LrScheduleKind kind);  ///< "constant", "cosine"
+/// The schedule's setting text (common/settings.hpp): its name.
+inline std::string setting_text(LrScheduleKind kind) { return lr_schedule_name(kind); }
 std::string lr_scale_name(LrScale scale);           ///< "none", "linear", "sqrt"
 
 }  // namespace bigbatch::nn

@@ -59,6 +59,7 @@
 #include <vector>
 
 #include "common/device.hpp"
+#include "common/settings.hpp"
 #include "common/tensor.hpp"
 
 namespace bigbatch::nn {
@@ -85,6 +86,22 @@ struct ModelConfig {
   std::uint64_t seed = 0;  ///< initialisation seed
   Precision precision = Precision::fp32;  ///< fp16: mixed precision (the table above)
 };
+
+/// ModelConfig's settings (common/settings.hpp): the data decides inputs and classes.
+template <SettingsOf<ModelConfig> Self, class Visit>
+constexpr void visit_settings(Self& c, Visit&& visit) {
+  visit("inputs", c.inputs, SettingRole::implied);
+  visit("hidden", c.hidden, SettingRole::trajectory);
+  visit("expansion", c.expansion, SettingRole::trajectory);
+  visit("classes", c.classes, SettingRole::implied);
+  visit("depth", c.depth, SettingRole::trajectory);
+  visit("dropout", c.dropout, SettingRole::trajectory);
+  visit("norm", c.norm, SettingRole::trajectory);
+  visit("activation", c.activation, SettingRole::trajectory);
+  visit("seed", c.seed, SettingRole::trajectory);
+  visit("precision", c.precision, SettingRole::trajectory);
+}
+static_assert(every_field_visited<ModelConfig>(), "classify ModelConfig's new field above");
 
 /// A trainable tensor, named as in PyTorch's state_dict, and its gradient buffer.
 struct NamedParameter {
@@ -309,5 +326,10 @@ class Model {
 std::string norm_name(Norm norm);              ///< "layer", "batch"
 std::string precision_name(Precision precision);  ///< "fp32", "fp16"
 std::string activation_name(Activation act);  ///< "gelu", "relu"
+
+// The settings' text (common/settings.hpp): the names above.
+inline std::string setting_text(Norm norm) { return norm_name(norm); }
+inline std::string setting_text(Precision precision) { return precision_name(precision); }
+inline std::string setting_text(Activation act) { return activation_name(act); }
 
 }  // namespace bigbatch::nn

@@ -24,6 +24,7 @@
 #include <string>
 
 #include "chapters/03_fp16_static_loss_scaling/loss_scaling.hpp"
+#include "common/settings.hpp"
 
 namespace bigbatch::loss_scaling {
 
@@ -36,6 +37,20 @@ struct DynamicScalerOptions {
   float min_scale = 1.0f;               ///< a backoff below it is an error
   float max_scale = 16777216.0f;        ///< 2^24: growth stops here
 };
+
+/// The scaler's settings (common/settings.hpp), named by bigbatch train's --scale-* flags.
+template <SettingsOf<DynamicScalerOptions> Self, class Visit>
+constexpr void visit_settings(Self& o, Visit&& visit) {
+  visit("scale-init", o.initial_scale, SettingRole::trajectory);
+  visit("scale-growth", o.growth_factor, SettingRole::trajectory);
+  visit("scale-backoff", o.backoff_factor, SettingRole::trajectory);
+  visit("scale-interval", o.growth_interval, SettingRole::trajectory);
+  visit("scale-hysteresis", o.hysteresis, SettingRole::trajectory);
+  visit("scale-min", o.min_scale, SettingRole::trajectory);
+  visit("scale-max", o.max_scale, SettingRole::trajectory);
+}
+static_assert(every_field_visited<DynamicScalerOptions>(),
+              "classify DynamicScalerOptions' new field above");
 
 /// Thrown when an overflow would take the scale below its minimum.
 class LossScaleUnderflowError : public std::runtime_error {

@@ -8,6 +8,15 @@
 
 namespace bigbatch::loss_scaling {
 
+std::string setting_text(LossScaleRule rule) {
+  switch (rule) {
+    case LossScaleRule::none: return "none";
+    case LossScaleRule::fixed: return "fixed";
+    case LossScaleRule::dynamic: return "dynamic";
+  }
+  return "?";
+}
+
 std::string stage_name(OptimizerBoundary::Stage stage) {
   switch (stage) {
     case OptimizerBoundary::Stage::ready: return "ready";

@@ -24,6 +24,7 @@
 // pass is needed, so that every step holds the same bytes).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <limits>
 #include <optional>
@@ -39,6 +40,8 @@ namespace bigbatch::loss_scaling {
 
 /// How the loss is scaled under mixed precision (chapters 03-04).
 enum class LossScaleRule { none, fixed, dynamic };
+/// "none", "fixed", "dynamic": the rule's setting text (common/settings.hpp).
+std::string setting_text(LossScaleRule rule);
 
 struct BoundaryOptions {
   LossScaleRule rule = LossScaleRule::none;
@@ -71,6 +74,9 @@ class OptimizerBoundary {
   bool scaling() const { return options_.rule != LossScaleRule::none; }
   /// The fused pass runs at every boundary (a loss scale or clipping).
   bool measures() const { return scaling() || options_.clip_grad_norm > 0.0f; }
+  /// The bytes the pass's results hold on the device for the object's whole life
+  /// (MemoryCategory::workspace: found-inf f32 and the squared norm f64), 0 without the pass.
+  std::size_t workspace_bytes() const { return measures() ? sizeof(float) + sizeof(double) : 0; }
 
   /// The fused pass: ready -> unscaled. Returns what it found.
   const GradientStats& unscale(const nn::Model& model);

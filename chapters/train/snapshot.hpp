@@ -33,15 +33,12 @@
 #include <string>
 #include <vector>
 
+#include "chapters/train/run_settings.hpp"
 #include "chapters/train/trainer.hpp"
 #include "nn/model.hpp"
 #include "nn/training.hpp"
 
 namespace bigbatch::train {
-
-/// The settings a run's trajectory depends on, by flag name ("batch" -> "64"). A snapshot
-/// continues only under the same ones.
-using RunConfig = std::map<std::string, std::string>;
 
 /// A snapshot that this run cannot continue from: names the setting and both values.
 class SnapshotMismatchError : public std::runtime_error {

@@ -1,6 +1,8 @@
 // trainer.hpp: the training loop that composes the chapters' techniques, used by the
-// `bigbatch` program. It sits above every chapter: it may use any chapter's component,
-// and no chapter uses it (chapter 01 writes its loop out by hand, to show it).
+// `bigbatch` program. It sits above every chapter: it may use any chapter's component, and
+// no chapter's component uses it (chapter 01 writes its loop out by hand, to show it;
+// chapter 06's demo and the whole-step benchmarks train through it, so that they measure
+// the step the program runs).
 //
 // One step k (an optimizer step; nn::SampleStream says which batch it is):
 //   batch = the k-th batch of the run: epoch e, b samples (B, or fewer at an epoch's end)
@@ -39,6 +41,7 @@
 #include "chapters/04_dynamic_loss_scaling/optimizer_boundary.hpp"
 #include "common/data/dataset.hpp"
 #include "common/memory.hpp"
+#include "common/settings.hpp"
 #include "nn/lr_schedule.hpp"
 #include "nn/model.hpp"
 #include "nn/sample_stream.hpp"
@@ -67,6 +70,27 @@ struct TrainConfig {
   /// clip_grad_norm_); 0 turns clipping off.
   float clip_grad_norm = 0.0f;
 };
+
+/// TrainConfig's settings (common/settings.hpp). The micro-batch changes only how a batch
+/// is computed under LayerNorm (accumulation is exact); under BatchNorm it changes the
+/// statistics, so run_settings (run_settings.hpp) records it there.
+template <SettingsOf<TrainConfig> Self, class Visit>
+constexpr void visit_settings(Self& c, Visit&& visit) {
+  visit("batch", c.batch, SettingRole::trajectory);
+  visit("micro-batch", c.micro_batch, SettingRole::same_bits);
+  visit("steps", c.steps, SettingRole::trajectory);
+  visit("epochs", c.epochs, SettingRole::trajectory);
+  visit("drop-last", c.drop_last, SettingRole::trajectory);
+  visit("shuffle", c.shuffle, SettingRole::trajectory);
+  visit("seed", c.seed, SettingRole::trajectory);
+  visit("lr-schedule", c.lr_schedule, SettingRole::trajectory);
+  visit("warmup-steps", c.warmup_steps, SettingRole::trajectory);
+  visit("loss-scale", c.loss_scaling, SettingRole::trajectory);
+  visit("fixed-scale", c.fixed_scale, SettingRole::trajectory);
+  visit("dynamic-scaling", c.dynamic_scaling, SettingRole::trajectory);  // the scale-* group
+  visit("clip-grad-norm", c.clip_grad_norm, SettingRole::trajectory);
+}
+static_assert(every_field_visited<TrainConfig>(), "classify TrainConfig's new field above");
 
 /// A gradient held an inf or a NaN in a run without a loss scaler.
 class NonFiniteGradientError : public std::runtime_error {
@@ -143,6 +167,10 @@ class Trainer {
   /// The memory of the step with the highest peak so far (the training step's peak,
   /// whatever evaluation or saving allocated between steps).
   const MemoryStats& largest_step_memory() const { return largest_step_memory_; }
+  /// What the optimizer boundary holds on the device for the whole run (its pass's
+  /// results, with a loss scaler or clipping): live in every step beside the model's step,
+  /// which nn/memory_model.hpp predicts.
+  std::size_t boundary_bytes() const { return boundary_.workspace_bytes(); }
 
  private:
   nn::Model& model_;
