@@ -396,10 +396,11 @@ TEST(ParsePolicy, EveryPolicyPrintsBackAsItReads) {
   }
   // The fields each form sets, and the forms that read as another's value.
   EXPECT_EQ(Policy::parse("every:4"),
-            (Policy{.schedule = checkpointing::ScheduleKind::every, .argument = 4}));
+            (Policy{.schedule = checkpointing::ScheduleKind::every, .argument = 4,
+                    .keep = nn::BlockKeep::all, .budget = {}}));
   EXPECT_EQ(Policy::parse("optimal:3+selective"),
             (Policy{.schedule = checkpointing::ScheduleKind::optimal, .argument = 3,
-                    .keep = nn::BlockKeep::gemm_outputs}));
+                    .keep = nn::BlockKeep::gemm_outputs, .budget = {}}));
   EXPECT_EQ(Policy::parse("none+selective"), Policy::parse("selective"));
   EXPECT_EQ(Policy::parse("budget:1.5GiB").text(), "budget:1536MiB");
   EXPECT_EQ(*Policy::parse("budget:1.5GiB").budget, std::size_t{3} << 29);

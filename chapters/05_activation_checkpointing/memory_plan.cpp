@@ -26,11 +26,13 @@ double recompute_cost(const Policy& policy, std::int64_t depth) {
 }
 
 std::vector<Policy> checkpoint_candidates(std::int64_t depth) {
-  std::vector<Policy> candidates = {Policy{}, Policy{.keep = nn::BlockKeep::gemm_outputs}};
+  std::vector<Policy> candidates = {Policy{},
+                                    Policy{.keep = nn::BlockKeep::gemm_outputs, .budget = {}}};
   for (const ScheduleKind family : {ScheduleKind::every, ScheduleKind::optimal}) {
     for (std::int64_t k = 1; k <= depth; ++k) {
       for (const nn::BlockKeep keep : {nn::BlockKeep::all, nn::BlockKeep::gemm_outputs}) {
-        candidates.push_back(Policy{.schedule = family, .argument = k, .keep = keep});
+        candidates.push_back(
+            Policy{.schedule = family, .argument = k, .keep = keep, .budget = {}});
       }
     }
   }

@@ -7,7 +7,8 @@
 # being written), resumed each time, stopped once more by SIGTERM (which must finish the
 # step, write a snapshot and exit with 143), and resumed to the end. Its parameters must
 # equal the uninterrupted run's byte for byte, and its log the uninterrupted log line for
-# line, the clock's two fields aside. A changed setting must be refused by name (exit 2).
+# line, the clock's two fields aside. A changed setting must be refused by name (exit 2),
+# the trainer's and the program's alike; one that gives the same bits (the micro-batch) not.
 set -u
 bigbatch=$1
 run="--data synthetic --samples 2000 --depth 3 --hidden 32 --dropout 0.2 --steps 300 --batch 64 --micro-batch 24 --precision fp16 --loss-scale dynamic --scale-init 1073741824 --scale-max 1073741824 --scale-interval 3 --checkpoint sqrt --lr-schedule cosine --warmup-steps 5 --clip-grad-norm 1"
@@ -70,6 +71,18 @@ cat changed.err
 [ "$code" -eq 2 ] || fail "a changed --seed: exit code $code, not 2"
 grep -q -- 'written with --seed 0, this run has --seed 1' changed.err ||
   fail "a changed --seed is not named"
+# The program's own settings (the data) are recorded as well as the trainer's.
+# shellcheck disable=SC2046 # the arguments are words
+"$bigbatch" train $(echo "$run" | sed 's/--samples 2000/--samples 3000/') --resume snaps \
+  > changed.txt 2> changed.err
+code=$?
+[ "$code" -eq 2 ] || fail "a changed --samples: exit code $code, not 2"
+grep -q -- 'written with --samples 2000, this run has --samples 3000' changed.err ||
+  fail "a changed --samples is not named"
+# The micro-batch gives the same bits under LayerNorm: a resume need not repeat it.
+# shellcheck disable=SC2046 # the arguments are words
+"$bigbatch" train $(echo "$run" | sed 's/--micro-batch 24/--micro-batch 16/') --resume snaps \
+  > same.txt 2>&1 || { cat same.txt; fail "a resume with another --micro-batch was refused"; }
 # --resume from one folder while --snapshot-dir writes to another: it starts from the
 # --resume folder's newest snapshot, which the other folder does not have.
 "$bigbatch" train $run --resume snaps --snapshot-dir elsewhere --log other.jsonl > other.txt ||

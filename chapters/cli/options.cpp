@@ -1,0 +1,389 @@
+// options.cpp: the flags, read into TrainOptions' typed fields, and every word of them.
+#include "chapters/cli/options.hpp"
+
+#include <array>
+#include <charconv>
+#include <cmath>
+#include <cstdlib>
+#include <functional>
+#include <stdexcept>
+#include <utility>
+#include <vector>
+
+#include "common/format.hpp"
+
+namespace bigbatch::cli {
+namespace {
+
+/// The words a flag takes, with their values, in the order --help lists them.
+template <class E>
+using Words = std::vector<std::pair<std::string, E>>;
+
+const Words<nn::Norm> kNorms = {{"layer", nn::Norm::layer}, {"batch", nn::Norm::batch}};
+const Words<nn::Activation> kActivations = {{"gelu", nn::Activation::gelu},
+                                            {"relu", nn::Activation::relu}};
+const Words<nn::Precision> kPrecisions = {{"fp32", nn::Precision::fp32},
+                                          {"fp16", nn::Precision::fp16}};
+const Words<OptimizerKind> kOptimizers = {{"sgd", OptimizerKind::sgd},
+                                          {"adamw", OptimizerKind::adamw}};
+const Words<nn::LrScale> kLrScales = {
+    {"none", nn::LrScale::none}, {"linear", nn::LrScale::linear}, {"sqrt", nn::LrScale::sqrt}};
+const Words<nn::LrScheduleKind> kSchedules = {{"constant", nn::LrScheduleKind::constant},
+                                              {"cosine", nn::LrScheduleKind::cosine}};
+const Words<bool> kOnOff = {{"on", true}, {"off", false}};
+const Words<bool> kPlans = {{"auto", true}};
+
+template <class E>
+std::optional<E> value_of(const Words<E>& words, std::string_view word) {
+  for (const auto& [text, value] : words) {
+    if (text == word) return value;
+  }
+  return std::nullopt;
+}
+
+template <class E>
+std::string word_of(const Words<E>& words, E value) {
+  for (const auto& [text, v] : words) {
+    if (v == value) return text;
+  }
+  return "?";
+}
+
+/// "layer or batch", "none, linear or sqrt".
+template <class E>
+std::string listed(const Words<E>& words) {
+  std::string list;
+  for (std::size_t i = 0; i < words.size(); ++i) {
+    list += (i == 0 ? "" : i + 1 == words.size() ? " or " : ", ") + words[i].first;
+  }
+  return list;
+}
+
+/// A flag whose text is checked (and read) by `read`, which returns the refusal in words
+/// ("expected ..., got 'x'") or nothing, and whose value `apply` then stores. Every flag
+/// that is not a plain number or a file name goes through here: the parsing edge.
+CLI::Option* add_read_option(CLI::App& app, const std::string& flag, const std::string& help,
+                             std::function<std::string(const std::string&)> read,
+                             std::function<void(const std::string&)> apply,
+                             const std::string& type_name) {
+  auto* option = app.add_option_function<std::string>(flag, std::move(apply), help);
+  option->check(CLI::Validator(
+      [read = std::move(read)](std::string& text) { return read(text); }, type_name));
+  return option;
+}
+
+/// A flag that takes one of `words` into `field`, its default shown as a word.
+template <class E>
+CLI::Option* add_word_option(CLI::App& app, const std::string& flag, E& field,
+                             const Words<E>& words, const std::string& help) {
+  auto* option = add_read_option(
+      app, flag, help,
+      [&words](const std::string& text) -> std::string {
+        if (value_of(words, text)) return {};
+        return "expected " + listed(words) + ", got '" + text + "'";
+      },
+      [&words, &field](const std::string& text) { field = *value_of(words, text); },
+      listed(words));
+  option->default_str(word_of(words, field));
+  return option;
+}
+
+/// A whole number >= minimum, refused in words ("--batch: must be at least 1, got 0")
+/// rather than with CLI11's range check, which prints the type's limits.
+CLI::Validator whole_number_from(std::int64_t minimum) {
+  const std::string what = minimum == 0 ? "0 or more" : "at least " + std::to_string(minimum);
+  return CLI::Validator(
+      [minimum, what](std::string& text) -> std::string {
+        std::int64_t value = 0;
+        const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+        if (error == std::errc::result_out_of_range) return "'" + text + "' is too large";
+        if (error != std::errc() || end != text.data() + text.size()) {
+          return "expected a whole number, got '" + text + "'";
+        }
+        if (value < minimum) return "must be " + what + ", got " + text;
+        return {};
+      },
+      minimum == 0 ? ">=0" : ">=" + std::to_string(minimum));
+}
+
+/// A real number in [low, high], refused in words.
+CLI::Validator real_number_in(double low, double high, const std::string& what) {
+  return CLI::Validator(
+      [low, high, what](std::string& text) -> std::string {
+        char* end = nullptr;
+        const double value = std::strtod(text.c_str(), &end);
+        if (text.empty() || end != text.c_str() + text.size() || !std::isfinite(value)) {
+          return "expected a number, got '" + text + "'";
+        }
+        if (value < low || value > high) return "must be " + what + ", got " + text;
+        return {};
+      },
+      what);
+}
+
+/// --loss-scale: none, static:S or dynamic, into the trainer's rule and fixed scale.
+std::string read_loss_scale(const std::string& text, train::TrainConfig* config) {
+  const std::string refusal = "expected none, static:S with S > 0 (e.g. static:1024) or "
+                              "dynamic, got '" + text + "'";
+  if (text == "none" || text == "dynamic") {
+    if (config != nullptr) {
+      config->loss_scaling = text == "none" ? train::LossScaling::none : train::LossScaling::dynamic;
+    }
+    return {};
+  }
+  const std::string prefix = "static:";
+  if (text.rfind(prefix, 0) != 0) return refusal;
+  const std::string number = text.substr(prefix.size());
+  char* end = nullptr;
+  const double scale = std::strtod(number.c_str(), &end);
+  if (number.empty() || end != number.c_str() + number.size() || !(scale > 0) ||
+      !(scale < 3.4e38)) {
+    return refusal;
+  }
+  if (config != nullptr) {
+    config->loss_scaling = train::LossScaling::fixed;
+    config->fixed_scale = static_cast<float>(scale);
+  }
+  return {};
+}
+
+/// The text of an std::invalid_argument from `parse(text)`, or nothing when it reads.
+template <class Parse>
+std::string refusal_of(Parse&& parse) {
+  try {
+    parse();
+    return {};
+  } catch (const std::invalid_argument& e) {
+    return e.what();
+  }
+}
+
+}  // namespace
+
+DataSource DataSource::parse(std::string_view text) {
+  if (text == "fashion-mnist") return {DataKind::fashion_mnist, {}, {}};
+  if (text == "synthetic") return {DataKind::synthetic, {}, {}};
+  const std::string_view prefix = "npy:";
+  if (text.substr(0, prefix.size()) == prefix) {
+    const std::string_view files = text.substr(prefix.size());
+    const std::size_t comma = files.find(',');
+    if (comma == std::string_view::npos || comma == 0 || comma + 1 == files.size()) {
+      throw std::invalid_argument(std::string(text) + ": expected npy:FEATURES.npy,LABELS.npy");
+    }
+    return {DataKind::npy, std::string(files.substr(0, comma)),
+            std::string(files.substr(comma + 1))};
+  }
+  throw std::invalid_argument("expected fashion-mnist, synthetic or npy:FEATURES.npy,LABELS.npy, "
+                              "got '" + std::string(text) + "'");
+}
+
+std::string DataSource::text() const {
+  switch (kind) {
+    case DataKind::fashion_mnist: return "fashion-mnist";
+    case DataKind::synthetic: return "synthetic";
+    case DataKind::npy: return "npy:" + features_file + "," + labels_file;
+  }
+  return "?";
+}
+
+std::optional<nn::Norm> norm_named(std::string_view word) { return value_of(kNorms, word); }
+std::optional<nn::Activation> activation_named(std::string_view word) {
+  return value_of(kActivations, word);
+}
+
+void add_train_flags(CLI::App& train, TrainOptions& o) {
+  const CLI::Validator positive_real = real_number_in(1e-30, 3.4e38, "positive");
+  const CLI::Validator positive = whole_number_from(1), non_negative = whole_number_from(0);
+  const CLI::Validator non_negative_real = real_number_in(0.0, HUGE_VAL, "0 or more");
+  add_read_option(
+      train, "--data",
+      "fashion-mnist (train split; the test split is reported), synthetic (10% held out for "
+      "testing) or npy:FEATURES.npy,LABELS.npy",
+      [](const std::string& text) { return refusal_of([&] { DataSource::parse(text); }); },
+      [&o](const std::string& text) { o.source.data = DataSource::parse(text); }, "DATA")
+      ->default_str(o.source.data.text());
+  add_read_option(
+      train, "--test-data", "npy:FEATURES.npy,LABELS.npy: a test split",
+      [](const std::string& text) -> std::string {
+        if (text.rfind("npy:", 0) != 0) return "expected npy:X.npy,y.npy, got '" + text + "'";
+        return refusal_of([&] { DataSource::parse(text); });
+      },
+      [&o](const std::string& text) { o.test_data = DataSource::parse(text); }, "NPY");
+  train.add_option("--samples", o.source.samples, "samples of --data synthetic")
+      ->capture_default_str()->check(positive);
+  train.add_option("--features", o.source.features,
+                   "features per sample of --data synthetic (Fashion-MNIST's 784 by default)")
+      ->capture_default_str()->check(positive);
+  train.add_option("--batch", o.train.batch, "samples per optimizer step")
+      ->capture_default_str()->check(positive);
+  train.add_option("--micro-batch", o.train.micro_batch,
+                   "rows per forward/backward (gradient accumulation; default: --batch; "
+                   "need not divide it)")
+      ->check(positive);
+  train.add_option("--depth", o.model.depth, "residual blocks (with --init: the file's)")
+      ->capture_default_str()->check(non_negative);
+  train.add_option("--hidden", o.model.hidden,
+                   "width of the residual stream (with --init: the file's)")
+      ->capture_default_str()->check(positive);
+  train.add_option("--expansion", o.model.expansion,
+                   "blocks' inner width / hidden (with --init: the file's)")
+      ->capture_default_str()->check(positive);
+  train.add_option("--dropout", o.model.dropout, "dropout probability inside the blocks")
+      ->capture_default_str()->check(real_number_in(0.0, 0.999, "in [0, 0.999]"));
+  add_word_option(train, "--norm", o.model.norm, kNorms, "layer or batch (with --init: the file's)");
+  add_word_option(train, "--activation", o.model.activation, kActivations,
+                  "gelu (tanh approximation) or relu (with --init: the file's)");
+  add_word_option(train, "--optimizer", o.optimizer.kind, kOptimizers, "sgd or adamw");
+  train.add_option("--lr", o.optimizer.lr,
+                   "learning rate at --lr-reference-batch [default: 1e-3 for adamw, 0.05 "
+                   "for sgd]")
+      ->check(non_negative_real);
+  add_word_option(train, "--lr-scale", o.optimizer.lr_scale, kLrScales,
+                  "none, linear (lr x batch / reference: Goyal et al. 2017, for SGD) or "
+                  "sqrt (lr x sqrt(batch / reference): common for Adam)");
+  train.add_option("--lr-reference-batch", o.optimizer.lr_reference_batch,
+                   "the batch --lr was tuned for (--lr-scale)")
+      ->capture_default_str()->check(positive);
+  add_word_option(train, "--lr-schedule", o.train.lr_schedule, kSchedules,
+                  "constant, or cosine: lr (1 + cos(pi t / T)) / 2 over the T optimizer "
+                  "steps after the warm-up (PyTorch's CosineAnnealingLR, eta_min 0). t counts "
+                  "optimizer steps taken: a step skipped on an overflow does not advance the "
+                  "schedule or the warm-up, so the next step gets the rate the skipped one "
+                  "had (as PyTorch's scheduler.step() after a skipped optimizer.step())");
+  train.add_option("--warmup-steps", o.train.warmup_steps,
+                   "W optimizer steps of linear warm-up: step i < W uses lr (i + 1) / W "
+                   "(PyTorch's LinearLR with start_factor 1/W)")
+      ->capture_default_str()->check(non_negative);
+  train.add_option("--momentum", o.optimizer.momentum, "SGD momentum [default: 0.9]")
+      ->check(non_negative_real);
+  train.add_option("--weight-decay", o.optimizer.weight_decay,
+                   "weight decay [default: 0.01 for adamw, 0 for sgd]")
+      ->check(non_negative_real);
+  auto* steps = train.add_option("--steps", o.train.steps,
+                                 "optimizer steps; they continue across epochs")
+                    ->check(positive);
+  auto* epochs = train.add_option("--epochs", o.train.epochs,
+                                  "whole passes over the training data, as in PyTorch: an "
+                                  "epoch is ceil(N / batch) steps, the last batch short "
+                                  "(N mod batch samples) unless --drop-last; a batch never "
+                                  "spans two epochs [default: 1 when --steps is not given]")
+                     ->check(positive);
+  steps->excludes(epochs);
+  train.add_flag("--drop-last", o.train.drop_last,
+                 "drop each epoch's short last batch: floor(N / batch) steps per epoch");
+  train.add_option("--seed", o.train.seed, "initialisation, shuffling and dropout seed")
+      ->capture_default_str()->check(non_negative);
+  add_word_option(train, "--shuffle", o.train.shuffle, kOnOff,
+                  "on: a fresh permutation per epoch; off: data order");
+  add_read_option(
+      train, "--device", "cpu, cuda or cuda:N",
+      [](const std::string& text) { return refusal_of([&] { parse_device(text); }); },
+      [&o](const std::string& text) { o.source.device = parse_device(text); }, "DEVICE")
+      ->default_str(o.source.device.name());
+  add_read_option(
+      train, "--device-memory",
+      "cap the device's tracked memory (e.g. 48MiB, 2GiB; the data sets stay on the host and "
+      "do not count); past it the run fails with exit code 3",
+      [](const std::string& text) { return refusal_of([&] { parse_bytes(text); }); },
+      [&o](const std::string& text) { o.device_memory = parse_bytes(text); }, "SIZE");
+  train.add_option("--init", o.output.init,
+                   "initial parameters from a safetensors file (from --save); the model's "
+                   "shape is the file's, a shape flag that disagrees is refused");
+  train.add_option("--save", o.output.save, "write the trained parameters as safetensors");
+  train.add_option("--log", o.output.log,
+                   "one JSON line per step: step, epoch (fractional), loss, lr, samples, "
+                   "time_s (since the start), step_time_s, loss_scale, skipped (an overflow), "
+                   "with a loss scaler or --clip-grad-norm grad_norm (before clipping; null "
+                   "on an overflow) and clip_factor, "
+                   "peak_bytes_total (the step's own peak on the device) and peak_bytes (its "
+                   "breakdown by category)");
+  train.add_option("--eval-every", o.output.eval_every, "evaluate on the test split every N steps")
+      ->check(non_negative);
+  add_word_option(train, "--precision", o.model.precision, kPrecisions,
+                  "fp32, or fp16: mixed precision with f16 weights and activations, f32 "
+                  "master weights, gradients, statistics and loss (nn/model.hpp)");
+  add_read_option(
+      train, "--checkpoint",
+      "activation checkpointing (chapter 05): none, every:K (keep every K-th block's input), "
+      "sqrt (K = ceil(sqrt(depth))), optimal:SLOTS (the binomial schedule with SLOTS kept "
+      "block inputs: the fewest recomputations), selective (keep only the GEMM outputs, "
+      "recompute the norms and activations), POLICY+selective, or budget:BYTES (the policy "
+      "of fewest recomputations whose predicted step peak fits in BYTES, e.g. 96MiB)",
+      [](const std::string& text) {
+        return refusal_of([&] { checkpointing::Policy::parse(text); });
+      },
+      [&o](const std::string& text) { o.checkpoint = checkpointing::Policy::parse(text); },
+      "POLICY")
+      ->default_str(o.checkpoint.text());
+  train.add_option("--snapshot-dir", o.output.snapshot_dir,
+                   "save the training state (parameters, optimizer, loss scaler, counters, "
+                   "settings) to DIR/step-N.safetensors: every --snapshot-every steps, at the "
+                   "end, and on SIGINT or SIGTERM (the step in progress finishes first)");
+  train.add_option("--snapshot-every", o.output.snapshot_every,
+                   "steps between snapshots [default: 0, only at the end and when stopped]")
+      ->check(non_negative);
+  train.add_option("--snapshot-keep", o.output.snapshot_keep, "the newest snapshots to keep")
+      ->capture_default_str()
+      ->check(positive);
+  train.add_option("--resume", o.output.resume,
+                   "continue from the newest snapshot in DIR, to the same bits as a run "
+                   "never stopped; the settings must be the run's (a changed one is named), "
+                   "and --log is cut back to the snapshot's step and continued");
+  train.add_flag("--explain", o.output.explain, "print the checkpoint schedule, action by "
+                 "action, and the step's predicted peak and the moment that holds it");
+  train.add_option("--clip-grad-norm", o.train.clip_grad_norm,
+                   "clip the step's gradients to this global L2 norm (PyTorch's "
+                   "clip_grad_norm_): once per optimizer step, on the accumulated and unscaled "
+                   "gradients; a skipped step is not clipped [default: off]")
+      ->check(positive_real);
+  add_read_option(
+      train, "--loss-scale",
+      "none, static:S (a fixed scale, e.g. static:1024: overflowing steps are skipped) or "
+      "dynamic (GradScaler's rules; --scale-*)",
+      [](const std::string& text) { return read_loss_scale(text, nullptr); },
+      [&o](const std::string& text) { read_loss_scale(text, &o.train); }, "SCALE")
+      ->default_str("none");
+  auto& scaling = o.train.dynamic_scaling;
+  train.add_option("--scale-init", scaling.initial_scale, "dynamic: the first scale")
+      ->capture_default_str()->check(positive_real);
+  train.add_option("--scale-growth", scaling.growth_factor,
+                   "dynamic: the factor after --scale-interval clean steps (> 1)")
+      ->capture_default_str()->check(positive_real);
+  train.add_option("--scale-backoff", scaling.backoff_factor,
+                   "dynamic: the factor on an overflow (in (0, 1))")
+      ->capture_default_str()->check(positive_real);
+  train.add_option("--scale-interval", scaling.growth_interval,
+                   "dynamic: clean optimizer steps in a row before a growth")
+      ->capture_default_str()->check(positive);
+  train.add_option("--scale-min", scaling.min_scale,
+                   "dynamic: a backoff below it stops the run (exit code 1)")
+      ->capture_default_str()->check(positive_real);
+  train.add_option("--scale-max", scaling.max_scale, "dynamic: growth stops here")
+      ->capture_default_str()->check(positive_real);
+  train.add_option("--scale-hysteresis", scaling.hysteresis,
+                   "dynamic: overflows in a row before a backoff (every overflow skips its "
+                   "step)")
+      ->capture_default_str()->check(positive);
+  train.add_option("--print-every", o.output.print_every,
+                   "steps between progress lines when stdout is not a terminal [default: "
+                   "steps/20; the first and last steps are always printed]")
+      ->check(non_negative);
+}
+
+void add_plan_flags(CLI::App& app, TrainOptions& o) {
+  app.add_option("--calibration", o.plan.calibration,
+                 "the planner's cost-model file (JSON, keyed by model, optimizer and device; "
+                 "measured once and reused) [default: $XDG_CACHE_HOME or ~/.cache, "
+                 "bigbatch/calibration.json]");
+  app.add_flag("--recalibrate", o.plan.recalibrate,
+               "measure the planner's cost model again (a few steps of the model)");
+}
+
+void add_plan_choice_flag(CLI::App& train, TrainOptions& o) {
+  add_word_option(train, "--plan", o.plan.automatic, kPlans,
+                  "auto: train with the plan `bigbatch plan` picks for --device-memory "
+                  "(chapter 06: micro-batch, precision and checkpoint policy chosen for you)")
+      ->default_str("");
+}
+
+}  // namespace bigbatch::cli

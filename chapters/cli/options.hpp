@@ -1,0 +1,124 @@
+// options.hpp: bigbatch's flags, typed. The command line is the one place where settings
+// are text: CLI11 reads every flag into the fields below (words into enumerations, sizes
+// into bytes, --checkpoint into a Policy, --loss-scale into the trainer's rule), each
+// refused in words, naming the flag, when it does not read. Everything after parsing works
+// on types: setup.hpp turns these options into the model's, the optimizer's and the
+// trainer's configurations.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <set>
+#include <string>
+#include <string_view>
+
+#include "chapters/05_activation_checkpointing/policy.hpp"
+#include "chapters/train/trainer.hpp"
+#include "common/device.hpp"
+#include "common/settings.hpp"
+#include "nn/lr_schedule.hpp"
+#include "nn/model.hpp"
+
+namespace bigbatch::cli {
+
+enum class DataKind { fashion_mnist, synthetic, npy };
+
+/// --data and --test-data: a data set by name, or a pair of .npy files.
+struct DataSource {
+  DataKind kind = DataKind::synthetic;
+  std::string features_file, labels_file;  ///< of DataKind::npy
+
+  /// "fashion-mnist", "synthetic" or "npy:FEATURES.npy,LABELS.npy"; throws
+  /// std::invalid_argument saying what was expected.
+  static DataSource parse(std::string_view text);
+  /// The text parse reads back as this source.
+  std::string text() const;
+};
+inline std::string setting_text(const DataSource& source) { return source.text(); }
+
+/// What the run trains on and where: the program's own trajectory settings (the model's,
+/// the optimizer's and the trainer's are classified beside their configurations).
+struct RunSource {
+  DataSource data;
+  std::int64_t samples = 60000;  ///< of --data synthetic
+  std::int64_t features = 784;   ///< of --data synthetic
+  Device device;
+};
+
+template <SettingsOf<RunSource> Self, class Visit>
+constexpr void visit_settings(Self& s, Visit&& visit) {
+  visit("data", s.data, SettingRole::trajectory);
+  visit("samples", s.samples, SettingRole::trajectory);
+  visit("features", s.features, SettingRole::trajectory);
+  visit("device", s.device, SettingRole::trajectory);
+}
+static_assert(every_field_visited<RunSource>(), "classify RunSource's new field above");
+
+enum class OptimizerKind { sgd, adamw };
+
+/// --optimizer and its hyperparameters as given; setup.hpp fills in the defaults (which
+/// depend on the optimizer) and scales the learning rate for the batch.
+struct OptimizerFlags {
+  OptimizerKind kind = OptimizerKind::adamw;
+  std::optional<double> lr, momentum, weight_decay;
+  nn::LrScale lr_scale = nn::LrScale::none;
+  std::int64_t lr_reference_batch = 256;
+};
+
+/// How the run is watched and stored: nothing here changes its trajectory.
+struct OutputOptions {
+  std::string init;                 ///< initial parameters (a snapshot holds its own)
+  std::string save, log;
+  std::int64_t eval_every = 0;
+  std::int64_t print_every = 0;
+  bool explain = false;             ///< print the checkpoint schedule
+  std::string snapshot_dir;         ///< where snapshots go ("": none, unless --resume)
+  std::int64_t snapshot_every = 0;  ///< 0: only at the end and when interrupted
+  std::int64_t snapshot_keep = 2;
+  std::string resume;               ///< a snapshot folder to continue from
+};
+
+/// Chapter 06's planner: `bigbatch plan`, and `bigbatch train --plan auto`.
+struct PlanOptions {
+  bool automatic = false;    ///< --plan auto: train with the plan it picks
+  std::string calibration;   ///< the cost-model file ("": the cache's)
+  bool recalibrate = false;  ///< measure the cost model again
+  bool json = false;         ///< bigbatch plan --json: the answer as one JSON object
+};
+
+/// Every flag of `bigbatch train` and `bigbatch plan`.
+struct TrainOptions {
+  RunSource source;
+  std::optional<DataSource> test_data;
+  /// The shape flags (the data sets inputs and classes, --seed the seed).
+  nn::ModelConfig model{.inputs = 0, .hidden = 256, .expansion = 4, .classes = 0, .depth = 2,
+                        .dropout = 0.0f, .norm = nn::Norm::layer,
+                        .activation = nn::Activation::gelu, .seed = 0,
+                        .precision = nn::Precision::fp32};
+  OptimizerFlags optimizer;
+  /// --batch ... --clip-grad-norm; epochs 0 with steps 0 means one epoch (setup.hpp).
+  train::TrainConfig train;
+  checkpointing::Policy checkpoint;          ///< --checkpoint
+  std::optional<std::size_t> device_memory;  ///< --device-memory: the allocator's cap
+  OutputOptions output;
+  PlanOptions plan;
+  std::set<std::string> given;  ///< the flags on the command line, e.g. "--depth"
+
+  bool was_given(std::string_view flag) const { return given.count(std::string(flag)) != 0; }
+};
+
+/// The flags of `bigbatch train` (and `bigbatch plan`, which takes them to describe the run).
+void add_train_flags(CLI::App& app, TrainOptions& options);
+/// The planner's flags, on both subcommands.
+void add_plan_flags(CLI::App& app, TrainOptions& options);
+/// --plan auto, of `bigbatch train`.
+void add_plan_choice_flag(CLI::App& train, TrainOptions& options);
+
+/// The word of --norm / --activation for a value, and the value of a word (nullopt for
+/// an unknown one): --init compares the file's metadata with them.
+std::optional<nn::Norm> norm_named(std::string_view word);
+std::optional<nn::Activation> activation_named(std::string_view word);
+
+}  // namespace bigbatch::cli

@@ -1,0 +1,121 @@
+// plan_command.cpp: the planner's table, its JSON, and `bigbatch plan`.
+#include "chapters/cli/plan_command.hpp"
+
+#include <cstdio>
+#include <cstdlib>
+#include <iostream>
+#include <string>
+
+#include "chapters/cli/setup.hpp"
+#include "common/format.hpp"
+#include "common/json.hpp"
+
+namespace bigbatch::cli {
+namespace {
+
+/// The planner's cost-model file: --calibration, else $XDG_CACHE_HOME (or ~/.cache)
+/// /bigbatch/calibration.json.
+std::string calibration_path(const TrainOptions& options) {
+  if (!options.plan.calibration.empty()) return options.plan.calibration;
+  if (const char* cache = std::getenv("XDG_CACHE_HOME"); cache != nullptr && *cache != 0) {
+    return std::string(cache) + "/bigbatch/calibration.json";
+  }
+  const char* home = std::getenv("HOME");
+  return std::string(home != nullptr && *home != 0 ? home : ".") + "/.cache/bigbatch/calibration.json";
+}
+
+/// One plan as JSON (bigbatch plan --json): its settings, predicted peak in bytes (and the
+/// moment that holds it) and predicted seconds per step.
+Json plan_json(const planning::Plan& plan, std::int64_t batch) {
+  return {{"micro_batch", plan.micro_batch},
+          {"micro_batches", (batch + plan.micro_batch - 1) / plan.micro_batch},
+          {"precision", nn::precision_name(plan.precision)},
+          {"loss_scale", plan.precision == nn::Precision::fp16 ? "dynamic" : "none"},
+          {"checkpoint", plan.checkpoint.text()},
+          {"recompute", plan.recompute},
+          {"peak_bytes", plan.prediction.peak()},
+          {"peak_moment", plan.prediction.peak_moment},
+          {"seconds", plan.seconds}};
+}
+
+}  // namespace
+
+planning::PlanResult plan_for(const TrainOptions& options, const nn::ModelConfig& model,
+                              Device device) {
+  if (!options.device_memory) {
+    throw UsageError("planning needs --device-memory SIZE, the memory to plan for");
+  }
+  const std::int64_t batch = options.train.batch;
+  planning::PlanRequest request{model, batch, optimizer_options(options), *options.device_memory};
+  if (options.was_given("--precision")) request.precisions = {model.precision};
+  const std::string path = calibration_path(options);
+  bool measured = false;
+  planning::CostModel cost;
+  try {
+    cost = planning::calibration_for(path, model, request.optimizer, device, batch,
+                                     options.plan.recalibrate, &measured);
+  } catch (const std::runtime_error& e) {
+    throw UsageError(std::string("--calibration: ") + e.what());
+  }
+  const planning::PlanResult result = planning::make_plan(request, cost);
+  if (options.plan.json) {
+    Json answer = {{"batch", batch},
+                   {"budget_bytes", request.budget},
+                   {"device", device.name()},
+                   {"calibration", path},
+                   {"calibration_measured_now", measured},
+                   {"cost_model", cost.to_json()},
+                   {"weighed", result.weighed},
+                   {"feasible", Json::array()}};
+    for (const planning::Plan& p : result.feasible) {
+      answer["feasible"].push_back(plan_json(p, batch));
+    }
+    if (result.smallest) {  // nothing fits: the smallest peak, and what no plan can trade
+      answer["smallest"] = plan_json(*result.smallest, batch);
+      answer["fixed_bytes"] = result.fixed_bytes;
+    }
+    std::cout << answer.dump() << "\n" << std::flush;
+  } else {
+    std::cout << "plan: batch " << batch << " under " << format_bytes(request.budget)
+              << " on " << device.name() << "; step times from the cost model "
+              << (measured ? "measured now, saved to " : "in ") << path << "\n";
+  }
+  if (result.feasible.empty()) {
+    const planning::Plan& smallest = *result.smallest;
+    throw NoPlanFits(
+        "no plan fits the step in " + format_bytes(request.budget) + ": the smallest predicted "
+        "peak is " + format_bytes(smallest.prediction.peak()) + " (" +
+        planning::describe(smallest, batch) + "), of which " +
+        format_bytes(result.fixed_bytes) + " are parameters, gradients, master weights, "
+        "optimizer state and the batch, which no plan can trade away");
+  }
+  if (options.plan.json) return result;
+  std::printf("  %-24s %-10s %-22s %12s %12s\n", "micro-batch (per step)", "precision",
+              "checkpoint", "peak", "step time");
+  for (std::size_t i = 0; i < result.feasible.size(); ++i) {
+    const planning::Plan& p = result.feasible[i];
+    const std::string micro = std::to_string(p.micro_batch) + " (" +
+                              std::to_string((batch + p.micro_batch - 1) / p.micro_batch) +
+                              ")";
+    std::printf("  %-24s %-10s %-22s %12s %10.4f s%s\n", micro.c_str(),
+                nn::precision_name(p.precision).c_str(), p.checkpoint.text().c_str(),
+                format_bytes(p.prediction.peak()).c_str(), p.seconds, i == 0 ? "  <- fastest" : "");
+  }
+  std::cout << "  (" << result.weighed << " plans weighed; fp16 trains with dynamic loss "
+            << "scaling)\n";
+  return result;
+}
+
+int run_plan(const TrainOptions& options) {
+  const Splits splits = load_data(options);
+  const nn::ModelConfig model = model_config(options, splits);
+  const planning::Plan best = plan_for(options, model, available_device(options)).best();
+  if (options.plan.json) return 0;
+  std::cout << "train it with: --micro-batch " << best.micro_batch << " --precision "
+            << nn::precision_name(best.precision)
+            << (best.precision == nn::Precision::fp16 ? " --loss-scale dynamic" : "")
+            << " --checkpoint " << best.checkpoint.text() << " (or --plan auto)\n";
+  return 0;
+}
+
+}  // namespace bigbatch::cli

@@ -1,0 +1,230 @@
+// setup.cpp: the run's pieces from the typed options.
+#include "chapters/cli/setup.hpp"
+
+#include <algorithm>
+#include <charconv>
+#include <map>
+#include <string>
+
+#include "common/cuda_runtime.hpp"
+#include "common/io/safetensors.hpp"
+
+namespace bigbatch::cli {
+namespace {
+
+Dataset load_npy(const DataSource& source) {
+  try {
+    return load_npy_dataset(source.features_file, source.labels_file);
+  } catch (const std::runtime_error& e) {
+    throw UsageError(e.what());
+  }
+}
+
+}  // namespace
+
+std::int64_t Splits::classes() const {
+  return std::max(train.num_classes, test ? test->num_classes : 0);
+}
+
+Splits load_data(const TrainOptions& options) {
+  Splits splits;
+  switch (options.source.data.kind) {
+    case DataKind::fashion_mnist: {
+      const std::string directory = default_fashion_mnist_directory();
+      if (!fashion_mnist_available(directory)) {
+        throw UsageError("Fashion-MNIST is not installed in " + directory +
+                         ": install it with `sudo apt-get install dataset-fashion-mnist`, or "
+                         "set BIGBATCH_FASHION_MNIST_DIR to a folder holding the four idx "
+                         "files (train-images-idx3-ubyte.gz, ...)");
+      }
+      try {
+        splits.train = load_fashion_mnist(FashionMnistSplit::train, directory);
+        splits.test = load_fashion_mnist(FashionMnistSplit::test, directory);
+      } catch (const std::runtime_error& e) {  // a damaged file: the user's to replace
+        throw UsageError(e.what());
+      }
+      break;
+    }
+    case DataKind::synthetic: {
+      SyntheticOptions synthetic;
+      synthetic.samples = options.source.samples;
+      synthetic.features = options.source.features;
+      const Dataset all = make_synthetic(synthetic);
+      // A deterministic hold-out: the last 10% of the samples.
+      const std::int64_t held_out = all.size() / 10;
+      splits.train = slice(all, 0, all.size() - held_out);
+      if (held_out > 0) splits.test = slice(all, all.size() - held_out, all.size());
+      break;
+    }
+    case DataKind::npy: splits.train = load_npy(options.source.data); break;
+  }
+  if (options.test_data) {
+    splits.test = load_npy(*options.test_data);
+    if (splits.test->feature_dim() != splits.train.feature_dim()) {
+      throw UsageError("--test-data has " + std::to_string(splits.test->feature_dim()) +
+                       " features per sample, the training data " +
+                       std::to_string(splits.train.feature_dim()));
+    }
+  }
+  return splits;
+}
+
+Device available_device(const TrainOptions& options) {
+  const Device device = options.source.device;
+  std::string why_not;
+  if (device.is_cuda() && !cuda_rt::available(&why_not)) {
+    throw UsageError("--device " + device.name() + ": CUDA is not available: " + why_not);
+  }
+  return device;
+}
+
+double base_learning_rate(const TrainOptions& options) {
+  return options.optimizer.lr.value_or(options.optimizer.kind == OptimizerKind::sgd ? 0.05 : 1e-3);
+}
+
+nn::Optimizer::Options optimizer_options(const TrainOptions& options) {
+  const OptimizerFlags& flags = options.optimizer;
+  const double lr = nn::scaled_learning_rate(base_learning_rate(options), flags.lr_scale,
+                                             options.train.batch, flags.lr_reference_batch);
+  if (flags.kind == OptimizerKind::sgd) {
+    SgdOptions sgd;
+    sgd.lr = lr;
+    sgd.momentum = flags.momentum.value_or(0.9);
+    sgd.weight_decay = flags.weight_decay.value_or(0.0);
+    return sgd;
+  }
+  if (flags.momentum) throw UsageError("--momentum applies to --optimizer sgd only");
+  AdamWOptions adamw;
+  adamw.lr = lr;
+  adamw.weight_decay = flags.weight_decay.value_or(1e-2);
+  return adamw;
+}
+
+nn::ModelConfig model_config(const TrainOptions& options, const Splits& splits) {
+  nn::ModelConfig config = options.model;
+  config.inputs = splits.train.feature_dim();
+  config.classes = splits.classes();
+  config.seed = options.train.seed;
+  const std::string& init = options.output.init;
+  if (init.empty()) return config;
+
+  std::map<std::string, std::string> metadata;
+  try {
+    metadata = load_safetensors_metadata(init);
+  } catch (const std::runtime_error& e) {
+    throw UsageError(std::string("--init: ") + e.what());
+  }
+  if (metadata["format"] != "bigbatch residual MLP") return config;
+  const std::string file = "--init " + init + ": ";
+  auto whole_number = [&](const std::string& key) {
+    std::int64_t value = 0;
+    const std::string& text = metadata[key];
+    const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+    if (error != std::errc() || end != text.data() + text.size()) {
+      throw UsageError(file + "the metadata's " + key + " is '" + text + "', not a number");
+    }
+    return value;
+  };
+  // A shape flag: taken from the file unless given, refused when given and different.
+  auto size_field = [&](const std::string& key, std::int64_t& field) {
+    const std::int64_t stored = whole_number(key);
+    if (options.was_given("--" + key) && stored != field) {
+      throw UsageError(file + "the file's model has " + key + " " + std::to_string(stored) +
+                       ", --" + key + " says " + std::to_string(field));
+    }
+    field = stored;
+  };
+  size_field("hidden", config.hidden);
+  size_field("expansion", config.expansion);
+  size_field("depth", config.depth);
+  auto word_field = [&](const std::string& key, const auto& named, auto& field) {
+    const std::string& stored = metadata[key];
+    const auto value = named(stored);
+    if (!value) throw UsageError(file + "unknown " + key + " '" + stored + "'");
+    if (options.was_given("--" + key) && *value != field) {
+      throw UsageError(file + "the file's model has " + key + " " + stored + ", --" + key +
+                       " says " + setting_text(field));
+    }
+    field = *value;
+  };
+  word_field("norm", norm_named, config.norm);
+  word_field("activation", activation_named, config.activation);
+  // inputs and classes come from the data: the file must agree with it.
+  if (whole_number("inputs") != config.inputs) {
+    throw UsageError(file + "the file's model has inputs " + metadata["inputs"] +
+                     ", --data has " + std::to_string(config.inputs) + " features per sample");
+  }
+  if (whole_number("classes") != config.classes) {
+    throw UsageError(file + "the file's model has classes " + metadata["classes"] +
+                     ", --data has " + std::to_string(config.classes) + " classes");
+  }
+  return config;
+}
+
+train::TrainConfig train_config(const TrainOptions& options) {
+  train::TrainConfig config = options.train;
+  if (config.steps == 0 && config.epochs == 0) config.epochs = 1;
+  const bool dynamic = config.loss_scaling == train::LossScaling::dynamic;
+  for (const char* flag : {"--scale-init", "--scale-growth", "--scale-backoff", "--scale-interval",
+                           "--scale-min", "--scale-max", "--scale-hysteresis"}) {
+    if (options.was_given(flag) && !dynamic) {
+      throw UsageError(std::string(flag) + " applies to --loss-scale dynamic only");
+    }
+  }
+  if (dynamic) {
+    const auto& o = config.dynamic_scaling;
+    if (!(o.growth_factor > 1)) throw UsageError("--scale-growth must be greater than 1");
+    if (!(o.backoff_factor < 1)) throw UsageError("--scale-backoff must be less than 1");
+    if (!(o.min_scale <= o.max_scale)) {
+      throw UsageError("--scale-min must not exceed --scale-max");
+    }
+    if (!(o.min_scale <= o.initial_scale && o.initial_scale <= o.max_scale)) {
+      throw UsageError("--scale-init must lie between --scale-min and --scale-max");
+    }
+  }
+  return config;
+}
+
+void check_batchnorm_micro_batches(std::int64_t batch, std::int64_t micro_batch,
+                                   std::int64_t short_batch) {
+  auto leaves_one = [&](std::int64_t rows) {
+    return rows > 0 && (std::min(rows, micro_batch) == 1 || rows % micro_batch == 1);
+  };
+  if (leaves_one(batch)) {
+    throw UsageError("--norm batch needs at least 2 samples in every micro-batch (batch " +
+                     std::to_string(batch) + " in micro-batches of " +
+                     std::to_string(micro_batch) + " leaves one with a single sample)");
+  }
+  if (leaves_one(short_batch)) {
+    throw UsageError("--norm batch needs at least 2 samples in every micro-batch (each "
+                     "epoch's last batch of " + std::to_string(short_batch) +
+                     (short_batch == 1 ? " sample" : " samples") +
+                     " leaves one with a single sample; --drop-last drops it)");
+  }
+}
+
+train::RunConfig resume_settings(const TrainOptions& options, const nn::ModelConfig& model,
+                                 const nn::Optimizer::Options& optimizer,
+                                 const train::TrainConfig& train) {
+  SettingsRecord record = train::run_settings(model, optimizer, train);
+  record.add(options.source);
+  return record.values();
+}
+
+void check_plan_flags(const TrainOptions& options) {
+  for (const char* flag : {"--micro-batch", "--checkpoint", "--loss-scale"}) {
+    if (options.was_given(flag)) {
+      throw UsageError(std::string("--plan auto chooses ") + (flag + 2) + " itself: drop " + flag);
+    }
+  }
+}
+
+void apply_plan(const planning::Plan& plan, TrainOptions& options, nn::ModelConfig& model) {
+  options.train.micro_batch = plan.micro_batch;
+  options.model.precision = model.precision = plan.precision;
+  options.train.loss_scaling = plan.precision == nn::Precision::fp16 ? train::LossScaling::dynamic
+                                                                     : train::LossScaling::none;
+  options.checkpoint = plan.checkpoint;
+}
+
+}  // namespace bigbatch::cli

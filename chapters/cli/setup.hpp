@@ -1,0 +1,86 @@
+// setup.hpp: from bigbatch's typed options to what a run is made of: the data, the
+// device, the model's, the optimizer's and the trainer's configurations, and the settings
+// a snapshot records. Both subcommands use it; each function checks what it converts
+// and refuses bad input with UsageError (exit code 2), naming the flag or file.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <stdexcept>
+
+#include "chapters/06_planner/planner.hpp"
+#include "chapters/cli/options.hpp"
+#include "chapters/train/run_settings.hpp"
+#include "chapters/train/trainer.hpp"
+#include "common/data/dataset.hpp"
+#include "nn/model.hpp"
+#include "nn/training.hpp"
+
+namespace bigbatch::cli {
+
+inline constexpr int kExitFailure = 1;
+inline constexpr int kExitBadInput = 2;
+inline constexpr int kExitOutOfMemory = 3;
+
+/// A mistake of the user's: reported without a stack of context, exit code 2.
+class UsageError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+/// No plan fits --device-memory (bigbatch plan, --plan auto): exit code 3, as out of memory.
+class NoPlanFits : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+struct Splits {
+  Dataset train;
+  std::optional<Dataset> test;
+
+  /// The classes the model needs: the larger of the two splits' counts.
+  std::int64_t classes() const;
+};
+
+/// --data (and --test-data), loaded once.
+Splits load_data(const TrainOptions& options);
+
+/// --device, checked to be there (a CUDA device needs a driver and a GPU).
+Device available_device(const TrainOptions& options);
+
+/// The learning rate the user asked for, before scaling: --lr or the optimizer's default.
+double base_learning_rate(const TrainOptions& options);
+
+/// The optimizer's options, its learning rate scaled for the batch by --lr-scale.
+nn::Optimizer::Options optimizer_options(const TrainOptions& options);
+
+/// The model's shape from the flags, or, with --init, from the file's metadata (written
+/// by Model::save) where no flag says otherwise; a flag that disagrees with the file is
+/// refused by name. A file without bigbatch's metadata (e.g. from PyTorch) keeps the
+/// flags' shape, and Model::load checks every tensor against it.
+nn::ModelConfig model_config(const TrainOptions& options, const Splits& splits);
+
+/// The trainer's configuration: --steps or --epochs (one epoch when neither is given),
+/// and the dynamic scaler's flags checked against each other.
+train::TrainConfig train_config(const TrainOptions& options);
+
+/// Refuses a BatchNorm micro-batch of a single sample (its variance is 0: PyTorch refuses
+/// it too), in any batch of the run: the full ones and an epoch's short last one.
+void check_batchnorm_micro_batches(std::int64_t batch, std::int64_t micro_batch,
+                                   std::int64_t short_batch);
+
+/// The settings a snapshot of this run records, and a --resume must repeat: the model's,
+/// the optimizer's and the trainer's trajectory settings and the program's (RunSource).
+train::RunConfig resume_settings(const TrainOptions& options, const nn::ModelConfig& model,
+                                 const nn::Optimizer::Options& optimizer,
+                                 const train::TrainConfig& train);
+
+/// --plan auto refuses the flags the plan chooses itself (--micro-batch, --checkpoint,
+/// --loss-scale).
+void check_plan_flags(const TrainOptions& options);
+
+/// --plan auto: the plan's micro-batch, precision (fp16 with dynamic loss scaling) and
+/// checkpoint policy, written into the options and the model's configuration.
+void apply_plan(const planning::Plan& plan, TrainOptions& options, nn::ModelConfig& model);
+
+}  // namespace bigbatch::cli

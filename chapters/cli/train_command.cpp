@@ -1,0 +1,453 @@
+// train_command.cpp: `bigbatch train`, from typed options to a finished (or snapshotted) run.
+#include "chapters/cli/train_command.hpp"
+
+#include <algorithm>
+#include <csignal>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "chapters/05_activation_checkpointing/memory_plan.hpp"
+#include "chapters/05_activation_checkpointing/scheduled_runner.hpp"
+#include "chapters/cli/plan_command.hpp"
+#include "chapters/cli/progress.hpp"
+#include "chapters/cli/setup.hpp"
+#include "chapters/train/snapshot.hpp"
+#include "common/format.hpp"
+#include "common/json.hpp"
+#include "common/memory.hpp"
+#include "nn/memory_model.hpp"
+
+namespace bigbatch::cli {
+namespace {
+
+/// The signal that asked the run to stop (SIGINT or SIGTERM), 0 while none has.
+volatile std::sig_atomic_t g_stop_signal = 0;
+
+extern "C" void request_stop(int signal) {
+  g_stop_signal = signal;
+  std::signal(signal, SIG_DFL);  // a second one stops at once
+}
+
+/// Thrown from the step callback to leave the training loop after a signal.
+struct Interrupted {
+  int signal;
+};
+
+/// Fails early (before any training) when --save could not be written at the end.
+void check_writable(const std::string& path) {
+  const std::string probe = path + ".tmp";
+  std::ofstream out(probe);
+  if (!out) throw UsageError("--save: cannot write " + path);
+  out.close();
+  std::remove(probe.c_str());
+}
+
+/// Keeps the lines of a --log file up to step `last` (a resumed run appends the rest),
+/// rewriting it atomically; nothing when the file does not exist.
+void truncate_log(const std::string& path, std::int64_t last) {
+  std::ifstream in(path);
+  if (!in) return;
+  std::string kept, line;
+  while (std::getline(in, line)) {
+    // A line cut short by the kill that stopped the run does not parse: it goes.
+    const Json parsed = Json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (!parsed.is_object() || !parsed.contains("step") || !parsed["step"].is_number_integer() ||
+        parsed["step"].get<std::int64_t>() > last) {
+      continue;
+    }
+    kept += line + "\n";
+  }
+  const std::string temporary = path + ".tmp";
+  std::ofstream out(temporary, std::ios::trunc);
+  out << kept;
+  out.close();
+  if (!out || std::rename(temporary.c_str(), path.c_str()) != 0) {
+    throw UsageError("--log: cannot rewrite " + path + " for the resumed run");
+  }
+}
+
+/// Below what is live before any step (parameters, gradients, optimizer state and the
+/// batch) nothing can train: that is a setting out of range, not a step that ran out.
+void cap_device_memory(const TrainOptions& options, const nn::ModelConfig& model,
+                       std::int64_t micro_batch, Device device) {
+  if (!options.device_memory) return;
+  const std::size_t cap = *options.device_memory;
+  const nn::StepPrediction step =
+      nn::predict_step(model, options.train.batch, micro_batch, optimizer_options(options));
+  if (cap < step.stats.live_total) {
+    throw UsageError("--device-memory " + format_bytes(cap) + " is below the " +
+                     format_bytes(step.stats.live_total) + " that the model's parameters, "
+                     "gradients and optimizer state and the batch hold before any step (a "
+                     "step then peaks at " + format_bytes(step.peak()) + ")");
+  }
+  allocator_for(device).set_cap(cap);
+}
+
+/// --checkpoint as the run uses it: the policy asked for, the one it resolves to (a
+/// budget becomes the policy of fewest recomputations that fits) and its block runner.
+struct Checkpointing {
+  checkpointing::Policy asked, policy;
+  std::shared_ptr<checkpointing::ScheduledRunner> runner;  // null: every block keeps all
+};
+
+Checkpointing checkpointing_for(const TrainOptions& options,
+                                const checkpointing::StepShape& shape) {
+  Checkpointing c;
+  c.asked = options.checkpoint;
+  try {
+    c.policy = checkpointing::resolve_policy(c.asked, shape);
+    if (c.policy.needs_runner()) {
+      c.runner = checkpointing::ScheduledRunner::for_policy(c.policy, shape.model.depth);
+    }
+  } catch (const std::invalid_argument& e) {
+    throw UsageError(std::string("--checkpoint: ") + e.what());
+  }
+  return c;
+}
+
+/// "fp16 (f32 master weights), loss scale dynamic from 65536 (x2 after 2000 clean ...)"
+std::string precision_description(nn::Precision precision, const train::TrainConfig& c) {
+  std::ostringstream out;
+  out << nn::precision_name(precision)
+      << (precision == nn::Precision::fp16 ? " (f32 master weights)" : "") << ", loss scale ";
+  switch (c.loss_scaling) {
+    case train::LossScaling::none: out << "none"; break;
+    case train::LossScaling::fixed: out << "static " << c.fixed_scale; break;
+    case train::LossScaling::dynamic: {
+      const auto& d = c.dynamic_scaling;
+      out << "dynamic from " << d.initial_scale << " (x" << d.growth_factor << " after "
+          << d.growth_interval << " clean steps, x" << d.backoff_factor << " after "
+          << d.hysteresis << (d.hysteresis == 1 ? " overflow" : " overflows in a row")
+          << ", within [" << d.min_scale << ", " << d.max_scale << "])";
+      break;
+    }
+  }
+  return out.str();
+}
+
+/// "0.002 = 0.001 x sqrt(1024/256) (cosine after 5 linear warm-up steps from lr/5)"
+std::string learning_rate_description(const TrainOptions& options,
+                                      const nn::LrSchedule& schedule) {
+  std::ostringstream lr;
+  lr << schedule.base_lr;
+  const nn::LrScale scale = options.optimizer.lr_scale;
+  if (scale != nn::LrScale::none) {
+    const std::string ratio = std::to_string(options.train.batch) + "/" +
+                              std::to_string(options.optimizer.lr_reference_batch);
+    lr << " = " << base_learning_rate(options) << " x "
+       << (scale == nn::LrScale::sqrt ? "sqrt(" + ratio + ")" : ratio);
+  }
+  lr << " (" << nn::lr_schedule_name(schedule.kind);
+  if (schedule.warmup_steps > 0) {
+    lr << " after " << schedule.warmup_steps << " linear warm-up steps from lr/"
+       << schedule.warmup_steps;
+  }
+  lr << ")";
+  return lr.str();
+}
+
+/// The folder snapshots go to and, with --resume, where the run starts from.
+class SnapshotSetup {
+ public:
+  explicit SnapshotSetup(const TrainOptions& options)
+      : output_(options.output),
+        dir_(!output_.snapshot_dir.empty() ? output_.snapshot_dir : output_.resume) {
+    const OutputOptions& output = output_;
+    if (dir_.empty() && (options.was_given("--snapshot-every") ||
+                         options.was_given("--snapshot-keep"))) {
+      throw UsageError("--snapshot-every and --snapshot-keep need --snapshot-dir (or --resume)");
+    }
+    if (!output.resume.empty() && !std::filesystem::is_directory(output.resume)) {
+      throw UsageError("--resume " + output.resume + ": no such folder");
+    }
+    if (dir_.empty()) return;
+    try {
+      snapshots_.emplace(dir_, output.snapshot_keep);  // and its folder's lock
+    } catch (const std::runtime_error& e) {
+      throw UsageError(std::string(output.snapshot_dir.empty() ? "--resume: " : "--snapshot-dir: ") +
+                       e.what());
+    }
+  }
+
+  /// With --resume: restores the newest snapshot of its folder into the run, and returns
+  /// the steps it had done (0 without --resume).
+  std::int64_t resume(nn::Model& model, nn::Optimizer& optimizer, train::Trainer& trainer,
+                      const train::RunConfig& settings) {
+    const std::string& from = output_.resume;
+    if (from.empty()) return 0;
+    // From the --resume folder, even when --snapshot-dir sends new snapshots elsewhere
+    // (then that folder is locked too while it is read).
+    std::optional<train::SnapshotFolderLock> reading;
+    try {
+      std::error_code unknown;  // a folder that cannot be compared is locked apart
+      if (!std::filesystem::equivalent(dir_, from, unknown)) reading.emplace(from);
+    } catch (const std::runtime_error& e) {
+      throw UsageError(std::string("--resume: ") + e.what());
+    }
+    const std::vector<train::SnapshotFile> files = train::list_snapshots(from);
+    if (files.empty()) {
+      throw UsageError("--resume " + from + ": no snapshot (step-*.safetensors) in it");
+    }
+    try {
+      train::restore_snapshot(files.back().path, model, optimizer, trainer, settings);
+    } catch (const train::SnapshotMismatchError& e) {  // a changed setting
+      throw UsageError(std::string("--resume: ") + e.what());
+    } catch (const std::runtime_error& e) {  // a damaged file: is an older one whole?
+      const auto intact = std::find_if(
+          std::next(files.rbegin()), files.rend(),
+          [](const train::SnapshotFile& file) { return train::snapshot_is_intact(file.path); });
+      throw UsageError(std::string("--resume: ") + e.what() +
+                       (intact == files.rend()
+                            ? "; no older snapshot in " + from + " is intact"
+                            : "; the older snapshot " + intact->path +
+                                  " is intact: move the newer ones out of the folder to resume "
+                                  "from it"));
+    }
+    last_ = files.back().path;
+    return trainer.steps_done();
+  }
+
+  bool enabled() const { return snapshots_.has_value(); }
+  const std::string& dir() const { return dir_; }
+  /// The newest snapshot written or resumed from ("" when none).
+  const std::string& last() const { return last_; }
+  std::int64_t last_step() const { return last_step_; }
+
+  void write(const nn::Model& model, const nn::Optimizer& optimizer,
+             const train::Trainer& trainer, const train::RunConfig& settings) {
+    last_ = snapshots_->write(model, optimizer, trainer, settings);
+    last_step_ = trainer.steps_done();
+  }
+  void set_last_step(std::int64_t step) { last_step_ = step; }
+
+ private:
+  const OutputOptions& output_;
+  std::string dir_;
+  std::optional<train::Snapshots> snapshots_;
+  std::string last_;
+  std::int64_t last_step_ = 0;
+};
+
+}  // namespace
+
+int run_train(TrainOptions options) {
+  if (options.plan.automatic) check_plan_flags(options);
+  if (!options.output.save.empty()) check_writable(options.output.save);
+  const Device device = available_device(options);
+  const Splits splits = load_data(options);  // once, --plan auto included
+  nn::ModelConfig model_shape = model_config(options, splits);
+  if (options.plan.automatic) {
+    const planning::Plan best = plan_for(options, model_shape, device).best();
+    std::cout << "plan auto: " << planning::describe(best, options.train.batch) << "\n";
+    apply_plan(best, options, model_shape);
+  }
+  const std::int64_t batch = options.train.batch;
+  if (options.train.micro_batch > batch) {
+    throw UsageError("--micro-batch " + std::to_string(options.train.micro_batch) +
+                     " is larger than --batch " + std::to_string(batch));
+  }
+  // Rows per forward pass, in training and in evaluation: what the memory was sized for.
+  const std::int64_t micro_batch = options.train.micro_batch > 0 ? options.train.micro_batch : batch;
+  const std::int64_t samples = splits.train.size();
+  const bool batch_norm = model_shape.norm == nn::Norm::batch;
+  if (batch_norm) check_batchnorm_micro_batches(batch, micro_batch, 0);
+  if (options.train.drop_last && batch > samples) {
+    throw UsageError("--drop-last with --batch " + std::to_string(batch) +
+                     " leaves no batch: " + splits.train.name + " has " +
+                     std::to_string(samples) + " training samples");
+  }
+  if (batch_norm && !options.train.drop_last) {
+    check_batchnorm_micro_batches(batch, micro_batch, samples % batch);
+  }
+  cap_device_memory(options, model_shape, micro_batch, device);
+
+  nn::Model model(model_shape, device);
+  // The step as chapter 05's memory model sees it: budget:BYTES is chosen by its
+  // prediction, and --explain prints the prediction.
+  const nn::Optimizer::Options optimizer_choice = optimizer_options(options);
+  const checkpointing::StepShape step_shape{model_shape, batch, micro_batch, optimizer_choice};
+  const Checkpointing checkpoint = checkpointing_for(options, step_shape);
+  if (checkpoint.runner) model.set_block_runner(checkpoint.runner);
+  const OutputOptions& output = options.output;
+  if (!output.init.empty()) {
+    try {
+      model.load(output.init);
+    } catch (const std::runtime_error& e) {
+      throw UsageError(std::string("--init: ") + e.what());
+    }
+  }
+  nn::Optimizer optimizer(model.parameters(), optimizer_choice);
+  const train::TrainConfig config = train_config(options);
+  train::Trainer trainer(model, optimizer, splits.train, config);
+
+  // Snapshots go to --snapshot-dir, or back to the folder --resume reads.
+  const train::RunConfig settings =
+      resume_settings(options, model_shape, optimizer.options(), config);
+  SnapshotSetup snapshots(options);
+  const std::int64_t resumed_at = snapshots.resume(model, optimizer, trainer, settings);
+  snapshots.set_last_step(resumed_at);
+
+  std::ofstream log;
+  if (!output.log.empty()) {
+    if (resumed_at > 0) truncate_log(output.log, resumed_at);
+    log.open(output.log, resumed_at > 0 ? std::ios::app : std::ios::trunc);
+    if (!log) throw UsageError("--log: cannot write " + output.log);
+  }
+  if (batch_norm && micro_batch < batch) {
+    std::cerr << "bigbatch train: warning: --norm batch normalises each micro-batch of "
+              << micro_batch << " with its own statistics, so the update is not the one a "
+              << "batch of " << batch << " in one piece would give (gradient "
+              << "accumulation is exact for --norm layer)\n";
+  }
+
+  // What is trained, then how: the two header lines.
+  const std::int64_t accumulation_steps = (batch + micro_batch - 1) / micro_batch;
+  std::cout << "bigbatch train: " << splits.train.name << " (" << samples << " samples, "
+            << splits.train.feature_dim() << " features, " << model_shape.classes
+            << " classes), model depth " << model_shape.depth << " hidden "
+            << model_shape.hidden << " (" << model.parameter_count() << " parameters), "
+            << trainer.total_steps() << (trainer.total_steps() == 1 ? " step" : " steps")
+            << " (" << trainer.batches_per_epoch() << " per epoch) on " << device.name() << "\n";
+  const double weight_decay = std::visit([](const auto& o) { return o.weight_decay; },
+                                         optimizer.options());
+  std::cout << "optimizer "
+            << (options.optimizer.kind == OptimizerKind::sgd ? "sgd" : "adamw") << ", lr "
+            << learning_rate_description(options, trainer.lr_schedule()) << ", weight decay "
+            << weight_decay << ", seed " << config.seed << ", batch " << batch
+            << ", micro-batch " << micro_batch << ": " << accumulation_steps
+            << (accumulation_steps == 1 ? " accumulation step" : " accumulation steps")
+            << " per optimizer step";
+  if (batch % micro_batch != 0) {
+    std::cout << " (the last micro-batch has " << batch % micro_batch << " samples)";
+  }
+  std::cout << "\nprecision " << precision_description(model_shape.precision, config) << "\n";
+  if (checkpoint.asked != checkpoint.policy) {
+    std::cout << "checkpoint " << checkpoint.asked.text() << ": " << checkpoint.policy.text()
+              << ", the policy of fewest recomputations whose predicted step fits\n";
+  }
+  if (checkpoint.runner) {
+    const checkpointing::ScheduleStats stats =
+        checkpointing::simulate(checkpoint.runner->schedule());
+    std::cout << "activation checkpointing " << checkpoint.policy.text() << ": at most "
+              << stats.max_checkpoints << " block inputs kept and " << stats.max_taped
+              << (stats.max_taped == 1 ? " block's" : " blocks'")
+              << " activations at a time; " << stats.advances + stats.tapes
+              << " block forwards per micro-batch instead of " << model_shape.depth << "\n";
+    if (output.explain) std::cout << checkpointing::explain(checkpoint.runner->schedule()) << "\n";
+  }
+  if (checkpoint.runner || output.explain) {
+    const nn::StepPrediction predicted = checkpointing::predict_policy(step_shape, checkpoint.policy);
+    std::cout << "predicted step peak " << format_bytes(predicted.peak()) << " ("
+              << predicted.peak() << " bytes), at: " << predicted.peak_moment << "\n";
+  }
+  if (resumed_at > 0) {
+    std::cout << "resumed from " << snapshots.last() << " after step " << resumed_at << " of "
+              << trainer.total_steps() << "\n";
+  }
+  std::cout << std::flush;
+
+  const bool scaled = config.loss_scaling != train::LossScaling::none;
+  // The boundary's pass measures the gradients' norm when it runs: with a scaler or clipping.
+  const bool norm_measured = scaled || config.clip_grad_norm > 0.0f;
+  Progress progress(trainer.total_steps(), output.print_every, scaled, config.clip_grad_norm > 0.0f);
+  // A resumed run that has no step left reports the snapshot's scale and skips.
+  const train::TrainerState start = trainer.state();
+  float last_loss = 0;
+  float last_scale = start.scaler                                   ? start.scaler->scale
+                     : config.loss_scaling == train::LossScaling::fixed ? config.fixed_scale
+                                                                        : 1.0f;
+  std::int64_t skipped = start.skipped_steps;
+  const auto write_snapshot = [&] {
+    if (log.is_open()) log.flush();  // every line up to the snapshot's step is in the file
+    snapshots.write(model, optimizer, trainer, settings);
+  };
+  g_stop_signal = 0;
+  std::signal(SIGINT, request_stop);
+  std::signal(SIGTERM, request_stop);
+  try {
+    trainer.run([&](const train::StepRecord& record) {
+      last_loss = record.loss;
+      last_scale = record.loss_scale;
+      skipped = record.skipped_steps;
+      progress.update(record);
+      Json line = log_line(record, progress.elapsed(), norm_measured);
+      if (output.eval_every > 0 && splits.test && record.step % output.eval_every == 0) {
+        const nn::EvaluationResult test = nn::evaluate(model, *splits.test, micro_batch);
+        progress.break_line();
+        std::cout << "step " << record.step << ": test loss " << test.loss << ", accuracy "
+                  << test.accuracy << "\n";
+        line["test_loss"] = test.loss;
+        line["test_accuracy"] = test.accuracy;
+      }
+      if (log.is_open()) log << line.dump() << '\n';
+      const bool stop = g_stop_signal != 0;
+      if (snapshots.enabled() &&
+          (stop || (output.snapshot_every > 0 && record.step % output.snapshot_every == 0))) {
+        write_snapshot();
+      }
+      if (stop) throw Interrupted{static_cast<int>(g_stop_signal)};
+    });
+  } catch (const Interrupted& stop) {
+    progress.break_line();
+    if (log.is_open()) log.close();
+    std::cout << "interrupted by " << (stop.signal == SIGINT ? "SIGINT" : "SIGTERM")
+              << " after step " << trainer.steps_done() << " of " << trainer.total_steps();
+    if (snapshots.enabled()) {
+      std::cout << ": snapshot " << snapshots.last() << " written; continue with --resume "
+                << snapshots.dir() << "\n";
+    } else {
+      std::cout << ": nothing saved (give --snapshot-dir to keep the state)\n";
+    }
+    return 128 + stop.signal;
+  } catch (const train::NonFiniteLossError& e) {
+    throw std::runtime_error(std::string(e.what()) +
+                             (snapshots.last().empty()
+                                  ? std::string("; no snapshot was written")
+                                  : "; the last snapshot is " + snapshots.last() + " (step " +
+                                        std::to_string(snapshots.last_step()) + ")"));
+  }
+  std::signal(SIGINT, SIG_DFL);
+  std::signal(SIGTERM, SIG_DFL);
+  progress.break_line();
+  if (snapshots.enabled() && snapshots.last_step() != trainer.steps_done()) write_snapshot();
+  const double seconds = progress.elapsed();
+  if (log.is_open()) {
+    log.close();
+    if (!log) throw std::runtime_error("--log: writing " + output.log + " failed");
+  }
+
+  const std::int64_t steps_run = trainer.total_steps() - resumed_at;
+  std::printf("trained %lld steps in %s (%.1f ms/step on average)\n",
+              static_cast<long long>(steps_run), clock_time(seconds).c_str(),
+              steps_run > 0 ? 1e3 * seconds / static_cast<double>(steps_run) : 0.0);
+  if (snapshots.enabled()) std::cout << "snapshot: " << snapshots.last() << "\n";
+  if (steps_run > 0) std::printf("final train loss (last batch): %.4f\n", last_loss);
+  if (scaled) {
+    std::printf("loss scale: %g at the end; %lld of %lld steps skipped on an overflow\n",
+                static_cast<double>(last_scale), static_cast<long long>(skipped),
+                static_cast<long long>(trainer.total_steps()));
+  }
+  if (!output.save.empty()) {  // before the evaluation: nothing trained is lost after this
+    model.save(output.save);
+    std::cout << "saved the parameters to " << output.save << "\n";
+  }
+  if (splits.test) {
+    const nn::EvaluationResult test = nn::evaluate(model, *splits.test, micro_batch);
+    std::printf("test (%s, %lld samples): loss %.4f, accuracy %.4f\n", splits.test->name.c_str(),
+                static_cast<long long>(test.samples), test.loss, test.accuracy);
+  }
+  if (steps_run > 0) {
+    std::cout << step_memory_report(device, trainer.largest_step_memory(), steps_run);
+  }
+  return 0;
+}
+
+}  // namespace bigbatch::cli

@@ -1,0 +1,14 @@
+// train_command.hpp: `bigbatch train`: trains the model of nn/model.hpp on a data set
+// with the trainer of chapters/train/trainer.hpp, with snapshots, --resume, --plan auto,
+// the progress line, the log and the memory report.
+#pragma once
+
+#include "chapters/cli/options.hpp"
+
+namespace bigbatch::cli {
+
+/// Runs the training the options describe; returns the exit code (0, or 128 + the signal
+/// that stopped it). Throws UsageError, NoPlanFits and the trainer's errors.
+int run_train(TrainOptions options);
+
+}  // namespace bigbatch::cli
