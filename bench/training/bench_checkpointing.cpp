@@ -10,12 +10,13 @@
 //
 // BM_PlannedStep: chapter 06's question across budgets. For chapter 01's model and batch
 // (4096) and each device budget, the planner's fastest plan (its cost model measured once,
-// at the first budget), then that plan's optimizer steps on synthetic data, loss-scaled
-// when it is fp16, as chapter 06's demo trains it. Counters: the budget, the plan
-// (micro_batch, fp16, block_forwards: its recomputation per micro-batch), the predicted
-// step seconds and peak, the measured step peak (up to the optimizer boundary, the span
-// the memory model predicts) and the peak of each category then; samples/s is
-// items_per_second.
+// at the first budget), then that plan's optimizer steps on synthetic data through
+// train::Trainer, the step `bigbatch train --plan auto` and chapter 06's demo run (fp16
+// with dynamic loss scaling). Counters: the budget, the plan (micro_batch, fp16,
+// block_forwards: its recomputation per micro-batch), the predicted step seconds and peak,
+// the measured step peak (the trainer's record of the whole step: the predicted peak plus
+// boundary_bytes, what the loss scaler keeps for the run) and the peak of each category
+// then; samples/s is items_per_second.
 // Run: bench_checkpointing --benchmark_out=checkpointing.json --benchmark_out_format=json
 #include <benchmark/benchmark.h>
 
@@ -25,10 +26,10 @@
 #include <vector>
 
 #include "chapters/01_large_batch_baseline/baseline.hpp"
-#include "chapters/04_dynamic_loss_scaling/dynamic_loss_scaler.hpp"
 #include "chapters/05_activation_checkpointing/memory_plan.hpp"
 #include "chapters/05_activation_checkpointing/scheduled_runner.hpp"
 #include "chapters/06_planner/planner.hpp"
+#include "chapters/train/trainer.hpp"
 #include "common/data/dataset.hpp"
 #include "common/memory.hpp"
 #include "common/rng.hpp"
@@ -129,19 +130,20 @@ void BM_PlannedStep(benchmark::State& state) {
   }
   nn::Optimizer optimizer(model.parameters(), baseline::adamw_options());
   static const Dataset data = make_synthetic({.samples = 2 * baseline::kWantedBatch});
-  baseline::BaselineLoop loop(model, optimizer, data, baseline::kWantedBatch, plan.micro_batch,
-                              /*seed=*/5);
-  loss_scaling::DynamicLossScaler scaler;
+  // The program's step (bigbatch train --plan auto): fp16 trains with dynamic loss scaling.
   const bool fp16 = plan.precision == nn::Precision::fp16;
-  TrackingAllocator& device = allocator_for(Device::cpu());
-  MemoryStats at_boundary;
-  std::int64_t k = 0;
+  train::TrainConfig run;
+  run.batch = baseline::kWantedBatch;
+  run.micro_batch = plan.micro_batch;
+  run.steps = std::int64_t{1} << 40;  // as many as the benchmark takes
+  run.seed = 5;
+  run.loss_scaling = fp16 ? train::LossScaling::dynamic : train::LossScaling::none;
+  train::Trainer trainer(model, optimizer, data, run);
+  MemoryStats step_memory;
   const auto one_step = [&] {
-    device.reset_peak();
-    return loop.step(k++, fp16 ? scaler.scale() : 1.0f, [&] {
-      at_boundary = device.stats();
-      return !fp16 || !scaler.unscale_and_update(model).overflow;
-    });
+    const train::StepRecord record = trainer.step();
+    step_memory = record.memory;
+    return record.loss;
   };
   one_step();  // warm-up
   for (auto _ : state) benchmark::DoNotOptimize(one_step());
@@ -151,13 +153,14 @@ void BM_PlannedStep(benchmark::State& state) {
   state.counters["block_forwards"] = plan.recompute;
   state.counters["predicted_seconds"] = plan.seconds;
   state.counters["predicted_peak"] = static_cast<double>(plan.prediction.peak());
-  state.counters["step_peak"] = static_cast<double>(at_boundary.peak_total);
+  state.counters["step_peak"] = static_cast<double>(step_memory.peak_total);
+  state.counters["boundary_bytes"] = static_cast<double>(trainer.boundary_bytes());
   for (const MemoryCategory category :
        {MemoryCategory::parameters, MemoryCategory::master_weights, MemoryCategory::gradients,
         MemoryCategory::optimizer_state, MemoryCategory::activations,
         MemoryCategory::checkpoints, MemoryCategory::workspace, MemoryCategory::data}) {
     state.counters["at_peak_" + std::string(category_name(category))] =
-        static_cast<double>(at_boundary.at_peak_of(category));
+        static_cast<double>(step_memory.at_peak_of(category));
   }
   state.SetItemsProcessed(state.iterations() * baseline::kWantedBatch);
   state.SetLabel(planning::describe(plan, baseline::kWantedBatch));

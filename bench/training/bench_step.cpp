@@ -1,5 +1,7 @@
-// bench_step: one whole optimizer step of the residual MLP (zero_grad, forward and
-// backward over the micro-batches, AdamW), in fp32 and in fp16 mixed precision, with the
+// bench_step: one whole optimizer step of the residual MLP as `bigbatch train` runs it,
+// through train::Trainer (the batch gathered from a host data set and copied to the device,
+// zero_grad, forward and backward over the micro-batches, the optimizer boundary, AdamW),
+// in fp32 and in fp16 mixed precision, with the
 // memory the step needs as counters (exact, from the tracking allocator):
 //   activations_peak   the most bytes of saved activations alive at once
 //   peak_total         the device's peak during the step
@@ -28,11 +30,14 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "chapters/02_gradient_accumulation/accumulation.hpp"
+#include "chapters/train/trainer.hpp"
+#include "common/data/dataset.hpp"
 #include "common/cuda_runtime.hpp"
 #include "common/memory.hpp"
 #include "common/rng.hpp"
@@ -61,6 +66,14 @@ Batch random_batch(std::int64_t batch, Device device) {
           Tensor::from_vector(labels, {batch}).to(device)};
 }
 
+/// `batch` samples of synthetic data on the host (one data set per size, made once).
+const Dataset& step_data(std::int64_t batch) {
+  static std::map<std::int64_t, Dataset> sets;
+  auto [place, made] = sets.try_emplace(batch);
+  if (made) place->second = make_synthetic({.samples = batch, .features = kInputs});
+  return place->second;
+}
+
 /// args: precision (0 fp32, 1 fp16), depth, hidden, batch, micro-batch, fused epilogues.
 void BM_TrainingStep(benchmark::State& state, Device device) {
   std::string why_not;
@@ -75,16 +88,20 @@ void BM_TrainingStep(benchmark::State& state, Device device) {
   config.precision = fp16 ? nn::Precision::fp16 : nn::Precision::fp32;
   nn::Model model(config, device);
   nn::Optimizer optimizer(model.parameters(), AdamWOptions{});
-  const auto [x_device, labels_device] = random_batch(batch, device);
+  // The program's step (bigbatch train): the batch gathered from the host data set and
+  // copied to the device, zero_grad, the micro-batches, the optimizer boundary, AdamW.
+  const Dataset& data = step_data(batch);
+  train::TrainConfig run;
+  run.batch = batch;
+  run.micro_batch = micro_batch;
+  run.steps = std::int64_t{1} << 40;  // as many as the benchmark takes
+  run.seed = 3;
+  train::Trainer trainer(model, optimizer, data, run);
   TrackingAllocator& allocator = allocator_for(device);
   const bool fused = state.range(5) == 1;
   set_fused_epilogues(fused);
-  const auto one_step = [&](std::int64_t step) {
-    model.zero_grad();
-    const float loss = nn::accumulate_gradients(model, x_device, labels_device, micro_batch,
-                                                {true, 3, step * batch});
-    optimizer.step();
-    return loss;  // read back: the step has finished
+  const auto one_step = [&](std::int64_t) {
+    return trainer.step().loss;  // read back: the step has finished
   };
   one_step(0);  // warm-up: the caching allocator takes its blocks, cuBLAS its workspaces
   const std::size_t activations_before = allocator.stats().live_of(MemoryCategory::activations);

@@ -8,10 +8,10 @@
 #include <vector>
 
 #include "chapters/01_large_batch_baseline/baseline.hpp"
-#include "chapters/04_dynamic_loss_scaling/dynamic_loss_scaler.hpp"
 #include "chapters/05_activation_checkpointing/memory_plan.hpp"
 #include "chapters/05_activation_checkpointing/scheduled_runner.hpp"
 #include "chapters/06_planner/planner.hpp"
+#include "chapters/train/trainer.hpp"
 #include "common/format.hpp"
 #include "common/memory.hpp"
 #include "common/report.hpp"
@@ -26,11 +26,13 @@ struct Outcome {
   bb::nn::EvaluationResult test;
   std::vector<std::vector<float>> parameters;  // after training, as floats
   std::size_t largest_step_peak = 0;           // the most device bytes of any step
+  std::size_t boundary_bytes = 0;              // the optimizer boundary's own (a scaler's)
 };
 
 /// Trains chapter 01's model on `data` for `steps` steps of batch 4096 in micro-batches of
 /// `micro`, with the plan's precision (fp16 with dynamic loss scaling) and checkpoint
-/// policy, measuring every step's peak on the (possibly capped) device.
+/// policy, through the program's trainer (the step `bigbatch train --plan auto` runs),
+/// which measures every step's peak on the (possibly capped) device.
 Outcome train(const base::Data& data, std::int64_t micro, bb::nn::Precision precision,
               const bb::checkpointing::Policy& policy, std::int64_t steps) {
   bb::nn::ModelConfig config = base::model_config();
@@ -40,20 +42,18 @@ Outcome train(const base::Data& data, std::int64_t micro, bb::nn::Precision prec
     model.set_block_runner(bb::checkpointing::ScheduledRunner::for_policy(policy, config.depth));
   }
   bb::nn::Optimizer optimizer(model.parameters(), base::adamw_options());
-  base::BaselineLoop loop(model, optimizer, data.train, base::kWantedBatch, micro, /*seed=*/5);
-  bb::loss_scaling::DynamicLossScaler scaler;
-  bb::TrackingAllocator& device = bb::allocator_for(bb::Device::cpu());
+  bb::train::TrainConfig run;
+  run.batch = base::kWantedBatch;
+  run.micro_batch = micro;
+  run.steps = steps;
+  run.seed = 5;
+  run.loss_scaling = precision == bb::nn::Precision::fp16 ? bb::train::LossScaling::dynamic
+                                                          : bb::train::LossScaling::none;
+  bb::train::Trainer trainer(model, optimizer, data.train, run);
+  trainer.run();
   Outcome outcome;
-  const bool fp16 = precision == bb::nn::Precision::fp16;
-  for (std::int64_t k = 0; k < steps; ++k) {
-    device.reset_peak();
-    // The peak up to the optimizer boundary: the span chapter 05's model predicts (the
-    // boundary's own buffers come after the activations are gone).
-    loop.step(k, fp16 ? scaler.scale() : 1.0f, [&] {
-      outcome.largest_step_peak = std::max(outcome.largest_step_peak, device.stats().peak_total);
-      return !fp16 || !scaler.unscale_and_update(model).overflow;
-    });
-  }
+  outcome.largest_step_peak = trainer.largest_step_memory().peak_total;
+  outcome.boundary_bytes = trainer.boundary_bytes();
   outcome.test = bb::nn::evaluate(model, data.test, micro);
   for (const auto& p : model.parameters()) outcome.parameters.push_back(p.value.to_vector<float>());
   return outcome;
@@ -117,14 +117,16 @@ int main(int argc, char** argv) {
     planned = train(data, best.micro_batch, best.precision, best.checkpoint, steps);
   }
   const Outcome uncapped = train(data, base::kWantedBatch, bb::nn::Precision::fp32, {}, steps);
-  // The memory model counts the model's step; this loop's loss scaler also keeps its
-  // found-inf flag (one f32, allocated at the first boundary) live from then on.
-  const std::size_t scaler_bytes = best.precision == bb::nn::Precision::fp16 ? sizeof(float) : 0;
+  // The memory model counts the model's step; the trainer's loss scaler also keeps its
+  // pass's results (found-inf and the squared norm, 12 bytes) live for the whole run.
+  const std::size_t scaler_bytes = planned.boundary_bytes;
   report.check(planned.largest_step_peak <= base::kDeviceBytes &&
                    planned.largest_step_peak == best.prediction.peak() + scaler_bytes,
                "every step of the plan fits the cap; the largest peak, " +
                    bb::format_bytes(planned.largest_step_peak) + ", is the predicted one" +
-                   (scaler_bytes ? " plus the scaler's 4-byte flag" : ""));
+                   (scaler_bytes ? " plus the loss scaler's " + std::to_string(scaler_bytes) +
+                                       " bytes"
+                                 : ""));
   report.note("test accuracy: planned " + std::to_string(planned.test.accuracy) +
               ", uncapped in one piece " + std::to_string(uncapped.test.accuracy));
   if (best.precision == bb::nn::Precision::fp32) {
