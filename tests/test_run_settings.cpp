@@ -11,6 +11,7 @@
 #include <concepts>
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -48,27 +49,33 @@ constexpr void visit_settings(Self& s, Visit&& visit) {
   visit("b", s.b, SettingRole::watch_only);
 }
 
-static_assert(field_count<OneForgotten>() == 3);
-static_assert(settings_visited<OneForgotten>() == 2);
-static_assert(every_field_visited<Classified>());
-static_assert(!every_field_visited<OneForgotten>(), "a forgotten field must be seen");
-// The real configurations' fields are counted right (the headers assert the rest).
-static_assert(field_count<train::TrainConfig>() == 13);
-static_assert(field_count<nn::ModelConfig>() == 10);
+// Checked when the test runs (the values are computed at compile time), so that a plant
+// that breaks the check fails this test rather than the build.
+TEST(RunSettings, AFieldLeftOutOfItsVisitorIsSeen) {
+  EXPECT_EQ(field_count<OneForgotten>(), 3u);
+  EXPECT_EQ(settings_visited<OneForgotten>(), 2u);
+  EXPECT_TRUE(every_field_visited<Classified>());
+  EXPECT_FALSE(every_field_visited<OneForgotten>()) << "a forgotten field must be seen";
+  // The real configurations' fields are counted right (their headers assert the rest).
+  EXPECT_EQ(field_count<train::TrainConfig>(), 13u);
+  EXPECT_EQ(field_count<nn::ModelConfig>(), 10u);
+}
 
 // ---- every trajectory setting reaches the record ---------------------------------------
 
-/// Changes a setting's value to another valid one.
+/// Changes a setting's value: variant 0 halves a real (0 becomes 0.5) and adds 1 to a
+/// whole number, variant 1 doubles a real and adds 1, and adds 2 to a whole number (a
+/// range check refuses one of them, not both); a flag flips, an enumeration swaps 0 and 1.
 template <class T>
-void perturb(T& value) {
+void perturb(T& value, int variant) {
   if constexpr (std::is_same_v<T, bool>) {
     value = !value;
   } else if constexpr (std::is_enum_v<T>) {  // every enumeration here has values 0 and 1
     value = static_cast<T>(static_cast<int>(value) == 0 ? 1 : 0);
   } else if constexpr (std::is_floating_point_v<T>) {
-    value = value * 2 + 1;
+    value = variant == 0 ? (value == 0 ? T(0.5) : value / 2) : value * 2 + 1;
   } else if constexpr (std::is_integral_v<T>) {
-    value = value + 1;
+    value = value + 1 + variant;
   }
 }
 
@@ -87,13 +94,13 @@ std::vector<Setting> settings_of(const Config& config) {
   return settings;
 }
 
-/// `config` with its k-th setting changed.
+/// `config` with its k-th setting changed (perturb's variant).
 template <class Config>
-Config with_setting_changed(Config config, std::size_t k) {
+Config with_setting_changed(Config config, std::size_t k, int variant = 0) {
   std::size_t i = 0;
   visit_settings(config, [&](std::string_view, auto& value, SettingRole) {
     if (i++ == k) {
-      if constexpr (!SettingsGroup<std::decay_t<decltype(value)>>) perturb(value);
+      if constexpr (!SettingsGroup<std::decay_t<decltype(value)>>) perturb(value, variant);
     }
   });
   return config;
@@ -228,6 +235,119 @@ TEST(RunSettings, NumbersAreWrittenExactlyAndReadably) {
   EXPECT_EQ(setting_text(65536.0f), "65536");
   EXPECT_EQ(setting_text(std::int64_t{-3}), "-3");
   EXPECT_EQ(setting_text(true), "on");
+}
+
+// ---- the classification against the runs themselves ------------------------------------
+
+/// What a run's trajectory is: the parameters and the optimizer's state after the last
+/// step, and each step's scale and verdict. (Not the recorded loss: it adds the
+/// micro-batches' losses in their order, so its last bits follow the micro-batch; the
+/// gradients, and so the parameters, do not.)
+struct Trajectory {
+  std::vector<std::vector<float>> state;
+  std::vector<std::pair<float, bool>> steps;  // loss scale, skipped
+  bool operator==(const Trajectory&) const = default;
+};
+
+Trajectory trajectory_of(const nn::ModelConfig& model_config,
+                         const nn::Optimizer::Options& options,
+                         const train::TrainConfig& config) {
+  const Dataset data = testing::tiny_data(40);
+  nn::Model model(model_config, Device::cpu());
+  nn::Optimizer optimizer(model.parameters(), options);
+  train::Trainer trainer(model, optimizer, data, config);
+  Trajectory t;
+  trainer.run([&](const train::StepRecord& r) { t.steps.emplace_back(r.loss_scale, r.skipped); });
+  for (const auto& [name, tensor] : model.state_dict()) t.state.push_back(tensor.to_vector<float>());
+  for (const auto& [name, tensor] : optimizer.state()) t.state.push_back(tensor.to_vector<float>());
+  return t;
+}
+
+/// The independent check of a classification: a setting whose change alone moves the
+/// trajectory must be a trajectory setting (the record cannot miss it), and one classified
+/// as giving the same bits must give them. (A trajectory setting may happen not to move
+/// this small run: the rule runs one way.)
+template <class Config, class Run>
+void expect_classification_matches_the_runs(const Config& config, Run&& run) {
+  const Trajectory base = run(config);
+  ASSERT_EQ(base.steps.size(), 3u);
+  const std::vector<Setting> settings = settings_of(config);
+  for (std::size_t k = 0; k < settings.size(); ++k) {
+    const Setting& s = settings[k];
+    if (s.group || s.role == SettingRole::implied) continue;  // implied: the data decides
+    std::optional<Trajectory> changed;
+    for (int variant = 0; variant < 2 && !changed; ++variant) {
+      try {
+        changed = run(with_setting_changed(config, k, variant));
+      } catch (const std::invalid_argument&) {  // out of its range: the other variant
+      }
+    }
+    ASSERT_TRUE(changed) << s.name << ": neither change is a valid setting";
+    const bool moved = *changed != base;
+    if (moved) {
+      EXPECT_EQ(s.role, SettingRole::trajectory) << s.name << " changes the run's bits";
+    }
+    if (s.role == SettingRole::same_bits) {
+      EXPECT_FALSE(moved) << s.name << " is classified as giving the same bits";
+    }
+  }
+}
+
+// The run: fp16 (so the loss scale matters) with dynamic scaling from 2^20, which
+// overflows f16 at first and then trains (the scaler's and the optimizer's settings move
+// the run), dropout (the seed moves it), a warm-up, clipping that engages, batches of 12
+// from 40 samples.
+nn::ModelConfig moving_model() {
+  nn::ModelConfig c = testing::tiny_model(1, 0.25f);
+  c.precision = nn::Precision::fp16;
+  return c;
+}
+train::TrainConfig moving_train() {
+  train::TrainConfig c;
+  c.batch = 12;
+  c.steps = 3;
+  c.seed = moving_model().seed;
+  c.warmup_steps = 2;
+  c.clip_grad_norm = 0.05f;
+  c.loss_scaling = train::LossScaling::dynamic;
+  c.dynamic_scaling = {.initial_scale = 0x1p20f, .growth_interval = 1, .max_scale = 0x1p24f};
+  return c;
+}
+
+TEST(RunSettings, TheRunThatChecksTheClassificationSkipsAndTakesSteps) {
+  const Trajectory t = trajectory_of(moving_model(), AdamWOptions{}, moving_train());
+  ASSERT_EQ(t.steps.size(), 3u);
+  EXPECT_TRUE(t.steps.front().second) << "the first step must overflow: the scale matters";
+  EXPECT_FALSE(t.steps.back().second) << "the last must be taken: the optimizer matters";
+}
+
+TEST(RunSettings, TheTrainersClassificationMatchesWhatMovesARun) {
+  expect_classification_matches_the_runs(moving_train(), [](train::TrainConfig c) {
+    nn::ModelConfig model = moving_model();
+    model.seed = c.seed;
+    return trajectory_of(model, AdamWOptions{}, c);
+  });
+  expect_classification_matches_the_runs(moving_train().dynamic_scaling,
+                                         [](const loss_scaling::DynamicScalerOptions& d) {
+                                           train::TrainConfig c = moving_train();
+                                           c.dynamic_scaling = d;
+                                           return trajectory_of(moving_model(), AdamWOptions{}, c);
+                                         });
+}
+
+TEST(RunSettings, TheModelsAndOptimizersClassificationMatchesWhatMovesARun) {
+  expect_classification_matches_the_runs(moving_model(), [](nn::ModelConfig m) {
+    train::TrainConfig c = moving_train();
+    c.seed = m.seed;
+    return trajectory_of(m, AdamWOptions{}, c);
+  });
+  expect_classification_matches_the_runs(AdamWOptions{}, [](const AdamWOptions& o) {
+    return trajectory_of(moving_model(), o, moving_train());
+  });
+  expect_classification_matches_the_runs(SgdOptions{.lr = 0.05, .momentum = 0.5},
+                                         [](const SgdOptions& o) {
+                                           return trajectory_of(moving_model(), o, moving_train());
+                                         });
 }
 
 // ---- and a snapshot refuses a resume under any changed one ------------------------------

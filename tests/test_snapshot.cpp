@@ -12,6 +12,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <bit>
 #include <cstdint>
 #include <cstring>
@@ -45,7 +46,7 @@ struct TinyRun {
     config.precision = nn::Precision::fp16;
     return config;
   }
-  static train::TrainConfig train_config() {
+  static train::TrainConfig train_config(std::int64_t hysteresis, float initial_scale) {
     train::TrainConfig c;
     c.batch = 32;
     c.micro_batch = 7;
@@ -55,14 +56,16 @@ struct TinyRun {
     c.clip_grad_norm = 0.5f;
     c.loss_scaling = train::LossScaling::dynamic;
     // 2^24 overflows f16 at first: the first steps are skipped and the scale backs off.
-    c.dynamic_scaling = {.initial_scale = 0x1p24f, .growth_interval = 3, .min_scale = 1,
-                         .max_scale = 0x1p24f};
+    c.dynamic_scaling = {.initial_scale = initial_scale, .growth_interval = 3,
+                         .hysteresis = hysteresis, .min_scale = 1, .max_scale = 0x1p24f};
     return c;
   }
-  TinyRun()
+  /// hysteresis > 1: overflows in a row before a backoff, so a snapshot can fall between
+  /// two of them, with the scaler's overflow counter above 0.
+  explicit TinyRun(std::int64_t hysteresis = 1, float initial_scale = 0x1p24f)
       : model(model_config(), Device::cpu()),
         optimizer(model.parameters(), AdamWOptions{}),
-        trainer(model, optimizer, data, train_config()) {
+        trainer(model, optimizer, data, train_config(hysteresis, initial_scale)) {
     model.set_block_runner(checkpointing::ScheduledRunner::for_policy(checkpointing::Policy::parse("sqrt"), 4));
   }
 };
@@ -92,23 +95,28 @@ std::vector<double> record_values(const train::StepRecord& r) {
           static_cast<double>(r.skipped_steps)};
 }
 
-TEST(Snapshot, AResumedRunIsTheUninterruptedOneBitForBit) {
-  TinyRun straight;
+/// Stops a run after each of several steps, snapshots it and resumes it in fresh objects;
+/// each must end where the uninterrupted run ends. Returns the counters at each stop.
+std::vector<train::TrainerState> expect_resumed_runs_end_as_the_straight_one(
+    std::int64_t hysteresis, float initial_scale) {
+  std::vector<train::TrainerState> at_stops;
+  TinyRun straight(hysteresis, initial_scale);
   std::vector<std::vector<double>> straight_records;
   straight.trainer.run(
       [&](const train::StepRecord& r) { straight_records.push_back(record_values(r)); });
-  ASSERT_GT(straight.trainer.state().skipped_steps, 0) << "the test needs skipped steps";
+  EXPECT_GT(straight.trainer.state().skipped_steps, 0) << "the test needs skipped steps";
 
   for (const std::int64_t stop : {1, 2, 5, 7, 9, 11}) {  // after skipped and taken steps
     const testing::TemporaryDirectory folder;
     std::string path;
     {
-      TinyRun first;
+      TinyRun first(hysteresis, initial_scale);
       for (std::int64_t k = 0; k < stop; ++k) first.trainer.step();
+      at_stops.push_back(first.trainer.state());
       path = Snapshots(folder.str(), 2).write(first.model, first.optimizer, first.trainer,
                                               kConfig);
     }  // the first process is gone
-    TinyRun resumed;
+    TinyRun resumed(hysteresis, initial_scale);
     train::restore_snapshot(path, resumed.model, resumed.optimizer, resumed.trainer, kConfig);
     EXPECT_EQ(resumed.trainer.steps_done(), stop);
     std::vector<std::vector<double>> records;
@@ -126,6 +134,29 @@ TEST(Snapshot, AResumedRunIsTheUninterruptedOneBitForBit) {
                                                         straight_records.end()))
         << "stopped after step " << stop;
   }
+  return at_stops;
+}
+
+TEST(Snapshot, AResumedRunIsTheUninterruptedOneBitForBit) {
+  expect_resumed_runs_end_as_the_straight_one(1, 0x1p24f);
+}
+
+TEST(Snapshot, EveryCounterASnapshotRestoresIsExercisedAwayFromItsDefault) {
+  // Hysteresis 3 from 2^20, one backoff above the scale this model's f16 gradients take
+  // (2^19, as the run above finds): snapshots fall between overflows (overflow_run 1 or 2),
+  // between growths (clean_run 1 or 2) and after backoffs (a scale below the initial one),
+  // so that every counter the snapshot carries takes a value other than its start in some
+  // stop.
+  const std::vector<train::TrainerState> stops =
+      expect_resumed_runs_end_as_the_straight_one(3, 0x1p20f);
+  const auto some = [&](auto&& holds) { return std::any_of(stops.begin(), stops.end(), holds); };
+  using S = const train::TrainerState&;
+  EXPECT_TRUE(some([](S s) { return s.steps_done > 0 && s.samples_done > 0; }));
+  EXPECT_TRUE(some([](S s) { return s.optimizer_steps > 0 && s.skipped_steps > 0; }));
+  EXPECT_TRUE(some([](S s) { return s.scaler->overflow_run > 0; })) << "no stop mid-hysteresis";
+  EXPECT_TRUE(some([](S s) { return s.scaler->clean_run > 0; }));
+  EXPECT_TRUE(some([](S s) { return s.scaler->skipped > 0; }));
+  EXPECT_TRUE(some([](S s) { return s.scaler->scale < 0x1p24f; }));
 }
 
 /// The snapshot of a run after its first step, written in `folder`.
@@ -195,6 +226,45 @@ TEST(Snapshot, ADamagedFileIsRefusedAndChangesNothing) {
   }
   EXPECT_EQ(everything(other), before);
   EXPECT_EQ(other.trainer.steps_done(), 0);
+}
+
+TEST(Snapshot, TensorsTheModelRefusesChangeNothingAfterTheCountersWereRead) {
+  // A whole file of the same settings whose tensors are another model's: the counters
+  // read and set, the optimizer's state checked, then the model refuses the tensors. Nothing may have moved, the trainer's
+  // counters included ("nothing is changed unless everything checks").
+  const testing::TemporaryDirectory folder;
+  const std::string path = snapshot_after_one_step(folder);
+  struct OtherModel {
+    Dataset data = testing::tiny_data(100);
+    nn::Model model{[] {
+                      nn::ModelConfig c = TinyRun::model_config();
+                      // BatchNorm: the same parameters (so the optimizer's state fits)
+                      // and running statistics the snapshot does not have.
+                      c.norm = nn::Norm::batch;
+                      return c;
+                    }(),
+                    Device::cpu()};
+    nn::Optimizer optimizer{model.parameters(), AdamWOptions{}};
+    train::Trainer trainer{model, optimizer, data, TinyRun::train_config(1, 0x1p24f)};
+  } other;
+  std::vector<std::vector<float>> before;
+  for (const auto& [name, tensor] : other.model.state_dict()) before.push_back(tensor.to_vector<float>());
+  const train::TrainerState counters = other.trainer.state();
+  EXPECT_THROW(
+      train::restore_snapshot(path, other.model, other.optimizer, other.trainer, kConfig),
+      std::runtime_error);
+  std::vector<std::vector<float>> after;
+  for (const auto& [name, tensor] : other.model.state_dict()) after.push_back(tensor.to_vector<float>());
+  EXPECT_EQ(after, before);
+  EXPECT_EQ(other.optimizer.steps_taken(), 0);
+  for (const auto& [name, tensor] : other.optimizer.state()) {
+    for (const float v : tensor.to_vector<float>()) ASSERT_EQ(v, 0.0f) << name;  // as made
+  }
+  const train::TrainerState now = other.trainer.state();
+  EXPECT_EQ(now.steps_done, counters.steps_done);
+  EXPECT_EQ(now.optimizer_steps, counters.optimizer_steps);
+  EXPECT_EQ(now.skipped_steps, counters.skipped_steps);
+  EXPECT_EQ(now.scaler->scale, counters.scaler->scale);
 }
 
 TEST(Snapshot, AFlippedBitInAnyTensorIsRefusedNamingItAndChangesNothing) {
