@@ -39,14 +39,16 @@ double median_seconds(Device device, int repeats, Run run) {
   return times[times.size() / 2];
 }
 
-/// The line through (r1, t1) and (r2, t2); per_row is never negative (noise on a nearly
-/// flat cost) and fixed never below 0; one point (r2 <= r1) gives a constant.
-LinearCost fit(std::int64_t r1, double t1, std::int64_t r2, double t2) {
+}  // namespace
+
+LinearCost fit_line(std::int64_t r1, double t1, std::int64_t r2, double t2) {
   LinearCost cost;
   if (r2 > r1) cost.per_row = std::max(0.0, (t2 - t1) / static_cast<double>(r2 - r1));
   cost.fixed = std::max(0.0, t1 - cost.per_row * static_cast<double>(r1));
   return cost;
 }
+
+namespace {
 
 PrecisionCost measure_precision(nn::ModelConfig config, const nn::Optimizer::Options& options,
                                 Device device, std::int64_t batch, int repeats) {
@@ -74,8 +76,8 @@ PrecisionCost measure_precision(nn::ModelConfig config, const nn::Optimizer::Opt
     return median_seconds(device, repeats, [&] { model.forward(x.rows(0, rows), {true, 1, 0}); });
   };
   PrecisionCost cost;
-  cost.micro_batch = fit(r1, micro_step(r1), r2, micro_step(r2));
-  cost.forward = fit(r1, forward(r1), r2, forward(r2));
+  cost.micro_batch = fit_line(r1, micro_step(r1), r2, micro_step(r2));
+  cost.forward = fit_line(r1, forward(r1), r2, forward(r2));
   cost.optimizer = median_seconds(device, repeats, [&] { optimizer.step(); });
   return cost;
 }

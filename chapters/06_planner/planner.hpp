@@ -43,6 +43,11 @@ struct LinearCost {
   double per_row = 0;  ///< seconds per row
 };
 
+/// The line through (r1, t1) and (r2, t2), as calibrate() fits its two measurements:
+/// per_row is never negative (noise on a nearly flat cost) and fixed, the intercept, never
+/// below 0 (per_row is then kept and fixed is 0); one point (r2 <= r1) gives the constant t1.
+LinearCost fit_line(std::int64_t r1, double t1, std::int64_t r2, double t2);
+
 /// The measured costs of one precision (the table above).
 struct PrecisionCost {
   LinearCost micro_batch;  ///< a_p, b_p: forward + backward of one micro-batch
