@@ -4,7 +4,8 @@
 # fastest first, measuring the cost model once into --calibration and reusing it after;
 # `bigbatch train --plan auto` trains with the fastest, and every step's measured peak (the
 # log's peak_bytes_total) fits the budget and equals the planned peak; a budget nothing fits
-# exits with 3 and names the smallest peak; --plan auto refuses a flag it would choose.
+# exits with 3 and names the smallest peak, its plan and what no plan can trade away;
+# --plan auto refuses a flag it would choose.
 # `bigbatch plan --json` gives the same answer as one JSON object: its fastest plan is the
 # one --plan auto trains, with the same predicted peak in bytes; when nothing fits it exits
 # with 3 too and holds the smallest plan.
@@ -47,6 +48,13 @@ grep -q 'the smallest predicted peak is' none.err || fail "the smallest peak is 
 grep -q '"feasible":\[\],"smallest":{"micro_batch":[0-9]*,.*},"fixed_bytes":[0-9]*}$' none.json ||
   fail "--json: no smallest plan when nothing fits: $(cat none.json)"
 grep -q 'the smallest predicted peak is' none.err || fail "--json: the reason is not on stderr"
+# The reason names that smallest plan (its micro-batch and policy, as the JSON holds them)
+# and what no plan can trade away.
+m=$(sed -n 's/.*"smallest":{"micro_batch":\([0-9]*\),.*/\1/p' none.json)
+policy=$(sed -n 's/.*"smallest":{[^}]*"checkpoint":"\([^"]*\)".*/\1/p' none.json)
+[ -n "$m" ] && [ -n "$policy" ] || fail "--json: the smallest plan has no micro-batch or policy"
+grep -q "the smallest predicted peak is [0-9.]* [KMG]*i*B (micro-batch $m (.*, checkpoint $policy), of which [0-9.]* [KMG]*i*B are parameters" none.err ||
+  fail "the reason does not name the smallest plan (micro-batch $m, $policy): $(cat none.err)"
 "$bigbatch" train $run --plan auto --micro-batch 8 --steps 1 > /dev/null 2> refused.err; code=$?
 [ "$code" -eq 2 ] && grep -q 'drop --micro-batch' refused.err || fail "--plan auto took --micro-batch ($code)"
 echo "bigbatch plan and train --plan auto: the plan fits 6 MiB and its peak is measured as predicted"
