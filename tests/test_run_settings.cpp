@@ -258,7 +258,9 @@ Trajectory trajectory_of(const nn::ModelConfig& model_config,
   train::Trainer trainer(model, optimizer, data, config);
   Trajectory t;
   trainer.run([&](const train::StepRecord& r) { t.steps.emplace_back(r.loss_scale, r.skipped); });
-  for (const auto& [name, tensor] : model.state_dict()) t.state.push_back(tensor.to_vector<float>());
+  for (const auto& [name, tensor] : model.state_dict()) {
+    t.state.push_back(tensor.to_vector<float>());
+  }
   for (const auto& [name, tensor] : optimizer.state()) t.state.push_back(tensor.to_vector<float>());
   return t;
 }

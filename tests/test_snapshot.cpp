@@ -230,8 +230,9 @@ TEST(Snapshot, ADamagedFileIsRefusedAndChangesNothing) {
 
 TEST(Snapshot, TensorsTheModelRefusesChangeNothingAfterTheCountersWereRead) {
   // A whole file of the same settings whose tensors are another model's: the counters
-  // read and set, the optimizer's state checked, then the model refuses the tensors. Nothing may have moved, the trainer's
-  // counters included ("nothing is changed unless everything checks").
+  // read and set, the optimizer's state checked, then the model refuses the tensors.
+  // Nothing may have moved, the trainer's counters included ("nothing is changed unless
+  // everything checks").
   const testing::TemporaryDirectory folder;
   const std::string path = snapshot_after_one_step(folder);
   struct OtherModel {
@@ -247,15 +248,19 @@ TEST(Snapshot, TensorsTheModelRefusesChangeNothingAfterTheCountersWereRead) {
     nn::Optimizer optimizer{model.parameters(), AdamWOptions{}};
     train::Trainer trainer{model, optimizer, data, TinyRun::train_config(1, 0x1p24f)};
   } other;
-  std::vector<std::vector<float>> before;
-  for (const auto& [name, tensor] : other.model.state_dict()) before.push_back(tensor.to_vector<float>());
+  const auto model_values = [&] {
+    std::vector<std::vector<float>> values;
+    for (const auto& [name, tensor] : other.model.state_dict()) {
+      values.push_back(tensor.to_vector<float>());
+    }
+    return values;
+  };
+  const std::vector<std::vector<float>> before = model_values();
   const train::TrainerState counters = other.trainer.state();
   EXPECT_THROW(
       train::restore_snapshot(path, other.model, other.optimizer, other.trainer, kConfig),
       std::runtime_error);
-  std::vector<std::vector<float>> after;
-  for (const auto& [name, tensor] : other.model.state_dict()) after.push_back(tensor.to_vector<float>());
-  EXPECT_EQ(after, before);
+  EXPECT_EQ(model_values(), before);
   EXPECT_EQ(other.optimizer.steps_taken(), 0);
   for (const auto& [name, tensor] : other.optimizer.state()) {
     for (const float v : tensor.to_vector<float>()) ASSERT_EQ(v, 0.0f) << name;  // as made

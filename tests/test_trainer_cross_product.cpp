@@ -80,7 +80,9 @@ Outcome run(const Case& c) {
     EXPECT_EQ(record.memory.peak_total, predicted) << c.name() << ", step " << record.step;
     outcome.losses.push_back(record.loss);
   });
-  if (c.clip > 0.0f) EXPECT_GT(clipped, 0) << c.name() << ": the limit never clipped";
+  if (c.clip > 0.0f) {
+    EXPECT_GT(clipped, 0) << c.name() << ": the limit never clipped";
+  }
   for (const nn::NamedParameter& p : model.parameters()) {
     outcome.parameters.push_back(p.value.to_vector<float>());
   }

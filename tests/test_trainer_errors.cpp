@@ -4,6 +4,7 @@
 // stops the run before the optimizer step, naming the step, and the weights are untouched.
 #include <gtest/gtest.h>
 
+#include <initializer_list>
 #include <limits>
 #include <optional>
 #include <string>
@@ -18,7 +19,9 @@ namespace {
 
 std::vector<std::vector<float>> parameter_values(const nn::Model& model) {
   std::vector<std::vector<float>> values;
-  for (const nn::NamedParameter& p : model.parameters()) values.push_back(p.value.to_vector<float>());
+  for (const nn::NamedParameter& p : model.parameters()) {
+    values.push_back(p.value.to_vector<float>());
+  }
   return values;
 }
 
@@ -36,8 +39,28 @@ void set_all(const nn::Model& model, const std::string& name, float value,
   FAIL() << "no tensor " << name;
 }
 
-TEST(TrainerErrors, AnInfGradientBehindAFiniteLossStopsARunWithoutAScaler) {
+/// Runs one step of SGD (batch 32, clipping at `clip`: 0 is off) on `model` and expects
+/// it to stop with Error, whose message mentions `words`, before the weights are written.
+template <class Error>
+void expect_the_step_stops(nn::Model& model, float clip, std::initializer_list<std::string> words) {
   const Dataset data = testing::tiny_data(64);
+  nn::Optimizer optimizer(model.parameters(), SgdOptions{.lr = 0.1});
+  train::TrainConfig config;
+  config.batch = 32;
+  config.steps = 2;
+  config.clip_grad_norm = clip;
+  train::Trainer trainer(model, optimizer, data, config);
+  const auto before = parameter_values(model);
+  try {
+    trainer.step();
+    ADD_FAILURE() << "the step was taken without a loss scaler";
+  } catch (const Error& e) {
+    EXPECT_TRUE(testing::mentions(e.what(), words)) << e.what();
+  }
+  EXPECT_EQ(parameter_values(model), before) << "the weights were written";
+}
+
+TEST(TrainerErrors, AnInfGradientBehindAFiniteLossStopsARunWithoutAScaler) {
   nn::Model model(testing::tiny_model(0, 0.0f), Device::cpu());  // stem, head.ln, head
   // The stem outputs a constant (weight and bias 0), so the head's LayerNorm sees zero
   // variance: it outputs zeros, the logits are the head's bias (0) and the loss is log 5,
@@ -47,41 +70,17 @@ TEST(TrainerErrors, AnInfGradientBehindAFiniteLossStopsARunWithoutAScaler) {
   set_all(model, "stem.weight", 0.0f);
   set_all(model, "stem.bias", 0.0f);
   set_all(model, "head.weight", 0.0f, 3e38f);
-  nn::Optimizer optimizer(model.parameters(), SgdOptions{.lr = 0.1});
-  train::TrainConfig config;
-  config.batch = 32;
-  config.steps = 2;
-  config.clip_grad_norm = 1.0f;  // the boundary's pass runs, and finds the inf
-  train::Trainer trainer(model, optimizer, data, config);
-  const auto before = parameter_values(model);
-  try {
-    trainer.step();
-    FAIL() << "a step with an inf gradient was taken without a loss scaler";
-  } catch (const train::NonFiniteGradientError& e) {
-    EXPECT_TRUE(testing::mentions(e.what(), {"step 1: a gradient is inf or NaN",
-                                             "the run stops before the weights are written"}))
-        << e.what();
-  }
-  EXPECT_EQ(parameter_values(model), before) << "the weights were written";
+  // Clipping makes the boundary's pass run, and it finds the inf.
+  expect_the_step_stops<train::NonFiniteGradientError>(
+      model, 1.0f,
+      {"step 1: a gradient is inf or NaN", "the run stops before the weights are written"});
 }
 
 TEST(TrainerErrors, AnInfLossStopsARunWithoutAScaler) {
-  const Dataset data = testing::tiny_data(64);
   nn::Model model(testing::tiny_model(1, 0.0f), Device::cpu());
   set_all(model, "head.bias", std::numeric_limits<float>::infinity());
-  nn::Optimizer optimizer(model.parameters(), SgdOptions{.lr = 0.1});
-  train::TrainConfig config;
-  config.batch = 32;
-  config.steps = 2;
-  train::Trainer trainer(model, optimizer, data, config);
-  const auto before = parameter_values(model);
-  try {
-    trainer.step();
-    FAIL() << "a step with a non-finite loss was taken without a loss scaler";
-  } catch (const train::NonFiniteLossError& e) {
-    EXPECT_TRUE(testing::mentions(e.what(), {"step 1 (epoch 0, batch 0): the loss is"})) << e.what();
-  }
-  EXPECT_EQ(parameter_values(model), before) << "the weights were written";
+  expect_the_step_stops<train::NonFiniteLossError>(model, 0.0f,
+                                                   {"step 1 (epoch 0, batch 0): the loss is"});
 }
 
 }  // namespace

@@ -127,7 +127,8 @@ std::string read_loss_scale(const std::string& text, train::TrainConfig* config)
                               "dynamic, got '" + text + "'";
   if (text == "none" || text == "dynamic") {
     if (config != nullptr) {
-      config->loss_scaling = text == "none" ? train::LossScaling::none : train::LossScaling::dynamic;
+      config->loss_scaling =
+          text == "none" ? train::LossScaling::none : train::LossScaling::dynamic;
     }
     return {};
   }
@@ -230,7 +231,8 @@ void add_train_flags(CLI::App& train, TrainOptions& o) {
       ->capture_default_str()->check(positive);
   train.add_option("--dropout", o.model.dropout, "dropout probability inside the blocks")
       ->capture_default_str()->check(real_number_in(0.0, 0.999, "in [0, 0.999]"));
-  add_word_option(train, "--norm", o.model.norm, kNorms, "layer or batch (with --init: the file's)");
+  add_word_option(train, "--norm", o.model.norm, kNorms,
+                  "layer or batch (with --init: the file's)");
   add_word_option(train, "--activation", o.model.activation, kActivations,
                   "gelu (tanh approximation) or relu (with --init: the file's)");
   add_word_option(train, "--optimizer", o.optimizer.kind, kOptimizers, "sgd or adamw");

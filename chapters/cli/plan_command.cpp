@@ -21,7 +21,8 @@ std::string calibration_path(const TrainOptions& options) {
     return std::string(cache) + "/bigbatch/calibration.json";
   }
   const char* home = std::getenv("HOME");
-  return std::string(home != nullptr && *home != 0 ? home : ".") + "/.cache/bigbatch/calibration.json";
+  return std::string(home != nullptr && *home != 0 ? home : ".") +
+         "/.cache/bigbatch/calibration.json";
 }
 
 /// One plan as JSON (bigbatch plan --json): its settings, predicted peak in bytes (and the

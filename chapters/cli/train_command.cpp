@@ -172,8 +172,8 @@ class SnapshotSetup {
     try {
       snapshots_.emplace(dir_, output.snapshot_keep);  // and its folder's lock
     } catch (const std::runtime_error& e) {
-      throw UsageError(std::string(output.snapshot_dir.empty() ? "--resume: " : "--snapshot-dir: ") +
-                       e.what());
+      const char* flag = output.snapshot_dir.empty() ? "--resume: " : "--snapshot-dir: ";
+      throw UsageError(flag + std::string(e.what()));
     }
   }
 
@@ -255,7 +255,8 @@ int run_train(TrainOptions options) {
                      " is larger than --batch " + std::to_string(batch));
   }
   // Rows per forward pass, in training and in evaluation: what the memory was sized for.
-  const std::int64_t micro_batch = options.train.micro_batch > 0 ? options.train.micro_batch : batch;
+  const std::int64_t micro_batch =
+      options.train.micro_batch > 0 ? options.train.micro_batch : batch;
   const std::int64_t samples = splits.train.size();
   const bool batch_norm = model_shape.norm == nn::Norm::batch;
   if (batch_norm) check_batchnorm_micro_batches(batch, micro_batch, 0);
@@ -344,7 +345,8 @@ int run_train(TrainOptions options) {
     if (output.explain) std::cout << checkpointing::explain(checkpoint.runner->schedule()) << "\n";
   }
   if (checkpoint.runner || output.explain) {
-    const nn::StepPrediction predicted = checkpointing::predict_policy(step_shape, checkpoint.policy);
+    const nn::StepPrediction predicted =
+        checkpointing::predict_policy(step_shape, checkpoint.policy);
     std::cout << "predicted step peak " << format_bytes(predicted.peak()) << " ("
               << predicted.peak() << " bytes), at: " << predicted.peak_moment << "\n";
   }
@@ -357,7 +359,8 @@ int run_train(TrainOptions options) {
   const bool scaled = config.loss_scaling != train::LossScaling::none;
   // The boundary's pass measures the gradients' norm when it runs: with a scaler or clipping.
   const bool norm_measured = scaled || config.clip_grad_norm > 0.0f;
-  Progress progress(trainer.total_steps(), output.print_every, scaled, config.clip_grad_norm > 0.0f);
+  Progress progress(trainer.total_steps(), output.print_every, scaled,
+                    config.clip_grad_norm > 0.0f);
   // A resumed run that has no step left reports the snapshot's scale and skips.
   const train::TrainerState start = trainer.state();
   float last_loss = 0;
