@@ -148,7 +148,17 @@ def main():
 
     blas = [line.strip() for line in torch.__config__.show().splitlines()
             if "BLAS_INFO" in line or "MKL-DNN" in line or "CPU capability" in line]
+    cpu = "unknown CPU"
+    try:  # the model name and AVX-512's presence, as the C++ programs' "cpu" names them
+        with open("/proc/cpuinfo") as info:
+            text = info.read()
+        model = next((line.split(":", 1)[1].strip() for line in text.splitlines()
+                      if line.startswith("model name")), "unknown CPU")
+        cpu = model + ("; avx512f" if " avx512f" in text else "; no avx512f")
+    except OSError:
+        pass
     context = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+               "cpu": cpu,
                "host_name": platform.node(), "executable": "bench/pytorch_step.py",
                "num_cpus": os.cpu_count(), "threads": torch.get_num_threads(),
                "library": f"torch {torch.__version__}", "torch_config": blas,

@@ -89,7 +89,8 @@ def summary(path):
     repetitions = sorted({int(r.get("repetitions", 1)) for r in runs.values()})
     where = pathlib.Path(path).resolve()
     shown = where.relative_to(ROOT) if ROOT in where.parents else where.name
-    head = (f"Measured on a {context.get('num_cpus', '?')}-CPU machine on {context.get('date', '?')}, "
+    cpu = f" ({context['cpu']})" if "cpu" in context else ""
+    head = (f"Measured on a {context.get('num_cpus', '?')}-CPU machine{cpu} on {context.get('date', '?')}, "
             f"{', '.join(map(str, threads)) or '?'} threads, medians of "
             f"{', '.join(map(str, repetitions))} repetitions, from `{shown}`.")
     openblas = sorted({r["label"] for n, r in runs.items() if n.startswith("BM_OpenBlasSgemm") and r.get("label")})
@@ -131,7 +132,8 @@ def step_summary(training_path, pytorch_path):
             f"({peer_context.get('date', '?')}, {peer_context.get('library', 'torch')}, "
             f"{peer_context.get('threads', '?')} threads; bigbatch: "
             f"{context.get('num_cpus', '?')} OpenMP threads), one run of "
-            "`scripts/run-benchmarks.sh`.")
+            "`scripts/run-benchmarks.sh`" + (f" on {context['cpu']}" if "cpu" in context else "") +
+            ".")
     return head + "\n\n" + "\n".join(rows)
 
 
