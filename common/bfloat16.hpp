@@ -1,0 +1,46 @@
+// bfloat16.hpp: bfloat16, the upper half of an IEEE binary32, on both backends.
+//
+// A bf16 value is the top 16 bits of a float: the sign, the same 8 exponent bits, and 7 of
+// the 23 significand bits. So it has fp32's range (no loss scale is needed to keep small
+// gradients from flushing to zero) and 8 significant bits where fp16 has 11: what bf16
+// costs is precision, not range.
+//
+//   bf16 -> float   exact: the 16 bits become the float's top half, the rest zeros
+//   float -> bf16   round to nearest, ties to even, on the bits: add 0x7FFF plus the lowest
+//                   kept bit and drop the low half. This is IEEE rounding for every finite
+//                   value, subnormals included (they share the float's encoding), and a
+//                   value past the largest bf16's half-way point rounds to infinity, as
+//                   IEEE says. A NaN is not rounded: its top half is kept and the quiet bit
+//                   set, because adding to a NaN whose payload sits only in the low half
+//                   would carry into the exponent and turn it into an infinity.
+// This is what CUDA's __float2bfloat16_rn does (and PyTorch's round_to_nearest_even, which
+// returns one canonical NaN where this keeps the sign and the payload's top bits).
+#pragma once
+
+#include <bit>
+#include <cstdint>
+
+namespace bigbatch {
+
+/// The bits of a bfloat16 value (the element type of DType::bf16 tensors on the host).
+struct bf16 {
+  std::uint16_t bits = 0;
+  friend constexpr bool operator==(bf16, bf16) = default;
+};
+
+/// float -> bf16, rounded to nearest even; a NaN stays a NaN (quiet, its sign kept).
+constexpr bf16 to_bf16(float x) {
+  const auto u = std::bit_cast<std::uint32_t>(x);
+  if ((u & 0x7fffffffu) > 0x7f800000u) {  // NaN
+    return {static_cast<std::uint16_t>((u >> 16) | 0x0040u)};
+  }
+  const std::uint32_t lowest_kept = (u >> 16) & 1u;
+  return {static_cast<std::uint16_t>((u + 0x7fffu + lowest_kept) >> 16)};
+}
+
+/// bf16 -> float, exactly.
+constexpr float to_float(bf16 x) {
+  return std::bit_cast<float>(static_cast<std::uint32_t>(x.bits) << 16);
+}
+
+}  // namespace bigbatch
