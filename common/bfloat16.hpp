@@ -24,7 +24,8 @@ namespace bigbatch {
 
 /// The bits of a bfloat16 value (the element type of DType::bf16 tensors on the host).
 struct bf16 {
-  std::uint16_t bits = 0;
+  std::uint16_t bits = 0;  ///< sign, 8 exponent bits, 7 significand bits
+  /// The same bits (so +0 and -0 differ, and a NaN equals itself).
   friend constexpr bool operator==(bf16, bf16) = default;
 };
 

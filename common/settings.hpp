@@ -54,8 +54,9 @@ namespace settings_detail {
 
 /// Converts to any field's type: T{AnyField{}, ...} tries a field count.
 struct AnyField {
+  /// Any type (declared only: used where nothing is evaluated).
   template <class T>
-  constexpr operator T() const noexcept;  // declared only: used where nothing is evaluated
+  constexpr operator T() const noexcept;
 };
 
 template <class T, std::size_t... I>
@@ -111,7 +112,9 @@ std::string setting_text(T value) {
   if (error != std::errc()) throw std::logic_error("setting_text: a number does not fit");
   return std::string(text, end);
 }
+/// A flag as the command line spells it: "on" or "off".
 inline std::string setting_text(bool value) { return value ? "on" : "off"; }
+/// A word or a path: itself.
 inline std::string setting_text(const std::string& value) { return value; }
 
 /// The text of every trajectory setting of one or more configurations, by name: what a
@@ -147,6 +150,7 @@ class SettingsRecord {
     }
   }
 
+  /// Every trajectory setting recorded so far, by name.
   const std::map<std::string, std::string>& values() const { return values_; }
 
  private:

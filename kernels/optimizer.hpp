@@ -87,7 +87,7 @@ struct AdamWOptions {
   double weight_decay = 1e-2;
 };
 
-// The optimizers' settings (common/settings.hpp): every one shapes the trajectory.
+/// SGD's settings (common/settings.hpp): every one shapes the trajectory.
 template <SettingsOf<SgdOptions> Self, class Visit>
 constexpr void visit_settings(Self& o, Visit&& visit) {
   visit("lr", o.lr, SettingRole::trajectory);
@@ -98,6 +98,7 @@ constexpr void visit_settings(Self& o, Visit&& visit) {
 }
 static_assert(every_field_visited<SgdOptions>(), "classify SgdOptions' new field above");
 
+/// AdamW's settings (common/settings.hpp): every one shapes the trajectory.
 template <SettingsOf<AdamWOptions> Self, class Visit>
 constexpr void visit_settings(Self& o, Visit&& visit) {
   visit("lr", o.lr, SettingRole::trajectory);

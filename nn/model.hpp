@@ -327,9 +327,11 @@ std::string norm_name(Norm norm);              ///< "layer", "batch"
 std::string precision_name(Precision precision);  ///< "fp32", "fp16"
 std::string activation_name(Activation act);  ///< "gelu", "relu"
 
-// The settings' text (common/settings.hpp): the names above.
+/// The norm as a setting (common/settings.hpp): norm_name.
 inline std::string setting_text(Norm norm) { return norm_name(norm); }
+/// The precision as a setting: precision_name.
 inline std::string setting_text(Precision precision) { return precision_name(precision); }
+/// The activation as a setting: activation_name.
 inline std::string setting_text(Activation act) { return activation_name(act); }
 
 }  // namespace bigbatch::nn
