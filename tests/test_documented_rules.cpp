@@ -124,6 +124,9 @@ TEST(DocumentedRules, TheCostKeyTellsApartEveryFieldThatChangesAStepsTime) {
     EXPECT_NE(planning::cost_key(other[i], AdamWOptions{}, Device::cpu()), key) << "field " << i;
   }
   EXPECT_NE(planning::cost_key(base, SgdOptions{}, Device::cpu()), key);
+  // SGD's step reads and writes the momentum buffer only when there is one.
+  EXPECT_NE(planning::cost_key(base, SgdOptions{.momentum = 0.9}, Device::cpu()),
+            planning::cost_key(base, SgdOptions{}, Device::cpu()));
   // The seed and the precision do not: one calibration measures both precisions.
   nn::ModelConfig same = base;
   same.seed += 1;

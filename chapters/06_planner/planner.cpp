@@ -7,6 +7,7 @@
 #include <fstream>
 #include <sstream>
 #include <stdexcept>
+#include <variant>
 
 #include "chapters/05_activation_checkpointing/memory_plan.hpp"
 #include "common/cuda_runtime.hpp"
@@ -122,6 +123,17 @@ CostModel CostModel::from_json(const Json& json) {
   }
 }
 
+namespace {
+
+/// The optimizer as its step's cost sees it: AdamW, or SGD with or without the momentum
+/// buffer (which its step reads and writes).
+std::string optimizer_word(const nn::Optimizer::Options& optimizer) {
+  if (std::holds_alternative<AdamWOptions>(optimizer)) return "adamw";
+  return std::get<SgdOptions>(optimizer).momentum != 0 ? "sgd with momentum" : "sgd";
+}
+
+}  // namespace
+
 std::string cost_key(const nn::ModelConfig& model, const nn::Optimizer::Options& optimizer,
                      Device device) {
   std::ostringstream key;
@@ -129,8 +141,7 @@ std::string cost_key(const nn::ModelConfig& model, const nn::Optimizer::Options&
       << model.hidden << ", expansion " << model.expansion << ", depth " << model.depth
       << ", norm " << nn::norm_name(model.norm) << ", activation "
       << (model.activation == nn::Activation::gelu ? "gelu" : "relu") << ", dropout "
-      << model.dropout << ", optimizer "
-      << (std::holds_alternative<AdamWOptions>(optimizer) ? "adamw" : "sgd") << ", device "
+      << model.dropout << ", optimizer " << optimizer_word(optimizer) << ", device "
       << (device.is_cuda() ? cuda_rt::device_name() : "cpu") << ", threads "
       << (device.is_cuda() ? 0 : cpu::max_threads());
   return key.str();
