@@ -76,12 +76,12 @@ void truncate_log(const std::string& path, std::int64_t last) {
 
 /// Below what is live before any step (parameters, gradients, optimizer state and the
 /// batch) nothing can train: that is a setting out of range, not a step that ran out.
-void cap_device_memory(const TrainOptions& options, const nn::ModelConfig& model,
-                       std::int64_t micro_batch, Device device) {
+void cap_device_memory(const TrainOptions& options, const checkpointing::StepShape& shape,
+                       Device device) {
   if (!options.device_memory) return;
   const std::size_t cap = *options.device_memory;
   const nn::StepPrediction step =
-      nn::predict_step(model, options.train.batch, micro_batch, optimizer_options(options));
+      nn::predict_step(shape.model, shape.batch, shape.micro_batch, shape.optimizer);
   if (cap < step.stats.live_total) {
     throw UsageError("--device-memory " + format_bytes(cap) + " is below the " +
                      format_bytes(step.stats.live_total) + " that the model's parameters, "
@@ -212,7 +212,8 @@ class SnapshotSetup {
                                   "from it"));
     }
     last_ = files.back().path;
-    return trainer.steps_done();
+    last_step_ = trainer.steps_done();
+    return last_step_;
   }
 
   bool enabled() const { return snapshots_.has_value(); }
@@ -226,7 +227,6 @@ class SnapshotSetup {
     last_ = snapshots_->write(model, optimizer, trainer, settings);
     last_step_ = trainer.steps_done();
   }
-  void set_last_step(std::int64_t step) { last_step_ = step; }
 
  private:
   const OutputOptions& output_;
@@ -268,13 +268,13 @@ int run_train(TrainOptions options) {
   if (batch_norm && !options.train.drop_last) {
     check_batchnorm_micro_batches(batch, micro_batch, samples % batch);
   }
-  cap_device_memory(options, model_shape, micro_batch, device);
-
-  nn::Model model(model_shape, device);
-  // The step as chapter 05's memory model sees it: budget:BYTES is chosen by its
-  // prediction, and --explain prints the prediction.
+  // The step as chapter 05's memory model sees it: the cap is checked against it,
+  // budget:BYTES is chosen by its prediction, and --explain prints the prediction.
   const nn::Optimizer::Options optimizer_choice = optimizer_options(options);
   const checkpointing::StepShape step_shape{model_shape, batch, micro_batch, optimizer_choice};
+  cap_device_memory(options, step_shape, device);
+
+  nn::Model model(model_shape, device);
   const Checkpointing checkpoint = checkpointing_for(options, step_shape);
   if (checkpoint.runner) model.set_block_runner(checkpoint.runner);
   const OutputOptions& output = options.output;
@@ -294,7 +294,6 @@ int run_train(TrainOptions options) {
       resume_settings(options, model_shape, optimizer.options(), config);
   SnapshotSetup snapshots(options);
   const std::int64_t resumed_at = snapshots.resume(model, optimizer, trainer, settings);
-  snapshots.set_last_step(resumed_at);
 
   std::ofstream log;
   if (!output.log.empty()) {
