@@ -20,6 +20,8 @@
 #include <bit>
 #include <cstdint>
 
+#include "common/dtype.hpp"
+
 namespace bigbatch {
 
 /// The bits of a bfloat16 value (the element type of DType::bf16 tensors on the host).
@@ -29,14 +31,22 @@ struct bf16 {
   friend constexpr bool operator==(bf16, bf16) = default;
 };
 
+/// bf16 is bf16.
+template <>
+struct DTypeOf<bf16> {
+  /// DType::bf16.
+  static constexpr DType value = DType::bf16;
+};
+
 /// float -> bf16, rounded to nearest even; a NaN stays a NaN (quiet, its sign kept).
+/// Written without a branch (the NaN case is a select), so loops over it vectorise.
 constexpr bf16 to_bf16(float x) {
   const auto u = std::bit_cast<std::uint32_t>(x);
-  if ((u & 0x7fffffffu) > 0x7f800000u) {  // NaN
-    return {static_cast<std::uint16_t>((u >> 16) | 0x0040u)};
-  }
   const std::uint32_t lowest_kept = (u >> 16) & 1u;
-  return {static_cast<std::uint16_t>((u + 0x7fffu + lowest_kept) >> 16)};
+  const std::uint32_t rounded = (u + 0x7fffu + lowest_kept) >> 16;
+  const std::uint32_t quiet_nan = (u >> 16) | 0x0040u;
+  const bool nan = (u & 0x7fffffffu) > 0x7f800000u;
+  return {static_cast<std::uint16_t>(nan ? quiet_nan : rounded)};
 }
 
 /// bf16 -> float, exactly.

@@ -10,10 +10,7 @@ namespace bigbatch {
 namespace {
 
 void check_activation_dtype(const char* op, const Tensor& x) {
-  const DType dtype = x.dtype();
-  BIGBATCH_CHECK(
-      dtype == DType::f32 || dtype == DType::f16 || (dtype == DType::f64 && x.device().is_cpu()),
-      op, ": x must be f32 or f16 (f64 on the CPU), got ", x.describe());
+  detail::check_floating(op, "x", x);
 }
 
 Device check_forward(const char* op, const Tensor& x, const Tensor& y) {

@@ -41,7 +41,7 @@ template <class F>
 void launch_forward(const char* name, const Tensor& x, const Tensor& y, F f) {
   const std::int64_t n = x.numel();
   if (n == 0) return;
-  dispatch_f16_f32(name, x.dtype(), [&]<class T>(ElementType<T>) {
+  dispatch_floating(name, x.dtype(), [&]<class T>(ElementType<T>) {
     forward_kernel<<<grid_for(n), kThreadsPerBlock>>>(x.data<T>(), y.data<T>(), n, f);
   });
   BIGBATCH_CHECK_LAUNCH(name);
@@ -51,7 +51,7 @@ template <class F>
 void launch_backward(const char* name, const Tensor& x, const Tensor& dy, const Tensor& dx, F f) {
   const std::int64_t n = x.numel();
   if (n == 0) return;
-  dispatch_f16_f32(name, x.dtype(), [&]<class T>(ElementType<T>) {
+  dispatch_floating(name, x.dtype(), [&]<class T>(ElementType<T>) {
     backward_kernel<<<grid_for(n), kThreadsPerBlock>>>(x.data<T>(), dy.data<T>(), dx.data<T>(),
                                                        n, f);
   });

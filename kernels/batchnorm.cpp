@@ -16,8 +16,7 @@ DType statistics_dtype(DType data) { return data == DType::f64 ? DType::f64 : DT
 
 void check_data(const char* op, const Tensor& x) {
   detail::check_rank(op, "x", x, 2);
-  BIGBATCH_CHECK(x.dtype() == DType::f32 || x.dtype() == DType::f16 || x.dtype() == DType::f64,
-                 op, ": x must be f32, f16 or f64, got ", x.describe());
+  detail::check_floating(op, "x", x);
   BIGBATCH_CHECK(x.dtype() != DType::f64 || x.device().is_cpu(), op,
                  ": x is f64, which exists only on the CPU: ", x.describe());
 }
@@ -236,9 +235,6 @@ void backward_typed(const Tensor& x, const Tensor& weight, const Tensor& mean, c
   });
 }
 
-[[noreturn]] void throw_not_floating(const char* op, const Tensor& x) {
-  throw std::invalid_argument(std::string(op) + ": x must be floating point: " + x.describe());
-}
 
 }  // namespace
 
@@ -246,49 +242,26 @@ void batchnorm_forward_train(const Tensor& x, const Tensor& weight, const Tensor
                              const Tensor& y, const Tensor& mean, const Tensor& rstd,
                              const Tensor& running_mean, const Tensor& running_var,
                              float momentum, float eps) {
-  switch (x.dtype()) {
-    case DType::f32:
-      return forward_train_typed<float>(x, weight, bias, y, mean, rstd, running_mean,
-                                        running_var, momentum, eps);
-    case DType::f16:
-      return forward_train_typed<f16>(x, weight, bias, y, mean, rstd, running_mean, running_var,
-                                      momentum, eps);
-    case DType::f64:
-      return forward_train_typed<double>(x, weight, bias, y, mean, rstd, running_mean,
-                                         running_var, momentum, eps);
-    case DType::i32: break;
-  }
-  throw_not_floating("batchnorm_forward_train", x);
+  with_float_type("batchnorm_forward_train", x.dtype(), [&]<class T>(T) {
+    forward_train_typed<T>(x, weight, bias, y, mean, rstd, running_mean, running_var, momentum,
+                           eps);
+  });
 }
 
 void batchnorm_forward_eval(const Tensor& x, const Tensor& weight, const Tensor& bias,
                             const Tensor& running_mean, const Tensor& running_var,
                             const Tensor& y, float eps) {
-  switch (x.dtype()) {
-    case DType::f32:
-      return forward_eval_typed<float>(x, weight, bias, running_mean, running_var, y, eps);
-    case DType::f16:
-      return forward_eval_typed<f16>(x, weight, bias, running_mean, running_var, y, eps);
-    case DType::f64:
-      return forward_eval_typed<double>(x, weight, bias, running_mean, running_var, y, eps);
-    case DType::i32: break;
-  }
-  throw_not_floating("batchnorm_forward_eval", x);
+  with_float_type("batchnorm_forward_eval", x.dtype(), [&]<class T>(T) {
+    forward_eval_typed<T>(x, weight, bias, running_mean, running_var, y, eps);
+  });
 }
 
 void batchnorm_backward(const Tensor& x, const Tensor& weight, const Tensor& mean,
                         const Tensor& rstd, const Tensor& dy, const Tensor& dx,
                         const Tensor& dweight, const Tensor& dbias) {
-  switch (x.dtype()) {
-    case DType::f32:
-      return backward_typed<float>(x, weight, mean, rstd, dy, dx, dweight, dbias);
-    case DType::f16:
-      return backward_typed<f16>(x, weight, mean, rstd, dy, dx, dweight, dbias);
-    case DType::f64:
-      return backward_typed<double>(x, weight, mean, rstd, dy, dx, dweight, dbias);
-    case DType::i32: break;
-  }
-  throw_not_floating("batchnorm_backward", x);
+  with_float_type("batchnorm_backward", x.dtype(), [&]<class T>(T) {
+    backward_typed<T>(x, weight, mean, rstd, dy, dx, dweight, dbias);
+  });
 }
 
 }  // namespace cpu

@@ -194,7 +194,7 @@ void batchnorm_forward_train(const Tensor& x, const Tensor& weight, const Tensor
                              const Tensor& y, const Tensor& mean, const Tensor& rstd,
                              const Tensor& running_mean, const Tensor& running_var,
                              float momentum, float eps) {
-  dispatch_f16_f32("batchnorm_forward_train", x.dtype(), [&]<class T>(ElementType<T>) {
+  dispatch_floating("batchnorm_forward_train", x.dtype(), [&]<class T>(ElementType<T>) {
     forward_train_typed<T>(x, weight, bias, y, mean, rstd, running_mean, running_var, momentum,
                            eps);
   });
@@ -203,7 +203,7 @@ void batchnorm_forward_train(const Tensor& x, const Tensor& weight, const Tensor
 void batchnorm_forward_eval(const Tensor& x, const Tensor& weight, const Tensor& bias,
                             const Tensor& running_mean, const Tensor& running_var,
                             const Tensor& y, float eps) {
-  dispatch_f16_f32("batchnorm_forward_eval", x.dtype(), [&]<class T>(ElementType<T>) {
+  dispatch_floating("batchnorm_forward_eval", x.dtype(), [&]<class T>(ElementType<T>) {
     forward_eval_typed<T>(x, weight, bias, running_mean, running_var, y, eps);
   });
 }
@@ -211,7 +211,7 @@ void batchnorm_forward_eval(const Tensor& x, const Tensor& weight, const Tensor&
 void batchnorm_backward(const Tensor& x, const Tensor& weight, const Tensor& mean,
                         const Tensor& rstd, const Tensor& dy, const Tensor& dx,
                         const Tensor& dweight, const Tensor& dbias) {
-  dispatch_f16_f32("batchnorm_backward", x.dtype(), [&]<class T>(ElementType<T>) {
+  dispatch_floating("batchnorm_backward", x.dtype(), [&]<class T>(ElementType<T>) {
     backward_typed<T>(x, weight, mean, rstd, dy, dx, dweight, dbias);
   });
 }

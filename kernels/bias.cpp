@@ -15,8 +15,7 @@ void add_bias(const Tensor& y, const Tensor& bias) {
   if (y.dtype() == DType::f64 && device.is_cpu()) {
     detail::check_dtype("add_bias", "bias (for an f64 y)", bias, DType::f64);
   } else {
-    BIGBATCH_CHECK(y.dtype() == DType::f32 || y.dtype() == DType::f16,
-                   "add_bias: y must be f32 or f16 (f64 on the CPU), got ", y.describe());
+    detail::check_floating("add_bias", "y", y);
     detail::check_dtype("add_bias", "bias", bias, DType::f32);
   }
   detail::check_shape("add_bias", "bias", bias, {y.dim(1)});
@@ -28,10 +27,8 @@ void add_bias(const Tensor& y, const Tensor& bias) {
 void bias_backward(const Tensor& dy, const Tensor& dbias) {
   const Device device = detail::common_device("bias_backward", {&dy, &dbias});
   detail::check_rank("bias_backward", "dy", dy, 2);
-  BIGBATCH_CHECK(dy.dtype() == DType::f32 || dy.dtype() == DType::f16 ||
-                     (dy.dtype() == DType::f64 && device.is_cpu()),
-                 "bias_backward: dy must be f32 or f16 (f64 on the CPU), got ", dy.describe());
-  // f16 gradients (mixed precision) are summed in f32: dbias is a parameter gradient.
+  detail::check_floating("bias_backward", "dy", dy);
+  // 16-bit gradients (mixed precision) are summed in f32: dbias is a parameter gradient.
   detail::check_dtype("bias_backward", "dbias", dbias,
                       dy.dtype() == DType::f64 ? DType::f64 : DType::f32);
   detail::check_shape("bias_backward", "dbias", dbias, {dy.dim(1)});
@@ -65,7 +62,7 @@ void add_bias_typed(const Tensor& y, const Tensor& bias) {
 // order; the columns of one row are independent additions, which is what vectorises.
 // Eight rows at a time go through a register before the running sum is stored again:
 // still one addition per row, in row order, but an eighth of the loads and stores.
-template <class T, class G = T>  // T: the sums' type; G: dy's (f16 widens exactly)
+template <class T, class G = T>  // T: the sums' type; G: dy's (a 16-bit dy widens exactly)
 void bias_backward_typed(const Tensor& dy, const Tensor& dbias) {
   const G* grad = dy.data<G>();
   T* sum = dbias.data<T>();
@@ -106,19 +103,13 @@ void bias_backward_typed(const Tensor& dy, const Tensor& dbias) {
 }  // namespace
 
 void add_bias(const Tensor& y, const Tensor& bias) {
-  switch (y.dtype()) {
-    case DType::f32: return add_bias_typed<float, float>(y, bias);
-    case DType::f16: return add_bias_typed<f16, float>(y, bias);
-    case DType::f64: return add_bias_typed<double, double>(y, bias);
-    case DType::i32: break;
-  }
-  BIGBATCH_CHECK(false, "add_bias: unsupported ", y.describe());
+  with_float_type("add_bias", y.dtype(),
+                  [&]<class T>(T) { add_bias_typed<T, ComputeType<T>>(y, bias); });
 }
 
 void bias_backward(const Tensor& dy, const Tensor& dbias) {
-  if (dy.dtype() == DType::f64) return bias_backward_typed<double>(dy, dbias);
-  if (dy.dtype() == DType::f16) return bias_backward_typed<float, f16>(dy, dbias);
-  bias_backward_typed<float>(dy, dbias);
+  with_float_type("bias_backward", dy.dtype(),
+                  [&]<class G>(G) { bias_backward_typed<ComputeType<G>, G>(dy, dbias); });
 }
 
 }  // namespace cpu

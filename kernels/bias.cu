@@ -35,7 +35,7 @@ __global__ void bias_fold_kernel(const float* partials, float* dbias, std::int64
 void add_bias(const Tensor& y, const Tensor& bias) {
   const std::int64_t n = y.numel();
   if (n == 0) return;
-  dispatch_f16_f32("add_bias", y.dtype(), [&]<class T>(ElementType<T>) {
+  dispatch_floating("add_bias", y.dtype(), [&]<class T>(ElementType<T>) {
     add_bias_kernel<<<grid_for(n), kThreadsPerBlock>>>(y.data<T>(), bias.data<float>(), n,
                                                        y.dim(1));
   });
@@ -47,7 +47,7 @@ void bias_backward(const Tensor& dy, const Tensor& dbias) {
   if (rows == 0 || cols == 0) return;
   const std::int64_t tiles = reduction_order::tile_count(rows);
   const Tensor partials({tiles, cols}, DType::f32, dy.device(), MemoryCategory::workspace);
-  dispatch_f16_f32("bias_backward", dy.dtype(), [&]<class G>(ElementType<G>) {
+  dispatch_floating("bias_backward", dy.dtype(), [&]<class G>(ElementType<G>) {
     launch_column_tile_sums<1>("bias_backward column_tile_sums_kernel",
                                BiasGradientTerm<G>{dy.data<G>(), cols}, partials.data<float>(),
                                rows, cols);

@@ -4,7 +4,7 @@
 // - run_vectorized(loop): the loop compiled for AVX-512, AVX2 and the x86-64 baseline,
 //   the best supported copy run (with a cap, so that tests compare every copy);
 // - float <-> binary16 conversions that vectorise, and the loads and stores of the
-//   element types built on them;
+//   element types built on them (bfloat16's are common/bfloat16.hpp's, which vectorise too);
 // - the parallel chunk size of these loops;
 // - with_float_type, the dispatch from a tensor's dtype to its C++ element type;
 // - check_same_or_disjoint, the argument check of an op that may work in place.
@@ -18,6 +18,7 @@
 #include <cstring>
 #include <string_view>
 
+#include "common/bfloat16.hpp"
 #include "common/check.hpp"
 #include "common/half.hpp"
 #include "common/tensor.hpp"
@@ -101,10 +102,15 @@ inline float load(const f16* p) {
 
 /// *p = value, rounded once to the element type.
 inline void store(float* p, float value) { *p = value; }
+/// *p as float (exact).
+inline float load(const bf16* p) { return to_float(*p); }
+
 /// *p = value.
 inline void store(double* p, double value) { *p = value; }
 /// *p = value rounded to binary16 (to nearest even), stored as a typed _Float16.
 inline void store(f16* p, float value) { *p = f16_from_bits(float_to_half_bits(value)); }
+/// *p = value rounded to bfloat16 (to nearest even; a NaN stays a NaN).
+inline void store(bf16* p, float value) { *p = to_bf16(value); }
 
 // -- vector instruction sets -------------------------------------------------------
 //
@@ -164,13 +170,14 @@ void run_vectorized(const Loop& loop) {
 /// enough that a 1 MiB buffer already splits across four threads.
 inline constexpr std::int64_t kElementwiseGrain = 1 << 16;
 
-/// Calls body(T{}) with T the C++ element type of `dtype` (float, f16 or double); an
+/// Calls body(T{}) with T the C++ element type of `dtype` (float, f16, bf16 or double); an
 /// integer dtype is refused naming `op` (the ops' argument checks refuse it first).
 template <class Body>
 void with_float_type(const char* op, DType dtype, const Body& body) {
   switch (dtype) {
     case DType::f32: return body(float{});
     case DType::f16: return body(f16{});
+    case DType::bf16: return body(bf16{});
     case DType::f64: return body(double{});
     case DType::i32: break;
   }

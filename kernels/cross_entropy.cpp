@@ -7,6 +7,7 @@
 #include "common/data/dataset.hpp"
 #include "common/half.hpp"
 #include "kernels/cpu_parallel.hpp"
+#include "kernels/cpu_vector.hpp"
 #include "kernels/dispatch.hpp"
 #include "kernels/scalar_math.hpp"
 
@@ -19,9 +20,7 @@ DType loss_dtype(DType logits) { return logits == DType::f64 ? DType::f64 : DTyp
 /// logits: [M, C] floating, C >= 1; labels: [M] i32 on the same device.
 void check_logits_and_labels(const char* op, const Tensor& logits, const Tensor& labels) {
   detail::check_rank(op, "logits", logits, 2);
-  BIGBATCH_CHECK(logits.dtype() == DType::f32 || logits.dtype() == DType::f16 ||
-                     logits.dtype() == DType::f64,
-                 op, ": logits must be f32, f16 or f64, got ", logits.describe());
+  detail::check_floating(op, "logits", logits);
   BIGBATCH_CHECK(logits.dtype() != DType::f64 || logits.device().is_cpu(), op,
                  ": logits are f64, which exists only on the CPU: ", logits.describe());
   BIGBATCH_CHECK(logits.dim(1) >= 1, op, ": logits need at least one class, got ",
@@ -105,10 +104,8 @@ std::int64_t rows_per_chunk(std::int64_t classes) {
 
 template <class T>
 ComputeType<T> row_max(const T* row, std::int64_t classes) {
-  ComputeType<T> max = static_cast<ComputeType<T>>(row[0]);
-  for (std::int64_t c = 1; c < classes; ++c) {
-    max = std::max(max, static_cast<ComputeType<T>>(row[c]));
-  }
+  ComputeType<T> max = load(row);
+  for (std::int64_t c = 1; c < classes; ++c) max = std::max(max, load(row + c));
   return max;
 }
 
@@ -126,9 +123,9 @@ void forward_typed(const Tensor& logits, const Tensor& labels, const Tensor& los
       const T* row = z + i * C;
       const A max = row_max(row, C);
       A sum_exp = 0;
-      for (std::int64_t c = 0; c < C; ++c) sum_exp += std::exp(static_cast<A>(row[c]) - max);
+      for (std::int64_t c = 0; c < C; ++c) sum_exp += std::exp(load(row + c) - max);
       row_loss[i] =
-          detail::cross_entropy_row_loss(max, static_cast<A>(row[label[i]]), std::log(sum_exp));
+          detail::cross_entropy_row_loss(max, load(row + label[i]), std::log(sum_exp));
     }
   });
   A total = 0;
@@ -153,7 +150,7 @@ void backward_typed(const Tensor& logits, const Tensor& labels, const Tensor& dl
       const A max = row_max(row, C);
       A sum_exp = 0;
       for (std::int64_t c = 0; c < C; ++c) {
-        out[c] = std::exp(static_cast<A>(row[c]) - max);
+        out[c] = std::exp(load(row + c) - max);
         sum_exp += out[c];
       }
       for (std::int64_t c = 0; c < C; ++c) {
@@ -165,7 +162,6 @@ void backward_typed(const Tensor& logits, const Tensor& labels, const Tensor& dl
 
 template <class T>
 std::int64_t count_correct_typed(const Tensor& logits, const Tensor& labels) {
-  using A = ComputeType<T>;
   const std::int64_t M = logits.dim(0), C = logits.dim(1);
   const T* z = logits.data<T>();  // [M, C]
   const std::int32_t* label = labels.data<std::int32_t>();
@@ -176,7 +172,7 @@ std::int64_t count_correct_typed(const Tensor& logits, const Tensor& labels) {
       const T* row = z + i * C;
       std::int64_t best = 0;
       for (std::int64_t c = 1; c < C; ++c) {
-        if (detail::argmax_replaces(static_cast<A>(row[c]), static_cast<A>(row[best]))) best = c;
+        if (detail::argmax_replaces(load(row + c), load(row + best))) best = c;
       }
       correct_here += best == label[i] ? 1 : 0;
     }
@@ -185,43 +181,28 @@ std::int64_t count_correct_typed(const Tensor& logits, const Tensor& labels) {
   return correct;
 }
 
-[[noreturn]] void throw_not_floating(const char* op, const Tensor& logits) {
-  throw std::invalid_argument(std::string(op) + ": logits must be floating point: " +
-                              logits.describe());
-}
 
 }  // namespace
 
 void cross_entropy_forward(const Tensor& logits, const Tensor& labels, const Tensor& loss,
                            float global_count, float scale) {
-  switch (logits.dtype()) {
-    case DType::f32: return forward_typed<float>(logits, labels, loss, global_count, scale);
-    case DType::f16: return forward_typed<f16>(logits, labels, loss, global_count, scale);
-    case DType::f64: return forward_typed<double>(logits, labels, loss, global_count, scale);
-    case DType::i32: break;
-  }
-  throw_not_floating("cross_entropy_forward", logits);
+  with_float_type("cross_entropy_forward", logits.dtype(), [&]<class T>(T) {
+    forward_typed<T>(logits, labels, loss, global_count, scale);
+  });
 }
 
 void cross_entropy_backward(const Tensor& logits, const Tensor& labels, const Tensor& dlogits,
                             float global_count, float scale) {
-  switch (logits.dtype()) {
-    case DType::f32: return backward_typed<float>(logits, labels, dlogits, global_count, scale);
-    case DType::f16: return backward_typed<f16>(logits, labels, dlogits, global_count, scale);
-    case DType::f64: return backward_typed<double>(logits, labels, dlogits, global_count, scale);
-    case DType::i32: break;
-  }
-  throw_not_floating("cross_entropy_backward", logits);
+  with_float_type("cross_entropy_backward", logits.dtype(), [&]<class T>(T) {
+    backward_typed<T>(logits, labels, dlogits, global_count, scale);
+  });
 }
 
 std::int64_t count_correct(const Tensor& logits, const Tensor& labels) {
-  switch (logits.dtype()) {
-    case DType::f32: return count_correct_typed<float>(logits, labels);
-    case DType::f16: return count_correct_typed<f16>(logits, labels);
-    case DType::f64: return count_correct_typed<double>(logits, labels);
-    case DType::i32: break;
-  }
-  throw_not_floating("count_correct", logits);
+  std::int64_t correct = 0;
+  with_float_type("count_correct", logits.dtype(),
+                  [&]<class T>(T) { correct = count_correct_typed<T>(logits, labels); });
+  return correct;
 }
 
 }  // namespace cpu

@@ -164,20 +164,20 @@ std::int64_t count_correct_typed(const Tensor& logits, const Tensor& labels) {
 
 void cross_entropy_forward(const Tensor& logits, const Tensor& labels, const Tensor& loss,
                            float global_count, float scale) {
-  dispatch_f16_f32("cross_entropy_forward", logits.dtype(), [&]<class T>(ElementType<T>) {
+  dispatch_floating("cross_entropy_forward", logits.dtype(), [&]<class T>(ElementType<T>) {
     forward_typed<T>(logits, labels, loss, global_count, scale);
   });
 }
 
 void cross_entropy_backward(const Tensor& logits, const Tensor& labels, const Tensor& dlogits,
                             float global_count, float scale) {
-  dispatch_f16_f32("cross_entropy_backward", logits.dtype(), [&]<class T>(ElementType<T>) {
+  dispatch_floating("cross_entropy_backward", logits.dtype(), [&]<class T>(ElementType<T>) {
     backward_typed<T>(logits, labels, dlogits, global_count, scale);
   });
 }
 
 std::int64_t count_correct(const Tensor& logits, const Tensor& labels) {
-  return dispatch_f16_f32("count_correct", logits.dtype(), [&]<class T>(ElementType<T>) {
+  return dispatch_floating("count_correct", logits.dtype(), [&]<class T>(ElementType<T>) {
     return count_correct_typed<T>(logits, labels);
   });
 }

@@ -1,8 +1,9 @@
 // cuda_common.cuh: shared pieces of the CUDA backend (only .cu files include this): launch
-// sizes, the f16/f32 dispatch, element loads and stores, grid-stride loops, block reductions
+// sizes, the dispatch on f32/f16/bf16, element loads and stores, grid-stride loops, block reductions
 // and the launch check. Write a helper here once instead of again in each .cu file.
 #pragma once
 
+#include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
@@ -21,6 +22,13 @@ template <>
 struct DTypeOf<__half> {
   /// DType::f16.
   static constexpr DType value = DType::f16;
+};
+
+/// __nv_bfloat16, the GPU's bfloat16, is bf16.
+template <>
+struct DTypeOf<__nv_bfloat16> {
+  /// DType::bf16.
+  static constexpr DType value = DType::bf16;
 };
 
 namespace cuda {
@@ -43,7 +51,7 @@ inline unsigned row_blocks(std::int64_t rows) {
   return static_cast<unsigned>(rows < 65535 ? rows : 65535);
 }
 
-// ---- f16/f32 dispatch -----------------------------------------------------------------
+// ---- f32/f16/bf16 dispatch ------------------------------------------------------------
 
 /// An element type as a value, so that a generic lambda can receive it.
 template <class T>
@@ -52,32 +60,38 @@ struct ElementType {
   using type = T;
 };
 
-/// Calls f(ElementType<__half>{}) for f16 and f(ElementType<float>{}) for f32, and returns
-/// what f returns. Typical use, with a C++20 template lambda:
+/// Calls f(ElementType<float>{}) for f32, f(ElementType<__half>{}) for f16 and
+/// f(ElementType<__nv_bfloat16>{}) for bf16, and returns what f returns. Typical use, with
+/// a C++20 template lambda:
 /// \code
-///   dispatch_f16_f32("layernorm_forward", x.dtype(), [&]<class T>(ElementType<T>) {
+///   dispatch_floating("layernorm_forward", x.dtype(), [&]<class T>(ElementType<T>) {
 ///     forward_typed<T>(x, weight, bias, y, mean, rstd, eps);
 ///   });
 /// \endcode
-/// The CUDA kernels take f16 and f32 only (f64 exists only on the CPU; i32 holds labels).
-/// Each op's dispatcher has already checked that; any other dtype throws, naming `op`.
+/// The CUDA kernels take f32, f16 and bf16 only (f64 exists only on the CPU; i32 holds
+/// labels). Each op's dispatcher has already checked that; any other dtype throws, naming
+/// `op`.
 template <class F>
-decltype(auto) dispatch_f16_f32(const char* op, DType dtype, F&& f) {
+decltype(auto) dispatch_floating(const char* op, DType dtype, F&& f) {
   if (dtype == DType::f16) return f(ElementType<__half>{});
+  if (dtype == DType::bf16) return f(ElementType<__nv_bfloat16>{});
   if (dtype == DType::f32) return f(ElementType<float>{});
-  throw std::invalid_argument(std::string(op) + ": the CUDA kernels take f16 or f32, got " +
+  throw std::invalid_argument(std::string(op) + ": the CUDA kernels take f32, f16 or bf16, got " +
                               std::string(dtype_name(dtype)));
 }
 
 // ---- element loads and stores ------------------------------------------------------------
-// Kernels compute in float and round on store. to_float widens exactly (every f16 value is a
-// float); from_float<T> rounds to nearest even for __half (__float2half_rn) and is the
-// identity for float.
+// Kernels compute in float and round on store. to_float widens exactly (every f16 and bf16
+// value is a float); from_float<T> rounds to nearest even for __half (__float2half_rn) and
+// __nv_bfloat16 (__float2bfloat16_rn, common/bfloat16.hpp's rounding) and is the identity
+// for float.
 
 /// v itself.
 __device__ inline float to_float(float v) { return v; }
 /// v widened to float (exact).
 __device__ inline float to_float(__half v) { return __half2float(v); }
+/// v widened to float (exact).
+__device__ inline float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
 
 /// v rounded to T, the element type a kernel stores.
 template <class T>
@@ -91,6 +105,11 @@ __device__ inline float from_float<float>(float v) {
 template <>
 __device__ inline __half from_float<__half>(float v) {
   return __float2half_rn(v);
+}
+/// v rounded to bfloat16, to nearest even (__float2bfloat16_rn).
+template <>
+__device__ inline __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
 }
 
 // ---- grid-stride loops -------------------------------------------------------------------

@@ -38,6 +38,15 @@ inline void check_dtype(const char* op, const char* name, const Tensor& t, DType
                  ", got ", t.describe());
 }
 
+/// Throws std::invalid_argument unless tensor `name` of `op` holds floating-point data an op
+/// computes on: f32, f16 or bf16 (f64 too, which exists only on the CPU, for the oracles).
+inline void check_floating(const char* op, const char* name, const Tensor& t) {
+  const DType d = t.dtype();
+  BIGBATCH_CHECK(d == DType::f32 || is_half_width(d) || (d == DType::f64 && t.device().is_cpu()),
+                 op, ": ", name, " must be f32, f16 or bf16 (f64 on the CPU), got ",
+                 t.describe());
+}
+
 /// Throws std::invalid_argument unless tensor `name` of `op` has shape `expected`.
 inline void check_shape(const char* op, const char* name, const Tensor& t, const Shape& expected) {
   BIGBATCH_CHECK(t.shape() == expected, op, ": ", name, " must have shape ",

@@ -20,9 +20,7 @@ Device check_dropout(const char* op, const char* in_name, const Tensor& in, cons
                      const Tensor& out, const DropoutSpec& spec) {
   const Device device = detail::common_device(op, {&in, &out});
   const DType dtype = in.dtype();
-  BIGBATCH_CHECK(
-      dtype == DType::f32 || dtype == DType::f16 || (dtype == DType::f64 && device.is_cpu()), op,
-      ": ", in_name, " must be f32 or f16 (f64 on the CPU), got ", in.describe());
+  detail::check_floating(op, in_name, in);
   detail::check_dtype(op, out_name, out, dtype);
   detail::check_shape(op, out_name, out, in.shape());
   detail::check_same_or_disjoint(op, out_name, out, in_name, in);

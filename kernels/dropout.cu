@@ -58,7 +58,7 @@ void launch_dropout(const char* op, const Tensor& in, const Tensor& out,
                     const DropoutSpec& spec) {
   if (in.numel() == 0) return;
   const MaskLaunch m = mask_launch(in, spec);
-  dispatch_f16_f32(op, in.dtype(), [&]<class T>(ElementType<T>) {
+  dispatch_floating(op, in.dtype(), [&]<class T>(ElementType<T>) {
     dropout_kernel<<<grid_for(m.groups), kThreadsPerBlock>>>(in.data<T>(), out.data<T>(), m);
   });
   BIGBATCH_CHECK_LAUNCH("dropout_kernel");
@@ -108,7 +108,7 @@ void activation_dropout_backward(PointwiseActivation act, const Tensor& x, const
   if (x.numel() == 0) return;
   // p = 0 keeps every element with factor 1 (uniform >= 0 always holds): no dropout.
   const MaskLaunch m = mask_launch(x, spec);
-  dispatch_f16_f32(op, x.dtype(), [&]<class T>(ElementType<T>) {
+  dispatch_floating(op, x.dtype(), [&]<class T>(ElementType<T>) {
     T* y_data = y.defined() ? y.data<T>() : nullptr;
     const auto launch = [&](auto pair) {
       activation_dropout_backward_kernel<<<grid_for(m.groups), kThreadsPerBlock>>>(

@@ -15,7 +15,8 @@
 namespace bigbatch {
 namespace {
 
-bool is_f32_or_f16(DType dtype) { return dtype == DType::f32 || dtype == DType::f16; }
+/// The dtypes of these ops: f32 and the two 16-bit types of mixed precision.
+bool is_f32_or_half(DType dtype) { return dtype == DType::f32 || is_half_width(dtype); }
 
 /// unscale_and_check_finite reads, checks and rewrites every element once. A tensor listed
 /// twice, or two tensors sharing memory, would be unscaled twice on the CPU and written by
@@ -73,8 +74,8 @@ void detail::check_same_or_disjoint(const char* op, const char* output_name, con
 
 void cast(const Tensor& src, const Tensor& dst) {
   const Device device = detail::common_device("cast", {&src, &dst});
-  BIGBATCH_CHECK(is_f32_or_f16(src.dtype()) && is_f32_or_f16(dst.dtype()),
-                 "cast: supports f32 and f16, got ", src.describe(), " -> ", dst.describe());
+  BIGBATCH_CHECK(is_f32_or_half(src.dtype()) && is_f32_or_half(dst.dtype()),
+                 "cast: supports f32, f16 and bf16, got ", src.describe(), " -> ", dst.describe());
   detail::check_shape("cast", "dst", dst, src.shape());
   detail::check_same_or_disjoint("cast", "dst", dst, "src", src);
   if (device.is_cuda()) BIGBATCH_RUN_CUDA("cast", cuda::cast(src, dst));
@@ -82,17 +83,19 @@ void cast(const Tensor& src, const Tensor& dst) {
 }
 
 void scale(const Tensor& x, float s) {
-  BIGBATCH_CHECK(is_f32_or_f16(x.dtype()), "scale: x must be f32 or f16, got ", x.describe());
+  BIGBATCH_CHECK(is_f32_or_half(x.dtype()), "scale: x must be f32, f16 or bf16, got ",
+                 x.describe());
   if (x.device().is_cuda()) BIGBATCH_RUN_CUDA("scale", cuda::scale(x, s));
   cpu::scale(x, s);
 }
 
 void axpy(float alpha, const Tensor& x, const Tensor& y) {
   const Device device = detail::common_device("axpy", {&x, &y});
-  BIGBATCH_CHECK(is_f32_or_f16(x.dtype()), "axpy: x must be f32 or f16, got ", x.describe());
-  BIGBATCH_CHECK(y.dtype() == DType::f32 || (y.dtype() == DType::f16 && x.dtype() == DType::f16),
-                 "axpy: y must be f32, or f16 with an f16 x; got y ", y.describe(), " and x ",
+  BIGBATCH_CHECK(is_f32_or_half(x.dtype()), "axpy: x must be f32, f16 or bf16, got ",
                  x.describe());
+  BIGBATCH_CHECK(y.dtype() == DType::f32 || (is_half_width(y.dtype()) && x.dtype() == y.dtype()),
+                 "axpy: y must be f32, or f16 or bf16 with an x of its dtype; got y ",
+                 y.describe(), " and x ", x.describe());
   detail::check_shape("axpy", "y", y, x.shape());
   detail::check_same_or_disjoint("axpy", "y", y, "x", x);
   if (device.is_cuda()) BIGBATCH_RUN_CUDA("axpy", cuda::axpy(alpha, x, y));
@@ -225,7 +228,7 @@ void axpy_typed(float alpha, const Tensor& x, const Tensor& y) {
     run_vectorized([&] {
       for (std::int64_t i = begin; i < end; ++i) {
         const float product = alpha * load(in + i);
-        store(out + i, load(out + i) + product);  // an f16 y: rounded once more, on store
+        store(out + i, load(out + i) + product);  // a 16-bit y: rounded once more, on store
       }
     });
   });
@@ -295,19 +298,21 @@ double unscale_chunk(float* data, std::int64_t n, float inv_scale, std::uint32_t
 
 void cast(const Tensor& src, const Tensor& dst) {
   if (src.dtype() == dst.dtype()) return copy_bytes(src, dst);
-  if (src.dtype() == DType::f32) return convert<float, f16>(src, dst);
-  convert<f16, float>(src, dst);
+  // Through float: exact from either 16-bit type, rounded once into either.
+  with_float_type("cast", src.dtype(), [&]<class Src>(Src) {
+    with_float_type("cast", dst.dtype(), [&]<class Dst>(Dst) { convert<Src, Dst>(src, dst); });
+  });
 }
 
 void scale(const Tensor& x, float s) {
-  if (x.dtype() == DType::f16) return scale_typed<f16>(x, s);
-  scale_typed<float>(x, s);
+  with_float_type("scale", x.dtype(), [&]<class T>(T) { scale_typed<T>(x, s); });
 }
 
 void axpy(float alpha, const Tensor& x, const Tensor& y) {
-  if (y.dtype() == DType::f16) return axpy_typed<f16, f16>(alpha, x, y);
-  if (x.dtype() == DType::f16) return axpy_typed<f16>(alpha, x, y);
-  axpy_typed<float>(alpha, x, y);
+  with_float_type("axpy", x.dtype(), [&]<class X>(X) {
+    if (y.dtype() == DType::f32) return axpy_typed<X, float>(alpha, x, y);
+    axpy_typed<X, X>(alpha, x, y);  // y has x's 16-bit type (checked)
+  });
 }
 
 void unscale_and_check_finite(const std::vector<Tensor>& tensors, float inv_scale,

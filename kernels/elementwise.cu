@@ -24,7 +24,7 @@ template <class X, class Y>
 __global__ void axpy_kernel(float alpha, const X* x, Y* y, std::int64_t n) {
   for (const std::int64_t i : grid_stride(n)) {
     // two roundings, as on the CPU: nvcc would otherwise fuse this into an fma (and a
-    // third, to f16, when y is f16)
+    // third, to y's type, when y is f16 or bf16)
     y[i] = from_float<Y>(__fadd_rn(to_float(y[i]), __fmul_rn(alpha, to_float(x[i]))));
   }
 }
@@ -136,20 +136,25 @@ void cast(const Tensor& src, const Tensor& dst) {
     }
     return;
   }
-  if (src.dtype() == DType::f32) return launch_convert<float, __half>(src, dst);
-  launch_convert<__half, float>(src, dst);
+  // Through float: exact from either 16-bit type, rounded once into either.
+  dispatch_floating("cast", src.dtype(), [&]<class Src>(ElementType<Src>) {
+    dispatch_floating("cast", dst.dtype(), [&]<class Dst>(ElementType<Dst>) {
+      launch_convert<Src, Dst>(src, dst);
+    });
+  });
 }
 
 void scale(const Tensor& x, float s) {
   if (x.numel() == 0) return;
-  dispatch_f16_f32("scale", x.dtype(), [&]<class T>(ElementType<T>) { launch_scale<T>(x, s); });
+  dispatch_floating("scale", x.dtype(), [&]<class T>(ElementType<T>) { launch_scale<T>(x, s); });
 }
 
 void axpy(float alpha, const Tensor& x, const Tensor& y) {
   if (x.numel() == 0) return;
-  if (y.dtype() == DType::f16) return launch_axpy<__half, __half>(alpha, x, y);
-  dispatch_f16_f32("axpy", x.dtype(),
-                   [&]<class X>(ElementType<X>) { launch_axpy<X, float>(alpha, x, y); });
+  dispatch_floating("axpy", x.dtype(), [&]<class X>(ElementType<X>) {
+    if (y.dtype() == DType::f32) return launch_axpy<X, float>(alpha, x, y);
+    launch_axpy<X, X>(alpha, x, y);  // y has x's 16-bit type (checked)
+  });
 }
 
 void unscale_and_check_finite(const std::vector<Tensor>& tensors, float inv_scale,

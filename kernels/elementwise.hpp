@@ -1,9 +1,9 @@
 // elementwise.hpp: casts and the simple in-place updates of mixed-precision training.
 //
-//   cast(src, dst)          src, dst: same shape; f32->f16, f16->f32,
-//                           f32->f32 or f16->f16                          dst = src
-//   scale(x, s)             x: any shape, f32 or f16                      x = x * s
-//   axpy(alpha, x, y)       y: f32, x f32 or f16; or y, x both f16        y += alpha * x
+//   cast(src, dst)          src, dst: same shape; each f32, f16 or bf16   dst = src
+//   scale(x, s)             x: any shape, f32, f16 or bf16                x = x * s
+//   axpy(alpha, x, y)       y: f32, x f32, f16 or bf16; or y, x both      y += alpha * x
+//                           f16 or both bf16
 //   unscale_and_check_finite(tensors, inv_scale, found_inf)
 //                           tensors: f32, any shapes, one device          g = g * inv_scale
 //                           found_inf: f32 [1], the same device           found_inf = 1 if any g
@@ -20,12 +20,16 @@
 // - cast f32->f16 rounds to nearest even; values at or above 65520 in magnitude become
 //   inf, subnormal halves are kept, magnitudes at or below 2^-25 become (signed) zero;
 //   f16->f32 is exact. NaN stays NaN (the payload is not specified across backends).
+//   cast f32->bf16 rounds to nearest even (common/bfloat16.hpp: fp32's range, so only
+//   values past the largest bf16 become inf, and subnormals round like any value);
+//   bf16->f32 is exact. Between f16 and bf16 a cast goes through float (exact, then one
+//   rounding).
 // - scale computes x * s in float and rounds once to x's dtype.
 // - axpy computes y + (alpha * x) with two roundings in float: the product, then the
 //   sum (never a fused multiply-add). With alpha == 1 the product is exact, so the
-//   result is exactly the float sum y + x. An f16 x is first converted to float (exact).
-//   An f16 y (with an f16 x: the residual stream under mixed precision) is widened
-//   exactly, and the float result is rounded once more, to f16, on store.
+//   result is exactly the float sum y + x. A 16-bit x is first converted to float (exact).
+//   A 16-bit y (with an x of its dtype: the residual stream under mixed precision) is
+//   widened exactly, and the float result is rounded once more, to y's dtype, on store.
 // - unscale_and_check_finite is PyTorch's _amp_foreach_non_finite_check_and_unscale_
 //   with a float scale: every element becomes g * inv_scale (one rounding), and found_inf
 //   becomes exactly 1.0f if any element was inf or NaN before scaling; otherwise it is
@@ -61,11 +65,11 @@
 
 namespace bigbatch {
 
-/// dst = src in dst's dtype (=); same shape; src and dst each f32 or f16.
+/// dst = src in dst's dtype (=); same shape; src and dst each f32, f16 or bf16.
 void cast(const Tensor& src, const Tensor& dst);
-/// x = x * s in place; x: f32 or f16.
+/// x = x * s in place; x: f32, f16 or bf16.
 void scale(const Tensor& x, float s);
-/// y += alpha * x; y f32 with x f32 or f16, or both f16.
+/// y += alpha * x; y f32 with x f32, f16 or bf16, or both f16, or both bf16.
 void axpy(float alpha, const Tensor& x, const Tensor& y);
 /// g = g * inv_scale for every element of every tensor (f32); found_inf (f32 [1]) = 1
 /// if any g was inf or NaN, else left as it was.

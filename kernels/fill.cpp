@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "common/bfloat16.hpp"
 #include "common/half.hpp"
 #include "kernels/cpu_parallel.hpp"
 #include "kernels/dispatch.hpp"
@@ -30,6 +31,7 @@ void fill(const Tensor& out, double value) {
   switch (out.dtype()) {
     case DType::f32: return fill_typed(out, static_cast<float>(value));
     case DType::f16: return fill_typed(out, static_cast<f16>(static_cast<float>(value)));
+    case DType::bf16: return fill_typed(out, to_bf16(static_cast<float>(value)));
     case DType::f64: return fill_typed(out, value);
     case DType::i32: return fill_typed(out, static_cast<std::int32_t>(value));
   }

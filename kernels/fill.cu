@@ -24,6 +24,7 @@ void fill(const Tensor& out, double value) {
   switch (out.dtype()) {
     case DType::f32: return launch_fill(out, static_cast<float>(value));
     case DType::f16: return launch_fill(out, __float2half_rn(static_cast<float>(value)));
+    case DType::bf16: return launch_fill(out, __float2bfloat16_rn(static_cast<float>(value)));
     case DType::i32: return launch_fill(out, static_cast<std::int32_t>(value));
     case DType::f64: throw std::invalid_argument("fill: f64 tensors exist only on the CPU");
   }

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "common/cpu_features.hpp"
+#include "common/bfloat16.hpp"
 #include "common/half.hpp"
 #include "kernels/cpu_parallel.hpp"
 #include "kernels/dispatch.hpp"
@@ -27,11 +28,12 @@ GemmSizes check_gemm_arguments(const char* op, const Tensor& a, bool trans_a, co
   detail::check_rank(op, "C", c, 2);
   const DType ta = a.dtype(), tb = b.dtype(), tc = c.dtype();
   const bool f32 = ta == DType::f32 && tb == DType::f32 && tc == DType::f32;
-  const bool f16 =
-      ta == DType::f16 && tb == DType::f16 && (tc == DType::f32 || tc == DType::f16);
-  BIGBATCH_CHECK(f32 || f16, op, ": unsupported dtypes: A ", a.describe(), ", B ",
+  // 16-bit operands (both f16 or both bf16) with an f32 C or a C of their dtype.
+  const bool half = is_half_width(ta) && tb == ta && (tc == DType::f32 || tc == ta);
+  BIGBATCH_CHECK(f32 || half, op, ": unsupported dtypes: A ", a.describe(), ", B ",
                  b.describe(), ", C ", c.describe(),
-                 "; supported are A, B f32 with C f32, or A, B f16 with C f32 or f16");
+                 "; supported are A, B f32 with C f32, or A, B both f16 or both bf16 with C "
+                 "f32 or of their dtype");
 
   GemmSizes sizes;
   sizes.m = a.dim(trans_a ? 1 : 0);
@@ -175,7 +177,7 @@ ScopedGemmPath::~ScopedGemmPath() { forced_path = previous_; }
 // chain of the header comment:
 //
 //   for each block of nc columns of C                                    (jc)
-//     [f16 C: for each chunk of rows, an fp32 accumulator; else C itself]
+//     [16-bit C: for each chunk of rows, an fp32 accumulator; else C itself]
 //     for each block of kc steps of K, in order                           (pc)
 //       pack op(B)[pc, jc] into nr-column panels
 //       for each block of mc rows                                         (ic)
@@ -222,7 +224,7 @@ class AlignedFloats {
 
 /// Packing buffers of the calling thread, kept for its next call.
 struct Scratch {
-  AlignedFloats packed_a, packed_b, f16_accumulator;
+  AlignedFloats packed_a, packed_b, half_accumulator;
   AlignedFloats transposed_a, transposed_c;  // the transposed micro-kernel's
 };
 
@@ -232,10 +234,10 @@ Scratch& scratch_of_this_thread() {
 }
 
 /// A GEMM operand as stored: element (row, col) of the stored matrix is at
-/// data[row * ld + col], in f32 or (as raw binary16) f16.
+/// data[row * ld + col], in f32, or (as raw 16 bits) f16 or bf16.
 struct Operand {
   const void* data;
-  bool f16;
+  DType dtype;
   std::int64_t ld;
   bool trans;
 };
@@ -245,13 +247,31 @@ struct Problem {
   std::int64_t m, n, k;
   Operand a, b;
   float alpha, beta;
-  void* c;  // f32 or (as raw binary16) f16
-  bool c_f16;
+  void* c;  // f32, or (as raw 16 bits) f16 or bf16
+  DType c_dtype;
   std::int64_t ldc;
 };
 
-const void* element_address(const void* data, bool f16, std::int64_t offset) {
-  return static_cast<const char*>(data) + offset * (f16 ? 2 : 4);
+const void* element_address(const void* data, DType dtype, std::int64_t offset) {
+  return static_cast<const char*>(data) + offset * static_cast<std::int64_t>(dtype_size(dtype));
+}
+
+/// Whether C is kept in a 16-bit type (then the chains run in an fp32 accumulator).
+bool half_c(const Problem& p) { return p.c_dtype != DType::f32; }
+
+/// dst[i] = float(src[i]) for i < n, exactly, from f16 or bf16 bits. (bf16's widening is a
+/// shift, the same instructions on every path.)
+void widen(const IsaKernels& isa, DType dtype, const std::uint16_t* src, float* dst,
+           std::int64_t n) {
+  if (dtype == DType::f16) return isa.widen_f16(src, dst, n);
+  for (std::int64_t i = 0; i < n; ++i) dst[i] = to_float(bf16{src[i]});
+}
+
+/// dst[i] = the bits of src[i] rounded to f16 or bf16, to nearest even, for i < n.
+void narrow(const IsaKernels& isa, DType dtype, const float* src, std::uint16_t* dst,
+            std::int64_t n) {
+  if (dtype == DType::f16) return isa.narrow_to_f16(src, dst, n);
+  for (std::int64_t i = 0; i < n; ++i) dst[i] = to_bf16(src[i]).bits;
 }
 
 /// The block of `p` with rows [row0, row0 + rows) and columns [col0, col0 + cols) of C.
@@ -261,10 +281,10 @@ Problem sub_problem(const Problem& p, std::int64_t row0, std::int64_t rows, std:
   block.m = rows;
   block.n = cols;
   // Row i of op(A) starts at element i * ld of A, or at element i when A is transposed.
-  block.a.data = element_address(p.a.data, p.a.f16, p.a.trans ? row0 : row0 * p.a.ld);
+  block.a.data = element_address(p.a.data, p.a.dtype, p.a.trans ? row0 : row0 * p.a.ld);
   // Column j of op(B) starts at element j of B, or at element j * ld when transposed.
-  block.b.data = element_address(p.b.data, p.b.f16, p.b.trans ? col0 * p.b.ld : col0);
-  block.c = static_cast<char*>(p.c) + (row0 * p.ldc + col0) * (p.c_f16 ? 2 : 4);
+  block.b.data = element_address(p.b.data, p.b.dtype, p.b.trans ? col0 * p.b.ld : col0);
+  block.c = const_cast<void*>(element_address(p.c, p.c_dtype, row0 * p.ldc + col0));
   return block;
 }
 
@@ -281,10 +301,10 @@ void copy_floats(const float* src, std::int64_t n, float* dst) {
 }
 
 /// A contiguous run of n elements as floats: the run itself, or widened into `buffer`.
-const float* run_as_floats(const void* run, bool f16, std::int64_t n, const IsaKernels& isa,
+const float* run_as_floats(const void* run, DType dtype, std::int64_t n, const IsaKernels& isa,
                            float* buffer) {
-  if (!f16) return static_cast<const float*>(run);
-  isa.widen_f16(static_cast<const std::uint16_t*>(run), buffer, n);
+  if (dtype == DType::f32) return static_cast<const float*>(run);
+  widen(isa, dtype, static_cast<const std::uint16_t*>(run), buffer, n);
   return buffer;
 }
 
@@ -303,8 +323,9 @@ void pack_panel(const Operand& x, std::int64_t first, bool lanes_contiguous,
   alignas(64) float run_buffer[kPackSteps > kMaxNr ? kPackSteps : kMaxNr];
   if (lanes_contiguous) {
     for (std::int64_t k = 0; k < kc; ++k) {
-      const float* run = run_as_floats(element_address(x.data, x.f16, first + k * outer_stride),
-                                       x.f16, lanes, isa, run_buffer);
+      const float* run = run_as_floats(
+          element_address(x.data, x.dtype, first + k * outer_stride), x.dtype, lanes, isa,
+          run_buffer);
       float* out = dst + k * width;
       if (scale == 1.0f) {
         copy_floats(run, lanes, out);
@@ -315,7 +336,7 @@ void pack_panel(const Operand& x, std::int64_t first, bool lanes_contiguous,
     }
     return;
   }
-  if (!x.f16 && isa.transpose_pack != nullptr) {
+  if (x.dtype == DType::f32 && isa.transpose_pack != nullptr) {
     isa.transpose_pack(static_cast<const float*>(x.data) + first, outer_stride, lanes, kc,
                        scale, dst, width);
     if (lanes < width) {
@@ -330,7 +351,7 @@ void pack_panel(const Operand& x, std::int64_t first, bool lanes_contiguous,
     float* out = dst + k0 * width;
     for (std::int64_t lane = 0; lane < lanes; ++lane) {
       const float* run = run_as_floats(
-          element_address(x.data, x.f16, first + lane * outer_stride + k0), x.f16, steps, isa,
+          element_address(x.data, x.dtype, first + lane * outer_stride + k0), x.dtype, steps, isa,
           run_buffer);
       if (scale == 1.0f) {
         for (std::int64_t k = 0; k < steps; ++k) out[k * width + lane] = run[k];
@@ -376,7 +397,7 @@ void pack_b_block(const Problem& p, const IsaKernels& isa, std::int64_t k0, std:
 /// packing: while the tiles of one panel are computed, the next panel's source arrives.
 void prefetch_b_panel(const Problem& p, std::int64_t k0, std::int64_t kc, std::int64_t col0,
                       std::int64_t cols) {
-  const int element = p.b.f16 ? 2 : 4;
+  const auto element = static_cast<std::int64_t>(dtype_size(p.b.dtype));
   const char* base = static_cast<const char*>(p.b.data);
   if (p.b.trans) {  // B stored [N, K]: one run of kc elements per column
     for (std::int64_t j = col0; j < col0 + cols; ++j) {
@@ -485,7 +506,7 @@ void compute_block(const IsaKernels& isa, std::int64_t kc, const float* packed_a
 
 /// Whether the transposed micro-kernel serves `p`: offered, with an f32 C.
 bool transposed_kernel_fits(const Problem& p, const IsaKernels& isa) {
-  return isa.transposed_micro_kernel != nullptr && isa.transpose_pack != nullptr && !p.c_f16;
+  return isa.transposed_micro_kernel != nullptr && isa.transpose_pack != nullptr && !half_c(p);
 }
 
 /// One kc block of a C of one row block (rows <= mc) with f32 operands, where op(B) is
@@ -563,40 +584,41 @@ bool compute_block_from_stored_b(const Problem& p, const IsaKernels& isa, Scratc
   return true;
 }
 
-/// acc[r][j] = beta == 0 ? 0 : beta * float(C[r][j]) for an f16 C.
-void load_f16_block(const std::uint16_t* c, std::int64_t ldc, std::int64_t rows,
-                    std::int64_t cols, float beta, const IsaKernels& isa, float* acc,
-                    std::int64_t ld_acc) {
+/// acc[r][j] = beta == 0 ? 0 : beta * float(C[r][j]) for a 16-bit C (f16 or bf16).
+void load_half_block(DType dtype, const std::uint16_t* c, std::int64_t ldc, std::int64_t rows,
+                     std::int64_t cols, float beta, const IsaKernels& isa, float* acc,
+                     std::int64_t ld_acc) {
   for (std::int64_t r = 0; r < rows; ++r) {
     float* out = acc + r * ld_acc;
     if (beta == 0.0f) {
       std::fill(out, out + cols, 0.0f);
       continue;
     }
-    isa.widen_f16(c + r * ldc, out, cols);
+    widen(isa, dtype, c + r * ldc, out, cols);
     if (beta != 1.0f) {
       for (std::int64_t j = 0; j < cols; ++j) out[j] = beta * out[j];
     }
   }
 }
 
-/// C[r][j] = f16(acc[r][j]).
-void store_f16_block(const float* acc, std::int64_t ld_acc, std::int64_t rows, std::int64_t cols,
-                     const IsaKernels& isa, std::uint16_t* c, std::int64_t ldc) {
-  for (std::int64_t r = 0; r < rows; ++r) isa.narrow_to_f16(acc + r * ld_acc, c + r * ldc, cols);
+/// C[r][j] = acc[r][j] rounded to C's 16-bit dtype.
+void store_half_block(DType dtype, const float* acc, std::int64_t ld_acc, std::int64_t rows,
+                      std::int64_t cols, const IsaKernels& isa, std::uint16_t* c,
+                      std::int64_t ldc) {
+  for (std::int64_t r = 0; r < rows; ++r) narrow(isa, dtype, acc + r * ld_acc, c + r * ldc, cols);
 }
 
 AccumulatorStart first_block_start(const Problem& p) {
-  if (p.c_f16) return AccumulatorStart::c;  // load_f16_block applied beta already
+  if (half_c(p)) return AccumulatorStart::c;  // load_half_block applied beta already
   if (p.beta == 0.0f) return AccumulatorStart::zero;
   return p.beta == 1.0f ? AccumulatorStart::c : AccumulatorStart::scaled_c;
 }
 
 /// Rows of C per pass over K: all of them for an f32 C (the chains live in C itself);
-/// for an f16 C, chunks whose fp32 accumulator (chunk x nc floats) stays a few MiB,
+/// for a 16-bit C, chunks whose fp32 accumulator (chunk x nc floats) stays a few MiB,
 /// large enough that repacking B once per chunk costs little.
 std::int64_t rows_per_chunk(const Problem& p, const IsaKernels& isa) {
-  return p.c_f16 ? std::min(p.m, round_up(512, isa.mc)) : p.m;
+  return half_c(p) ? std::min(p.m, round_up(512, isa.mc)) : p.m;
 }
 
 /// The loop nest above, on one thread, with that thread's scratch.
@@ -607,23 +629,26 @@ void run_blocked(const Problem& p, const IsaKernels& isa) {
   const std::int64_t kc_max = std::min(isa.kc, p.k);
   float* packed_a = scratch.packed_a.get(std::min(isa.mc, round_up(p.m, isa.mr)) * kc_max);
   float* packed_b = scratch.packed_b.get(kc_max * nc_max);
-  float* f16_accumulator = p.c_f16 ? scratch.f16_accumulator.get(chunk_rows * nc_max) : nullptr;
+  float* half_accumulator =
+      half_c(p) ? scratch.half_accumulator.get(chunk_rows * nc_max) : nullptr;
 
   for (std::int64_t col0 = 0; col0 < p.n; col0 += isa.nc) {
     const std::int64_t cols = std::min(isa.nc, p.n - col0);
     for (std::int64_t chunk0 = 0; chunk0 < p.m; chunk0 += chunk_rows) {
       const std::int64_t chunk = std::min(chunk_rows, p.m - chunk0);
-      // The fp32 values the chains continue from: C itself, or a copy of an f16 C.
-      float* acc = p.c_f16 ? f16_accumulator
-                           : static_cast<float*>(p.c) + chunk0 * p.ldc + col0;
-      const std::int64_t ld_acc = p.c_f16 ? cols : p.ldc;
-      auto* c_f16 = static_cast<std::uint16_t*>(p.c) + chunk0 * p.ldc + col0;
-      if (p.c_f16) load_f16_block(c_f16, p.ldc, chunk, cols, p.beta, isa, acc, ld_acc);
+      // The fp32 values the chains continue from: C itself, or a copy of a 16-bit C.
+      float* acc = half_c(p) ? half_accumulator
+                             : static_cast<float*>(p.c) + chunk0 * p.ldc + col0;
+      const std::int64_t ld_acc = half_c(p) ? cols : p.ldc;
+      auto* c_half = static_cast<std::uint16_t*>(p.c) + chunk0 * p.ldc + col0;
+      if (half_c(p)) {
+        load_half_block(p.c_dtype, c_half, p.ldc, chunk, cols, p.beta, isa, acc, ld_acc);
+      }
       // The transposed micro-kernel transposes C in and out at every K block: it takes K
       // in longer blocks (up to 4 kc: a packed panel of at most 4 kc x 64 floats).
       // compute_block_from_stored_b takes every such block (the other paths' buffers hold
       // kc steps only).
-      const bool transposed = chunk <= isa.mc && !p.b.f16 && p.b.trans &&
+      const bool transposed = chunk <= isa.mc && p.b.dtype == DType::f32 && p.b.trans &&
                               transposed_kernel_fits(p, isa);
       const std::int64_t k_block = transposed ? 4 * isa.kc : isa.kc;
       for (std::int64_t k0 = 0; k0 < p.k; k0 += k_block) {
@@ -633,7 +658,7 @@ void run_blocked(const Problem& p, const IsaKernels& isa) {
           // One block of rows (a micro-batch): op(B) is read where it is stored, or packed
           // one panel at a time, just before the tiles that use it, while the next
           // panel's source is prefetched.
-          if (!p.b.f16 &&
+          if (p.b.dtype == DType::f32 &&
               compute_block_from_stored_b(p, isa, scratch, chunk0, chunk, k0, kc, col0, cols,
                                           acc, ld_acc, start, packed_a, packed_b)) {
             continue;
@@ -659,7 +684,7 @@ void run_blocked(const Problem& p, const IsaKernels& isa) {
                         start, p.beta);
         }
       }
-      if (p.c_f16) store_f16_block(acc, ld_acc, chunk, cols, isa, c_f16, p.ldc);
+      if (half_c(p)) store_half_block(p.c_dtype, acc, ld_acc, chunk, cols, isa, c_half, p.ldc);
     }
   }
 }
@@ -735,7 +760,7 @@ void run_threaded(const Problem& p, const IsaKernels& isa) {
 /// K == 0: C = beta * C (0 when beta == 0), with the same roundings as the chain's start.
 void scale_c(const Problem& p, const IsaKernels& isa) {
   if (p.beta == 1.0f) return;  // C stays exactly as it is
-  if (!p.c_f16) {
+  if (!half_c(p)) {
     float* c = static_cast<float*>(p.c);
     for (std::int64_t i = 0; i < p.m * p.n; ++i) c[i] = p.beta == 0.0f ? 0.0f : p.beta * c[i];
     return;
@@ -743,8 +768,8 @@ void scale_c(const Problem& p, const IsaKernels& isa) {
   std::vector<float> row(static_cast<std::size_t>(p.n));
   auto* c = static_cast<std::uint16_t*>(p.c);
   for (std::int64_t i = 0; i < p.m; ++i) {
-    load_f16_block(c + i * p.n, p.n, 1, p.n, p.beta, isa, row.data(), p.n);
-    isa.narrow_to_f16(row.data(), c + i * p.n, p.n);
+    load_half_block(p.c_dtype, c + i * p.n, p.n, 1, p.n, p.beta, isa, row.data(), p.n);
+    narrow(isa, p.c_dtype, row.data(), c + i * p.n, p.n);
   }
 }
 
@@ -757,16 +782,15 @@ void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Te
                  "cpu::gemm: all tensors must be on the CPU, got A ", a.describe(), ", B ",
                  b.describe(), ", C ", c.describe());
   if (sizes.m == 0 || sizes.n == 0) return;
-  const bool f16_operands = a.dtype() == DType::f16;
   const Problem p{sizes.m,
                   sizes.n,
                   sizes.k,
-                  Operand{a.raw_data(), f16_operands, a.dim(1), trans_a},
-                  Operand{b.raw_data(), f16_operands, b.dim(1), trans_b},
+                  Operand{a.raw_data(), a.dtype(), a.dim(1), trans_a},
+                  Operand{b.raw_data(), b.dtype(), b.dim(1), trans_b},
                   alpha,
                   beta,
                   c.raw_data(),
-                  c.dtype() == DType::f16,
+                  c.dtype(),
                   sizes.n};
   const IsaKernels& isa = kernels_for(gemm_path());
   if (sizes.k == 0) {

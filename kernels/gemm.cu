@@ -7,10 +7,10 @@
 // carries over unchanged.
 //
 // Precision: f32 uses CUBLAS_COMPUTE_32F_PEDANTIC, which forbids TF32 and every other
-// reduced-precision shortcut, so the result is true fp32 arithmetic. f16 operands use
-// CUBLAS_COMPUTE_32F: tensor cores multiply the f16 values exactly and accumulate in fp32;
-// an f16 C is rounded once when stored (the handle's math mode disallows reductions in
-// reduced precision). With beta == 0 cuBLAS does not read C.
+// reduced-precision shortcut, so the result is true fp32 arithmetic. f16 and bf16 operands
+// (CUDA_R_16F, CUDA_R_16BF) use CUBLAS_COMPUTE_32F: tensor cores multiply the 16-bit values
+// exactly and accumulate in fp32; a 16-bit C is rounded once when stored (the handle's math
+// mode disallows reductions in reduced precision). With beta == 0 cuBLAS does not read C.
 #include <cublas_v2.h>
 
 #include <climits>
@@ -167,15 +167,17 @@ void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Te
   if (sizes.m == 0 || sizes.n == 0) return;
   const CurrentDevice current(a.device().index);
   if (sizes.k == 0) {
-    return dispatch_f16_f32("cuda::gemm", c.dtype(),
+    return dispatch_floating("cuda::gemm", c.dtype(),
                             [&]<class T>(ElementType<T>) { launch_scale<T>(c, beta); });
   }
 
-  const bool f16_operands = a.dtype() == DType::f16;
-  const cudaDataType operand_type = f16_operands ? CUDA_R_16F : CUDA_R_32F;
-  const cudaDataType output_type = c.dtype() == DType::f16 ? CUDA_R_16F : CUDA_R_32F;
+  const auto cuda_type = [](DType dtype) {
+    return dtype == DType::f16 ? CUDA_R_16F : dtype == DType::bf16 ? CUDA_R_16BF : CUDA_R_32F;
+  };
+  const cudaDataType operand_type = cuda_type(a.dtype());
+  const cudaDataType output_type = cuda_type(c.dtype());
   const cublasComputeType_t compute =
-      f16_operands ? CUBLAS_COMPUTE_32F : CUBLAS_COMPUTE_32F_PEDANTIC;
+      a.dtype() == DType::f32 ? CUBLAS_COMPUTE_32F_PEDANTIC : CUBLAS_COMPUTE_32F;
   // Column-major view: C^T [N, M] = op(B)^T [N, K] x op(A)^T [K, M]. A stored row of
   // length ld is a stored column of length ld, so each leading dimension is the
   // operand's row length, dim(1).

@@ -8,8 +8,8 @@
 //     C:     [M, N]   overwritten (=) when beta == 0: C is not read, so NaN or garbage
 //                     in it does not propagate (as in BLAS); accumulated (+=, scaled
 //                     by beta) otherwise.
-//   dtypes: A, B f32 with C f32; or A, B f16 with C f32 or f16 (products and sums in
-//   fp32, one rounding to f16 when C is stored). All tensors rank 2, contiguous, on
+//   dtypes: A, B f32 with C f32; or A, B both f16 (or both bf16) with C f32 or of their
+//   dtype (products and sums in fp32, one rounding to the 16-bit type when C is stored). All tensors rank 2, contiguous, on
 //   one device. M, N or K may be 0; K == 0 gives C = beta * C (0 when beta == 0).
 //
 // The CPU arithmetic, exactly (every CPU path: portable, AVX2, AVX-512):
@@ -19,9 +19,10 @@
 //     acc = fma(alpha * a_ik, b_kj, acc)     alpha * a_ik rounded to float first (when
 //                                            alpha == 1 it is a_ik itself); one fused
 //                                            multiply-add, one rounding per term
-//   C[i][j] = acc                            rounded to f16 once when C is f16
+//   C[i][j] = acc                            rounded once when C is f16 or bf16
 //
-// f16 operands are converted to float exactly before use. Vector units work across
+// 16-bit operands (f16, bf16) are converted to float exactly as they are packed, so the
+// chains above are the same for every dtype. Vector units work across
 // output elements (j), never across k. Two properties follow, bit for bit:
 //  - Batch invariance: an element's value never depends on M, N, the blocking, the
 //    thread count or where the rows (or columns) are split. Rows computed in a batch of
@@ -30,16 +31,16 @@
 //    consecutive chunks of K with beta = 1 after the first chunk, because each chunk
 //    continues the same fma chain from the float stored in C. This is what makes
 //    gradient accumulation over micro-batches (dW += dY_b^T X_b) exactly equal to the
-//    full-batch weight gradient. (An f16 C is rounded between chunks, so chaining into
-//    an f16 C is not exact.)
+//    full-batch weight gradient. (A 16-bit C is rounded between chunks, so chaining into
+//    one is not exact: which is why gradients are accumulated in f32.)
 // alpha == 0 is not special-cased: A and B are still read, so inf or NaN in them shows.
 //
-// The CUDA backend calls cuBLAS (f32: true fp32, no TF32; f16: fp32 accumulation on
-// tensor cores). Its error obeys the same bound (tests/test_gemm.cpp explains it), but
+// The CUDA backend calls cuBLAS (f32: true fp32, no TF32; f16 and bf16: fp32
+// accumulation on tensor cores). Its error obeys the same bound (tests/test_gemm.cpp explains it), but
 // it makes no batch-invariance promise: cuBLAS may order the sums differently for
 // different shapes.
 //
-// Host scratch used by the CPU path (packing buffers, the fp32 accumulator of an f16 C)
+// Host scratch used by the CPU path (packing buffers, the fp32 accumulator of a 16-bit C)
 // is kept per thread for reuse and is not counted by the tracking allocator.
 #pragma once
 

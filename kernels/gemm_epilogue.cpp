@@ -23,7 +23,8 @@ std::atomic<bool>& fused_setting() {
 std::atomic<std::int64_t> fused_calls{0};
 
 #if BIGBATCH_HAVE_CUDA
-/// Whether this call may try the fused path: enabled, on CUDA, f16 operands.
+/// Whether this call may try the fused path: enabled, on CUDA, f16 operands (bf16 ones take
+/// the unfused path).
 bool try_fused(const Tensor& operand) {
   return fused_setting().load() && operand.device().is_cuda() && operand.dtype() == DType::f16;
 }

@@ -3,11 +3,11 @@
 // epilogue by cuBLASLt.
 //
 //   linear_bias_gelu_forward(x, w, bias, pre, y)
-//     x: [M, K], w: [N, K] (one dtype, f32 or f16), bias: [N] f32,
+//     x: [M, K], w: [N, K] (one dtype, f32, f16 or bf16), bias: [N] f32,
 //     pre: [M, N] x's dtype      pre = x w^T + bias          (=)  kept for the backward
 //     y:   [M, N] x's dtype      y = gelu(pre)               (=)
 //   gemm_gelu_backward(dy, w, pre, dh)
-//     dy: [M, N2], w: [N2, N], pre: [M, N], dh: [M, N], one dtype (f32 or f16)
+//     dy: [M, N2], w: [N2, N], pre: [M, N], dh: [M, N], one dtype (f32, f16 or bf16)
 //                                dh = (dy w) * gelu'(pre)     (=)
 //
 // The unfused path is the reference, on every backend and by default: exactly gemm, then
@@ -15,8 +15,9 @@
 // those ops' bits. The bias gradient is not fused: bias_backward(dh, ...) stays the
 // deterministic reduction of bias.hpp.
 //
-// The fused path (CUDA, f16 operands only; set_fused_epilogues(true), or the environment
-// variable BIGBATCH_FUSED_EPILOGUES=1 at start-up) is one cublasLtMatmul each:
+// The fused path (CUDA, f16 operands only: bf16 ones take the unfused path;
+// set_fused_epilogues(true), or the environment variable BIGBATCH_FUSED_EPILOGUES=1 at
+// start-up) is one cublasLtMatmul each:
 //   forward   CUBLASLT_EPILOGUE_GELU_AUX_BIAS: fp32 accumulation, + bias, pre stored (aux),
 //             GELU applied, y stored; the bias goes in as an f16 copy (cuBLASLt takes the
 //             bias in the output's type), so it is rounded once more than on the unfused path

@@ -18,8 +18,7 @@ DType statistics_dtype(DType data) { return data == DType::f64 ? DType::f64 : DT
 
 void check_data(const char* op, const char* name, const Tensor& t) {
   detail::check_rank(op, name, t, 2);
-  BIGBATCH_CHECK(t.dtype() == DType::f32 || t.dtype() == DType::f16 || t.dtype() == DType::f64,
-                 op, ": ", name, " must be f32, f16 or f64, got ", t.describe());
+  detail::check_floating(op, name, t);
   BIGBATCH_CHECK(t.dim(1) >= 1, op, ": ", name, " needs at least one feature, got ",
                  t.describe());
   BIGBATCH_CHECK(t.dtype() != DType::f64 || t.device().is_cpu(), op, ": ", name,
@@ -245,32 +244,19 @@ void parameter_gradients(const Tensor& x, const Tensor& mean, const Tensor& rstd
 
 void layernorm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& y,
                        const Tensor& mean, const Tensor& rstd, float eps) {
-  switch (x.dtype()) {
-    case DType::f32: return forward_typed<float>(x, weight, bias, y, mean, rstd, eps);
-    case DType::f16: return forward_typed<f16>(x, weight, bias, y, mean, rstd, eps);
-    case DType::f64: return forward_typed<double>(x, weight, bias, y, mean, rstd, eps);
-    case DType::i32: break;
-  }
-  throw std::invalid_argument("layernorm_forward: x must be floating point: " + x.describe());
+  with_float_type("layernorm_forward", x.dtype(), [&]<class T>(T) {
+    forward_typed<T>(x, weight, bias, y, mean, rstd, eps);
+  });
 }
 
 // The parameter gradients first: dx may be dy or x itself (the header's sharing rules).
 void layernorm_backward(const Tensor& x, const Tensor& weight, const Tensor& mean,
                         const Tensor& rstd, const Tensor& dy, const Tensor& dx,
                         const Tensor& dweight, const Tensor& dbias) {
-  switch (x.dtype()) {
-    case DType::f32:
-      parameter_gradients<float>(x, mean, rstd, dy, dweight, dbias);
-      return input_gradient<float>(x, weight, mean, rstd, dy, dx);
-    case DType::f16:
-      parameter_gradients<f16>(x, mean, rstd, dy, dweight, dbias);
-      return input_gradient<f16>(x, weight, mean, rstd, dy, dx);
-    case DType::f64:
-      parameter_gradients<double>(x, mean, rstd, dy, dweight, dbias);
-      return input_gradient<double>(x, weight, mean, rstd, dy, dx);
-    case DType::i32: break;
-  }
-  throw std::invalid_argument("layernorm_backward: x must be floating point: " + x.describe());
+  with_float_type("layernorm_backward", x.dtype(), [&]<class T>(T) {
+    parameter_gradients<T>(x, mean, rstd, dy, dweight, dbias);
+    input_gradient<T>(x, weight, mean, rstd, dy, dx);
+  });
 }
 
 }  // namespace cpu

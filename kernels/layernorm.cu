@@ -134,7 +134,7 @@ void backward_typed(const Tensor& x, const Tensor& weight, const Tensor& mean,
 
 void layernorm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& y,
                        const Tensor& mean, const Tensor& rstd, float eps) {
-  dispatch_f16_f32("layernorm_forward", x.dtype(), [&]<class T>(ElementType<T>) {
+  dispatch_floating("layernorm_forward", x.dtype(), [&]<class T>(ElementType<T>) {
     forward_typed<T>(x, weight, bias, y, mean, rstd, eps);
   });
 }
@@ -142,7 +142,7 @@ void layernorm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias
 void layernorm_backward(const Tensor& x, const Tensor& weight, const Tensor& mean,
                         const Tensor& rstd, const Tensor& dy, const Tensor& dx,
                         const Tensor& dweight, const Tensor& dbias) {
-  dispatch_f16_f32("layernorm_backward", x.dtype(), [&]<class T>(ElementType<T>) {
+  dispatch_floating("layernorm_backward", x.dtype(), [&]<class T>(ElementType<T>) {
     backward_typed<T>(x, weight, mean, rstd, dy, dx, dweight, dbias);
   });
 }

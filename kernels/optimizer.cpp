@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "common/cpu_features.hpp"
+#include "common/bfloat16.hpp"
 #include "common/half.hpp"
 #include "kernels/cpu_parallel.hpp"
 #include "kernels/dispatch.hpp"
@@ -27,7 +28,8 @@ void check_like_param(const char* op, const char* name, const Tensor& t, const T
 
 void check_half_copy(const char* op, const Tensor& half_copy, const Tensor& param) {
   if (!half_copy.defined()) return;
-  detail::check_dtype(op, "half_copy", half_copy, DType::f16);
+  BIGBATCH_CHECK(is_half_width(half_copy.dtype()), op, ": half_copy must be f16 or bf16, got ",
+                 half_copy.describe());
   detail::check_shape(op, "half_copy", half_copy, param.shape());
   BIGBATCH_CHECK(half_copy.device() == param.device(), op, ": half_copy must be on ",
                  param.device().name(), " like param, got ", half_copy.describe());
@@ -175,24 +177,32 @@ AdamWScalars adamw_scalars(const AdamWOptions& o, std::int64_t step) {
 namespace cpu {
 namespace {
 
+/// The working copy's element type: f16 or bf16 (f16 with a null pointer when none).
+template <class Half>
 struct SgdArrays {
   float* param;
   const float* grad;
   float* momentum_buffer;  // nullptr without momentum
-  f16* half_copy;          // nullptr when not wanted
+  Half* half_copy;         // nullptr when not wanted
 };
 
+template <class Half>
 struct AdamWArrays {
   float* param;
   const float* grad;
   float* exp_avg;
   float* exp_avg_sq;
-  f16* half_copy;  // nullptr when not wanted
+  Half* half_copy;  // nullptr when not wanted
 };
 
+/// The updated master rounded to the working copy's type, to nearest even.
+inline f16 round_to(f16*, float x) { return static_cast<f16>(x); }
+inline bf16 round_to(bf16*, float x) { return to_bf16(x); }
+
 // The loops, written once and inlined into each instruction-set variant below, where
-// the compiler turns std::fma and the f16 conversion into that variant's instructions.
-[[gnu::always_inline]] inline void sgd_range(const SgdArrays& a, const SgdScalars& s,
+// the compiler turns std::fma and the 16-bit conversion into that variant's instructions.
+template <class Half>
+[[gnu::always_inline]] inline void sgd_range(const SgdArrays<Half>& a, const SgdScalars& s,
                                              std::int64_t begin, std::int64_t end) {
   const bool reads_buffer = a.momentum_buffer != nullptr && !s.first_step;
   for (std::int64_t i = begin; i < end; ++i) {
@@ -200,11 +210,12 @@ struct AdamWArrays {
                                                     reads_buffer ? a.momentum_buffer[i] : 0.0f, s);
     a.param[i] = updated.param;
     if (a.momentum_buffer) a.momentum_buffer[i] = updated.momentum_buffer;
-    if (a.half_copy) a.half_copy[i] = static_cast<f16>(updated.param);
+    if (a.half_copy) a.half_copy[i] = round_to(a.half_copy, updated.param);
   }
 }
 
-[[gnu::always_inline]] inline void adamw_range(const AdamWArrays& a, const AdamWScalars& s,
+template <class Half>
+[[gnu::always_inline]] inline void adamw_range(const AdamWArrays<Half>& a, const AdamWScalars& s,
                                                std::int64_t begin, std::int64_t end) {
   for (std::int64_t i = begin; i < end; ++i) {
     const auto updated =
@@ -212,25 +223,44 @@ struct AdamWArrays {
     a.param[i] = updated.param;
     a.exp_avg[i] = updated.exp_avg;
     a.exp_avg_sq[i] = updated.exp_avg_sq;
-    if (a.half_copy) a.half_copy[i] = static_cast<f16>(updated.param);
+    if (a.half_copy) a.half_copy[i] = round_to(a.half_copy, updated.param);
   }
 }
 
-void sgd_range_portable(const SgdArrays& a, const SgdScalars& s, std::int64_t begin,
+template <class Half>
+void sgd_range_portable(const SgdArrays<Half>& a, const SgdScalars& s, std::int64_t begin,
                         std::int64_t end) {
   sgd_range(a, s, begin, end);
 }
-[[gnu::target("avx2,fma,f16c")]] void sgd_range_avx2(const SgdArrays& a, const SgdScalars& s,
-                                                     std::int64_t begin, std::int64_t end) {
+template <class Half>
+[[gnu::target("avx2,fma,f16c")]] void sgd_range_avx2(const SgdArrays<Half>& a,
+                                                     const SgdScalars& s, std::int64_t begin,
+                                                     std::int64_t end) {
   sgd_range(a, s, begin, end);
 }
-void adamw_range_portable(const AdamWArrays& a, const AdamWScalars& s, std::int64_t begin,
+template <class Half>
+void adamw_range_portable(const AdamWArrays<Half>& a, const AdamWScalars& s, std::int64_t begin,
                           std::int64_t end) {
   adamw_range(a, s, begin, end);
 }
-[[gnu::target("avx2,fma,f16c")]] void adamw_range_avx2(const AdamWArrays& a, const AdamWScalars& s,
-                                                       std::int64_t begin, std::int64_t end) {
+template <class Half>
+[[gnu::target("avx2,fma,f16c")]] void adamw_range_avx2(const AdamWArrays<Half>& a,
+                                                       const AdamWScalars& s, std::int64_t begin,
+                                                       std::int64_t end) {
   adamw_range(a, s, begin, end);
+}
+
+/// Calls body(Half{}) with the working copy's element type (f16 when there is none).
+template <class Body>
+void with_copy_type(const Tensor& half_copy, const Body& body) {
+  if (half_copy.defined() && half_copy.dtype() == DType::bf16) return body(bf16{});
+  body(f16{});
+}
+
+/// The copy's elements, or nullptr when there is none.
+template <class Half>
+Half* copy_data(const Tensor& half_copy) {
+  return half_copy.defined() ? half_copy.data<Half>() : nullptr;
 }
 
 bool cpu_can_run(OptimizerPath path) {
@@ -280,27 +310,31 @@ ScopedOptimizerPath::~ScopedOptimizerPath() { forced_path = previous_; }
 void sgd_step(const Tensor& param, const Tensor& grad, const Tensor& momentum_buffer,
               const SgdOptions& options, std::int64_t step, const Tensor& half_copy) {
   const SgdScalars s = optimizer_math::sgd_scalars(options, step);
-  const SgdArrays arrays{param.data<float>(), grad.data<float>(),
-                         s.use_momentum ? momentum_buffer.data<float>() : nullptr,
-                         half_copy.defined() ? half_copy.data<f16>() : nullptr};
-  // Chosen here: the override is per calling thread, the chunks run on OpenMP's.
-  const auto range =
-      optimizer_path() == OptimizerPath::avx2 ? &sgd_range_avx2 : &sgd_range_portable;
-  parallel_for(param.numel(), kGrain,
-               [&](std::int64_t begin, std::int64_t end) { range(arrays, s, begin, end); });
+  with_copy_type(half_copy, [&]<class Half>(Half) {
+    const SgdArrays<Half> arrays{param.data<float>(), grad.data<float>(),
+                                 s.use_momentum ? momentum_buffer.data<float>() : nullptr,
+                                 copy_data<Half>(half_copy)};
+    // Chosen here: the override is per calling thread, the chunks run on OpenMP's.
+    const auto range = optimizer_path() == OptimizerPath::avx2 ? &sgd_range_avx2<Half>
+                                                               : &sgd_range_portable<Half>;
+    parallel_for(param.numel(), kGrain,
+                 [&](std::int64_t begin, std::int64_t end) { range(arrays, s, begin, end); });
+  });
 }
 
 void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& exp_avg,
                 const Tensor& exp_avg_sq, const AdamWOptions& options, std::int64_t step,
                 const Tensor& half_copy) {
   const AdamWScalars s = optimizer_math::adamw_scalars(options, step);
-  const AdamWArrays arrays{param.data<float>(), grad.data<float>(), exp_avg.data<float>(),
-                           exp_avg_sq.data<float>(),
-                           half_copy.defined() ? half_copy.data<f16>() : nullptr};
-  const auto range =
-      optimizer_path() == OptimizerPath::avx2 ? &adamw_range_avx2 : &adamw_range_portable;
-  parallel_for(param.numel(), kGrain,
-               [&](std::int64_t begin, std::int64_t end) { range(arrays, s, begin, end); });
+  with_copy_type(half_copy, [&]<class Half>(Half) {
+    const AdamWArrays<Half> arrays{param.data<float>(), grad.data<float>(),
+                                   exp_avg.data<float>(), exp_avg_sq.data<float>(),
+                                   copy_data<Half>(half_copy)};
+    const auto range = optimizer_path() == OptimizerPath::avx2 ? &adamw_range_avx2<Half>
+                                                               : &adamw_range_portable<Half>;
+    parallel_for(param.numel(), kGrain,
+                 [&](std::int64_t begin, std::int64_t end) { range(arrays, s, begin, end); });
+  });
 }
 
 }  // namespace cpu

@@ -11,33 +11,47 @@ namespace {
 using optimizer_math::AdamWScalars;
 using optimizer_math::SgdScalars;
 
-// momentum_buffer: nullptr without momentum; half_copy: nullptr when not wanted.
+// momentum_buffer: nullptr without momentum; half_copy (__half or __nv_bfloat16): nullptr
+// when not wanted.
+template <class Half>
 __global__ void sgd_kernel(float* param, const float* grad, float* momentum_buffer,
-                           __half* half_copy, std::int64_t n, SgdScalars s) {
+                           Half* half_copy, std::int64_t n, SgdScalars s) {
   const bool reads_buffer = momentum_buffer != nullptr && !s.first_step;
   for (const std::int64_t i : grid_stride(n)) {
     const auto updated =
         optimizer_math::sgd_update(param[i], grad[i], reads_buffer ? momentum_buffer[i] : 0.0f, s);
     param[i] = updated.param;
     if (momentum_buffer != nullptr) momentum_buffer[i] = updated.momentum_buffer;
-    if (half_copy != nullptr) half_copy[i] = __float2half_rn(updated.param);
+    if (half_copy != nullptr) half_copy[i] = from_float<Half>(updated.param);
   }
 }
 
+template <class Half>
 __global__ void adamw_kernel(float* param, const float* grad, float* exp_avg, float* exp_avg_sq,
-                             __half* half_copy, std::int64_t n, AdamWScalars s) {
+                             Half* half_copy, std::int64_t n, AdamWScalars s) {
   for (const std::int64_t i : grid_stride(n)) {
     const auto updated =
         optimizer_math::adamw_update(param[i], grad[i], exp_avg[i], exp_avg_sq[i], s);
     param[i] = updated.param;
     exp_avg[i] = updated.exp_avg;
     exp_avg_sq[i] = updated.exp_avg_sq;
-    if (half_copy != nullptr) half_copy[i] = __float2half_rn(updated.param);
+    if (half_copy != nullptr) half_copy[i] = from_float<Half>(updated.param);
   }
 }
 
-__half* half_pointer(const Tensor& half_copy) {
-  return half_copy.defined() ? half_copy.data<__half>() : nullptr;
+/// Calls f(ElementType<Half>{}) with the working copy's element type (__half when there is
+/// none, with a null pointer).
+template <class F>
+void with_copy_type(const Tensor& half_copy, F&& f) {
+  if (half_copy.defined() && half_copy.dtype() == DType::bf16) {
+    return f(ElementType<__nv_bfloat16>{});
+  }
+  f(ElementType<__half>{});
+}
+
+template <class Half>
+Half* half_pointer(const Tensor& half_copy) {
+  return half_copy.defined() ? half_copy.data<Half>() : nullptr;
 }
 
 }  // namespace
@@ -48,8 +62,11 @@ void sgd_step(const Tensor& param, const Tensor& grad, const Tensor& momentum_bu
   if (n == 0) return;
   const SgdScalars s = optimizer_math::sgd_scalars(options, step);
   float* buffer = s.use_momentum ? momentum_buffer.data<float>() : nullptr;
-  sgd_kernel<<<grid_for(n), kThreadsPerBlock>>>(param.data<float>(), grad.data<float>(), buffer,
-                                                half_pointer(half_copy), n, s);
+  with_copy_type(half_copy, [&]<class Half>(ElementType<Half>) {
+    sgd_kernel<Half><<<grid_for(n), kThreadsPerBlock>>>(param.data<float>(), grad.data<float>(),
+                                                        buffer, half_pointer<Half>(half_copy), n,
+                                                        s);
+  });
   BIGBATCH_CHECK_LAUNCH("sgd_kernel");
 }
 
@@ -59,9 +76,11 @@ void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& exp_avg,
   const std::int64_t n = param.numel();
   if (n == 0) return;
   const AdamWScalars s = optimizer_math::adamw_scalars(options, step);
-  adamw_kernel<<<grid_for(n), kThreadsPerBlock>>>(param.data<float>(), grad.data<float>(),
-                                                  exp_avg.data<float>(), exp_avg_sq.data<float>(),
-                                                  half_pointer(half_copy), n, s);
+  with_copy_type(half_copy, [&]<class Half>(ElementType<Half>) {
+    adamw_kernel<Half><<<grid_for(n), kThreadsPerBlock>>>(
+        param.data<float>(), grad.data<float>(), exp_avg.data<float>(), exp_avg_sq.data<float>(),
+        half_pointer<Half>(half_copy), n, s);
+  });
   BIGBATCH_CHECK_LAUNCH("adamw_kernel");
 }
 

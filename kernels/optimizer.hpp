@@ -14,9 +14,9 @@
 //   exp_avg          f32, param's shape AdamW first moment, updated in place at every
 //   exp_avg_sq       f32, param's shape step: zero them before step 1 (as PyTorch's
 //                                       zeros_like does).
-//   half_copy        f16, param's shape optional (Tensor{} for none): overwritten (=)
-//                                       with the updated param rounded to f16 (to
-//                                       nearest even), in the same pass; the fp16
+//   half_copy        f16 or bf16,       optional (Tensor{} for none): overwritten (=)
+//                    param's shape      with the updated param rounded to its dtype (to
+//                                       nearest even), in the same pass; the 16-bit
 //                                       working copy of mixed precision.
 //   step             the 1-based count of optimizer steps taken, this one included.
 //

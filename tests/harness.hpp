@@ -69,9 +69,11 @@ class DeviceTest : public ::testing::TestWithParam<Device> {
   Device device() const { return GetParam(); }
 };
 
-/// Unit roundoff: half the distance from 1 to the next number (f16 2^-11, f32 2^-24).
+/// Unit roundoff: half the distance from 1 to the next number (bf16 2^-8, f16 2^-11,
+/// f32 2^-24).
 inline double unit_roundoff(DType dtype) {
   switch (dtype) {
+    case DType::bf16: return 0x1p-8;
     case DType::f16: return 0x1p-11;
     case DType::f32: return 0x1p-24;
     case DType::f64: return 0x1p-53;
@@ -115,6 +117,11 @@ inline Tensor make_tensor(const std::vector<double>& values, Shape shape, DType 
       for (std::size_t i = 0; i < v.size(); ++i) v[i] = static_cast<f16>(static_cast<float>(values[i]));
       return Tensor::from_vector(v, std::move(shape), device, category);
     }
+    case DType::bf16: {
+      std::vector<bf16> v(values.size());
+      for (std::size_t i = 0; i < v.size(); ++i) v[i] = to_bf16(static_cast<float>(values[i]));
+      return Tensor::from_vector(v, std::move(shape), device, category);
+    }
     case DType::i32: {
       std::vector<std::int32_t> v(values.begin(), values.end());
       return Tensor::from_vector(v, std::move(shape), device, category);
@@ -142,6 +149,12 @@ inline std::vector<double> to_doubles(const Tensor& t) {
       const auto v = t.to_vector<f16>();
       std::vector<double> out(v.size());
       for (std::size_t i = 0; i < v.size(); ++i) out[i] = static_cast<double>(v[i]);
+      return out;
+    }
+    case DType::bf16: {
+      const auto v = t.to_vector<bf16>();
+      std::vector<double> out(v.size());
+      for (std::size_t i = 0; i < v.size(); ++i) out[i] = to_float(v[i]);
       return out;
     }
     case DType::i32: {

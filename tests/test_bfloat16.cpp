@@ -17,6 +17,9 @@
 
 #include "common/bfloat16.hpp"
 #include "common/rng.hpp"
+#include "kernels/elementwise.hpp"
+#include "kernels/optimizer.hpp"
+#include "tests/harness.hpp"
 
 namespace bigbatch {
 namespace {
@@ -119,6 +122,58 @@ TEST(Bfloat16, NarrowingMatchesTheDefinitionOnRandomBitPatterns) {
     ASSERT_EQ(to_bf16(x).bits, reference_bits(x)) << std::hex << std::bit_cast<std::uint32_t>(x);
   }
   EXPECT_GT(nans, 0);  // 1 in 256 of all bit patterns is a NaN
+}
+
+/// Floats at every rounding edge above, their neighbours, and random bit patterns (NaNs
+/// included): what the kernels' conversions are checked on.
+std::vector<float> conversion_probe() {
+  std::vector<float> values;
+  for (const std::uint32_t bits : {0x3f808000u, 0x3f818000u, 0x3f807fffu, 0x3f808001u,
+                                   0x7f7f7fffu, 0x7f7f8000u, 0x7f7fffffu, 0x00000001u,
+                                   0x00008000u, 0x00018000u, 0x007fffffu, 0x80000000u,
+                                   0x80008000u, 0x7f800000u, 0xff800000u, 0xbf818000u,
+                                   0x7f800001u, 0x7f807fffu, 0xff800001u, 0x7fc00000u}) {
+    values.push_back(float_of(bits));
+  }
+  for (std::uint64_t i = 0; i < 20000; ++i) values.push_back(float_of(random_bits(17, 0, i)));
+  return values;
+}
+
+/// The bits `narrowed` must hold for `x`: the definition's, and a quiet NaN for a NaN.
+::testing::AssertionResult narrowed_as_defined(float x, std::uint16_t narrowed) {
+  if (std::isnan(x) ? is_nan_bits(narrowed) : narrowed == reference_bits(x)) {
+    return ::testing::AssertionSuccess();
+  }
+  return ::testing::AssertionFailure() << std::hex << std::bit_cast<std::uint32_t>(x)
+                                       << " narrowed to " << narrowed;
+}
+
+// The kernels round where they store, in their own loops: the cast kernel at every vector
+// instruction set and the optimizer's working copy on every path give the definition's
+// bits. (The GEMM's store of a bf16 C: test_gemm.cpp, Bf16OutputRoundsOnce...)
+TEST(Bfloat16, EveryKernelThatStoresBf16RoundsAsDefined) {
+  const std::vector<float> values = conversion_probe();
+  const auto n = static_cast<std::int64_t>(values.size());
+  const Tensor source = Tensor::from_vector(values, {n});
+  testing::expect_every_simd_level_agrees([&] {
+    const Tensor narrow({n}, DType::bf16);
+    cast(source, narrow);
+    const auto bits = narrow.to_vector<bf16>();
+    for (std::int64_t i = 0; i < n; ++i) EXPECT_TRUE(narrowed_as_defined(values[i], bits[i].bits));
+    return std::vector<Tensor>{narrow};
+  });
+  for (const cpu::OptimizerPath path : cpu::optimizer_paths_supported()) {
+    const cpu::ScopedOptimizerPath scoped(path);
+    // lr 0: the master is unchanged, so the copy is the master's values rounded.
+    const Tensor param = Tensor::from_vector(values, {n});
+    const Tensor grad = Tensor::zeros({n}, DType::f32);
+    const Tensor copy({n}, DType::bf16);
+    sgd_step(param, grad, Tensor(), SgdOptions{.lr = 0.0}, 1, copy);
+    const auto bits = copy.to_vector<bf16>();
+    for (std::int64_t i = 0; i < n; ++i) {
+      ASSERT_TRUE(narrowed_as_defined(values[i], bits[i].bits)) << cpu::optimizer_path_name(path);
+    }
+  }
 }
 
 }  // namespace

@@ -83,22 +83,27 @@ Oracle gemm_oracle(const GemmCase& g, const std::vector<double>& a, const std::v
 /// K + 1. A product of n factors (1 + d_i) is 1 + theta with |theta| <= gamma(n) =
 /// n u / (1 - n u) (Lemma 3.1), so
 ///   |computed - exact| <= gamma(K + 2) * (|alpha| sum_k |a_ik b_kj| + |beta c_ij|).
-/// Products of f16 operands are exact in fp32, so the same bound holds for them. The
+/// Products of f16 or bf16 operands are exact in fp32 (11 + 11 or 8 + 8 significant bits
+/// fit in 24), so the same bound holds for them. The
 /// model ignores underflow, which cannot matter here: products of the test's inputs are
 /// 0 or at least 2^-50 in magnitude, far above fp32's 2^-126, and additions that
 /// underflow are exact.
 /// An f16 C adds one rounding of the fp32 value c32: |fl16(c32) - c32| <= u16 |c32| +
-/// 2^-25 (the 2^-25 for the subnormal range), with |c32| <= |ref| + gamma*magnitude.
+/// 2^-25 (the 2^-25 for the subnormal range), with |c32| <= |ref| + gamma*magnitude. A bf16
+/// C likewise with u = 2^-8 and 2^-134 (its subnormals are fp32's, spaced 2^-133).
 /// On CUDA that is an assumption too: cublas_api.h says cuBLAS may run reductions in the
 /// output type when it is smaller than the accumulator's, unless the math mode includes
 /// CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION, which gemm.cu does not set.
 /// The float64 oracle itself is off by at most gamma_f64(K + 2) * magnitude.
 /// `gamma_acc` is the bound of the fp32 accumulation on the path taken (accumulation_gamma).
+/// The spacing of the subnormals of a 16-bit C: f16 2^-24, bf16 (fp32's) 2^-133.
+double half_subnormal_spacing(DType output) { return output == DType::f16 ? 0x1p-24 : 0x1p-133; }
+
 double error_bound(const GemmCase& g, double gamma_acc, double ref, double magnitude) {
   double bound = (gamma_acc + testing::gamma(g.k + 2, DType::f64)) * magnitude;
-  if (g.output == DType::f16) {
-    const double u16 = testing::unit_roundoff(DType::f16);
-    bound += u16 * (std::abs(ref) + gamma_acc * magnitude) + 0x1p-25;
+  if (is_half_width(g.output)) {
+    const double u = testing::unit_roundoff(g.output);
+    bound += u * (std::abs(ref) + gamma_acc * magnitude) + half_subnormal_spacing(g.output) / 2;
   }
   return bound;
 }
@@ -107,19 +112,19 @@ double error_bound(const GemmCase& g, double gamma_acc, double ref, double magni
 double gamma_of(double n, double u) { return n * u / (1 - n * u); }
 
 /// The fp32 accumulation's bound, path by path (kernels/gemm.cu says which cuBLAS call runs).
-/// - CPU, f32 or f16 operands: every operation rounds to nearest in fp32 (u = 2^-24), at most
+/// - CPU, f32, f16 or bf16 operands: every operation rounds to nearest in fp32 (u = 2^-24), at most
 ///   K + 2 roundings per term (above): gamma_{2^-24}(K + 2).
 /// - CUDA, f32 operands: gemm.cu asks for CUBLAS_COMPUTE_32F_PEDANTIC, which the cuBLAS
 ///   documentation (cublasComputeType_t; the same words in cublas_api.h) says ensures
 ///   "standard arithmetic and exact specified internal storage format": IEEE fp32 rounding
 ///   to nearest, no TF32 or other down-conversion. Whatever order or split cuBLAS chooses,
 ///   the count above holds: gamma_{2^-24}(K + 2), derived.
-/// - CUDA, f16 operands (CUBLAS_COMPUTE_32F on tensor cores): NVIDIA documents only that the
-///   internal storage has at least fp32's precision and range, not how the tensor cores
-///   round. So this bound rests on an ASSUMPTION: the model Fasi, Higham, Mikaitis and
+/// - CUDA, f16 or bf16 operands (CUBLAS_COMPUTE_32F on tensor cores): NVIDIA documents
+///   only that the internal storage has at least fp32's precision and range, not how the
+///   tensor cores round. So this bound rests on an ASSUMPTION: the model Fasi, Higham, Mikaitis and
 ///   Pranesh measured on V100, T4 and A100 ("Numerical behavior of NVIDIA tensor cores",
-///   PeerJ Comput. Sci. 7:e330, 2021), not yet measured by us on Hopper. In it the f16
-///   products are exact, and one multiply-accumulate block d = c + (n products) aligns the
+///   PeerJ Comput. Sci. 7:e330, 2021; A100 with bf16 operands too), not yet measured by us
+///   on Hopper. In it the 16-bit products are exact, and one multiply-accumulate block d = c + (n products) aligns the
 ///   n + 1 addends to the largest, drops (truncates) the bits below fp32's last significand
 ///   bit, adds, and truncates the normalised sum. Each of the n smaller addends then loses
 ///   less than 2^-23 max|addend| and the normalisation less than 2^-23 |d|: one block errs
@@ -130,7 +135,7 @@ double gamma_of(double n, double u) { return n * u / (1 - n * u); }
 ///   gamma_{2^-23}(2K + 2). (Counting one truncation per term, gamma_{2^-23}(K + 2), would
 ///   understate it: an aligned addend loses bits relative to the block's largest addend.)
 double accumulation_gamma(Device device, const GemmCase& g) {
-  if (device.is_cuda() && g.operands == DType::f16) {
+  if (device.is_cuda() && is_half_width(g.operands)) {
     return gamma_of(2.0 * static_cast<double>(g.k) + 2, 0x1p-23);
   }
   return gamma_of(static_cast<double>(g.k) + 2, 0x1p-24);
@@ -176,8 +181,9 @@ const std::vector<AlphaBeta> kAlphaBetas = {{1.0f, 0.0f}, {1.0f, 1.0f}, {-0.75f,
 struct DTypes {
   DType operands, output;
 };
-const std::vector<DTypes> kDTypes = {
-    {DType::f32, DType::f32}, {DType::f16, DType::f32}, {DType::f16, DType::f16}};
+const std::vector<DTypes> kDTypes = {{DType::f32, DType::f32},   {DType::f16, DType::f32},
+                                     {DType::f16, DType::f16},   {DType::bf16, DType::f32},
+                                     {DType::bf16, DType::bf16}};
 
 /// Calls fn(case) for every size, transpose, alpha/beta and dtype combination.
 void for_each_case(const std::function<void(const GemmCase&)>& fn) {
@@ -236,9 +242,10 @@ TEST_P(Gemm, EmptyInnerDimensionGivesBetaTimesC) {
       GemmRun run = make_run(g, device(), 7);
       gemm(run.a, false, run.b, false, run.c, 1.0f, beta);
       // beta * c is one rounding of an exact product: bound u |want| (f32), or
-      // u16 |want| + 2^-25 for an f16 C (the 2^-25 for the subnormal range).
+      // u |want| + half a subnormal spacing for a 16-bit C (error_bound's terms).
       const double u = testing::unit_roundoff(types.output);
-      const double eta = types.output == DType::f16 ? 0x1p-25 : 0.0;
+      const double eta =
+          is_half_width(types.output) ? half_subnormal_spacing(types.output) / 2 : 0.0;
       const auto got = testing::to_doubles(run.c);
       for (std::size_t i = 0; i < got.size(); ++i) {
         const double want = beta == 0.0f ? 0.0 : double{beta} * run.c_before[i];
@@ -259,15 +266,22 @@ TEST_P(Gemm, EmptyOutputIsAllowed) {
 
 // ---- f16 operands: fp32 accumulation, one rounding on store ---------------------------------
 
-/// A [1, k] x [k, 1] product of f16 vectors into a 1x1 C of `output` dtype.
-double f16_dot(Device device, const std::vector<double>& a, const std::vector<double>& b,
-               DType output, double c_before = 0, float beta = 0) {
+/// A [1, k] x [k, 1] product of `operands` (f16 or bf16) vectors into a 1x1 C of `output`.
+double half_dot(Device device, DType operands, const std::vector<double>& a,
+                const std::vector<double>& b, DType output, double c_before = 0,
+                float beta = 0) {
   const auto k = static_cast<std::int64_t>(a.size());
-  const Tensor ta = testing::make_tensor(a, {1, k}, DType::f16, device);
-  const Tensor tb = testing::make_tensor(b, {k, 1}, DType::f16, device);
+  const Tensor ta = testing::make_tensor(a, {1, k}, operands, device);
+  const Tensor tb = testing::make_tensor(b, {k, 1}, operands, device);
   const Tensor tc = testing::make_tensor({c_before}, {1, 1}, output, device);
   gemm(ta, false, tb, false, tc, 1.0f, beta);
   return testing::to_doubles(tc)[0];
+}
+
+/// half_dot of f16 vectors.
+double f16_dot(Device device, const std::vector<double>& a, const std::vector<double>& b,
+               DType output, double c_before = 0, float beta = 0) {
+  return half_dot(device, DType::f16, a, b, output, c_before, beta);
 }
 
 TEST_P(Gemm, F16ProductsBeyondTheF16RangeStayFiniteInFp32) {
@@ -323,6 +337,35 @@ TEST_P(Gemm, F16OutputRoundsOnceAndOverflowsToInfinity) {
             << " * 2^-10\n";
 }
 
+// bf16 operands and C: one rounding to nearest even on store, and fp32's range, where
+// fp16 would overflow or flush. Exact on the CPU (gemm.hpp's promise); the CUDA instance
+// checks one rounding of some kind, as for f16 above.
+TEST_P(Gemm, Bf16OutputRoundsOnceToNearestEvenWithFp32sRange) {
+  const double u = testing::unit_roundoff(DType::bf16);
+  const auto dot = [&](const std::vector<double>& a, const std::vector<double>& b) {
+    return half_dot(device(), DType::bf16, a, b, DType::bf16);
+  };
+  // 1 + 2^-8 is halfway between 1 and 1 + 2^-7, the next bf16.
+  const double tie = dot({1, 0x1p-4}, {1, 0x1p-4});
+  const double above_tie = dot({1, 0x1p-4, 0x1p-10}, {1, 0x1p-4, 0x1p-10});
+  // 2^120 and 2^-120: far past fp16's 65504 and below its 2^-24, normal in fp32 and bf16.
+  EXPECT_EQ(dot({0x1p60}, {0x1p60}), 0x1p120);
+  EXPECT_EQ(dot({0x1p-60}, {0x1p-60}), 0x1p-120);
+  // Into an f32 C the sum is not rounded to bf16 at all: 1 + 2^-8 + 2^-20 exactly.
+  EXPECT_EQ(half_dot(device(), DType::bf16, {1, 0x1p-4, 0x1p-10}, {1, 0x1p-4, 0x1p-10},
+                     DType::f32),
+            1.0 + 0x1p-8 + 0x1p-20);
+  if (device().is_cpu()) {
+    EXPECT_EQ(tie, 1.0);  // ties to even
+    EXPECT_EQ(above_tie, 1.0 + 0x1p-7);
+    return;
+  }
+  EXPECT_LE(std::abs(tie - (1.0 + 0x1p-8)), u * (1.0 + 0x1p-8)) << tie;
+  EXPECT_LE(std::abs(above_tie - (1.0 + 0x1p-8)), u * (1.0 + 0x1p-7)) << above_tie;
+  std::cout << "[ cuBLAS   ] bf16 C: halfway 1 + 2^-8 stored as 1 + " << (tie - 1) / 0x1p-7
+            << " * 2^-7\n";
+}
+
 // ---- argument errors ------------------------------------------------------------------------
 
 void expect_invalid_argument(const std::function<void()>& call, const std::string& text) {
@@ -350,6 +393,12 @@ TEST_P(Gemm, RejectsBadArgumentsWithUsefulMessages) {
                           "unsupported dtypes");
   expect_invalid_argument([&] { gemm(a16, false, b16, false, Tensor({3, 5}, DType::i32, d)); },
                           "unsupported dtypes");
+  // f16 and bf16 do not mix: one operand type, and a 16-bit C only of that type.
+  const Tensor a_bf16({3, 4}, DType::bf16, d), b_bf16({4, 5}, DType::bf16, d);
+  expect_invalid_argument([&] { gemm(a16, false, b_bf16, false, c); }, "unsupported dtypes");
+  expect_invalid_argument(
+      [&] { gemm(a_bf16, false, b_bf16, false, Tensor({3, 5}, DType::f16, d)); },
+      "unsupported dtypes");
   if (d.is_cuda()) {
     const Tensor c_host({3, 5}, DType::f32, Device::cpu());
     expect_invalid_argument([&] { gemm(a, false, b, false, c_host); }, "one device");
@@ -451,8 +500,8 @@ TEST(GemmCpu, ColumnsOfTheOutputEqualTheSameColumnsComputedInSlices) {
 TEST(GemmCpu, WeightGradientOverABatchEqualsChainedMicroBatches) {
   // dW = alpha * dY^T X (+ beta dW): trans_a, K = batch rows. Chaining micro-batches of
   // K with beta = 1 continues each element's fma chain exactly, for an fp32 dW; also
-  // when dY and X are f16 (mixed precision with fp32 gradients).
-  for (const DType operands : {DType::f32, DType::f16}) {
+  // when dY and X are f16 or bf16 (mixed precision with fp32 gradients).
+  for (const DType operands : {DType::f32, DType::f16, DType::bf16}) {
     for (const std::int64_t batch : {std::int64_t{1024}, std::int64_t{1000}}) {
       for (const auto& [alpha, beta] : {AlphaBeta{1.0f, 0.0f}, AlphaBeta{0.3f, 1.0f}, AlphaBeta{1.0f, 0.5f}}) {
         for_each_cpu_path([&](cpu::GemmPath) {

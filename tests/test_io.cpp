@@ -55,7 +55,10 @@ Tensor varied_tensor(const Shape& shape, DType dtype, std::uint64_t seed) {
   return testing::make_tensor(values, shape, dtype, Device::cpu());
 }
 
-const std::vector<DType> kAllDTypes = {DType::f32, DType::f64, DType::i32, DType::f16};
+const std::vector<DType> kAllDTypes = {DType::f32, DType::f64, DType::i32, DType::f16,
+                                       DType::bf16};
+/// NumPy has no bfloat16: the .npy tests take the others.
+const std::vector<DType> kNpyDTypes = {DType::f32, DType::f64, DType::i32, DType::f16};
 const std::vector<Shape> kShapes = {{}, {1}, {7}, {2, 3, 4}, {1025, 3}, {0}, {3, 0, 2}};
 
 // ---- .npy -----------------------------------------------------------------------------
@@ -72,7 +75,7 @@ std::string numpy_written_f32_2x3() {
 
 TEST(Npy, RoundTripsEveryDtypeAndShapeBitForBit) {
   TemporaryPath path("array.npy");
-  for (const DType dtype : kAllDTypes) {
+  for (const DType dtype : kNpyDTypes) {
     for (const Shape& shape : kShapes) {
       SCOPED_TRACE(std::string(dtype_name(dtype)) + shape_string(shape));
       const Tensor original = varied_tensor(shape, dtype, 11);
@@ -95,6 +98,13 @@ TEST(Npy, RoundTripsEveryDtypeAndShapeBitForBit) {
       EXPECT_TRUE(testing::bitwise_equal(loaded, original));
     }
   }
+}
+
+TEST(Npy, RefusesBfloat16NamingTheWayOut) {
+  TemporaryPath path("bf16.npy");
+  const Tensor t = varied_tensor({3}, DType::bf16, 4);
+  EXPECT_TRUE(mentions(error_of([&] { write_npy(path.str(), t); }), {"bfloat16", "f32"}));
+  EXPECT_FALSE(std::filesystem::exists(path.str()));
 }
 
 TEST(Npy, ReadsWhatNumPyWrites) {
@@ -474,16 +484,29 @@ TEST(Json, ParsingLimitsDepthAndRefusesRepeatedKeys) {
 }
 
 TEST(Safetensors, ValidatesButRefusesToLoadDtypesWithoutATensorType) {
-  TemporaryPath path("bf16.safetensors");
+  TemporaryPath path("i16.safetensors");
   write_file(
       path.str(),
       safetensors_file(
-          R"({"__metadata__":{"format":"pt"},"w":{"dtype":"BF16","shape":[2],"data_offsets":[0,4]}})",
+          R"({"__metadata__":{"format":"pt"},"w":{"dtype":"I16","shape":[2],"data_offsets":[0,4]}})",
           std::string(4, '\0')));
   EXPECT_EQ(load_safetensors_metadata(path.str()),
             (std::map<std::string, std::string>{{"format", "pt"}}));
   EXPECT_TRUE(
-      mentions(error_of([&] { load_safetensors(path.str()); }), {path.str(), "\"w\"", "BF16"}));
+      mentions(error_of([&] { load_safetensors(path.str()); }), {path.str(), "\"w\"", "I16"}));
+}
+
+// PyTorch's bfloat16 tensors are saved as "BF16": the bits of each value, little-endian.
+TEST(Safetensors, ReadsBf16AsPyTorchWritesIt) {
+  TemporaryPath path("bf16.safetensors");
+  // 1.0 = 0x3F80, -2.5 = 0xC020 (bf16 bits), stored low byte first.
+  write_file(path.str(),
+             safetensors_file(
+                 R"({"w":{"dtype":"BF16","shape":[2],"data_offsets":[0,4]}})",
+                 std::string("\x80\x3f\x20\xc0", 4)));
+  const Tensor w = load_safetensors(path.str()).at("w");
+  EXPECT_EQ(w.dtype(), DType::bf16);
+  EXPECT_EQ(testing::to_doubles(w), (std::vector<double>{1.0, -2.5}));
 }
 
 // ---- checksums ----------------------------------------------------------------------------

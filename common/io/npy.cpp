@@ -329,6 +329,7 @@ std::string npy_dtype_of(DType dtype) {
     case DType::f64: return "<f8";
     case DType::i32: return "<i4";
     case DType::f16: return "<f2";
+    case DType::bf16: break;  // NumPy has no bfloat16 (tensor_to_npy refuses it)
   }
   return "?";
 }
@@ -439,6 +440,8 @@ void write_npy(const std::string& path, const Tensor& tensor) {
 
 NpyArray tensor_to_npy(const Tensor& tensor) {
   BIGBATCH_CHECK(tensor.defined(), "tensor_to_npy: the tensor is undefined");
+  BIGBATCH_CHECK(tensor.dtype() != DType::bf16, "tensor_to_npy: NumPy has no bfloat16 "
+                 "dtype; cast the tensor to f32 first (exact), or save it as safetensors");
   const Tensor host = tensor.device().is_cpu() ? tensor : tensor.to(Device::cpu());
   NpyArray array;
   array.dtype = npy_dtype_of(tensor.dtype());

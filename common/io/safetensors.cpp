@@ -58,6 +58,7 @@ std::string safetensors_dtype_of(DType dtype) {
     case DType::f16: return "F16";
     case DType::f64: return "F64";
     case DType::i32: return "I32";
+    case DType::bf16: return "BF16";
   }
   return "?";
 }
@@ -276,8 +277,9 @@ DType tensor_dtype_of(const TensorEntry& entry, const std::string& path) {
   if (entry.dtype == "F16") return DType::f16;
   if (entry.dtype == "F64") return DType::f64;
   if (entry.dtype == "I32") return DType::i32;
+  if (entry.dtype == "BF16") return DType::bf16;
   fail(path, "tensor \"" + entry.name + "\" has dtype " + entry.dtype +
-                 ", which has no tensor type here (F32, F16, F64 and I32 do)");
+                 ", which has no tensor type here (F32, F16, BF16, F64 and I32 do)");
 }
 
 // ---- atomic writing -------------------------------------------------------------------
