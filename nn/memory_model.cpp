@@ -21,7 +21,7 @@ struct StaticBytes {
 };
 
 StaticBytes static_bytes(const ModelConfig& c) {
-  const bool mixed = c.precision == Precision::fp16;
+  const bool mixed = is_mixed(c.precision);  // fp16 and bf16: the same bytes
   const std::int64_t d = c.inputs, h = c.hidden, inner = c.expansion * c.hidden, k = c.classes;
   const std::int64_t weights = d * h + c.depth * 2 * h * inner + h * k;  // Linear weights
   // Linear biases (stem, fc1, fc2, head) and the norms' weight and bias (blocks, head).
@@ -41,7 +41,7 @@ StaticBytes static_bytes(const ModelConfig& c) {
 PredictedBytes predict_memory(const ModelConfig& c, std::int64_t rows) {
   BIGBATCH_CHECK(c.norm == Norm::layer, "predict_memory: only LayerNorm models are modelled");
   BIGBATCH_CHECK(rows >= 0, "predict_memory: rows must be >= 0, got ", rows);
-  const bool mixed = c.precision == Precision::fp16;
+  const bool mixed = is_mixed(c.precision);  // fp16 and bf16: the same bytes
   const std::int64_t d = c.inputs, h = c.hidden, inner = c.expansion * c.hidden, k = c.classes;
   const StaticBytes fixed = static_bytes(c);
   PredictedBytes p;
@@ -117,7 +117,7 @@ void ModelLedger::start_micro_batch(std::int64_t rows, std::string label) {
 }
 
 std::size_t ModelLedger::hidden_state_bytes() const {
-  return to_size(rows_ * config_.hidden) * (config_.precision == Precision::fp16 ? 2 : 4);
+  return to_size(rows_ * config_.hidden) * dtype_size(working_dtype(config_.precision));
 }
 
 std::size_t ModelLedger::statistics_bytes() const {
@@ -185,7 +185,7 @@ StepPrediction predict_step(const ModelConfig& c, std::int64_t batch, std::int64
   BIGBATCH_CHECK(batch > 0 && micro_batch > 0, "predict_step: batch and micro_batch must be "
                  "positive, got ", batch, " and ", micro_batch);
   MemoryLedger ledger;
-  const bool mixed = c.precision == Precision::fp16;
+  const bool mixed = is_mixed(c.precision);  // fp16 and bf16: the same bytes
   const std::size_t h = to_size(c.hidden), d = to_size(c.inputs), k = to_size(c.classes);
 
   // Live before the step: the model, its optimizer, the batch.
@@ -213,7 +213,7 @@ StepPrediction predict_step(const ModelConfig& c, std::int64_t batch, std::int64
 
     // Model::forward: the stem.
     Bytes input;  // fp32 reads x itself
-    if (mixed) input = model.activation(2 * b * d, "forward: the input in f16");
+    if (mixed) input = model.activation(2 * b * d, "forward: the input in 16 bits");
     Bytes stem_pre_activation = model.activation(hidden_state, "forward: stem's output");
     Bytes hidden = model.activation(hidden_state, "forward: the stem's activation (h0)");
     // The blocks.
@@ -238,7 +238,7 @@ StepPrediction predict_step(const ModelConfig& c, std::int64_t batch, std::int64
 
     // Model::backward: the head.
     Bytes d_head;  // fp32: dlogits itself
-    if (mixed) d_head = model.workspace(2 * b * k, "backward: the logits' gradient in f16");
+    if (mixed) d_head = model.workspace(2 * b * k, "backward: the logits' gradient in 16 bits");
     Bytes dh;
     {
       const Bytes d_normed = model.workspace(hidden_state, "backward: head.ln's output gradient");

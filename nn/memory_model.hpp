@@ -5,18 +5,20 @@
 // Two levels:
 //
 // predict_memory: the totals, as formulas.
-//   parameters       Linear weights: 4 bytes each (fp32), or 2 (fp16: the working copy);
+//   parameters       Linear weights: 4 bytes each (fp32), or 2 (fp16, bf16: the working
+//                    copy);
 //                    biases and norm weights: 4 bytes each; BatchNorm's running statistics
-//   master_weights   fp16 only: the Linear weights' f32 masters, 4 bytes each
-//   gradients        4 bytes per trainable parameter (f32 in both precisions)
+//   master_weights   fp16 and bf16 only: the Linear weights' f32 masters, 4 bytes each
+//   gradients        4 bytes per trainable parameter (f32 in every precision)
 //   adamw_state      AdamW's exp_avg and exp_avg_sq: 8 bytes per trainable parameter
 //   activations      what forward() saves for backward() for `rows` samples, its peak (at
 //                    the end of forward): per sample, with s the activations' element size
-//                    (4 fp32, 2 fp16): the stem's pre-activation and output (2H s); per block
+//                    (4 fp32, 2 fp16 or bf16): the stem's pre-activation and output (2H s); per block
 //                    the normed input, fc1's output, the hidden layer after dropout and the
 //                    block's output ((2H + 2EH) s) and LayerNorm's mean and rstd (8); the
 //                    head's normed input (H s) and statistics (8); the logits (4C, f32 in
-//                    both); under fp16 also the input rounded to f16 (2D). LayerNorm only.
+//                    every precision); under fp16 and bf16 also the input rounded to 16
+//                    bits (2D). LayerNorm only. (fp16 and bf16 take the same bytes.)
 //
 // predict_step: the whole step, moment by moment. A step's peak is not the end of the
 // forward pass: the backward pass allocates gradients of activations (workspace) while
@@ -46,7 +48,7 @@ struct PredictedBytes {
   /// \var parameters
   /// MemoryCategory::parameters: the Linear weights the forward reads, biases, norm weights.
   /// \var master_weights
-  /// MemoryCategory::master_weights: the f32 Linear weights under fp16, else 0.
+  /// MemoryCategory::master_weights: the f32 Linear weights under fp16 or bf16, else 0.
   /// \var gradients
   /// MemoryCategory::gradients: 4 bytes per trainable parameter.
   /// \var adamw_state

@@ -23,8 +23,8 @@ namespace {
 constexpr float kNormEps = 1e-5f;
 constexpr float kBatchNormMomentum = 0.1f;
 
-/// One entry of the state_dict: a parameter (with its gradient and, under fp16, its f16
-/// working copy) or a buffer (grad null).
+/// One entry of the state_dict: a parameter (with its gradient and, under mixed precision,
+/// its 16-bit working copy) or a buffer (grad null).
 struct StateEntry {
   std::string name;
   Tensor* value;
@@ -36,17 +36,20 @@ Tensor parameter_tensor(Shape shape, Device device) {
   return Tensor(std::move(shape), DType::f32, device, MemoryCategory::parameters);
 }
 
-/// Under fp16 the f32 weight is the optimizer's master copy and the forward reads an f16
-/// working copy (written by refresh_half_copies and by every optimizer step).
+/// Under mixed precision the f32 weight is the optimizer's master copy and the forward reads
+/// a 16-bit working copy (written by refresh_half_copies and by every optimizer step).
 Linear make_linear(std::int64_t in, std::int64_t out, Device device, Precision precision) {
-  const bool mixed = precision == Precision::fp16;
+  const bool mixed = is_mixed(precision);
   Linear layer{Tensor({out, in}, DType::f32, device,
                       mixed ? MemoryCategory::master_weights : MemoryCategory::parameters),
                parameter_tensor({out}, device),
                Tensor::zeros({out, in}, DType::f32, device, MemoryCategory::gradients),
                Tensor::zeros({out}, DType::f32, device, MemoryCategory::gradients),
                {}};
-  if (mixed) layer.weight_half = Tensor({out, in}, DType::f16, device, MemoryCategory::parameters);
+  if (mixed) {
+    layer.weight_half =
+        Tensor({out, in}, working_dtype(precision), device, MemoryCategory::parameters);
+  }
   return layer;
 }
 
@@ -114,7 +117,7 @@ std::vector<StateEntry> state_entries(Linear& stem, std::vector<Block>& blocks,
   return entries;
 }
 
-// y = x W^T + b.   x: [b, in], y: [b, out] (f16 x: an f16 or f32 y)
+// y = x W^T + b.   x: [b, in], y: [b, out] (a 16-bit x: a y of its dtype or f32)
 void linear_forward(const Linear& layer, const Tensor& x, const Tensor& y) {
   gemm(x, false, working_weight(layer), true, y);
   add_bias(y, layer.bias);
@@ -173,12 +176,15 @@ PointwiseActivation pointwise(Activation kind) {
 std::string norm_name(Norm norm) { return norm == Norm::layer ? "layer" : "batch"; }
 std::string activation_name(Activation act) { return act == Activation::gelu ? "gelu" : "relu"; }
 std::string precision_name(Precision precision) {
-  return precision == Precision::fp16 ? "fp16" : "fp32";
+  switch (precision) {
+    case Precision::fp32: return "fp32";
+    case Precision::fp16: return "fp16";
+    case Precision::bf16: return "bf16";
+  }
+  return "?";
 }
 
-DType Model::activation_dtype() const {
-  return config_.precision == Precision::fp16 ? DType::f16 : DType::f32;
-}
+DType Model::activation_dtype() const { return working_dtype(config_.precision); }
 
 Tensor Model::activation_tensor(Shape shape) const {
   return Tensor(std::move(shape), activation_dtype(), device_, MemoryCategory::activations);
@@ -388,7 +394,7 @@ Tensor Model::forward(const Tensor& x, const ForwardContext& context) {
   if (activation_dtype() == DType::f32) {
     saved_.input = x;
   } else {
-    saved_.input = activation_tensor({rows, config_.inputs});  // the stem reads x in f16
+    saved_.input = activation_tensor({rows, config_.inputs});  // the stem reads x in 16 bits
     cast(x, saved_.input);
   }
   saved_.stem_pre_activation = activation_tensor({rows, config_.hidden});
@@ -431,8 +437,8 @@ void Model::backward(const Tensor& dlogits) {
   SavedActivations saved = std::move(saved_);
   saved_ = SavedActivations{};
 
-  // Under fp16 the head's backward multiplies f16 operands: dlogits is rounded to f16
-  // here, the one place where a gradient (times the loss scale) enters f16.
+  // Under mixed precision the head's backward multiplies 16-bit operands: dlogits is rounded
+  // here, the one place where a gradient (times the loss scale) enters 16 bits.
   Tensor d_head = dlogits;
   if (activation_dtype() != DType::f32) {
     d_head = workspace_tensor(dlogits.shape());

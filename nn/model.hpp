@@ -29,24 +29,27 @@
 // MemoryCategory::workspace. The saved activations of one block are one BlockActivations,
 // so a later chapter can drop them and recompute them with block_forward().
 //
-// Precision (ModelConfig::precision), written once for both backends:
+// Precision (ModelConfig::precision), written once for both backends. fp16 and bf16 are
+// the same mixed precision with a different 16-bit type (the working type, W below):
 //
-//   what                                  fp32          fp16 (mixed precision)
-//   Linear weights the forward reads      f32           f16 working copy (parameters)
+//   what                                  fp32          fp16 / bf16 (mixed precision)
+//   Linear weights the forward reads      f32           W working copy (parameters)
 //   Linear weights the optimizer updates  the same      f32 master copy (master_weights)
 //   biases, norm weights and statistics   f32           f32
-//   parameter gradients                   f32 (+=)      f32 (+=): fp16 GEMMs write f32
-//   input x (saved for stem's backward)   f32, as is    rounded to f16 (activations)
-//   activations and their gradients       f32           f16 (matmuls accumulate in f32,
+//   parameter gradients                   f32 (+=)      f32 (+=): 16-bit GEMMs write f32
+//   input x (saved for stem's backward)   f32, as is    rounded to W (activations)
+//   activations and their gradients       f32           W (matmuls accumulate in f32,
 //                                                       round once on store)
 //   LayerNorm/BatchNorm statistics        f32           f32
-//   logits, loss, softmax, dlogits        f32           f32 (dlogits rounded to f16 as it
+//   logits, loss, softmax, dlogits        f32           f32 (dlogits rounded to W as it
 //                                                       enters the head's backward)
 //
-// The optimizer writes the f16 working copy from the updated master in the same pass
+// The optimizer writes the working copy from the updated master in the same pass
 // (kernels/optimizer.hpp); load() and the constructor write it from the master. A loss
 // scale S enters once, in the cross-entropy's backward (nn::accumulate_gradients), so
-// every f16 gradient is S times the true one; it leaves at the optimizer boundary.
+// every 16-bit gradient is S times the true one; it leaves at the optimizer boundary.
+// fp16 needs it (gradients below 2^-24 flush to zero); bf16 has fp32's exponent range and
+// runs without one by default, paying instead with 8 significant bits to fp16's 11.
 //
 // Inputs are [b, D] f32, labels [b] i32, logits [b, C] f32, in either precision.
 #pragma once
@@ -66,8 +69,21 @@ namespace bigbatch::nn {
 
 /// The norm of every block and of the head: LayerNorm or BatchNorm1d.
 enum class Norm { layer, batch };
-/// fp32, or fp16 mixed precision (the table above).
-enum class Precision { fp32, fp16 };
+/// fp32, or mixed precision with fp16 or bf16 working copies (the table above).
+enum class Precision { fp32, fp16, bf16 };
+
+/// Whether `precision` is mixed: a 16-bit working copy beside f32 masters (fp16, bf16).
+constexpr bool is_mixed(Precision precision) { return precision != Precision::fp32; }
+
+/// The dtype of activations, their gradients and the working copies: f32, f16 or bf16.
+constexpr DType working_dtype(Precision precision) {
+  switch (precision) {
+    case Precision::fp32: return DType::f32;
+    case Precision::fp16: return DType::f16;
+    case Precision::bf16: return DType::bf16;
+  }
+  return DType::f32;
+}
 /// The activation after the stem and inside every block.
 enum class Activation { gelu, relu };
 
@@ -84,7 +100,7 @@ struct ModelConfig {
   /// act, after the stem and in every block.
   Activation activation = Activation::gelu;
   std::uint64_t seed = 0;  ///< initialisation seed
-  Precision precision = Precision::fp32;  ///< fp16: mixed precision (the table above)
+  Precision precision = Precision::fp32;  ///< fp16, bf16: mixed precision (the table above)
 };
 
 /// ModelConfig's settings (common/settings.hpp): the data decides inputs and classes.
@@ -107,9 +123,9 @@ static_assert(every_field_visited<ModelConfig>(), "classify ModelConfig's new fi
 struct NamedParameter {
   /// The state_dict name, e.g. "blocks.0.fc1.weight".
   std::string name;
-  Tensor value;  ///< f32: MemoryCategory::parameters, or master_weights under fp16
+  Tensor value;  ///< f32: MemoryCategory::parameters, or master_weights when mixed
   Tensor grad;   ///< the same shape, f32, MemoryCategory::gradients, accumulated (+=)
-  Tensor half;   ///< the f16 working copy the forward reads (fp16 Linear weights), or none
+  Tensor half;   ///< the 16-bit working copy the forward reads (mixed Linear weights), or none
 };
 
 /// What one forward pass needs to know besides its input.
@@ -126,7 +142,7 @@ struct ForwardContext {
 /// nn.Linear(in, out): y = x W^T + b.
 struct Linear {
   /// \var weight
-  /// W, f32 [out, in]; under fp16 the master copy the optimizer updates.
+  /// W, f32 [out, in]; under mixed precision the master copy the optimizer updates.
   /// \var bias
   /// b, f32 [out].
   Tensor weight, bias;            // [out, in], [out]
@@ -135,8 +151,8 @@ struct Linear {
   /// \var bias_grad
   /// dL/db, f32 [out], accumulated (+=).
   Tensor weight_grad, bias_grad;  // the same shapes
-  /// The f16 working copy of W that the forward reads under fp16.
-  Tensor weight_half;             // [out, in] f16 under fp16, else undefined
+  /// The 16-bit working copy of W that the forward reads under mixed precision.
+  Tensor weight_half;             // [out, in] f16 or bf16 when mixed, else undefined
 };
 
 /// nn.LayerNorm(H) or nn.BatchNorm1d(H): weight (gamma), bias (beta), and for BatchNorm
@@ -249,7 +265,7 @@ class Model {
   const ModelConfig& config() const { return config_; }
   /// The device that holds every tensor of the model.
   Device device() const { return device_; }
-  /// The dtype of activations and their gradients: f16 under fp16, else f32.
+  /// The dtype of activations and their gradients: working_dtype(config().precision).
   DType activation_dtype() const;
 
   /// The trainable tensors in PyTorch's named_parameters() order.
@@ -310,7 +326,7 @@ class Model {
                        const Tensor& rstd, const Tensor& dy);
   Tensor activation_tensor(Shape shape) const;  // activation_dtype(), activations
   Tensor workspace_tensor(Shape shape) const;   // activation_dtype(), workspace
-  /// Writes every f16 working copy from its f32 master (no-op under fp32).
+  /// Writes every 16-bit working copy from its f32 master (no-op under fp32).
   void refresh_half_copies();
 
   ModelConfig config_;
@@ -324,7 +340,7 @@ class Model {
 };
 
 std::string norm_name(Norm norm);              ///< "layer", "batch"
-std::string precision_name(Precision precision);  ///< "fp32", "fp16"
+std::string precision_name(Precision precision);  ///< "fp32", "fp16", "bf16"
 std::string activation_name(Activation act);  ///< "gelu", "relu"
 
 /// The norm as a setting (common/settings.hpp): norm_name.

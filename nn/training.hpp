@@ -37,7 +37,7 @@ float accumulate_gradients(Model& model, const Tensor& x, const Tensor& labels,
 /// SGD (with momentum) or AdamW over all of a model's parameters, with PyTorch's rules
 /// (kernels/optimizer.hpp). Its state tensors (momentum buffers, Adam moments) are
 /// allocated once, on the parameters' device, in MemoryCategory::optimizer_state. It
-/// updates each parameter's f32 value and, in the same pass, writes its f16 working copy
+/// updates each parameter's f32 value and, in the same pass, writes its 16-bit working copy
 /// when it has one (mixed precision).
 class Optimizer {
  public:

@@ -23,7 +23,8 @@ const Words<nn::Norm> kNorms = {{"layer", nn::Norm::layer}, {"batch", nn::Norm::
 const Words<nn::Activation> kActivations = {{"gelu", nn::Activation::gelu},
                                             {"relu", nn::Activation::relu}};
 const Words<nn::Precision> kPrecisions = {{"fp32", nn::Precision::fp32},
-                                          {"fp16", nn::Precision::fp16}};
+                                          {"fp16", nn::Precision::fp16},
+                                          {"bf16", nn::Precision::bf16}};
 const Words<OptimizerKind> kOptimizers = {{"sgd", OptimizerKind::sgd},
                                           {"adamw", OptimizerKind::adamw}};
 const Words<nn::LrScale> kLrScales = {
@@ -302,8 +303,10 @@ void add_train_flags(CLI::App& train, TrainOptions& o) {
   train.add_option("--eval-every", o.output.eval_every, "evaluate on the test split every N steps")
       ->check(non_negative);
   add_word_option(train, "--precision", o.model.precision, kPrecisions,
-                  "fp32, or fp16: mixed precision with f16 weights and activations, f32 "
-                  "master weights, gradients, statistics and loss (nn/model.hpp)");
+                  "fp32, or fp16 or bf16: mixed precision with 16-bit weights and "
+                  "activations, f32 master weights, gradients, statistics and loss "
+                  "(nn/model.hpp). fp16 wants --loss-scale dynamic (small gradients flush "
+                  "to zero); bf16 has fp32's range and runs without a scaler");
   add_read_option(
       train, "--checkpoint",
       "activation checkpointing (chapter 05): none, every:K (keep every K-th block's input), "

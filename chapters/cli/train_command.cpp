@@ -117,7 +117,7 @@ Checkpointing checkpointing_for(const TrainOptions& options,
 std::string precision_description(nn::Precision precision, const train::TrainConfig& c) {
   std::ostringstream out;
   out << nn::precision_name(precision)
-      << (precision == nn::Precision::fp16 ? " (f32 master weights)" : "") << ", loss scale ";
+      << (nn::is_mixed(precision) ? " (f32 master weights)" : "") << ", loss scale ";
   switch (c.loss_scaling) {
     case train::LossScaling::none: out << "none"; break;
     case train::LossScaling::fixed: out << "static " << c.fixed_scale; break;

@@ -3,7 +3,7 @@
 //
 // A snapshot is one file, DIR/step-NNNNNNNN.safetensors (NNNNNNNN: the steps done), that
 // holds everything the run's future depends on:
-//   tensors   "model.<name>"      the model's state_dict (f32: the masters under fp16,
+//   tensors   "model.<name>"      the model's state_dict (f32: the masters when mixed,
 //                                 BatchNorm's running statistics)
 //             "optimizer.<name>"  the optimizer's state (momentum, Adam's moments)
 //   metadata  the safetensors header's "__metadata__" (a small JSON object of strings):
