@@ -3,10 +3,12 @@
 // the scale the next step uses and the clean-step count, one line "SCALE COUNT" each.
 //
 // Usage: scaler_trace INIT GROWTH BACKOFF INTERVAL FLAGS    e.g. 65536 2 0.5 3 0010110
-// (hysteresis 1, no minimum, no maximum below float's largest: GradScaler's rule).
+// (hysteresis 1, no minimum, float's largest as the maximum: GradScaler's rule up to the
+// top of float's range, where GradScaler refuses a growth to inf and ours clamps it).
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <limits>
 #include <string>
 
 #include "chapters/04_dynamic_loss_scaling/dynamic_loss_scaler.hpp"
@@ -23,7 +25,7 @@ int main(int argc, char** argv) {
     options.backoff_factor = std::stof(argv[3]);
     options.growth_interval = std::stoll(argv[4]);
     options.min_scale = 1e-30f;
-    options.max_scale = 3.0e38f;
+    options.max_scale = std::numeric_limits<float>::max();
     bigbatch::loss_scaling::DynamicLossScaler scaler(options);
     for (const char flag : std::string(argv[5])) {
       if (flag != '0' && flag != '1') throw std::invalid_argument("FLAGS: 0s and 1s only");
