@@ -2,9 +2,11 @@
 """Checks that `bigbatch train` trains the model of docs/model.md as PyTorch does.
 
 What it checks: for SGD (momentum 0.9, weight decay 1e-4), AdamW (lr 1e-3, weight
-decay 1e-2) and SGD with --clip-grad-norm (torch.nn.utils.clip_grad_norm_ on PyTorch's
-side, whose step-1 norm must agree too), each with --micro-batch equal to --batch and with
---micro-batch 7 (which does not divide the batch), it
+decay 1e-2), SGD with --clip-grad-norm (torch.nn.utils.clip_grad_norm_ on PyTorch's
+side, whose step-1 norm must agree too), and SGD and AdamW under --precision bf16 (against
+the same recipe in PyTorch's own bf16 arithmetic: bf16_forward below), each with
+--micro-batch equal to --batch and with --micro-batch 7 (which does not divide the batch),
+it
   1. writes a small deterministic data set (512 samples, 20 features, 5 classes) as
      X.npy (float32) and y.npy (int64) in a temporary folder;
   2. builds docs/model.md's PyTorch module (LayerNorm, GELU tanh, dropout 0) with
@@ -80,12 +82,37 @@ def make_sgd(params):
 # Clipping's limit: below the gradient norm of most of the 20 steps (the script counts them
 # and fails if none is clipped), so that clip_grad_norm_'s rule is exercised.
 CLIP = 0.5
+def adamw_flags(lr):
+    return ["--optimizer", "adamw", "--lr", str(lr), "--weight-decay", "1e-2"]
+
+
+def make_adamw(lr):
+    return lambda params: torch.optim.AdamW(params, lr=lr, weight_decay=1e-2, foreach=False)
+
+
+# bf16 runs longer at smaller learning rates: there the negative control (weights kept in
+# bf16, no fp32 masters) loses enough updates to stand out of bf16's rounding noise
+# (measured: 26 to 30 times NOISE after 60 steps, against 4 to 7 after 20 at these models'
+# fp32 rates).
+BF16_STEPS = 60
+BF16_SGD_FLAGS = ["--optimizer", "sgd", "--lr", "0.01", "--momentum", "0.9", "--weight-decay",
+                  "1e-4", "--precision", "bf16"]
+
+
+def make_bf16_sgd(params):
+    return torch.optim.SGD(params, lr=0.01, momentum=0.9, weight_decay=1e-4, foreach=False)
+
+
 CONFIGURATIONS = [
-    # (name, bigbatch flags, PyTorch optimizer factory, clip_grad_norm_'s max_norm or None)
-    ("sgd", SGD_FLAGS, make_sgd, None),
-    ("adamw", ["--optimizer", "adamw", "--lr", "1e-3", "--weight-decay", "1e-2"],
-     lambda params: torch.optim.AdamW(params, lr=1e-3, weight_decay=1e-2, foreach=False), None),
-    ("sgd-clipped", SGD_FLAGS + ["--clip-grad-norm", str(CLIP)], make_sgd, CLIP),
+    # (name, bigbatch flags, PyTorch optimizer factory, clip_grad_norm_'s max_norm or None,
+    #  precision: "fp32", or "bf16" for mixed precision against PyTorch's bf16 arithmetic,
+    #  steps)
+    ("sgd", SGD_FLAGS, make_sgd, None, "fp32", STEPS),
+    ("adamw", adamw_flags(1e-3), make_adamw(1e-3), None, "fp32", STEPS),
+    ("sgd-clipped", SGD_FLAGS + ["--clip-grad-norm", str(CLIP)], make_sgd, CLIP, "fp32", STEPS),
+    ("sgd-bf16", BF16_SGD_FLAGS, make_bf16_sgd, None, "bf16", BF16_STEPS),
+    ("adamw-bf16", adamw_flags(3e-4) + ["--precision", "bf16"], make_adamw(3e-4), None, "bf16",
+     BF16_STEPS),
 ]
 MICRO_BATCHES = [BATCH, 7]
 
@@ -107,6 +134,11 @@ MICRO_BATCHES = [BATCH, 7]
 # than rounding does: the eps slip by 4e-5 to 8e-5 (relative) after 20 steps, against
 # NOISE of 7e-7. The floor keeps the bound
 # meaningful if NOISE happens to be tiny: 2^-20 is 8 units of fp32 roundoff.
+# bf16 is judged by the same rule with NOISE = PyTorch's bf16 run against its float64 run
+# (bf16's 8 significant bits make it 4e-3 to 5e-3 here, not 7e-7). Measured (2026-12-02,
+# the same machine and torch): bigbatch bf16 differs from PyTorch bf16 by 1.0 x NOISE (SGD)
+# and 0.9 x NOISE (AdamW), while the bf16 control (the Linear weights kept in bf16, no fp32
+# masters) lands 2.6 x and 3.0 x outside the bound.
 NOISE_FACTOR = 10.0
 RELATIVE_FLOOR = 2.0 ** -20
 
@@ -150,6 +182,42 @@ class ResidualMLP(nn.Module):
         for block in self.blocks:
             h = block(h)
         return self.head(h)
+
+
+# ---- bf16 mixed precision in PyTorch --------------------------------------------------
+#
+# nn/model.hpp's bf16 recipe written with PyTorch's own bf16 tensors and kernels: the
+# module's fp32 parameters are the masters the optimizer updates; the forward reads the
+# Linear weights rounded to bf16 (.to(bfloat16), whose backward carries the gradient to the
+# fp32 master), keeps every activation in bf16 (torch's bf16 mm, GELU and addition round
+# their results to bf16), adds a Linear's fp32 bias in fp32 and rounds the sum once (as
+# add_bias does), runs LayerNorm in fp32 on the bf16 input and rounds its output, and
+# computes the logits and the loss in fp32 (the head's GEMM reads bf16 values exactly).
+# The backward is autograd's in the same dtypes, so PyTorch rounds each weight gradient to
+# bf16 once more than bigbatch (whose GEMM writes it in fp32): one reason the two differ,
+# judged by the same rule as fp32 (PyTorch's own bf16-vs-float64 noise, times the factor).
+
+def bf16_linear(layer, h, output_dtype=torch.bfloat16):
+    """layer(h) with bf16 operands: the product (rounded to output_dtype), then + the fp32
+    bias in fp32, rounded once more to output_dtype."""
+    weight = layer.weight.to(torch.bfloat16)
+    if output_dtype == torch.float32:  # fp32 accumulation of exact bf16 products
+        return h.float() @ weight.float().t() + layer.bias
+    return ((h @ weight.t()).float() + layer.bias).to(torch.bfloat16)
+
+
+def bf16_layer_norm(norm, h):
+    return nn.functional.layer_norm(h.float(), norm.normalized_shape, norm.weight, norm.bias,
+                                    norm.eps).to(torch.bfloat16)
+
+
+def bf16_forward(model, x):
+    """ResidualMLP's forward (LayerNorm, GELU, no dropout) under bf16 mixed precision."""
+    gelu = lambda t: nn.functional.gelu(t, approximate="tanh")
+    h = gelu(bf16_linear(model.stem, x.to(torch.bfloat16)))
+    for block in model.blocks:
+        h = h + bf16_linear(block.fc2, gelu(bf16_linear(block.fc1, bf16_layer_norm(block.ln, h))))
+    return bf16_linear(model.head, bf16_layer_norm(model.head.ln, h), torch.float32)
 
 
 # ---- data and safetensors -----------------------------------------------------------
@@ -216,9 +284,11 @@ def batch_indices(step):
 
 
 def train_pytorch(init_state, features, labels, make_optimizer, dtype, layer_norm_eps=1e-5,
-                  clip=None):
+                  clip=None, bf16=False, masters=True, steps=STEPS):
     """Returns the trained state, every step's loss and, with clip, every step's gradient
-    norm before clipping (clip_grad_norm_'s return value)."""
+    norm before clipping (clip_grad_norm_'s return value). bf16: dtype float32, the forward
+    under bf16 mixed precision (bf16_forward); masters=False rounds every Linear weight to
+    bf16 after each step (no fp32 master copy: the negative control of bf16)."""
     model = ResidualMLP(FEATURES, HIDDEN, CLASSES, DEPTH, EXPANSION).to(dtype)
     for module in model.modules():
         if isinstance(module, nn.LayerNorm):
@@ -228,19 +298,25 @@ def train_pytorch(init_state, features, labels, make_optimizer, dtype, layer_nor
     x_all = torch.from_numpy(features).to(dtype)
     y_all = torch.from_numpy(labels)
     losses, norms = [], []
-    for step in range(STEPS):
+    for step in range(steps):
         rows = torch.from_numpy(batch_indices(step))
         optimizer.zero_grad(set_to_none=True)
-        loss = nn.functional.cross_entropy(model(x_all[rows]), y_all[rows])
+        logits = bf16_forward(model, x_all[rows]) if bf16 else model(x_all[rows])
+        loss = nn.functional.cross_entropy(logits, y_all[rows])
         loss.backward()
         if clip is not None:
             norms.append(torch.nn.utils.clip_grad_norm_(model.parameters(), clip).item())
         optimizer.step()
+        if not masters:
+            with torch.no_grad():
+                for parameter in model.parameters():
+                    if parameter.dim() == 2:
+                        parameter.copy_(parameter.to(torch.bfloat16).float())
         losses.append(loss.item())
     return {k: v.detach().clone() for k, v in model.state_dict().items()}, losses, norms
 
 
-def train_bigbatch(binary, folder, flags, micro_batch, tag):
+def train_bigbatch(binary, folder, flags, micro_batch, tag, steps=STEPS):
     out = folder / f"out-{tag}.safetensors"
     log = folder / f"log-{tag}.jsonl"
     command = [str(binary), "train",
@@ -248,7 +324,7 @@ def train_bigbatch(binary, folder, flags, micro_batch, tag):
                "--init", str(folder / "init.safetensors"), "--save", str(out),
                "--log", str(log), "--shuffle", "off",
                "--batch", str(BATCH), "--micro-batch", str(micro_batch),
-               "--steps", str(STEPS), "--depth", str(DEPTH), "--hidden", str(HIDDEN),
+               "--steps", str(steps), "--depth", str(DEPTH), "--hidden", str(HIDDEN),
                "--expansion", str(EXPANSION), "--norm", "layer", "--activation", "gelu",
                "--dropout", "0", "--seed", "0", "--device", "cpu", *flags]
     result = subprocess.run(command, capture_output=True, text=True)
@@ -340,20 +416,32 @@ def main():
         np.save(folder / "y.npy", labels)
         write_safetensors(folder / "init.safetensors", init_state)
 
-        for optimizer_name, flags, make_optimizer, clip in CONFIGURATIONS:
+        for optimizer_name, flags, make_optimizer, clip, precision, steps in CONFIGURATIONS:
+            bf16 = precision == "bf16"
             torch32, losses32, norms32 = train_pytorch(init_state, features, labels,
-                                                       make_optimizer, torch.float32, clip=clip)
+                                                       make_optimizer, torch.float32, clip=clip,
+                                                       bf16=bf16, steps=steps)
             torch64, _, norms64 = train_pytorch(init_state, features, labels, make_optimizer,
-                                                torch.float64, clip=clip)
+                                                torch.float64, clip=clip, steps=steps)
             noise = worst_relative(torch32, torch64)
             bound = max(NOISE_FACTOR * noise, RELATIVE_FLOOR)
-            # A negative control: a subtle modelling slip (LayerNorm eps 1e-6, not 1e-5)
-            # must land outside the bound, or the comparison could not catch one.
-            slipped, _, _ = train_pytorch(init_state, features, labels, make_optimizer,
-                                          torch.float32, layer_norm_eps=1e-6, clip=clip)
+            # A negative control: a subtle modelling slip must land outside the bound, or
+            # the comparison could not catch one. fp32: LayerNorm eps 1e-6, not 1e-5. bf16,
+            # whose rounding hides so small a slip: the mistake fp32 masters exist to avoid,
+            # the Linear weights kept only in bf16 (each updated weight rounded to bf16).
+            if bf16:
+                slipped, _, _ = train_pytorch(init_state, features, labels, make_optimizer,
+                                              torch.float32, clip=clip, bf16=True,
+                                              masters=False, steps=steps)
+                slip = "no fp32 masters: the weights kept in bf16"
+            else:
+                slipped, _, _ = train_pytorch(init_state, features, labels, make_optimizer,
+                                              torch.float32, layer_norm_eps=1e-6, clip=clip)
+                slip = "LayerNorm eps 1e-6"
             control = worst_relative(slipped, torch32)
-            print(f"\n{optimizer_name}: torch fp32 vs float64 {noise:.3e} -> bound {bound:.3e}; "
-                  f"control (LayerNorm eps 1e-6) differs by {control:.3e} = "
+            reference = "torch bf16 mixed" if bf16 else "torch fp32"
+            print(f"\n{optimizer_name}: {reference} vs float64 {noise:.3e} -> bound {bound:.3e}; "
+                  f"control ({slip}) differs by {control:.3e} = "
                   f"{control / bound:.1f} x the bound: "
                   f"{'detected' if control > bound else 'NOT detected'}")
             if control <= bound:
@@ -362,21 +450,21 @@ def main():
                 tag = f"{optimizer_name}-micro{micro_batch}"
                 print(f"\n== {optimizer_name}, batch {BATCH}, micro-batch {micro_batch} ==")
                 bigbatch_state, bigbatch_losses, bigbatch_norms = train_bigbatch(
-                    binary, folder, flags, micro_batch, tag)
+                    binary, folder, flags, micro_batch, tag, steps)
                 worst = compare(tag, bigbatch_state, torch32, bound)
                 versus_exact = worst_relative(bigbatch_state, torch64)
                 loss_gap = max(abs(a - b) for a, b in zip(bigbatch_losses, losses32))
                 print(f"  losses: step 1 {losses32[0]:.6f} (torch) {bigbatch_losses[0]:.6f} "
-                      f"(bigbatch); step {STEPS} {losses32[-1]:.6f} / {bigbatch_losses[-1]:.6f}; "
+                      f"(bigbatch); step {steps} {losses32[-1]:.6f} / {bigbatch_losses[-1]:.6f}; "
                       f"max |diff| over steps {loss_gap:.3e}")
-                print(f"  float64 reference: torch fp32 within {noise:.3e}, bigbatch within "
+                print(f"  float64 reference: {reference} within {noise:.3e}, bigbatch within "
                       f"{versus_exact:.3e} (max rel diff)")
                 moved = worst_relative(torch32, init_state)
                 print(f"  parameters moved by {moved:.3e} (max rel, from init)")
-                ok = worst <= bound and len(bigbatch_losses) == STEPS
+                ok = worst <= bound and len(bigbatch_losses) == steps
                 if clip is not None:
                     ok = check_norms(bigbatch_norms, norms32, norms64, clip) and ok
-                print(f"  max rel diff bigbatch vs torch fp32: {worst:.3e} = "
+                print(f"  max rel diff bigbatch vs {reference}: {worst:.3e} = "
                       f"{worst / noise if noise else math.inf:.2f} x NOISE, bound {bound:.3e} "
                       f"-> {'PASS' if ok else 'FAIL'}")
                 if not ok:
