@@ -9,10 +9,10 @@
 # times the batch in one piece's: the plans differ most just above F, where only small
 # micro-batches with recomputation fit. Each budget's record is its fastest plan
 # (micro-batch, precision, checkpoint policy, predicted peak bytes and seconds per step),
-# the fastest fp16 plan, and how many plans fit (0: nothing fits). The cost model is
+# the fastest fp16 and the fastest bf16 plan, and how many plans fit (0: nothing fits). The cost model is
 # measured once, at the first probe, into a calibration file that every other call
 # reuses: one measurement prices every budget (it is step timing, so measure on an idle
-# machine: a loaded one can tip the choice between fp32 and fp16 on noise).
+# machine: a loaded one can tip the choice between precisions on noise).
 # The whole script ran in 21 s on an otherwise idle 2-core CPU (2026-12-01; the build not
 # included).
 #
@@ -76,8 +76,9 @@ for a in answers:
     record = {"budget_bytes": a["budget_bytes"], "fits": len(a["feasible"]), "best": None}
     if a["feasible"]:
         record["best"] = pick(a["feasible"][0])
-        fp16 = [p for p in a["feasible"] if p["precision"] == "fp16"]
-        record["fastest_fp16"] = pick(fp16[0]) if fp16 else None
+        for precision in ("fp16", "bf16"):
+            plans = [p for p in a["feasible"] if p["precision"] == precision]
+            record[f"fastest_{precision}"] = pick(plans[0]) if plans else None
     budgets.append(record)
 document = {
     "description": "bigbatch plan --json at log-spaced budgets (scripts/planner-frontier.sh)",

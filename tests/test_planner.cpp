@@ -25,12 +25,14 @@ using planning::Plan;
 using planning::PlanRequest;
 
 /// Fixed costs that make every trade visible: a micro-batch's fixed cost, the rows' cost,
-/// a forward at about a third of a micro-batch step, fp16 a little faster per row.
+/// a forward at about a third of a micro-batch step, fp16 a little faster per row, bf16
+/// between the two.
 CostModel fixed_cost_model() {
   CostModel cost;
   cost.key = "test";
   cost.fp32 = {{2e-3, 1e-4}, {0.7e-3, 0.35e-4}, 5e-3};
   cost.fp16 = {{2.5e-3, 0.6e-4}, {0.9e-3, 0.2e-4}, 6e-3};
+  cost.bf16 = {{2.4e-3, 0.8e-4}, {0.8e-3, 0.3e-4}, 5.5e-3};
   return cost;
 }
 
@@ -50,6 +52,7 @@ TEST(Planner, StepTimeFollowsTheFormula) {
   const double expected = 5e-3 + 4 * 2e-3 + 100 * 1e-4 + (6.0 / 3) * (4 * 0.7e-3 + 100 * 0.35e-4);
   EXPECT_DOUBLE_EQ(cost.step_seconds(100, 30, nn::Precision::fp32, 6, 3), expected);
   EXPECT_DOUBLE_EQ(cost.step_seconds(100, 100, nn::Precision::fp16, 0, 3), 6e-3 + 2.5e-3 + 100 * 0.6e-4);
+  EXPECT_DOUBLE_EQ(cost.step_seconds(100, 100, nn::Precision::bf16, 0, 3), 5.5e-3 + 2.4e-3 + 100 * 0.8e-4);
   // JSON and back: the same numbers.
   const CostModel back = CostModel::from_json(Json::parse(cost.to_json().dump()));
   EXPECT_EQ(back.to_json(), cost.to_json());
@@ -147,7 +150,7 @@ TEST(Planner, TheCalibrationIsMeasuredOnceAndReused) {
   const CostModel first =
       planning::calibration_for(path.str(), model, AdamWOptions{}, Device::cpu(), 32, false, &measured);
   EXPECT_TRUE(measured);
-  for (const auto* c : {&first.fp32, &first.fp16}) {
+  for (const auto* c : {&first.fp32, &first.fp16, &first.bf16}) {
     EXPECT_GE(c->micro_batch.fixed, 0);
     EXPECT_GE(c->micro_batch.per_row, 0);
     EXPECT_GT(c->micro_batch.fixed + 32 * c->micro_batch.per_row, 0);  // a step takes time
@@ -165,6 +168,14 @@ TEST(Planner, TheCalibrationIsMeasuredOnceAndReused) {
   EXPECT_FALSE(measured);
   planning::calibration_for(path.str(), model, AdamWOptions{}, Device::cpu(), 32, true, &measured);
   EXPECT_TRUE(measured);
+  // An entry written before bf16 was a precision (no "bf16" costs) is measured again.
+  Json file = Json::parse(testing::read_file(path.str()));
+  const std::string key = planning::cost_key(model, AdamWOptions{}, Device::cpu());
+  file[key].erase("bf16");
+  testing::write_file(path.str(), file.dump());
+  planning::calibration_for(path.str(), model, AdamWOptions{}, Device::cpu(), 32, false, &measured);
+  EXPECT_TRUE(measured);
+  EXPECT_TRUE(Json::parse(testing::read_file(path.str()))[key].contains("bf16"));
 }
 
 }  // namespace

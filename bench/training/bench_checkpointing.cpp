@@ -150,6 +150,7 @@ void BM_PlannedStep(benchmark::State& state) {
   state.counters["budget"] = static_cast<double>(budget);
   state.counters["micro_batch"] = static_cast<double>(plan.micro_batch);
   state.counters["fp16"] = fp16 ? 1.0 : 0.0;
+  state.counters["bf16"] = plan.precision == nn::Precision::bf16 ? 1.0 : 0.0;
   state.counters["block_forwards"] = plan.recompute;
   state.counters["predicted_seconds"] = plan.seconds;
   state.counters["predicted_peak"] = static_cast<double>(plan.prediction.peak());

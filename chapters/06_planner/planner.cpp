@@ -111,13 +111,16 @@ double CostModel::step_seconds(std::int64_t batch, std::int64_t micro_batch,
 }
 
 Json CostModel::to_json() const {
-  return {{"key", key}, {"fp32", precision_json(fp32)}, {"fp16", precision_json(fp16)}};
+  return {{"key", key},
+          {"fp32", precision_json(fp32)},
+          {"fp16", precision_json(fp16)},
+          {"bf16", precision_json(bf16)}};
 }
 
 CostModel CostModel::from_json(const Json& json) {
   try {
     return {json.at("key").get<std::string>(), precision_from(json.at("fp32")),
-            precision_from(json.at("fp16"))};
+            precision_from(json.at("fp16")), precision_from(json.at("bf16"))};
   } catch (const Json::exception& e) {
     throw std::runtime_error(std::string("not a cost model: ") + e.what());
   }
@@ -156,6 +159,8 @@ CostModel calibrate(const nn::ModelConfig& model, const nn::Optimizer::Options& 
   cost.fp32 = measure_precision(config, optimizer, device, batch, repeats);
   config.precision = nn::Precision::fp16;
   cost.fp16 = measure_precision(config, optimizer, device, batch, repeats);
+  config.precision = nn::Precision::bf16;
+  cost.bf16 = measure_precision(config, optimizer, device, batch, repeats);
   return cost;
 }
 
@@ -170,7 +175,8 @@ CostModel calibration_for(const std::string& path, const nn::ModelConfig& model,
     file = parse_json_limited(text.str(), 16, path);
     if (!file.is_object()) throw std::runtime_error(path + ": not a JSON object");
   }
-  if (!fresh && file.contains(key)) {
+  // An entry written before bf16 was a precision lacks its costs: measured again.
+  if (!fresh && file.contains(key) && file[key].contains("bf16")) {
     if (measured != nullptr) *measured = false;
     return CostModel::from_json(file[key]);
   }
@@ -261,7 +267,8 @@ std::string describe(const Plan& plan, std::int64_t batch) {
   const std::int64_t n = ceil_div(batch, plan.micro_batch);
   return "micro-batch " + std::to_string(plan.micro_batch) + " (" + std::to_string(n) +
          " per step), " +
-         (plan.precision == nn::Precision::fp16 ? "fp16 + dynamic loss scaling" : "fp32") +
+         (plan.precision == nn::Precision::fp16 ? "fp16 + dynamic loss scaling"
+                                                 : nn::precision_name(plan.precision)) +
          ", checkpoint " + plan.checkpoint.text();
 }
 

@@ -1,6 +1,6 @@
 // planner.hpp: chapter 06, "I have this much device memory and want this batch: what do I
-// run?" A plan is a micro-batch size, a precision (fp16 always with dynamic loss scaling)
-// and a checkpoint policy. Its peak bytes come from chapter 05's exact memory model
+// run?" A plan is a micro-batch size, a precision (fp16 always with dynamic loss scaling,
+// bf16 with none) and a checkpoint policy. Its peak bytes come from chapter 05's exact memory model
 // (predict_policy), its step time from a cost model fitted to a short measurement on the
 // device; the planner lists every plan that fits and picks the fastest.
 //
@@ -55,20 +55,26 @@ struct PrecisionCost {
   double optimizer = 0;    ///< o_p: the optimizer's step over every parameter
 };
 
-/// A cost model: what it was measured for (key) and the costs of fp32 and fp16.
+/// A cost model: what it was measured for (key) and the costs of fp32, fp16 and bf16.
 struct CostModel {
   std::string key;  ///< the model's shape, the optimizer, the device and its threads
-  PrecisionCost fp32, fp16;
+  PrecisionCost fp32, fp16, bf16;
 
   /// The costs of `precision`.
   const PrecisionCost& of(nn::Precision precision) const {
-    return precision == nn::Precision::fp16 ? fp16 : fp32;
+    switch (precision) {
+      case nn::Precision::fp32: return fp32;
+      case nn::Precision::fp16: return fp16;
+      case nn::Precision::bf16: return bf16;
+    }
+    return fp32;
   }
   /// The predicted seconds of one optimizer step (the formula above); `recompute` is R.
   double step_seconds(std::int64_t batch, std::int64_t micro_batch, nn::Precision precision,
                       double recompute, std::int64_t depth) const;
   /// The model as JSON (for the calibration file) and back; from_json throws
-  /// std::runtime_error for a file that does not hold one.
+  /// std::runtime_error for a file that does not hold one (or one measured before bf16,
+  /// which calibration_for measures again).
   Json to_json() const;
   static CostModel from_json(const Json& json);
 };
@@ -96,8 +102,10 @@ struct PlanRequest {
   std::int64_t batch = 0;
   nn::Optimizer::Options optimizer;
   std::size_t budget = 0;  ///< device bytes (as --device-memory caps them)
-  /// The precisions to consider (default both); fp16 means dynamic loss scaling.
-  std::vector<nn::Precision> precisions = {nn::Precision::fp32, nn::Precision::fp16};
+  /// The precisions to consider (default all three); fp16 means dynamic loss scaling,
+  /// bf16 no loss scale (it has fp32's range).
+  std::vector<nn::Precision> precisions = {nn::Precision::fp32, nn::Precision::fp16,
+                                           nn::Precision::bf16};
 };
 
 /// One answer.
