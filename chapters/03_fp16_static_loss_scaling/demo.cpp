@@ -187,16 +187,7 @@ void underflow_grows_with_the_batch(bb::SelfCheck& report, const bb::baseline::D
   };
   const auto reference = gradients(Precision::fp32, 1.0f);
   const auto error_of = [&](const std::vector<std::vector<float>>& g) {
-    double worst = 0;  // the worst tensor's ||g - g32|| / ||g32||
-    for (std::size_t k = 0; k < g.size(); ++k) {
-      double diff = 0, norm = 0;
-      for (std::size_t e = 0; e < g[k].size(); ++e) {
-        diff += std::pow(double{g[k][e]} - reference[k][e], 2);
-        norm += std::pow(double{reference[k][e]}, 2);
-      }
-      if (norm > 0) worst = std::max(worst, std::sqrt(diff / norm));
-    }
-    return worst;
+    return bb::loss_scaling::worst_normalised_error(g, reference);
   };
   const double unscaled = error_of(gradients(Precision::fp16, 1.0f));
   const double scaled = error_of(gradients(Precision::fp16, 65536.0f));

@@ -1,6 +1,7 @@
 // loss_scaling.cpp: unscaling at the optimizer boundary, and the static scaler.
 #include "chapters/03_fp16_static_loss_scaling/loss_scaling.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -61,6 +62,24 @@ bool StaticLossScaler::unscale_and_check(const nn::Model& model) {
   const bool overflow = pass_.unscale(model, scale_);
   if (overflow) ++skipped_;
   return !overflow;
+}
+
+double worst_normalised_error(const std::vector<std::vector<float>>& g,
+                              const std::vector<std::vector<float>>& reference) {
+  BIGBATCH_CHECK(g.size() == reference.size(), "worst_normalised_error: ", g.size(),
+                 " tensors against ", reference.size());
+  double worst = 0;
+  for (std::size_t k = 0; k < g.size(); ++k) {
+    BIGBATCH_CHECK(g[k].size() == reference[k].size(), "worst_normalised_error: tensor ", k,
+                   " has ", g[k].size(), " values against ", reference[k].size());
+    double diff = 0, norm = 0;
+    for (std::size_t e = 0; e < g[k].size(); ++e) {
+      diff += std::pow(double{g[k][e]} - reference[k][e], 2);
+      norm += std::pow(double{reference[k][e]}, 2);
+    }
+    if (norm > 0) worst = std::max(worst, std::sqrt(diff / norm));
+  }
+  return worst;
 }
 
 }  // namespace bigbatch::loss_scaling

@@ -18,6 +18,7 @@
 #pragma once
 
 #include <limits>
+#include <vector>
 
 #include "common/tensor.hpp"
 #include "nn/model.hpp"
@@ -83,5 +84,11 @@ class StaticLossScaler {
   std::int64_t skipped_ = 0;
   UnscalePass pass_;
 };
+
+/// How chapters 03 and 04 compare 16-bit gradients with fp32's: the worst tensor's
+/// ||g - reference|| / ||reference|| (computed in double), over the tensors whose reference
+/// is not all zeros. `g` and `reference` hold the same tensors' values, in order.
+double worst_normalised_error(const std::vector<std::vector<float>>& g,
+                              const std::vector<std::vector<float>>& reference);
 
 }  // namespace bigbatch::loss_scaling
