@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Training curves on Fashion-MNIST: the model and settings of scripts/techniques-table.sh
-# (depth 2, hidden 256, AdamW lr 1e-3, seed 0, batch 1024) trained four ways for the same
+# (depth 2, hidden 256, AdamW lr 1e-3, seed 0, batch 1024) trained five ways for the same
 # epochs, with the training loss of every step (--log) and the test split's loss and
 # accuracy every EVAL_EVERY steps (--eval-every: they go into the same log lines) and at the
 # end:
@@ -8,6 +8,7 @@
 #   accumulated              fp32, 8 micro-batches of 128
 #   fp16-dynamic             fp16, micro-batches of 128, dynamic loss scaling
 #   fp16-dynamic-checkpoint  the same with --checkpoint every:1
+#   bf16                     bf16, micro-batches of 128, no loss scale
 # Accumulation and checkpointing are bit for bit (chapters 02 and 05): the script compares
 # the saved parameters of every two runs and records the pairs that are identical, with the
 # largest relative difference of their logged losses (a loss is a sum over the batch's rows,
@@ -15,7 +16,7 @@
 # last bits while the parameters do not); it fails when accumulated and fp32 differ.
 # When EVAL_EVERY does not divide the steps, the last evaluation is the end-of-run report
 # (4 decimals). At 4 epochs the whole script ran in 110 s on an otherwise idle 2-core CPU
-# (2026-12-01; the build not included): the four runs 17, 22, 34 and 38 s.
+# (2026-12-01; the build not included): the four runs 17, 22, 34 and 38 s (before bf16's).
 #
 # Usage: scripts/fashion-mnist-curves.sh [EPOCHS [EVAL_EVERY]]   (default 4 and 10)
 # Writes bench/results/cpu-2core/fashion-mnist-curves.json (per run: its flags, every
@@ -30,12 +31,13 @@ source scripts/bigbatch-program.sh
 results=bench/results/cpu-2core/fashion-mnist-curves.json
 common=(--data fashion-mnist --depth 2 --hidden 256 --optimizer adamw --lr 1e-3 --seed 0
         --batch 1024 --epochs "$epochs" --eval-every "$eval_every")
-names=(fp32 accumulated fp16-dynamic fp16-dynamic-checkpoint)
+names=(fp32 accumulated fp16-dynamic fp16-dynamic-checkpoint bf16)
 declare -A extra=(
   [fp32]=""
   [accumulated]="--micro-batch 128"
   [fp16-dynamic]="--micro-batch 128 --precision fp16 --loss-scale dynamic"
   [fp16-dynamic-checkpoint]="--micro-batch 128 --precision fp16 --loss-scale dynamic --checkpoint every:1"
+  [bf16]="--micro-batch 128 --precision bf16"
 )
 start=$(date +%s.%N)
 for name in "${names[@]}"; do
@@ -96,7 +98,7 @@ for pair in identical:
                  "loss_max_relative_difference": relative(a["loss"], b["loss"]),
                  "test_loss_max_relative_difference": relative(a["test_loss"], b["test_loss"])})
 head = {
-    "description": "Fashion-MNIST, one model trained four ways (scripts/fashion-mnist-curves.sh)",
+    "description": "Fashion-MNIST, one model trained five ways (scripts/fashion-mnist-curves.sh)",
     "date": datetime.date.today().isoformat(), "cpus": cpus, "epochs": epochs,
     "eval_every": eval_every, "seconds": seconds,
     "same_parameters": same,  # the pairs of runs that saved the same parameters

@@ -2,8 +2,8 @@
 # The README's results table: one model (Fashion-MNIST, depth 2, hidden 256, AdamW lr 1e-3,
 # seed 0), one batch (1024) and the same number of epochs, trained with each technique of
 # the tutorial: the batch in one piece (fp32), accumulated in micro-batches of 128 (fp32),
-# fp16 with a static and with a dynamic loss scale, fp16 dynamic with checkpointing, and
-# the planner's choice under a 28 MiB cap (chapter 06; its cost model is measured in the
+# fp16 with a static and with a dynamic loss scale, fp16 dynamic with checkpointing, bf16
+# with no loss scale, and the planner's choice under a 28 MiB cap (chapter 06; its cost model is measured in the
 # run). Each row: test accuracy, the training step's peak device bytes and the time per
 # epoch.
 #
@@ -41,6 +41,7 @@ run "8 micro-batches of 128, fp32"    --micro-batch 128
 run "fp16, static scale 1024"         --micro-batch 128 --precision fp16 --loss-scale static:1024
 run "fp16, dynamic scale"             --micro-batch 128 --precision fp16 --loss-scale dynamic
 run "fp16 dynamic + checkpointing"    --micro-batch 128 --precision fp16 --loss-scale dynamic --checkpoint every:1
+run "bf16, no loss scale"             --micro-batch 128 --precision bf16
 run "planned under a 28 MiB cap"      --device-memory 28MiB --plan auto --calibration "$out/calibration.json"
 {
   echo "Fashion-MNIST, $epochs epochs, $(date -u +%Y-%m-%d), $(nproc) CPUs (scripts/techniques-table.sh $epochs)"
