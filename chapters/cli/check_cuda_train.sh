@@ -1,11 +1,11 @@
 #!/bin/sh
 # check_cuda_train.sh BIGBATCH
-# `bigbatch train --device cuda` end to end, in fp32 and in fp16 with dynamic loss
-# scaling: exit 0, one log line per step with a finite loss, a test accuracy. Exits 77
+# `bigbatch train --device cuda` end to end, in fp32, in fp16 with dynamic loss scaling and
+# in bf16: exit 0, one log line per step with a finite loss, a test accuracy. Exits 77
 # (CTest's skip) with the reason when this machine has no usable GPU.
 set -u
 bigbatch=$1
-for precision in "fp32" "fp16 --loss-scale dynamic"; do
+for precision in "fp32" "fp16 --loss-scale dynamic" "bf16"; do
   # shellcheck disable=SC2086 # the precision's words
   "$bigbatch" train --device cuda --data synthetic --samples 2000 --depth 2 --hidden 32 \
     --batch 64 --micro-batch 24 --steps 5 --precision $precision --log cuda.jsonl \

@@ -103,7 +103,7 @@ planning::PlanResult plan_for(const TrainOptions& options, const nn::ModelConfig
                 format_bytes(p.prediction.peak()).c_str(), p.seconds, i == 0 ? "  <- fastest" : "");
   }
   std::cout << "  (" << result.weighed << " plans weighed; fp16 trains with dynamic loss "
-            << "scaling)\n";
+            << "scaling, bf16 with none)\n";
   return result;
 }
 
