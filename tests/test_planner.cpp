@@ -88,47 +88,58 @@ std::vector<Triple> every_triple(const PlanRequest& request, const CostModel& co
 
 TEST(Planner, TheChosenPlanFitsIsMeasuredAsPredictedAndNothingFasterFits) {
   const CostModel cost = fixed_cost_model();
-  for (const std::int64_t depth : {3, 8}) {
-    PlanRequest request{testing::tiny_model(depth, 0.0f), 48, AdamWOptions{}, 0};
-    const std::vector<Triple> all = every_triple(request, cost);
-    std::vector<std::size_t> peaks;
-    for (const Triple& t : all) peaks.push_back(t.peak);
-    std::sort(peaks.begin(), peaks.end());
-    // Budgets from the roomiest down to the smallest peak any plan has.
-    for (const double quantile : {1.0, 0.8, 0.5, 0.2, 0.05, 0.0}) {
-      const std::size_t budget = peaks[static_cast<std::size_t>(quantile * (peaks.size() - 1))];
-      request.budget = budget;
-      const planning::PlanResult result = planning::make_plan(request, cost);
-      const std::string where = "depth " + std::to_string(depth) + ", budget " + std::to_string(budget);
-      ASSERT_FALSE(result.feasible.empty()) << where;
-      const Plan& best = result.best();
-      EXPECT_LE(best.prediction.peak(), budget) << where;
-      for (const Triple& t : all) {
-        if (t.peak <= budget) {
-          EXPECT_GE(t.seconds, best.seconds) << where << ": " << t.micro << " "
-                                             << nn::precision_name(t.precision) << " " << t.policy.text()
-                                             << " fits and is predicted faster than "
-                                             << planning::describe(best, request.batch);
+  // Every precision together, and each alone: a search that misses a plan of one precision
+  // can hide behind another precision's faster plan in the mix.
+  using Precisions = std::vector<nn::Precision>;
+  for (const Precisions& precisions :
+       {Precisions{nn::Precision::fp32, nn::Precision::fp16, nn::Precision::bf16},
+        Precisions{nn::Precision::fp32}, Precisions{nn::Precision::fp16},
+        Precisions{nn::Precision::bf16}}) {
+    for (const std::int64_t depth : {3, 8}) {
+      PlanRequest request{testing::tiny_model(depth, 0.0f), 48, AdamWOptions{}, 0, precisions};
+      const std::vector<Triple> all = every_triple(request, cost);
+      std::vector<std::size_t> peaks;
+      for (const Triple& t : all) peaks.push_back(t.peak);
+      std::sort(peaks.begin(), peaks.end());
+      // Budgets from the roomiest down to the smallest peak any plan has.
+      for (const double quantile : {1.0, 0.8, 0.5, 0.2, 0.05, 0.0}) {
+        const std::size_t budget = peaks[static_cast<std::size_t>(quantile * (peaks.size() - 1))];
+        request.budget = budget;
+        const planning::PlanResult result = planning::make_plan(request, cost);
+        const std::string where = "depth " + std::to_string(depth) + ", budget " +
+                                  std::to_string(budget) + ", " +
+                                  std::to_string(precisions.size()) + " precision(s) from " +
+                                  nn::precision_name(precisions.front());
+        ASSERT_FALSE(result.feasible.empty()) << where;
+        const Plan& best = result.best();
+        EXPECT_LE(best.prediction.peak(), budget) << where;
+        for (const Triple& t : all) {
+          if (t.peak <= budget) {
+            EXPECT_GE(t.seconds, best.seconds) << where << ": " << t.micro << " "
+                                               << nn::precision_name(t.precision) << " " << t.policy.text()
+                                               << " fits and is predicted faster than "
+                                               << planning::describe(best, request.batch);
+          }
         }
+        // Run the chosen plan's step: the allocator's peak is the prediction, to the byte.
+        nn::ModelConfig config = request.model;
+        config.precision = best.precision;
+        const checkpointing::StepShape step{config, request.batch, best.micro_batch, request.optimizer};
+        const testing::Measured measured = testing::measure(step, best.checkpoint, false, Device::cpu());
+        EXPECT_EQ(measured.stats.peak_total, best.prediction.peak()) << where;
+        EXPECT_LE(measured.stats.peak_total, budget) << where;
       }
-      // Run the chosen plan's step: the allocator's peak is the prediction, to the byte.
-      nn::ModelConfig config = request.model;
-      config.precision = best.precision;
-      const checkpointing::StepShape step{config, request.batch, best.micro_batch, request.optimizer};
-      const testing::Measured measured = testing::measure(step, best.checkpoint, false, Device::cpu());
-      EXPECT_EQ(measured.stats.peak_total, best.prediction.peak()) << where;
-      EXPECT_LE(measured.stats.peak_total, budget) << where;
+      // One byte below the smallest peak: nothing fits, and the smallest is the true minimum.
+      request.budget = peaks.front() - 1;
+      const planning::PlanResult none = planning::make_plan(request, cost);
+      EXPECT_TRUE(none.feasible.empty());
+      ASSERT_TRUE(none.smallest.has_value());
+      EXPECT_EQ(none.smallest->prediction.peak(), peaks.front());
+      EXPECT_EQ(none.weighed, all.size());
+      EXPECT_GT(none.fixed_bytes, 0u);
+      EXPECT_LE(none.fixed_bytes, peaks.front());
+      EXPECT_THROW(none.best(), std::logic_error);
     }
-    // One byte below the smallest peak: nothing fits, and the smallest is the true minimum.
-    request.budget = peaks.front() - 1;
-    const planning::PlanResult none = planning::make_plan(request, cost);
-    EXPECT_TRUE(none.feasible.empty());
-    ASSERT_TRUE(none.smallest.has_value());
-    EXPECT_EQ(none.smallest->prediction.peak(), peaks.front());
-    EXPECT_EQ(none.weighed, all.size());
-    EXPECT_GT(none.fixed_bytes, 0u);
-    EXPECT_LE(none.fixed_bytes, peaks.front());
-    EXPECT_THROW(none.best(), std::logic_error);
   }
 }
 
