@@ -1,6 +1,6 @@
 // activation.hpp: GELU (tanh approximation) and ReLU, forward and backward.
 //
-//   gelu_forward(x, y)          x, y: same shape, f32 or f16            y  = gelu(x)
+//   gelu_forward(x, y)          x, y: same shape, f32/f16/bf16          y  = gelu(x)
 //   gelu_backward(x, dy, dx)    x, dy, dx: same shape and dtype         dx = dy * gelu'(x)
 //   relu_forward(x, y)          as gelu_forward                         y  = max(x, 0)
 //   relu_backward(x, dy, dx)    as gelu_backward                        dx = dy * [x > 0]
@@ -23,7 +23,7 @@
 
 namespace bigbatch {
 
-/// y = gelu(x) (=); x, y: one shape, f32 or f16 (f64 on the CPU); y may be x.
+/// y = gelu(x) (=); x, y: one shape, f32, f16 or bf16 (f64 on the CPU); y may be x.
 void gelu_forward(const Tensor& x, const Tensor& y);
 /// dx = dy * gelu'(x) (=); x, dy, dx: one shape and dtype; dx may be x or dy.
 void gelu_backward(const Tensor& x, const Tensor& dy, const Tensor& dx);

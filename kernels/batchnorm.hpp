@@ -5,7 +5,7 @@
 //
 //   batchnorm_forward_train(x, weight, bias, y, mean, rstd, running_mean, running_var,
 //                           momentum, eps)
-//     x:            [M, N] f32 or f16 (f64 on the CPU)  M samples of N features, M >= 2
+//     x:            [M, N] f32/f16/bf16 (f64: CPU)  M samples of N features, M >= 2
 //     weight, bias: [N]    f32 (f64 when x is f64)      gamma, beta
 //     y:            [M, N] same dtype as x             (x - mean) * rstd * weight + bias  (=)
 //     mean:         [N]    f32 (f64 when x is f64)      batch mean, saved for backward     (=)

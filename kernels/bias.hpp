@@ -1,8 +1,9 @@
 // bias.hpp: the bias of a linear layer, forward and backward.
 //
-//   add_bias(y, bias)          y: [M, N] f32 or f16; bias: [N] f32    y[i][j] = y[i][j] + bias[j]
+//   add_bias(y, bias)          y: [M, N] f32/f16/bf16; bias: [N] f32  y[i][j] = y[i][j] + bias[j]
 //                                                                     (in place: =)
-//   bias_backward(dy, dbias)   dy: [M, N] f32 or f16; dbias: [N] f32  dbias[j] += sum_i dy[i][j]
+//   bias_backward(dy, dbias)   dy: [M, N] f32/f16/bf16; dbias: [N] f32
+//                                                                     dbias[j] += sum_i dy[i][j]
 //                                                                     (ACCUMULATES: +=)
 //
 // add_bias computes the sum in float and rounds once to y's dtype.
@@ -27,10 +28,10 @@
 
 namespace bigbatch {
 
-/// y[i][j] = y[i][j] + bias[j], in place; y: [M, N] f32 or f16, bias: [N] f32.
+/// y[i][j] = y[i][j] + bias[j], in place; y: [M, N] f32, f16 or bf16, bias: [N] f32.
 void add_bias(const Tensor& y, const Tensor& bias);
-/// dbias[j] += sum_i dy[i][j] (accumulates), in the order stated above; dy: [M, N] f32 or
-/// f16, dbias: [N] f32.
+/// dbias[j] += sum_i dy[i][j] (accumulates), in the order stated above; dy: [M, N] f32,
+/// f16 or bf16, dbias: [N] f32.
 void bias_backward(const Tensor& dy, const Tensor& dbias);
 
 namespace cpu {

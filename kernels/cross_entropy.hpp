@@ -2,7 +2,7 @@
 // with class-index targets, no weights, no label smoothing, and a mean over the GLOBAL batch.
 //
 //   cross_entropy_forward(logits, labels, loss, global_count, scale)
-//     logits: [M, C] f32 or f16 (f64 on the CPU)   one row of class scores per sample
+//     logits: [M, C] f32/f16/bf16 (f64: CPU)       one row of class scores per sample
 //     labels: [M]    i32, each in [0, C)           the class of each sample
 //     loss:   [1]    f32 (f64 for f64 logits)      loss += scale * sum_i loss_i / global_count (+=)
 //   with loss_i = -log softmax(logits_i)[label_i] = logsumexp(logits_i) - logits_i[label_i].

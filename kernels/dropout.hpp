@@ -1,7 +1,7 @@
 // dropout.hpp: inverted dropout with masks that depend on the element, not on the call.
 //
-//   dropout_forward(x, y, spec)     x, y: same shape, f32 or f16      y  = mask * x / (1 - p)
-//   dropout_backward(dy, dx, spec)  dy, dx: same shape, f32 or f16    dx = mask * dy / (1 - p)
+//   dropout_forward(x, y, spec)     x, y: same shape, f32/f16/bf16    y  = mask * x / (1 - p)
+//   dropout_backward(dy, dx, spec)  dy, dx: same shape, f32/f16/bf16  dx = mask * dy / (1 - p)
 //
 // Both outputs are overwritten (=). An output may be its input (in place). f64 tensors
 // are accepted on the CPU only, where the tests use them for finite differences.
@@ -35,10 +35,11 @@
 // with the roundings of the unfused calls (each result rounded to the dtype where the
 // unfused call stores it), so the bits are those of the two or four calls it replaces;
 // the mask is drawn once for both, and GELU's value and derivative share one exponential.
-// x, dy, dx, y: one shape and dtype (f32 or f16; f64 on the CPU). Each element is read
-// before it is written, so an output may be an input (in place), but dx and y are not one. Selective recomputation (chapter 05)
-// needs y, the activation after dropout, to form fc2's weight gradient: it then costs one
-// pass where it cost four (act's forward, dropout's forward, dropout's and act's backward).
+// x, dy, dx, y: one shape and dtype (f32, f16 or bf16; f64 on the CPU). Each element is
+// read before it is written, so an output may be an input (in place), but dx and y are not
+// one. Selective recomputation (chapter 05) needs y, the activation after dropout, to form
+// fc2's weight gradient: it then costs one pass where it cost four (act's forward,
+// dropout's forward, dropout's and act's backward).
 #pragma once
 
 #include <cstdint>
@@ -59,7 +60,7 @@ struct DropoutSpec {
 /// The activation before the dropout in activation_dropout_backward (kernels/activation.hpp).
 enum class PointwiseActivation { gelu, relu };
 
-/// y = mask * x / (1 - p) (=); x, y: one shape, f32 or f16 (f64 on the CPU); y may be x.
+/// y = mask * x / (1 - p) (=); x, y: one shape, f32, f16 or bf16 (f64 on the CPU); y may be x.
 void dropout_forward(const Tensor& x, const Tensor& y, const DropoutSpec& spec);
 /// dx = mask * dy / (1 - p) (=), the mask drawn again from `spec`; dx may be dy.
 void dropout_backward(const Tensor& dy, const Tensor& dx, const DropoutSpec& spec);

@@ -9,8 +9,9 @@
 //                     in it does not propagate (as in BLAS); accumulated (+=, scaled
 //                     by beta) otherwise.
 //   dtypes: A, B f32 with C f32; or A, B both f16 (or both bf16) with C f32 or of their
-//   dtype (products and sums in fp32, one rounding to the 16-bit type when C is stored). All tensors rank 2, contiguous, on
-//   one device. M, N or K may be 0; K == 0 gives C = beta * C (0 when beta == 0).
+//   dtype (products and sums in fp32, one rounding to the 16-bit type when C is stored).
+//   All tensors rank 2, contiguous, on one device. M, N or K may be 0; K == 0 gives
+//   C = beta * C (0 when beta == 0).
 //
 // The CPU arithmetic, exactly (every CPU path: portable, AVX2, AVX-512):
 //
@@ -36,9 +37,9 @@
 // alpha == 0 is not special-cased: A and B are still read, so inf or NaN in them shows.
 //
 // The CUDA backend calls cuBLAS (f32: true fp32, no TF32; f16 and bf16: fp32
-// accumulation on tensor cores). Its error obeys the same bound (tests/test_gemm.cpp explains it), but
-// it makes no batch-invariance promise: cuBLAS may order the sums differently for
-// different shapes.
+// accumulation on tensor cores). Its error obeys the same bound (tests/test_gemm.cpp
+// explains it), but it makes no batch-invariance promise: cuBLAS may order the sums
+// differently for different shapes.
 //
 // Host scratch used by the CPU path (packing buffers, the fp32 accumulator of a 16-bit C)
 // is kept per thread for reuse and is not counted by the tracking allocator.

@@ -2,7 +2,7 @@
 // with elementwise affine (weight and bias of shape [N]) and eps = 1e-5 by default.
 //
 //   layernorm_forward(x, weight, bias, y, mean, rstd, eps)
-//     x:      [M, N]  f32 or f16 (f64 on the CPU)       input, one sample per row
+//     x:      [M, N]  f32/f16/bf16 (f64 on the CPU)     input, one sample per row
 //     weight: [N]     f32 (f64 when x is f64)           gamma
 //     bias:   [N]     f32 (f64 when x is f64)           beta
 //     y:      [M, N]  same dtype as x                   y = (x - mean) * rstd * weight + bias   (=)
@@ -16,13 +16,13 @@
 //     dweight: [N]    f32 (f64 when x is f64)           += sum over rows of dy * xhat         (+=)
 //     dbias:   [N]    f32 (f64 when x is f64)           += sum over rows of dy                (+=)
 //
-// Arithmetic. All statistics are computed in f32 (f64 for f64 tensors); f16 elements are
-// widened on load and rounded to nearest even on store. The variance is two-pass: first
-// the mean, then the mean of the squared deviations (x - mean)^2. The one-pass formula
-// E[x^2] - E[x]^2 cancels catastrophically when |mean| >> std (it can even go negative);
-// the two-pass form has a relative error of about N*u whatever the mean. The variance is
-// the biased one (divided by N), as PyTorch normalises; rstd = 1 / sqrt(var + eps), each
-// step correctly rounded on both backends (no approximate rsqrt).
+// Arithmetic. All statistics are computed in f32 (f64 for f64 tensors); f16 and bf16
+// elements are widened on load and rounded to nearest even on store. The variance is
+// two-pass: first the mean, then the mean of the squared deviations (x - mean)^2. The
+// one-pass formula E[x^2] - E[x]^2 cancels catastrophically when |mean| >> std (it can even
+// go negative); the two-pass form has a relative error of about N*u whatever the mean. The
+// variance is the biased one (divided by N), as PyTorch normalises; rstd = 1 / sqrt(var +
+// eps), each step correctly rounded on both backends (no approximate rsqrt).
 //
 // The accumulation contract (why dweight and dbias are +=). The parameter gradients are
 // reductions over the batch. The CPU computes them as
