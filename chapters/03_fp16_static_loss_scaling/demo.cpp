@@ -12,7 +12,6 @@
 #include "chapters/01_large_batch_baseline/baseline.hpp"
 #include "chapters/03_fp16_static_loss_scaling/loss_scaling.hpp"
 #include "common/format.hpp"
-#include "common/half.hpp"
 #include "common/memory.hpp"
 #include "common/report.hpp"
 #include "kernels/cross_entropy.hpp"
@@ -92,11 +91,6 @@ void memory_halves(bb::SelfCheck& report, const bb::baseline::Data& data) {
               "cost 6 bytes each instead of 4 (an f16 copy beside the f32 master)");
 }
 
-/// The fraction of x's elements that are zero, and that are subnormal, once rounded to f16.
-struct Lost {
-  double zero = 0, subnormal = 0;
-};
-
 /// floor(log2 |v|) of every nonzero element, counted: a histogram of magnitudes.
 std::map<int, std::int64_t> log2_histogram(const Tensor& x) {
   std::map<int, std::int64_t> counts;
@@ -111,25 +105,6 @@ bb::Json json_histogram(const std::map<int, std::int64_t>& counts) {
   bb::Json object = bb::Json::object();
   for (const auto& [exponent, count] : counts) object[std::to_string(exponent)] = count;
   return object;
-}
-
-Lost lost_in_f16(const Tensor& x) {
-  const std::vector<float> values = x.to_vector<float>();
-  Lost lost;
-  std::int64_t nonzero = 0;
-  for (const float v : values) {
-    if (v == 0.0f) continue;
-    ++nonzero;
-    const float h = static_cast<float>(static_cast<bb::f16>(v));
-    if (h == 0.0f) {
-      lost.zero += 1;
-    } else if (std::abs(h) < 0x1p-14f) {
-      lost.subnormal += 1;
-    }
-  }
-  lost.zero /= static_cast<double>(nonzero);
-  lost.subnormal /= static_cast<double>(nonzero);
-  return lost;
 }
 
 /// For the figure (notebooks/mixed_precision.ipynb): per effective batch B, the log2
@@ -149,11 +124,11 @@ void underflow_grows_with_the_batch(bb::SelfCheck& report, const bb::baseline::D
   bb::Json& rows = figure_data["dlogits"] = bb::Json::array();
   for (const std::int64_t b : {256, 4096, 65536}) {
     bb::cross_entropy_backward(logits, batch.labels, dlogits, static_cast<float>(b));
-    const Lost unscaled = lost_in_f16(dlogits);
+    const auto unscaled = bb::loss_scaling::range_shares(dlogits, bb::DType::f16);
     const bb::Json unscaled_histogram = json_histogram(log2_histogram(dlogits));
     const float scale = static_cast<float>(b);  // S = B makes dlogits S (p - y) / B = p - y
     bb::cross_entropy_backward(logits, batch.labels, dlogits, static_cast<float>(b), scale);
-    const Lost scaled = lost_in_f16(dlogits);
+    const auto scaled = bb::loss_scaling::range_shares(dlogits, bb::DType::f16);
     rows.push_back({{"batch", b},
                     {"scale", bb::json_float(scale)},
                     {"zero", unscaled.zero},

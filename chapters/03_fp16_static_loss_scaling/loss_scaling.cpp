@@ -64,6 +64,32 @@ bool StaticLossScaler::unscale_and_check(const nn::Model& model) {
   return !overflow;
 }
 
+RangeShares range_shares(const Tensor& x, DType dtype) {
+  BIGBATCH_CHECK(is_half_width(dtype), "range_shares: the type must be f16 or bf16, got ",
+                 dtype_name(dtype));
+  const Tensor narrow(x.shape(), dtype), back(x.shape(), DType::f32);
+  cast(x, narrow);
+  cast(narrow, back);
+  const std::vector<float> values = x.to_vector<float>(), rounded = back.to_vector<float>();
+  const float smallest_normal = dtype == DType::f16 ? 0x1p-14f : 0x1p-126f;
+  RangeShares shares;
+  std::int64_t nonzero = 0;
+  for (std::size_t i = 0; i < values.size(); ++i) {
+    if (values[i] == 0.0f) continue;
+    ++nonzero;
+    if (rounded[i] == 0.0f) {
+      shares.zero += 1;
+    } else if (std::abs(rounded[i]) < smallest_normal) {
+      shares.subnormal += 1;
+    }
+  }
+  if (nonzero > 0) {
+    shares.zero /= static_cast<double>(nonzero);
+    shares.subnormal /= static_cast<double>(nonzero);
+  }
+  return shares;
+}
+
 double worst_normalised_error(const std::vector<std::vector<float>>& g,
                               const std::vector<std::vector<float>>& reference) {
   BIGBATCH_CHECK(g.size() == reference.size(), "worst_normalised_error: ", g.size(),

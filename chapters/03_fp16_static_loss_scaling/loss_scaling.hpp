@@ -85,6 +85,17 @@ class StaticLossScaler {
   UnscalePass pass_;
 };
 
+/// Of the nonzero elements of an f32 tensor, the shares that a 16-bit type rounds to zero
+/// and to a subnormal (chapter 03: fp16's range against the loss's gradient; chapter 04:
+/// bf16's).
+struct RangeShares {
+  double zero = 0;       ///< rounded to +-0: lost
+  double subnormal = 0;  ///< kept with fewer significant bits than the type's
+};
+/// x's nonzero elements (x: f32, on the CPU) rounded to `dtype` (f16 or bf16) by the cast
+/// kernel, the rounding of every 16-bit store, and counted.
+RangeShares range_shares(const Tensor& x, DType dtype);
+
 /// How chapters 03 and 04 compare 16-bit gradients with fp32's: the worst tensor's
 /// ||g - reference|| / ||reference|| (computed in double), over the tensors whose reference
 /// is not all zeros. `g` and `reference` hold the same tensors' values, in order.

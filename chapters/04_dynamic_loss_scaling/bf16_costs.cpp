@@ -16,18 +16,6 @@ void check_half(const char* what, DType dtype) {
                  dtype_name(dtype));
 }
 
-/// x rounded to `dtype` by the cast kernel (the rounding of every 16-bit store), widened.
-std::vector<float> rounded(const Tensor& x, DType dtype) {
-  const Tensor half(x.shape(), dtype);
-  cast(x, half);
-  const Tensor back(x.shape(), DType::f32);
-  cast(half, back);
-  return back.to_vector<float>();
-}
-
-/// The smallest normal magnitude of `dtype`: 2^-14 (f16) or 2^-126 (bf16, fp32's).
-float smallest_normal(DType dtype) { return dtype == DType::f16 ? 0x1p-14f : 0x1p-126f; }
-
 double squared_norm(const std::vector<float>& v) {
   double sum = 0;
   for (const float x : v) sum += static_cast<double>(x) * x;
@@ -39,27 +27,6 @@ double squared_norm(const std::vector<float>& v) {
 double unit_roundoff(DType dtype) {
   check_half("unit_roundoff", dtype);
   return dtype == DType::f16 ? 0x1p-11 : 0x1p-8;
-}
-
-RangeShares range_shares(const Tensor& x, DType dtype) {
-  check_half("range_shares", dtype);
-  const std::vector<float> values = x.to_vector<float>(), narrow = rounded(x, dtype);
-  RangeShares shares;
-  std::int64_t nonzero = 0;
-  for (std::size_t i = 0; i < values.size(); ++i) {
-    if (values[i] == 0.0f) continue;
-    ++nonzero;
-    if (narrow[i] == 0.0f) {
-      shares.zero += 1;
-    } else if (std::abs(narrow[i]) < smallest_normal(dtype)) {
-      shares.subnormal += 1;
-    }
-  }
-  if (nonzero > 0) {
-    shares.zero /= static_cast<double>(nonzero);
-    shares.subnormal /= static_cast<double>(nonzero);
-  }
-  return shares;
 }
 
 Accumulation::Accumulation(DType dtype) : dtype_(dtype) {

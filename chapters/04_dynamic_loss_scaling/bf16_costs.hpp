@@ -3,15 +3,16 @@
 // scale rescues in fp16 is at risk in bf16; it keeps 8 significant bits to fp16's 11, and
 // that is what it costs instead:
 //
-//   range_shares            how many of a tensor's values a 16-bit type flushes to zero or
-//                           keeps only as subnormals (fp16 at S = 1 loses the small
-//                           gradients of a large batch; bf16 loses none of them)
 //   Accumulation            gradients of N micro-batches summed in a 16-bit buffer against
 //                           the f32 sum: the share of the update that is wrong, measured
 //                           and predicted from the f32 partial sums
 //   lost_update_share       weights kept only in bf16 (no f32 master): the share of the
 //                           nonzero updates that round away; predicted for weights uniform
 //                           in (-b, b) by predicted_lost_share
+//
+// (What a 16-bit type flushes to zero or keeps only as subnormals is chapter 03's
+// loss_scaling::range_shares: fp16 at S = 1 loses the small gradients of a large batch,
+// bf16 none of them.)
 //
 // The rounding model behind both predictions: a value rounded to nearest with p significant
 // bits errs by at most half a unit in its last place; for values whose significands are
@@ -32,15 +33,6 @@ inline constexpr double kRmsRelativeRounding = 0.42466090014400953;
 
 /// The unit roundoff of a 16-bit type: 2^-11 for f16, 2^-8 for bf16.
 double unit_roundoff(DType dtype);
-
-/// Of the nonzero elements of an f32 tensor, the shares that `dtype` (f16 or bf16) rounds
-/// to zero and to a subnormal.
-struct RangeShares {
-  double zero = 0;       ///< rounded to +-0: lost
-  double subnormal = 0;  ///< kept with fewer significant bits than the type's
-};
-/// x's nonzero elements rounded to `dtype`, counted (x: f32, on the CPU).
-RangeShares range_shares(const Tensor& x, DType dtype);
 
 /// Micro-batch gradients summed two ways, term by term: in f32, and in a 16-bit buffer
 /// (each term rounded to `dtype`, added in float and rounded again, as kernels' axpy into a

@@ -264,8 +264,8 @@ void bf16_needs_no_scaler(bb::SelfCheck& report, const bb::baseline::Data& data,
   bb::Json& rows_json = figure_data["dlogits"] = bb::Json::array();
   for (const std::int64_t b : {256, 4096, 65536}) {
     bb::cross_entropy_backward(logits, rows.labels, dlogits, static_cast<float>(b));
-    const costs::RangeShares f16 = costs::range_shares(dlogits, bb::DType::f16);
-    const costs::RangeShares bf16 = costs::range_shares(dlogits, bb::DType::bf16);
+    const auto f16 = bb::loss_scaling::range_shares(dlogits, bb::DType::f16);
+    const auto bf16 = bb::loss_scaling::range_shares(dlogits, bb::DType::bf16);
     report.note("B = " + std::to_string(b) + ", S = 1: fp16 flushes " + percent(f16.zero) +
                 " to zero and keeps " + percent(f16.subnormal) + " as subnormals; bf16 " +
                 percent(bf16.zero) + " and " + percent(bf16.subnormal));
