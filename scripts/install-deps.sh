@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
 # Installs the Debian packages bigbatch builds, tests and benchmarks with, if missing
-# (ccache lets scripts/mutation-check.sh build its second copy from the first's objects);
-# given package names, installs those instead (scripts/fuzz.sh: clang and libFuzzer).
+# (ccache lets scripts/mutation-check.sh build its second copy from the first's objects).
+#   scripts/install-deps.sh             everything scripts/test.sh and the benchmarks use
+#   scripts/install-deps.sh --tutorial  what the chapters and the program need, no more
+#                                       (scripts/tutorial.sh: no test or benchmark
+#                                       frameworks, no OpenBLAS, no Doxygen)
+#   scripts/install-deps.sh PACKAGE...  those packages (scripts/fuzz.sh: clang and libFuzzer)
 # The CUDA toolkit is not installed here: the build uses it when nvcc is on PATH (or in
 # /usr/local/cuda/bin) and builds the CPU backend alone otherwise.
 # Optional, and not installed here for its size (about 640 MB installed, 150 MB to
@@ -9,10 +13,13 @@
 # compare_with_pytorch needs; without them that test is reported as skipped.
 set -euo pipefail
 
-packages=(build-essential cmake googletest libgtest-dev libbenchmark-dev zlib1g-dev
-          libopenblas-dev dataset-fashion-mnist doxygen libcli11-dev
-          nlohmann-json3-dev ccache)
-(($#)) && packages=("$@")
+tutorial=(build-essential cmake zlib1g-dev dataset-fashion-mnist libcli11-dev nlohmann-json3-dev)
+packages=("${tutorial[@]}" googletest libgtest-dev libbenchmark-dev libopenblas-dev doxygen ccache)
+if [ "${1:-}" = "--tutorial" ]; then
+  packages=("${tutorial[@]}")
+elif (($#)); then
+  packages=("$@")
+fi
 missing=()
 for package in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" ||
