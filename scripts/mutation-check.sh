@@ -381,7 +381,13 @@ run_mutation() {
     else
       read -r -a targets <<< "${programs[$i]}"
       if ((${#targets[@]})); then
-        build_args=(--target "${targets[@]}")
+        # A script (.py, .sh) runs from the source tree: nothing of it to build.
+        local target built_targets=()
+        for target in "${targets[@]}"; do
+          [[ "$target" == *.py || "$target" == *.sh ]] || built_targets+=("$target")
+        done
+        build_args=(--target "${built_targets[@]}")
+        ((${#built_targets[@]})) || build_args=(--target bigbatch_common)
         if ! selection=$(ctest_selection "${targets[@]}" 2>&1); then
           verdict="STALE" detail="$selection"
         else
