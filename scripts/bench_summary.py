@@ -2,15 +2,14 @@
 """Turns Google Benchmark JSON from bench_kernels into the Markdown tables in README.md.
 
 Usage: scripts/bench_summary.py [RESULTS.json]
-       scripts/bench_summary.py --update-readme [RESULTS.json]
 RESULTS.json defaults to bench/results/cpu-2core/cpu-kernels.json.
 
-Reads medians when the run has repetitions (aggregate "median"), plain runs otherwise.
-With --update-readme, replaces the text between the markers
+Reads medians when the run has repetitions (aggregate "median"), plain runs otherwise, and
+prints the kernels' table. scripts/readme_numbers.py puts it between the markers
 <!-- bench:begin --> and <!-- bench:end --> in README.md, and between
-<!-- steps:begin --> and <!-- steps:end --> the whole-step table: bench_training's fp32
-steps (cpu-training.json) beside PyTorch's (pytorch-training.json, from
-bench/pytorch_step.py), both from the same folder, when both files are there.
+<!-- steps:begin --> and <!-- steps:end --> the whole-step table (step_summary):
+bench_training's fp32 steps (cpu-training.json) beside PyTorch's (pytorch-training.json,
+from bench/pytorch_step.py).
 Only the standard library is needed, so this runs anywhere Python 3 does.
 """
 import json
@@ -137,10 +136,11 @@ def step_summary(training_path, pytorch_path):
     return head + "\n\n" + "\n".join(rows)
 
 
-def replace_between(content, name, text):
+def replace_between(content, name, text, readme="README.md"):
+    """`content` with the text between <!-- name:begin --> and <!-- name:end --> replaced."""
     begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
     if begin not in content or end not in content:
-        sys.exit(f"README.md has no {name} markers")
+        sys.exit(f"{readme} has no {name} markers")
     before, rest = content.split(begin, 1)
     _, after = rest.split(end, 1)
     return f"{before}{begin}\n{text}\n{end}{after}"
@@ -150,21 +150,7 @@ def main(argv):
     if "-h" in argv or "--help" in argv:
         print(__doc__.strip())
         return 0
-    update = "--update-readme" in argv
-    args = [a for a in argv if a != "--update-readme"]
-    path = args[0] if args else str(ROOT / "bench/results/cpu-2core/cpu-kernels.json")
-    text = summary(path)
-    if not update:
-        print(text)
-        return 0
-    readme = ROOT / "README.md"
-    content = replace_between(readme.read_text(), "bench", text)
-    folder = pathlib.Path(path).resolve().parent
-    training, pytorch = folder / "cpu-training.json", folder / "pytorch-training.json"
-    if training.exists() and pytorch.exists():
-        content = replace_between(content, "steps", step_summary(training, pytorch))
-    readme.write_text(content)
-    print("README.md updated")
+    print(summary(argv[0] if argv else str(ROOT / "bench/results/cpu-2core/cpu-kernels.json")))
     return 0
 
 

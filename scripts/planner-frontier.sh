@@ -1,24 +1,25 @@
 #!/usr/bin/env bash
 # The planner's frontier (chapter 06): the predicted step time of the fastest plan against
 # the device-memory budget, for chapter 06's demo setting (Fashion-MNIST, depth 2, hidden
-# 256, AdamW lr 1e-3, batch 4096). Two probes first: a budget nothing fits gives the
+# 256, AdamW lr 1e-3, batch 4096). Three probes first: a budget nothing fits gives the
 # smallest peak any plan reaches and the bytes no plan can trade away (parameters,
 # gradients, optimizer state, the batch: F), a budget everything fits the peak of the
-# batch in one piece. Then `bigbatch plan --json` answers at COUNT budgets F + h, the
-# headroom h log-spaced from a quarter of the smallest plan's (nothing fits there) to 1.25
-# times the batch in one piece's: the plans differ most just above F, where only small
-# micro-batches with recomputation fit. Each budget's record is its fastest plan
-# (micro-batch, precision, checkpoint policy, predicted peak bytes and seconds per step),
-# the fastest fp16 and the fastest bf16 plan, and how many plans fit (0: nothing fits). The cost model is
+# batch in one piece, chapter 01's 48 MiB the plan chapter 06 trains. Then `bigbatch plan
+# --json` answers at COUNT budgets F + h, the headroom h log-spaced from a quarter of the
+# smallest plan's (nothing fits there) to 1.25 times the batch in one piece's: the plans
+# differ most just above F, where only small micro-batches with recomputation fit. Each
+# budget's record is its fastest plan (micro-batch, precision, checkpoint policy,
+# predicted peak bytes and seconds per step), the fastest fp16 and the fastest bf16 plan,
+# and how many plans fit (0: nothing fits). The cost model is
 # measured once, at the first probe, into a calibration file that every other call
 # reuses: one measurement prices every budget (it is step timing, so measure on an idle
-# machine: a loaded one can tip the choice between precisions on noise).
-# The whole script ran in 21 s on an otherwise idle 2-core CPU (2026-12-01; the build not
-# included).
+# machine: a loaded one can tip the choice between precisions on noise). Last, the chosen
+# plans are trained for a few steps with that same calibration (`train --plan auto`), so
+# that the prediction and the measurement in the figure come from one cost model.
 #
 # Usage: scripts/planner-frontier.sh [COUNT]   (default 28)
 # Writes bench/results/cpu-2core/planner-frontier.json for notebooks/planner_frontier.ipynb
-# and prints one line per budget.
+# and chapter 06's README (scripts/readme_numbers.py), and prints one line per budget.
 # BIGBATCH=path/to/bigbatch uses that program instead of installing and building.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -38,10 +39,11 @@ plan() {
 }
 plan 1MiB "$out/probes.jsonl"
 plan 1TiB "$out/probes.jsonl"
+plan 48MiB "$out/probes.jsonl"  # chapter 01's device
 # F, the smallest plan's headroom above it, and the batch in one piece's.
 read -r fixed low high < <(python3 -c '
 import json, sys
-nothing, everything = (json.loads(line) for line in open(sys.argv[1]))
+nothing, everything, _ = (json.loads(line) for line in open(sys.argv[1]))
 one_piece = next(p for p in everything["feasible"] if p["micro_batch"] == everything["batch"]
                  and p["precision"] == "fp32" and p["checkpoint"] == "none")
 fixed = nothing["fixed_bytes"]
@@ -53,12 +55,40 @@ for ((i = 0; i < count; i++)); do
     'BEGIN { l /= 4; h *= 1.25; printf "%d", f + l * exp(log(h / l) * i / (n - 1)) }')
   plan "$budget" "$out/answers.jsonl"
 done
+# The chosen plans measured with the same cost model: `bigbatch train --plan auto` at the
+# first budget of each plan the frontier chooses that is predicted to take at most half a
+# second a step, 6 steps each; the median of steps 2 to 6 (the first warms the caches).
+python3 -c '
+import json, sys
+last = None
+for line in open(sys.argv[1]):
+    answer = json.loads(line)
+    best = answer["feasible"][0] if answer["feasible"] else None
+    plan = best and (best["micro_batch"], best["precision"], best["checkpoint"])
+    if best and plan != last and best["seconds"] <= 0.5:
+        print(answer["budget_bytes"])
+    last = plan
+' "$out/answers.jsonl" > "$out/measure-at.txt"
+: > "$out/measured.jsonl"
+while read -r budget; do
+  "$BIGBATCH" train "${shape[@]}" --device-memory "$budget" --plan auto --steps 6 \
+    --calibration "$out/calibration.json" --log "$out/run.jsonl" > "$out/train.out"
+  python3 -c '
+import json, statistics, sys
+steps = [json.loads(line) for line in open(sys.argv[1])]
+plan = next(line for line in open(sys.argv[2]) if line.startswith("plan auto: "))
+print(json.dumps({"budget_bytes": int(sys.argv[3]), "plan": plan[len("plan auto: "):].strip(),
+                  "step_s": statistics.median(s["step_time_s"] for s in steps[1:]),
+                  "peak_bytes": max(s["peak_bytes_total"] for s in steps)}))
+' "$out/run.jsonl" "$out/train.out" "$budget" >> "$out/measured.jsonl"
+done < "$out/measure-at.txt"
 seconds=$(awk -v a="$start" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
 python3 - "$out/probes.jsonl" "$out/answers.jsonl" "$results" "$seconds" "$(nproc)" \
-  "${shape[*]}" <<'PY'
+  "${shape[*]}" "$out/measured.jsonl" <<'PY'
 import datetime, json, pathlib, sys
 probes = [json.loads(line) for line in open(sys.argv[1])]
 answers = [json.loads(line) for line in open(sys.argv[2])]
+measured = {m["budget_bytes"]: m for m in map(json.loads, open(sys.argv[7]))}
 results, seconds, cpus, shape = pathlib.Path(sys.argv[3]), float(sys.argv[4]), int(sys.argv[5]), sys.argv[6]
 calls = probes + answers
 assert calls[0]["calibration_measured_now"], "the first call did not measure the cost model"
@@ -67,7 +97,7 @@ assert all(a["cost_model"] == calls[0]["cost_model"] for a in calls)
 keep = ("micro_batch", "micro_batches", "precision", "checkpoint", "recompute", "peak_bytes",
         "seconds")
 pick = lambda plan: {k: plan[k] for k in keep}
-nothing, everything = probes
+nothing, everything, chapter01 = probes
 smallest = {**pick(nothing["smallest"]), "fixed_bytes": nothing["fixed_bytes"]}
 one_piece = next(pick(p) for p in everything["feasible"] if p["micro_batch"] == everything["batch"]
                  and p["precision"] == "fp32" and p["checkpoint"] == "none")
@@ -79,6 +109,14 @@ for a in answers:
         for precision in ("fp16", "bf16"):
             plans = [p for p in a["feasible"] if p["precision"] == precision]
             record[f"fastest_{precision}"] = pick(plans[0]) if plans else None
+    if a["budget_bytes"] in measured:
+        run, best = measured[a["budget_bytes"]], record["best"]
+        # train --plan auto chose what plan chose, with the same cost model, and fitted
+        said = (f"micro-batch {best['micro_batch']} ({best['micro_batches']} per step), "
+                f"{best['precision']}, checkpoint {best['checkpoint']}")
+        assert run["plan"] == said, (run["plan"], said)
+        assert run["peak_bytes"] <= a["budget_bytes"], run
+        record["measured"] = {"step_s": run["step_s"], "peak_bytes": run["peak_bytes"]}
     budgets.append(record)
 document = {
     "description": "bigbatch plan --json at log-spaced budgets (scripts/planner-frontier.sh)",
@@ -87,6 +125,7 @@ document = {
     "cost_model": answers[0]["cost_model"],
     "smallest_peak": smallest,  # the plan of smallest peak, and the bytes no plan can trade
     "one_piece": one_piece,     # the batch in one piece, fp32, no checkpointing
+    "chapter01": pick(chapter01["feasible"][0]),  # the fastest plan under 48 MiB
     "budgets": budgets,
 }
 compact = lambda value: json.dumps(value, separators=(", ", ": "))
@@ -102,9 +141,12 @@ for b in budgets:
             f"{plan['precision']}, checkpoint {plan['checkpoint']}: peak "
             f"{mib(plan['peak_bytes']):.2f} MiB, {plan['seconds']:.3f} s/step"
             if plan else "nothing fits")
+    if "measured" in b:
+        what += f"; measured {b['measured']['step_s']:.3f} s/step"
     print(f"{mib(b['budget_bytes']):8.3f} MiB: {what}")
 print(f"smallest peak of any plan: {mib(smallest['peak_bytes']):.2f} MiB, of which "
       f"{mib(smallest['fixed_bytes']):.2f} MiB no plan can trade; the batch in one piece: "
       f"{mib(one_piece['peak_bytes']):.2f} MiB")
 print(f"wrote {results} in {seconds:.0f} s")
 PY
+python3 scripts/readme_numbers.py --write

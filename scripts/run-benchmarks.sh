@@ -6,8 +6,8 @@
 # pytorch-training.json, the accumulation sweep (batch 1024 as micro-batches of 1 to 1024,
 # naive and memory-free; 3 repetitions, the longest part) to cpu-accumulation.json, then
 # chapter 05's checkpoint policies over depths 4 to 64 to cpu-checkpointing.json and
-# chapter 06's planned steps across device budgets to cpu-planner.json; last, the README's
-# tables (scripts/bench_summary.py --update-readme).
+# chapter 06's planned steps across device budgets to cpu-planner.json; last, the README
+# text written from them (scripts/readme_numbers.py --write: the tables, chapter 05's costs).
 #
 # Usage: scripts/run-benchmarks.sh [extra Google Benchmark flags]
 #
@@ -58,4 +58,4 @@ build/bench/bench_checkpointing --benchmark_out="$results/cpu-planner.json" \
   --benchmark_out_format=json --benchmark_repetitions=3 \
   --benchmark_report_aggregates_only=true --benchmark_filter=BM_PlannedStep "$@"
 echo "wrote $results/cpu-planner.json"
-python3 scripts/bench_summary.py --update-readme "$results/cpu-kernels.json"
+python3 scripts/readme_numbers.py --write

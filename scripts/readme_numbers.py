@@ -1,0 +1,170 @@
+#!/usr/bin/env python3
+"""Writes, or checks, the README paragraphs whose numbers come from committed results.
+
+Usage: scripts/readme_numbers.py            check: exit 1, naming each stale paragraph
+       scripts/readme_numbers.py --write    rewrite every paragraph from its results
+
+Each paragraph sits between <!-- NAME:begin --> and <!-- NAME:end --> in its README and is
+the output of one function below, of the results files it names: the text is what those
+files say, so a benchmark run that changes them rewrites it (the scripts that write the
+results call --write), and a README edited by hand, or results committed without the
+text, fails the check (CTest readme_numbers_current, so scripts/test.sh and CI run it).
+Only the standard library is needed.
+"""
+import json
+import pathlib
+import statistics
+import sys
+
+import bench_summary
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench" / "results" / "cpu-2core"
+MiB = 2**20
+
+
+def mib(value):
+    return f"{value / MiB:.2f}"
+
+
+def ratio_range(values):
+    low, high = min(values), max(values)
+    return f"{low:.1f}" if f"{low:.1f}" == f"{high:.1f}" else f"{low:.1f} to {high:.1f}"
+
+
+def planner_frontier():
+    """Chapter 06: the frontier of scripts/planner-frontier.sh, predicted and measured."""
+    frontier = json.loads((RESULTS / "planner-frontier.json").read_text())
+    budgets = [b for b in frontier["budgets"] if b["best"]]
+    smallest, one_piece = frontier["smallest_peak"], frontier["one_piece"]
+    fixed = smallest["fixed_bytes"]
+    small = [b for b in budgets if b["best"]["micro_batch"] <= 32]
+    first_large = next(b for b in budgets if b["best"]["micro_batch"] > 32)
+    chapter01 = frontier["chapter01"]  # the plan under chapter 01's 48 MiB device
+    text = (
+        f"Nothing fits below {mib(smallest['peak_bytes'])} MiB, of which {mib(fixed)} MiB no "
+        f"plan can trade away. Within the next "
+        f"{(first_large['budget_bytes'] - smallest['peak_bytes']) / MiB:.1f} MiB only "
+        f"micro-batches of 1 to 32 fit, most with recomputation, predicted at "
+        f"{max(b['best']['seconds'] for b in small):.2f} s down to "
+        f"{min(b['best']['seconds'] for b in small):.3f} s per step; from there each larger "
+        f"micro-batch gains less, to {chapter01['seconds']:.3f} s under chapter 01's 48 MiB "
+        f"(micro-batches of {chapter01['micro_batch']}, {chapter01['precision']}, checkpoint "
+        f"{chapter01['checkpoint']}, peak {mib(chapter01['peak_bytes'])} MiB) and "
+        f"{one_piece['seconds']:.3f} s for the batch in one piece "
+        f"({mib(one_piece['peak_bytes'])} MiB; the cost model of {frontier['date']}).")
+    precisions = sorted({b["best"]["precision"] for b in budgets})
+    if precisions == ["fp32"]:
+        text += " Every budget's fastest plan is fp32"
+    else:
+        text += f" The fastest plans are {', '.join(precisions)}"
+    slower = []
+    for precision in ("bf16", "fp16"):
+        pairs = [(b, b.get(f"fastest_{precision}")) for b in budgets]
+        pairs = [(b, p) for b, p in pairs if p]
+        if pairs:
+            ratios = [p["seconds"] / b["best"]["seconds"] for b, p in pairs]
+            slower.append((precision, min(b["budget_bytes"] for b, _ in pairs), ratios))
+    if slower:
+        said = [f"the fastest {precision} plan {ratio_range(ratios)} times"
+                for precision, _, ratios in slower]
+        said[0] = said[0].replace(" plan ", " plan is predicted ", 1) + " as slow"
+        text += (f"; at the budgets asked where a 16-bit plan fits "
+                 f"({min(s[1] for s in slower) / MiB:.1f} MiB and up), " + " and ".join(said))
+    text += "."
+    measured = [b for b in budgets if "measured" in b]
+    if measured:
+        ratios = [b["measured"]["step_s"] / b["best"]["seconds"] for b in measured]
+        text += (f" Trained with the same cost model at {len(measured)} of those budgets (the "
+                 f"crosses: the first budget of each plan predicted at half a second or less), "
+                 f"the chosen plans' steps took {min(ratios):.2f} to {max(ratios):.2f} times "
+                 f"their prediction (median {statistics.median(ratios):.2f}), every one within "
+                 f"its budget.")
+    return text
+
+
+def checkpointing_time():
+    """Chapter 05: what each policy's bytes cost in time (bench_checkpointing's medians)."""
+    data = json.loads((RESULTS / "cpu-checkpointing.json").read_text())
+    runs = {}
+    for b in data["benchmarks"]:
+        if b.get("aggregate_name") == "median":
+            policy, _, depth = b["label"].rpartition(" depth ")
+            runs[(policy, int(depth))] = b
+    time = lambda policy, depth: runs[(policy, depth)]["real_time"] / runs[("none", depth)]["real_time"]
+    forwards = lambda policy, depth: runs[(policy, depth)]["block_forwards"] / depth
+    twice = [(p, d) for p in ("sqrt", "every:4", "sqrt+selective") for d in (32, 64)]
+    repetitions = next(b["repetitions"] for b in data["benchmarks"] if "repetitions" in b)
+    return (
+        f"What that costs is time (right: each policy's bytes against its measured step time, "
+        f"both as shares of no checkpointing's at the same depth, labelled with the block "
+        f"forwards per block it ran): {min(time(*k) for k in twice):.2f} to "
+        f"{max(time(*k) for k in twice):.2f} times the step at depths 32 and 64 for `sqrt`, "
+        f"`every:4` and `sqrt+selective`, which run each block about twice "
+        f"({min(forwards(*k) for k in twice):.2f} to {max(forwards(*k) for k in twice):.2f} "
+        f"forwards per block), {time('optimal:3', 32):.2f} for the binomial schedule at depth "
+        f"32 ({forwards('optimal:3', 32):.2f} forwards per block) and "
+        f"{time('optimal:3', 64):.2f} at depth 64 ({forwards('optimal:3', 64):.2f}). The bars "
+        f"are one standard deviation of {repetitions} repetitions on a noisy 2-core machine: "
+        f"the times are rough, the bytes exact.")
+
+
+def kernel_table():
+    return bench_summary.summary(str(RESULTS / "cpu-kernels.json"))
+
+
+def step_table():
+    return bench_summary.step_summary(RESULTS / "cpu-training.json",
+                                      RESULTS / "pytorch-training.json")
+
+
+# (README, marker name, the function that writes the text between the markers)
+PARAGRAPHS = [
+    ("README.md", "bench", kernel_table),
+    ("README.md", "steps", step_table),
+    ("chapters/05_activation_checkpointing/README.md", "checkpointing-time", checkpointing_time),
+    ("chapters/06_planner/README.md", "frontier", planner_frontier),
+]
+
+
+def wrap(text, width=90):
+    """Markdown prose wrapped at the repository's line width (tables are left alone)."""
+    if text.lstrip().startswith(("|", "Medians")) or "\n" in text:
+        return text
+    lines, line = [], ""
+    for word in text.split():
+        if line and len(line) + 1 + len(word) > width:
+            lines.append(line)
+            line = word
+        else:
+            line = f"{line} {word}" if line else word
+    return "\n".join(lines + [line])
+
+
+def main(argv):
+    if "-h" in argv or "--help" in argv:
+        print(__doc__.strip())
+        return 0
+    write = "--write" in argv
+    stale = []
+    for readme, name, render in PARAGRAPHS:
+        path = ROOT / readme
+        content = path.read_text()
+        updated = bench_summary.replace_between(content, name, wrap(render()), readme)
+        if updated != content:
+            if write:
+                path.write_text(updated)
+                print(f"{readme}: rewrote {name}")
+            else:
+                stale.append(f"{readme} ({name})")
+    if stale:
+        print("stale: the results say otherwise than " + ", ".join(stale) +
+              "; scripts/readme_numbers.py --write rewrites them")
+        return 1
+    if not write:
+        print(f"{len(PARAGRAPHS)} paragraphs say what their results files say")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
