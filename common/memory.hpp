@@ -22,11 +22,11 @@
 // same OutOfMemoryError as the cap (with what cudaMemGetInfo saw).
 //
 // One category stands apart: host_data, the data sets a run reads from. A GPU run keeps
-// them in host memory and copies one batch at a time to the device (that batch is
-// MemoryCategory::data), so host_data is counted in its own row but not in the totals,
-// the peaks' breakdown or the cap. The CPU backend, which stands in for a device, thus
-// reports the same device figures a GPU would, and `--device-memory 48MiB` means 48 MiB
-// for the model, its state, the activations and the batch.
+// them in host memory and copies one micro-batch at a time to the device (that micro-batch
+// is MemoryCategory::data, nn::MicroBatchBuffer), so host_data is counted in its own row
+// but not in the totals, the peaks' breakdown or the cap. The CPU backend, which stands in
+// for a device, thus reports the same device figures a GPU would, and `--device-memory
+// 48MiB` means 48 MiB for the model, its state, the activations and the micro-batch.
 #pragma once
 
 #include <array>

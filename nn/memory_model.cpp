@@ -188,7 +188,8 @@ StepPrediction predict_step(const ModelConfig& c, std::int64_t batch, std::int64
   const bool mixed = is_mixed(c.precision);  // fp16 and bf16: the same bytes
   const std::size_t h = to_size(c.hidden), d = to_size(c.inputs), k = to_size(c.classes);
 
-  // Live before the step: the model, its optimizer, the batch.
+  // Live before the step: the model, its optimizer, the buffer of one micro-batch of samples
+  // (nn::MicroBatchBuffer: the batch stays on the host).
   const StaticBytes fixed = static_bytes(c);
   const std::string before = "before the step";
   const Bytes parameters = ledger.allocate(MemoryCategory::parameters, fixed.parameters, before);
@@ -197,8 +198,9 @@ StepPrediction predict_step(const ModelConfig& c, std::int64_t batch, std::int64
   const Bytes state = ledger.allocate(MemoryCategory::optimizer_state,
                                       fixed.trainable * optimizer_state_bytes_per_parameter(optimizer),
                                       before);
-  const Bytes x = ledger.allocate(MemoryCategory::data, 4 * to_size(batch) * d, before);
-  const Bytes labels = ledger.allocate(MemoryCategory::data, 4 * to_size(batch), before);
+  const std::size_t staged = to_size(std::min(batch, micro_batch));
+  const Bytes x = ledger.allocate(MemoryCategory::data, 4 * staged * d, before);
+  const Bytes labels = ledger.allocate(MemoryCategory::data, 4 * staged, before);
   ledger.reset_peak(before);
 
   ModelLedger model(c, ledger);

@@ -165,9 +165,10 @@ class BlockLedgerRunner {
   virtual std::int64_t evaluations() const = 0;
 };
 
-/// One step's prediction: accumulate_gradients over a batch of `batch` rows already on the
-/// device (x f32 [batch, D] and labels i32 [batch], MemoryCategory::data), in micro-batches
-/// of `micro_batch`, with the parameters, their gradients and the optimizer's state live.
+/// One step's prediction: accumulate_gradients over a batch of `batch` rows on the host, in
+/// micro-batches of `micro_batch`, each copied into an nn::MicroBatchBuffer of
+/// min(micro_batch, batch) rows (x f32 and labels i32, MemoryCategory::data) before its
+/// forward pass, with the parameters, their gradients and the optimizer's state live.
 struct StepPrediction {
   MemoryStats stats;          ///< as the allocator reports it after the step, its peak
                               ///< reset just before accumulate_gradients

@@ -90,12 +90,51 @@ std::vector<std::int64_t> SampleStream::batch_indices(std::int64_t step) const {
 }
 
 void SampleStream::gather(std::int64_t step, const Tensor& x, const Tensor& labels) const {
-  const std::vector<std::int64_t> indices = batch_indices(step);
-  const auto rows = static_cast<std::int64_t>(indices.size());
+  const std::int64_t rows = position(step).size;
   BIGBATCH_CHECK(x.rank() == 2 && x.dim(0) == rows, "SampleStream::gather: step ", step,
                  "'s batch has ", rows, " samples, x is ", x.describe(),
                  " (pass x.rows(0, ", rows, ") for a short batch)");
+  gather(step, 0, rows, x, labels);
+}
+
+void SampleStream::gather(std::int64_t step, std::int64_t begin, std::int64_t end,
+                          const Tensor& x, const Tensor& labels) const {
+  std::vector<std::int64_t> indices = batch_indices(step);
+  const auto rows = static_cast<std::int64_t>(indices.size());
+  BIGBATCH_CHECK(0 <= begin && begin < end && end <= rows, "SampleStream::gather: rows [",
+                 begin, ", ", end, ") do not lie in step ", step, "'s batch of ", rows);
+  BIGBATCH_CHECK(x.rank() == 2 && x.dim(0) == end - begin, "SampleStream::gather: rows [",
+                 begin, ", ", end, ") need x of ", end - begin, " rows, x is ", x.describe());
+  indices.erase(indices.begin() + end, indices.end());
+  indices.erase(indices.begin(), indices.begin() + begin);
   gather_rows(data_, indices, x, labels);
+}
+
+MicroBatchBuffer::MicroBatchBuffer(std::int64_t rows, std::int64_t features, Device device)
+    : x_({rows, features}, DType::f32, device, MemoryCategory::data),
+      labels_({rows}, DType::i32, device, MemoryCategory::data) {}
+
+std::pair<Tensor, Tensor> MicroBatchBuffer::first(std::int64_t rows) const {
+  BIGBATCH_CHECK(rows > 0 && rows <= x_.dim(0), "MicroBatchBuffer: a micro-batch of ", rows,
+                 " rows does not fit a buffer of ", x_.dim(0));
+  return {x_.rows(0, rows), labels_.rows(0, rows)};
+}
+
+BatchRows MicroBatchBuffer::rows_of(const SampleStream& stream, std::int64_t step) {
+  return [this, &stream, step](std::int64_t begin, std::int64_t end) {
+    auto [x, labels] = first(end - begin);
+    stream.gather(step, begin, end, x, labels);
+    return std::pair{x, labels};
+  };
+}
+
+BatchRows MicroBatchBuffer::rows_of(const Tensor& x, const Tensor& labels) {
+  return [this, x, labels](std::int64_t begin, std::int64_t end) {
+    auto [x_micro, labels_micro] = first(end - begin);
+    x_micro.copy_from(x.rows(begin, end));
+    labels_micro.copy_from(labels.rows(begin, end));
+    return std::pair{x_micro, labels_micro};
+  };
 }
 
 EvaluationResult evaluate(Model& model, const Dataset& data, std::int64_t batch) {

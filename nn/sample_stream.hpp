@@ -17,6 +17,7 @@
 
 #include "common/data/dataset.hpp"
 #include "nn/model.hpp"
+#include "nn/training.hpp"
 
 namespace bigbatch::nn {
 
@@ -61,6 +62,10 @@ class SampleStream {
   /// Copies step k's samples into x [b, D] f32 and labels [b] i32 (on any device), where
   /// b = position(k).size: pass x.rows(0, b) of a B-row tensor for a short batch.
   void gather(std::int64_t step, const Tensor& x, const Tensor& labels) const;
+  /// Copies rows [begin, end) of step k's batch (0 <= begin < end <= position(k).size)
+  /// into x [end - begin, D] and labels [end - begin]: one micro-batch of it.
+  void gather(std::int64_t step, std::int64_t begin, std::int64_t end, const Tensor& x,
+              const Tensor& labels) const;
 
  private:
   const std::vector<std::int64_t>& permutation(std::int64_t epoch) const;
@@ -73,6 +78,30 @@ class SampleStream {
   // The permutation of the epoch last asked for: steps move forward through the epochs.
   mutable std::int64_t cached_epoch_ = -1;
   mutable std::vector<std::int64_t> cached_permutation_;
+};
+
+/// The device buffers a training loop copies each micro-batch into before its forward pass
+/// (x f32 [rows, D] and labels i32 [rows], MemoryCategory::data, allocated once and reused):
+/// the device holds one micro-batch of the batch, never the whole batch, as a DataLoader
+/// that hands out micro-batches does. One buffer, no prefetch: the next micro-batch is
+/// copied after the previous one's backward, so a step's data bytes are one micro-batch's.
+class MicroBatchBuffer {
+ public:
+  /// Room for `rows` samples of `features` each on `device`.
+  MicroBatchBuffer(std::int64_t rows, std::int64_t features, Device device);
+  /// The rows it holds at most.
+  std::int64_t rows() const { return x_.dim(0); }
+  /// Micro-batch rows [begin, end) of step k's batch in `stream`, copied in; returns
+  /// accumulate_gradients' source of micro-batches (nn/training.hpp's BatchRows).
+  BatchRows rows_of(const SampleStream& stream, std::int64_t step);
+  /// The same for a batch held elsewhere (the host): rows [begin, end) of x [B, D] f32 and
+  /// labels [B] i32 copied in.
+  BatchRows rows_of(const Tensor& x, const Tensor& labels);
+
+ private:
+  /// The buffers' first `rows` rows, checked against the capacity.
+  std::pair<Tensor, Tensor> first(std::int64_t rows) const;
+  Tensor x_, labels_;
 };
 
 /// What evaluate() measured over a data set.

@@ -15,6 +15,18 @@ float accumulate_gradients(Model& model, const Tensor& x, const Tensor& labels,
   BIGBATCH_CHECK(rows > 0 && labels.dtype() == DType::i32 && (labels.shape() == Shape{rows}),
                  "accumulate_gradients: x must be [B, D] with B > 0 and labels i32 [B], got ",
                  x.describe(), " and ", labels.describe());
+  // The batch is on the device already: each micro-batch is a view of its rows.
+  const BatchRows views = [&](std::int64_t begin, std::int64_t end) {
+    return std::pair{x.rows(begin, end), labels.rows(begin, end)};
+  };
+  return accumulate_gradients(model, rows, views, micro_batch, context, global_count,
+                              loss_scale);
+}
+
+float accumulate_gradients(Model& model, std::int64_t rows, const BatchRows& rows_of,
+                           std::int64_t micro_batch, const ForwardContext& context,
+                           std::int64_t global_count, float loss_scale) {
+  BIGBATCH_CHECK(rows > 0, "accumulate_gradients: the batch must have rows, got ", rows);
   BIGBATCH_CHECK(micro_batch > 0, "accumulate_gradients: micro_batch must be positive, got ",
                  micro_batch);
   const float count = static_cast<float>(global_count > 0 ? global_count : rows);
@@ -22,7 +34,7 @@ float accumulate_gradients(Model& model, const Tensor& x, const Tensor& labels,
   const Tensor loss = Tensor::zeros({1}, DType::f32, model.device(), MemoryCategory::workspace);
   for (std::int64_t begin = 0; begin < rows; begin += micro_batch) {
     const std::int64_t end = std::min(rows, begin + micro_batch);
-    const Tensor x_micro = x.rows(begin, end), labels_micro = labels.rows(begin, end);
+    const auto [x_micro, labels_micro] = rows_of(begin, end);
     ForwardContext micro_context = context;
     micro_context.first_row = context.first_row + begin;
     const Tensor logits = model.forward(x_micro, micro_context);

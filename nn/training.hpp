@@ -13,7 +13,9 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
+#include <utility>
 #include <variant>
 #include <vector>
 
@@ -31,6 +33,17 @@ namespace bigbatch::nn {
 /// loss_scale S multiplies dlogits (and so every gradient) and not the returned loss: the
 /// loss scale of mixed precision enters here, once (1 leaves the gradients as they are).
 float accumulate_gradients(Model& model, const Tensor& x, const Tensor& labels,
+                           std::int64_t micro_batch, const ForwardContext& context,
+                           std::int64_t global_count = 0, float loss_scale = 1.0f);
+
+/// Where accumulate_gradients finds micro-batch rows [begin, end) of a batch: x
+/// [end - begin, D] f32 and labels [end - begin] i32 on the model's device, valid until the
+/// next call (nn::MicroBatchBuffer copies them in from the host, one micro-batch at a time).
+using BatchRows = std::function<std::pair<Tensor, Tensor>(std::int64_t begin, std::int64_t end)>;
+
+/// The same accumulation over a batch of `rows` samples that is not on the device: each
+/// micro-batch is fetched from `rows_of` just before its forward pass.
+float accumulate_gradients(Model& model, std::int64_t rows, const BatchRows& rows_of,
                            std::int64_t micro_batch, const ForwardContext& context,
                            std::int64_t global_count = 0, float loss_scale = 1.0f);
 

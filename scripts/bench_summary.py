@@ -143,7 +143,8 @@ def replace_between(content, name, text, readme="README.md"):
         sys.exit(f"{readme} has no {name} markers")
     before, rest = content.split(begin, 1)
     _, after = rest.split(end, 1)
-    return f"{before}{begin}\n{text}\n{end}{after}"
+    indent = before[before.rfind("\n") + 1:]  # a marker inside a list item keeps its place
+    return f"{before}{begin}\n{text}\n{indent}{end}{after}"
 
 
 def main(argv):

@@ -3,7 +3,7 @@
 # the device-memory budget, for chapter 06's demo setting (Fashion-MNIST, depth 2, hidden
 # 256, AdamW lr 1e-3, batch 4096). Three probes first: a budget nothing fits gives the
 # smallest peak any plan reaches and the bytes no plan can trade away (parameters,
-# gradients, optimizer state, the batch: F), a budget everything fits the peak of the
+# gradients, optimizer state, one sample: F), a budget everything fits the peak of the
 # batch in one piece, chapter 01's 48 MiB the plan chapter 06 trains. Then `bigbatch plan
 # --json` answers at COUNT budgets F + h, the headroom h log-spaced from a quarter of the
 # smallest plan's (nothing fits there) to 1.25 times the batch in one piece's: the plans

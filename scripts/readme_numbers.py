@@ -109,6 +109,12 @@ def checkpointing_time():
         f"the times are rough, the bytes exact.")
 
 
+def techniques_table():
+    """The README's table of every technique (scripts/techniques-table.sh), in its list item."""
+    lines = (RESULTS / "fashion-mnist-techniques.md").read_text().splitlines()
+    return "\n".join("  " + line for line in lines if line.startswith("|"))
+
+
 def kernel_table():
     return bench_summary.summary(str(RESULTS / "cpu-kernels.json"))
 
@@ -122,6 +128,7 @@ def step_table():
 PARAGRAPHS = [
     ("README.md", "bench", kernel_table),
     ("README.md", "steps", step_table),
+    ("README.md", "techniques", techniques_table),
     ("chapters/05_activation_checkpointing/README.md", "checkpointing-time", checkpointing_time),
     ("chapters/06_planner/README.md", "frontier", planner_frontier),
 ]

@@ -3,6 +3,7 @@
 // against it.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -10,6 +11,7 @@
 #include "chapters/05_activation_checkpointing/memory_plan.hpp"
 #include "chapters/05_activation_checkpointing/scheduled_runner.hpp"
 #include "common/memory.hpp"
+#include "nn/sample_stream.hpp"
 #include "nn/training.hpp"
 #include "tests/labelled_batch.hpp"
 
@@ -20,8 +22,9 @@ struct Measured {
   std::int64_t evaluations = -1, recomputations = -1;  // -1: no runner
 };
 
-/// One accumulate_gradients over a batch on `device`, the peak reset just before it, as
-/// predict_step describes the step (AdamW's state live, the batch in MemoryCategory::data).
+/// One accumulate_gradients over a batch on the host, the peak reset just before it, as
+/// predict_step describes the step (AdamW's state live, one micro-batch at a time copied
+/// into an nn::MicroBatchBuffer on `device`).
 inline Measured measure(const checkpointing::StepShape& step, const checkpointing::Policy& policy,
                         bool runner_for_none, Device device) {
   nn::Model model(step.model, device);
@@ -31,18 +34,20 @@ inline Measured measure(const checkpointing::StepShape& step, const checkpointin
     runner = checkpointing::ScheduledRunner::for_policy(policy, step.model.depth);
     model.set_block_runner(runner);
   }
-  // The batch in MemoryCategory::data on the device and nothing else live (the random
-  // batch's own tensors go before the step).
-  Tensor x({step.batch, step.model.inputs}, DType::f32, device, MemoryCategory::data);
-  Tensor labels({step.batch}, DType::i32, device, MemoryCategory::data);
+  // The batch on the host (MemoryCategory::host_data, outside the totals) and nothing
+  // else live (the random batch's own tensors go before the step).
+  Tensor x({step.batch, step.model.inputs}, DType::f32, Device::cpu(), MemoryCategory::host_data);
+  Tensor labels({step.batch}, DType::i32, Device::cpu(), MemoryCategory::host_data);
   {
     const testing::LabelledBatch batch = random_labelled_batch(step.model, step.batch, 3);
     x.copy_from(batch.x);
     labels.copy_from(batch.labels);
   }
+  nn::MicroBatchBuffer staging(std::min(step.micro_batch, step.batch), step.model.inputs, device);
   TrackingAllocator& allocator = allocator_for(device);
   allocator.reset_peak();
-  nn::accumulate_gradients(model, x, labels, step.micro_batch, {true, 11, 0});
+  nn::accumulate_gradients(model, step.batch, staging.rows_of(x, labels), step.micro_batch,
+                           {true, 11, 0});
   Measured m;
   m.stats = allocator.stats();
   if (runner) {

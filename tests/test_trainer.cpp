@@ -181,7 +181,11 @@ std::vector<std::vector<float>> trained_parameters(std::int64_t micro_batch,
     EXPECT_EQ(record.samples, samples);
     EXPECT_DOUBLE_EQ(record.epoch, static_cast<double>(steps_seen) / 4.0);
     EXPECT_TRUE(std::isfinite(record.loss));
-    EXPECT_GT(record.memory.peak_of(MemoryCategory::data), 0u);
+    // The device holds one micro-batch of samples (nn::MicroBatchBuffer), not the batch:
+    // x f32 [m, D] and labels i32 [m], m the micro-batch (the batch when 0).
+    const auto staged = static_cast<std::size_t>(micro_batch == 0 ? config.batch : micro_batch);
+    EXPECT_EQ(record.memory.peak_of(MemoryCategory::data),
+              staged * (4 * static_cast<std::size_t>(f.data.feature_dim()) + 4));
     EXPECT_GT(record.memory.peak_total, 0u);
   });
   EXPECT_EQ(steps_seen, 10);

@@ -1,7 +1,7 @@
 // bench_step: one whole optimizer step of the residual MLP as `bigbatch train` runs it,
-// through train::Trainer (the batch gathered from a host data set and copied to the device,
-// zero_grad, forward and backward over the micro-batches, the optimizer boundary, AdamW),
-// in fp32 and in fp16 mixed precision, with the
+// through train::Trainer (zero_grad; forward and backward over the micro-batches, each
+// gathered from a host data set and copied to the device first; the optimizer boundary;
+// AdamW), in fp32 and in fp16 mixed precision, with the
 // memory the step needs as counters (exact, from the tracking allocator):
 //   activations_peak   the most bytes of saved activations alive at once
 //   peak_total         the device's peak during the step
@@ -88,8 +88,8 @@ void BM_TrainingStep(benchmark::State& state, Device device) {
   config.precision = fp16 ? nn::Precision::fp16 : nn::Precision::fp32;
   nn::Model model(config, device);
   nn::Optimizer optimizer(model.parameters(), AdamWOptions{});
-  // The program's step (bigbatch train): the batch gathered from the host data set and
-  // copied to the device, zero_grad, the micro-batches, the optimizer boundary, AdamW.
+  // The program's step (bigbatch train): zero_grad, the micro-batches (each gathered from
+  // the host data set and copied to the device), the optimizer boundary, AdamW.
   const Dataset& data = step_data(batch);
   train::TrainConfig run;
   run.batch = batch;

@@ -1,6 +1,7 @@
 // baseline.cpp: chapter 01's setting and its training loop.
 #include "chapters/01_large_batch_baseline/baseline.hpp"
 
+#include <algorithm>
 #include <cstdio>
 
 namespace bigbatch::baseline {
@@ -48,19 +49,17 @@ BaselineLoop::BaselineLoop(nn::Model& model, nn::Optimizer& optimizer, const Dat
       stream_(data, batch, /*shuffle=*/true, seed, nn::LastBatch::keep_short),
       micro_batch_(micro_batch),
       dropout_seed_(nn::dropout_seed_for_run(seed)),
-      x_({batch, data.feature_dim()}, DType::f32, model.device(), MemoryCategory::data),
-      labels_({batch}, DType::i32, model.device(), MemoryCategory::data) {}
+      staging_(std::min(micro_batch, batch), data.feature_dim(), model.device()) {}
 
 float BaselineLoop::step(std::int64_t k, float loss_scale,
                          const std::function<bool()>& at_boundary) {
   const nn::BatchPosition batch = stream_.position(k);
-  const Tensor x = x_.rows(0, batch.size), labels = labels_.rows(0, batch.size);
-  stream_.gather(k, x, labels);  // the batch's samples, copied to the device
   model_.zero_grad();
-  // Forward, loss (divided by the batch's size), backward that adds into the gradients,
-  // micro-batch after micro-batch; with micro_batch >= the batch, all rows at once.
+  // Micro-batch after micro-batch: its samples copied to the device, forward, loss
+  // (divided by the batch's size), backward that adds into the gradients; with
+  // micro_batch >= the batch, all rows at once.
   const float loss =
-      nn::accumulate_gradients(model_, x, labels, micro_batch_,
+      nn::accumulate_gradients(model_, batch.size, staging_.rows_of(stream_, k), micro_batch_,
                                {true, dropout_seed_, batch.first_row}, batch.size, loss_scale);
   if (at_boundary()) optimizer_.step();
   return loss;

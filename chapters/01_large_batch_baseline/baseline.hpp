@@ -40,7 +40,8 @@ Data load_data(bool quick);
 /// The training loop, written out: every step takes the next batch of the run's sample
 /// stream (B samples; an epoch's last batch is short, as with PyTorch's DataLoader),
 /// computes its mean loss's gradient in micro-batches of `micro_batch` rows (B for one
-/// piece) and updates. chapters/train/trainer.hpp runs the same loop with every technique
+/// piece), each copied to the device just before its forward pass, and updates. The
+/// device holds one micro-batch of samples (MemoryCategory::data), not the batch. chapters/train/trainer.hpp runs the same loop with every technique
 /// of the later chapters; this one shows it bare.
 class BaselineLoop {
  public:
@@ -64,7 +65,7 @@ class BaselineLoop {
   nn::SampleStream stream_;
   std::int64_t micro_batch_;
   std::uint64_t dropout_seed_;
-  Tensor x_, labels_;  // the batch on the device, MemoryCategory::data
+  nn::MicroBatchBuffer staging_;  // one micro-batch on the device, MemoryCategory::data
 };
 
 }  // namespace bigbatch::baseline

@@ -33,8 +33,8 @@ struct Setup {
   std::int64_t steps = 0;  // optimizer steps of the training run
   std::int64_t print_every = 0;
   // The data sets, held by the host (MemoryCategory::host_data): a GPU keeps them in
-  // host memory and copies one batch at a time, so the allocator leaves them out of the
-  // device's totals and cap. Printed for information only.
+  // host memory and copies one micro-batch at a time, so the allocator leaves them out of
+  // the device's totals and cap. Printed for information only.
   std::size_t host_bytes = 0;
 };
 

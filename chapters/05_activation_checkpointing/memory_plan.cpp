@@ -65,7 +65,8 @@ BudgetChoice choose_for_budget(const StepShape& step, std::size_t budget) {
         "budget:" + std::to_string(budget) + ": no checkpoint policy fits the step in " +
         format_bytes(budget) + "; the smallest predicted peak is " + format_bytes(smallest) +
         " (" + std::to_string(smallest) + " bytes, " + smallest_policy->text() +
-        "); parameters, gradients, optimizer state and the batch cannot be checkpointed: "
+        "); parameters, gradients, optimizer state and the micro-batch's samples cannot be "
+        "checkpointed: "
         "try a smaller --micro-batch or --precision fp16");
   }
   best.candidates = candidates.size();

@@ -123,7 +123,7 @@ struct PlanResult {
   std::vector<Plan> feasible;  ///< sorted by seconds, then by peak
   /// When nothing fits: the smallest peak any weighed plan reaches, that plan, and the
   /// bytes at that peak that no plan can trade away (parameters, their gradients, fp32
-  /// master weights, optimizer state and the batch on the device).
+  /// master weights, optimizer state and that plan's micro-batch of samples on the device).
   std::optional<Plan> smallest;
   std::size_t fixed_bytes = 0;
   std::size_t weighed = 0;  ///< (micro-batch, precision, policy) triples predicted

@@ -88,7 +88,7 @@ planning::PlanResult plan_for(const TrainOptions& options, const nn::ModelConfig
         "peak is " + format_bytes(smallest.prediction.peak()) + " (" +
         planning::describe(smallest, batch) + "), of which " +
         format_bytes(result.fixed_bytes) + " are parameters, gradients, master weights, "
-        "optimizer state and the batch, which no plan can trade away");
+        "optimizer state and one micro-batch's samples, which no plan can trade away");
   }
   if (options.plan.json) return result;
   std::printf("  %-24s %-10s %-22s %12s %12s\n", "micro-batch (per step)", "precision",

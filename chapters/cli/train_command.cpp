@@ -85,7 +85,7 @@ void cap_device_memory(const TrainOptions& options, const checkpointing::StepSha
   if (cap < step.stats.live_total) {
     throw UsageError("--device-memory " + format_bytes(cap) + " is below the " +
                      format_bytes(step.stats.live_total) + " that the model's parameters, "
-                     "gradients and optimizer state and the batch hold before any step (a "
+                     "gradients and optimizer state and one micro-batch's samples hold before any step (a "
                      "step then peaks at " + format_bytes(step.peak()) + ")");
   }
   allocator_for(device).set_cap(cap);

@@ -45,9 +45,7 @@ Trainer::Trainer(nn::Model& model, nn::Optimizer& optimizer, const Dataset& data
   schedule_ = {optimizer_.learning_rate(), total_steps_, config_.warmup_steps,
                config_.lr_schedule};
   dropout_seed_ = nn::dropout_seed_for_run(config_.seed);
-  batch_features_ = Tensor({config_.batch, data.feature_dim()}, DType::f32, model_.device(),
-                           MemoryCategory::data);
-  batch_labels_ = Tensor({config_.batch}, DType::i32, model_.device(), MemoryCategory::data);
+  staging_.emplace(config_.micro_batch, data.feature_dim(), model_.device());
 }
 
 StepRecord Trainer::step() {
@@ -57,17 +55,15 @@ StepRecord Trainer::step() {
 
   const std::int64_t k = steps_done_;
   const nn::BatchPosition batch = stream_.position(k);
-  const Tensor x = batch_features_.rows(0, batch.size);
-  const Tensor labels = batch_labels_.rows(0, batch.size);
-  stream_.gather(k, x, labels);
   const double lr = nn::lr_at(schedule_, optimizer_steps_);
   optimizer_.set_learning_rate(lr);
   model_.zero_grad();
   // The scale is constant over the step's micro-batches; it changes only at the boundary.
   const float scale = boundary_.scale();
   const nn::ForwardContext context{true, dropout_seed_, batch.first_row};
-  const float loss = nn::accumulate_gradients(model_, x, labels, config_.micro_batch, context,
-                                              /*global_count=*/batch.size, scale);
+  const float loss =
+      nn::accumulate_gradients(model_, batch.size, staging_->rows_of(stream_, k),
+                               config_.micro_batch, context, /*global_count=*/batch.size, scale);
   // The boundary, in gradient_clipping.hpp's order (the object refuses any other).
   const bool scaling = boundary_.scaling();
   if (!scaling && !std::isfinite(loss)) {  // with a scaler, the check below skips the step

@@ -5,14 +5,16 @@
 // the step the program runs).
 //
 // One step k (an optimizer step; nn::SampleStream says which batch it is):
-//   batch = the k-th batch of the run: epoch e, b samples (B, or fewer at an epoch's end)
-//   gather its samples into x [b, D], labels [b]: rows 0..b-1 of the device tensors of
-//                             B rows (MemoryCategory::data, allocated once, reused)
+//   batch = the k-th batch of the run: epoch e, b samples (B, or fewer at an epoch's end),
+//           left on the host
 //   optimizer.set_learning_rate(lr_at(schedule, steps taken))
 //   model.zero_grad()
-//   loss = nn::accumulate_gradients(model, x, labels, micro_batch,
+//   loss = nn::accumulate_gradients(model, b, the batch's micro-batches, micro_batch,
 //                                   {training, dropout_seed, first_row}, global count b,
 //                                   loss scale S: 1, the static S, or the dynamic one's)
+//          each micro-batch copied to the device just before its forward pass, into one
+//          nn::MicroBatchBuffer of micro_batch rows (MemoryCategory::data, allocated once,
+//          reused): the device holds a micro-batch, not the batch
 //   the boundary (chapters/04_dynamic_loss_scaling/optimizer_boundary.hpp, one object
 //     whose stages keep gradient_clipping.hpp's order), with a loss scaler or clipping:
 //     one pass unscales every gradient by 1/S, checks it and measures the global norm; an
@@ -184,7 +186,7 @@ class Trainer {
   std::int64_t steps_done_ = 0;
   std::int64_t samples_done_ = 0;
   std::uint64_t dropout_seed_ = 0;
-  Tensor batch_features_, batch_labels_;  // [B, D], [B] on the device
+  std::optional<nn::MicroBatchBuffer> staging_;  // one micro-batch on the device
   MemoryStats largest_step_memory_;
 };
 
