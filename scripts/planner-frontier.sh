@@ -4,7 +4,8 @@
 # 256, AdamW lr 1e-3, batch 4096). Three probes first: a budget nothing fits gives the
 # smallest peak any plan reaches and the bytes no plan can trade away (parameters,
 # gradients, optimizer state, one sample: F), a budget everything fits the peak of the
-# batch in one piece, chapter 01's 48 MiB the plan chapter 06 trains. Then `bigbatch plan
+# batch in one piece, chapter 01's 48 MiB the plan chapter 06 trains (and, priced by
+# `--device-model h200`, the plan a spec-sheet H200 would choose). Then `bigbatch plan
 # --json` answers at COUNT budgets F + h, the headroom h log-spaced from a quarter of the
 # smallest plan's (nothing fits there) to 1.25 times the batch in one piece's: the plans
 # differ most just above F, where only small micro-batches with recomputation fit. Each
@@ -40,6 +41,9 @@ plan() {
 plan 1MiB "$out/probes.jsonl"
 plan 1TiB "$out/probes.jsonl"
 plan 48MiB "$out/probes.jsonl"  # chapter 01's device
+# The same 48 MiB question priced for an H200 from its spec sheet (modelled, not measured).
+"$BIGBATCH" plan "${shape[@]}" --device-memory 48MiB --device-model h200 --json \
+  > "$out/modelled.json"
 # F, the smallest plan's headroom above it, and the batch in one piece's.
 read -r fixed low high < <(python3 -c '
 import json, sys
@@ -84,11 +88,13 @@ print(json.dumps({"budget_bytes": int(sys.argv[3]), "plan": plan[len("plan auto:
 done < "$out/measure-at.txt"
 seconds=$(awk -v a="$start" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
 python3 - "$out/probes.jsonl" "$out/answers.jsonl" "$results" "$seconds" "$(nproc)" \
-  "${shape[*]}" "$out/measured.jsonl" <<'PY'
+  "${shape[*]}" "$out/measured.jsonl" "$out/modelled.json" <<'PY'
 import datetime, json, pathlib, sys
 probes = [json.loads(line) for line in open(sys.argv[1])]
 answers = [json.loads(line) for line in open(sys.argv[2])]
 measured = {m["budget_bytes"]: m for m in map(json.loads, open(sys.argv[7]))}
+modelled = json.load(open(sys.argv[8]))
+assert modelled["modelled"] and modelled["cost_model"]["key"].startswith("modelled, not measured")
 results, seconds, cpus, shape = pathlib.Path(sys.argv[3]), float(sys.argv[4]), int(sys.argv[5]), sys.argv[6]
 calls = probes + answers
 assert calls[0]["calibration_measured_now"], "the first call did not measure the cost model"
@@ -126,6 +132,10 @@ document = {
     "smallest_peak": smallest,  # the plan of smallest peak, and the bytes no plan can trade
     "one_piece": one_piece,     # the batch in one piece, fp32, no checkpointing
     "chapter01": pick(chapter01["feasible"][0]),  # the fastest plan under 48 MiB
+    "chapter01_plans": [pick(p) for p in chapter01["feasible"]],
+    # The same question on a spec-sheet H200 (bigbatch plan --device-model h200).
+    "h200_modelled": {"cost_model": modelled["cost_model"],
+                      "plans": [pick(p) for p in modelled["feasible"]]},
     "budgets": budgets,
 }
 compact = lambda value: json.dumps(value, separators=(", ", ": "))

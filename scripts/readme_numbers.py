@@ -83,6 +83,33 @@ def planner_frontier():
     return text
 
 
+def modelled_gpu():
+    """Chapter 06: the 48 MiB plans measured here beside those modelled for an H200."""
+    frontier = json.loads((RESULTS / "planner-frontier.json").read_text())
+    here, there = frontier["chapter01_plans"], frontier["h200_modelled"]["plans"]
+    row = lambda p: (f"{p['micro_batch']} ({p['micro_batches']}) | {p['precision']} | "
+                     f"{p['checkpoint']} | {mib(p['peak_bytes'])} MiB | {p['seconds'] * 1e3:.3f} ms")
+    lines = ["| this CPU, measured: micro-batch (per step) | precision | checkpoint | peak | step "
+             "| an H200, modelled: micro-batch (per step) | precision | checkpoint | peak | step |",
+             "|---|---|---|---:|---:|---|---|---|---:|---:|"]
+    for i in range(min(4, max(len(here), len(there)))):
+        cells = [row(p[i]) if i < len(p) else " | | | | " for p in (here, there)]
+        lines.append(f"| {cells[0]} | {cells[1]} |")
+    best = there[0]
+    cost = frontier["h200_modelled"]["cost_model"][best["precision"]]["micro_batch"]
+    lines.append("")
+    lines.append(wrap(
+        f"There a micro-batch's fixed cost ({cost['fixed_s'] * 1e6:.0f} us of launches and "
+        f"weight reads, in {best['precision']}) outweighs its rows' "
+        f"({cost['per_row_s'] * 1e9:.1f} ns each), so the model takes the fewest micro-batches "
+        f"that fit: {best['micro_batch']} rows ({best['micro_batches']} per step) in "
+        f"{best['precision']}, checkpoint {best['checkpoint']}, {best['seconds'] * 1e3:.3f} ms "
+        f"a step against the CPU's choice of {here[0]['micro_batch']} rows in "
+        f"{here[0]['precision']} (both from `scripts/planner-frontier.sh`, "
+        f"{frontier['date']})."))
+    return "\n".join(lines)
+
+
 def checkpointing_time():
     """Chapter 05: what each policy's bytes cost in time (bench_checkpointing's medians)."""
     data = json.loads((RESULTS / "cpu-checkpointing.json").read_text())
@@ -131,6 +158,7 @@ PARAGRAPHS = [
     ("README.md", "techniques", techniques_table),
     ("chapters/05_activation_checkpointing/README.md", "checkpointing-time", checkpointing_time),
     ("chapters/06_planner/README.md", "frontier", planner_frontier),
+    ("chapters/06_planner/README.md", "modelled-gpu", modelled_gpu),
 ]
 
 

@@ -42,6 +42,11 @@ double median_seconds(Device device, int repeats, Run run) {
 
 }  // namespace
 
+std::pair<std::int64_t, std::int64_t> calibration_rows(std::int64_t batch) {
+  const std::int64_t r2 = std::max<std::int64_t>(1, std::min<std::int64_t>(batch, 128));
+  return {std::max<std::int64_t>(1, std::min<std::int64_t>(r2 / 2, 16)), r2};
+}
+
 LinearCost fit_line(std::int64_t r1, double t1, std::int64_t r2, double t2) {
   LinearCost cost;
   if (r2 > r1) cost.per_row = std::max(0.0, (t2 - t1) / static_cast<double>(r2 - r1));
@@ -53,8 +58,7 @@ namespace {
 
 PrecisionCost measure_precision(nn::ModelConfig config, const nn::Optimizer::Options& options,
                                 Device device, std::int64_t batch, int repeats) {
-  const std::int64_t r2 = std::max<std::int64_t>(1, std::min<std::int64_t>(batch, 128));
-  const std::int64_t r1 = std::max<std::int64_t>(1, std::min<std::int64_t>(r2 / 2, 16));
+  const auto [r1, r2] = calibration_rows(batch);
   nn::Model model(config, device);
   nn::Optimizer optimizer(model.parameters(), options);
   std::vector<float> features(static_cast<std::size_t>(r2 * config.inputs));
@@ -137,17 +141,21 @@ std::string optimizer_word(const nn::Optimizer::Options& optimizer) {
 
 }  // namespace
 
-std::string cost_key(const nn::ModelConfig& model, const nn::Optimizer::Options& optimizer,
-                     Device device) {
+std::string shape_key(const nn::ModelConfig& model, const nn::Optimizer::Options& optimizer) {
   std::ostringstream key;
   key << "inputs " << model.inputs << ", classes " << model.classes << ", hidden "
       << model.hidden << ", expansion " << model.expansion << ", depth " << model.depth
       << ", norm " << nn::norm_name(model.norm) << ", activation "
       << (model.activation == nn::Activation::gelu ? "gelu" : "relu") << ", dropout "
-      << model.dropout << ", optimizer " << optimizer_word(optimizer) << ", device "
-      << (device.is_cuda() ? cuda_rt::device_name() : "cpu") << ", threads "
-      << (device.is_cuda() ? 0 : cpu::max_threads());
+      << model.dropout << ", optimizer " << optimizer_word(optimizer);
   return key.str();
+}
+
+std::string cost_key(const nn::ModelConfig& model, const nn::Optimizer::Options& optimizer,
+                     Device device) {
+  return shape_key(model, optimizer) + ", device " +
+         (device.is_cuda() ? cuda_rt::device_name() : "cpu") + ", threads " +
+         std::to_string(device.is_cuda() ? 0 : cpu::max_threads());
 }
 
 CostModel calibrate(const nn::ModelConfig& model, const nn::Optimizer::Options& optimizer,

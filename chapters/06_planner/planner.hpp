@@ -25,6 +25,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "chapters/05_activation_checkpointing/policy.hpp"
@@ -82,6 +83,12 @@ struct CostModel {
 /// What calibrate() is measured for, as a key: every field that changes the step's time.
 std::string cost_key(const nn::ModelConfig& model, const nn::Optimizer::Options& optimizer,
                      Device device);
+/// cost_key's part that names the model and the optimizer, not the device.
+std::string shape_key(const nn::ModelConfig& model, const nn::Optimizer::Options& optimizer);
+
+/// The two row counts a cost model is fitted at for steps of up to `batch` rows:
+/// min(batch, 16) (at most half the second) and min(batch, 128).
+std::pair<std::int64_t, std::int64_t> calibration_rows(std::int64_t batch);
 
 /// Measures the cost model on `device`: each precision's micro-batch step at two row
 /// counts, its forward at the same two, and its optimizer step; each the median of

@@ -54,9 +54,11 @@ int main(int argc, char** argv) {
   plan->footer(kExitCodes);
   add_train_flags(*plan, options);
   add_plan_flags(*plan, options);
+  add_device_model_flag(*plan, options);
   plan->add_flag("--json", options.plan.json,
                  "print the answer as one JSON object instead of the table: batch, "
-                 "budget_bytes, device, calibration, calibration_measured_now, cost_model, "
+                 "budget_bytes, device, modelled (true under --device-model), calibration, "
+                 "calibration_measured_now, cost_model, "
                  "weighed, feasible (every plan that fits, fastest first: micro_batch, "
                  "micro_batches, precision, loss_scale, checkpoint, recompute, peak_bytes, "
                  "peak_moment, seconds), and when nothing fits (exit code 3, the reason on "

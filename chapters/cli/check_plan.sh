@@ -5,7 +5,8 @@
 # `bigbatch train --plan auto` trains with the fastest, and every step's measured peak (the
 # log's peak_bytes_total) fits the budget and equals the planned peak; a budget nothing fits
 # exits with 3 and names the smallest peak, its plan and what no plan can trade away;
-# --plan auto refuses a flag it would choose.
+# --plan auto refuses a flag it would choose; --device-model h200 prices the plans from a
+# spec sheet and says it is modelled.
 # `bigbatch plan --json` gives the same answer as one JSON object: its fastest plan is the
 # one --plan auto trains, with the same predicted peak in bytes; when nothing fits it exits
 # with 3 too and holds the smallest plan.
@@ -24,8 +25,22 @@ grep -q '<- fastest' plan.txt || fail "no fastest plan"
 grep -q 'cost model in plan-calibration.json' again.txt || fail "the calibration was not reused"
 "$bigbatch" plan $run --json > plan.json || fail "bigbatch plan --json failed"
 [ "$(wc -l < plan.json)" -eq 1 ] || fail "--json wrote more than one line"
-grep -q '^{"batch":256,"budget_bytes":6291456,"device":"cpu","calibration":"plan-calibration.json","calibration_measured_now":false,' plan.json ||
+grep -q '^{"batch":256,"budget_bytes":6291456,"device":"cpu","modelled":false,"calibration":"plan-calibration.json","calibration_measured_now":false,' plan.json ||
   fail "--json does not begin with the request: $(cut -c 1-200 plan.json)"
+# --device-model h200: priced from the spec sheet, measuring nothing (so it refuses a
+# calibration file), saying so.
+modelled="--data synthetic --samples 600 --depth 8 --hidden 64 --batch 256 --device-memory 6MiB --device-model h200"
+"$bigbatch" plan $modelled --json > modelled.json || fail "--device-model h200 failed"
+grep -q '"device":"NVIDIA H200 SXM (spec sheet)","modelled":true,"calibration":""' modelled.json ||
+  fail "--device-model's answer does not say it is modelled: $(cut -c 1-200 modelled.json)"
+grep -q '"key":"modelled, not measured: ' modelled.json || fail "the modelled cost model's key does not say so"
+"$bigbatch" plan $modelled > modelled.txt || fail "--device-model h200 (table) failed"
+grep -q 'modelled from its published figures (roofline), not measured' modelled.txt ||
+  fail "the modelled table does not say it is modelled: $(head -n 2 modelled.txt)"
+code=0
+"$bigbatch" plan $run --device-model h200 > /dev/null 2> refused.txt || code=$?
+[ "$code" -eq 2 ] && grep -q 'measures nothing' refused.txt ||
+  fail "--device-model with --calibration: exit $code, $(cat refused.txt)"
 # The fastest plan's peak, in bytes, from the train run's own line.
 "$bigbatch" train $run --plan auto --steps 2 --explain --log plan.jsonl > train.txt; code=$?
 cat train.txt

@@ -33,6 +33,7 @@ const Words<nn::LrScheduleKind> kSchedules = {{"constant", nn::LrScheduleKind::c
                                               {"cosine", nn::LrScheduleKind::cosine}};
 const Words<bool> kOnOff = {{"on", true}, {"off", false}};
 const Words<bool> kPlans = {{"auto", true}};
+const Words<ModelledDevice> kModelledDevices = {{"h200", ModelledDevice::h200}};
 
 template <class E>
 std::optional<E> value_of(const Words<E>& words, std::string_view word) {
@@ -382,6 +383,14 @@ void add_plan_flags(CLI::App& app, TrainOptions& o) {
                  "bigbatch/calibration.json]");
   app.add_flag("--recalibrate", o.plan.recalibrate,
                "measure the planner's cost model again (a few steps of the model)");
+}
+
+void add_device_model_flag(CLI::App& plan, TrainOptions& o) {
+  add_word_option(plan, "--device-model", o.plan.modelled, kModelledDevices,
+                  "h200: price the plans with a roofline model of NVIDIA's published H200 SXM "
+                  "figures instead of measuring this machine (modelled, not measured; the "
+                  "peaks are exact either way)")
+      ->default_str("");
 }
 
 void add_plan_choice_flag(CLI::App& train, TrainOptions& o) {

@@ -80,9 +80,13 @@ struct OutputOptions {
   std::string resume;               ///< a snapshot folder to continue from
 };
 
+/// A device `bigbatch plan --device-model` prices plans for from its spec sheet.
+enum class ModelledDevice { none, h200 };
+
 /// Chapter 06's planner: `bigbatch plan`, and `bigbatch train --plan auto`.
 struct PlanOptions {
   bool automatic = false;    ///< --plan auto: train with the plan it picks
+  ModelledDevice modelled = ModelledDevice::none;  ///< --device-model: no measurement
   std::string calibration;   ///< the cost-model file ("": the cache's)
   bool recalibrate = false;  ///< measure the cost model again
   bool json = false;         ///< bigbatch plan --json: the answer as one JSON object
@@ -115,6 +119,8 @@ void add_train_flags(CLI::App& app, TrainOptions& options);
 void add_plan_flags(CLI::App& app, TrainOptions& options);
 /// --plan auto, of `bigbatch train`.
 void add_plan_choice_flag(CLI::App& train, TrainOptions& options);
+/// --device-model, of `bigbatch plan`.
+void add_device_model_flag(CLI::App& plan, TrainOptions& options);
 
 /// The word of --norm / --activation for a value, and the value of a word (nullopt for
 /// an unknown one): --init compares the file's metadata with them.

@@ -6,6 +6,7 @@
 #include <iostream>
 #include <string>
 
+#include "chapters/06_planner/roofline.hpp"
 #include "chapters/cli/setup.hpp"
 #include "common/format.hpp"
 #include "common/json.hpp"
@@ -49,20 +50,31 @@ planning::PlanResult plan_for(const TrainOptions& options, const nn::ModelConfig
   const std::int64_t batch = options.train.batch;
   planning::PlanRequest request{model, batch, optimizer_options(options), *options.device_memory};
   if (options.was_given("--precision")) request.precisions = {model.precision};
-  const std::string path = calibration_path(options);
+  const bool modelled = options.plan.modelled != ModelledDevice::none;
+  if (modelled && (options.was_given("--calibration") || options.plan.recalibrate)) {
+    throw UsageError("--device-model prices the plans from a spec sheet: it measures "
+                     "nothing, so --calibration and --recalibrate do not apply");
+  }
+  const std::string path = modelled ? "" : calibration_path(options);
   bool measured = false;
   planning::CostModel cost;
-  try {
-    cost = planning::calibration_for(path, model, request.optimizer, device, batch,
-                                     options.plan.recalibrate, &measured);
-  } catch (const std::runtime_error& e) {
-    throw UsageError(std::string("--calibration: ") + e.what());
+  if (modelled) {
+    cost = planning::roofline_cost_model(model, request.optimizer, planning::h200_spec(), batch);
+  } else {
+    try {
+      cost = planning::calibration_for(path, model, request.optimizer, device, batch,
+                                       options.plan.recalibrate, &measured);
+    } catch (const std::runtime_error& e) {
+      throw UsageError(std::string("--calibration: ") + e.what());
+    }
   }
+  const std::string where = modelled ? planning::h200_spec().name : device.name();
   const planning::PlanResult result = planning::make_plan(request, cost);
   if (options.plan.json) {
     Json answer = {{"batch", batch},
                    {"budget_bytes", request.budget},
-                   {"device", device.name()},
+                   {"device", where},
+                   {"modelled", modelled},
                    {"calibration", path},
                    {"calibration_measured_now", measured},
                    {"cost_model", cost.to_json()},
@@ -78,8 +90,11 @@ planning::PlanResult plan_for(const TrainOptions& options, const nn::ModelConfig
     std::cout << answer.dump() << "\n" << std::flush;
   } else {
     std::cout << "plan: batch " << batch << " under " << format_bytes(request.budget)
-              << " on " << device.name() << "; step times from the cost model "
-              << (measured ? "measured now, saved to " : "in ") << path << "\n";
+              << " on " << where << "; step times "
+              << (modelled ? "modelled from its published figures (roofline), not measured"
+                           : std::string("from the cost model ") +
+                                 (measured ? "measured now, saved to " : "in ") + path)
+              << "\n";
   }
   if (result.feasible.empty()) {
     const planning::Plan& smallest = *result.smallest;
@@ -98,9 +113,12 @@ planning::PlanResult plan_for(const TrainOptions& options, const nn::ModelConfig
     const std::string micro = std::to_string(p.micro_batch) + " (" +
                               std::to_string((batch + p.micro_batch - 1) / p.micro_batch) +
                               ")";
-    std::printf("  %-24s %-10s %-22s %12s %10.4f s%s\n", micro.c_str(),
+    // Milliseconds below a tenth of a second (a modelled GPU's steps), else seconds.
+    const bool small = p.seconds < 0.1;
+    std::printf("  %-24s %-10s %-22s %12s %10.4f %s%s\n", micro.c_str(),
                 nn::precision_name(p.precision).c_str(), p.checkpoint.text().c_str(),
-                format_bytes(p.prediction.peak()).c_str(), p.seconds, i == 0 ? "  <- fastest" : "");
+                format_bytes(p.prediction.peak()).c_str(), small ? p.seconds * 1e3 : p.seconds,
+                small ? "ms" : "s", i == 0 ? "  <- fastest" : "");
   }
   std::cout << "  (" << result.weighed << " plans weighed; fp16 trains with dynamic loss "
             << "scaling, bf16 with none)\n";
