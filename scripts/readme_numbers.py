@@ -142,6 +142,78 @@ def techniques_table():
     return "\n".join("  " + line for line in lines if line.startswith("|"))
 
 
+def openings():
+    """scripts/chapter-openings.sh's runs: {chapter: {label: record}}, and the document."""
+    document = json.loads((RESULTS / "chapter-openings.json").read_text())
+    chapters = {}
+    for run in document["runs"]:
+        chapters.setdefault(run["chapter"], {})[run["label"]] = run
+    return chapters, document
+
+
+def fate(run, plural=False):
+    """What became of a run (said of one subject, or of `plural` ones): its peak and step
+    time, or out of memory."""
+    if run["exit"] == 3:
+        return f"run{'' if plural else 's'} out of memory (exit status 3)"
+    return (f"train{'' if plural else 's'}, the steps peaking at {mib(run['peak_bytes'])} MiB, "
+            f"{run['step_s']:.3f} s each")
+
+
+def opening(chapter):
+    """The paragraph chapter NN's README opens on, from its runs."""
+    runs, document = openings()
+    r = runs[chapter]
+    source = (f"(`scripts/chapter-openings.sh` on {document['cpu']}, {document['date']}; "
+              f"step times are medians of a few steps)")
+    if chapter == "01":
+        return (f"On the 48 MiB device, batch 256 {fate(r['batch 256'])}; batch 4096 "
+                f"{fate(r['batch 4096'])}. {source}")
+    if chapter == "02":
+        micro, whole = r["16 micro-batches of 256"], r["in one piece, no cap"]
+        return (f"As 16 micro-batches of 256 under the same 48 MiB, batch 4096 {fate(micro)}: "
+                f"{micro['step_s'] / whole['step_s']:.2f} times the step of the batch in one "
+                f"piece on a device without the cap ({whole['step_s']:.3f} s, "
+                f"{mib(whole['peak_bytes'])} MiB), and the same parameters, bit for bit. "
+                f"{source}")
+    if chapter == "03":
+        big, fits, half = (r["fp32, micro-batches of 1024"], r["fp32, micro-batches of 512"],
+                           r["fp16, static scale 1024, micro-batches of 1024"])
+        return (f"Under 48 MiB, fp32 micro-batches of 1024 {fate(big, True)}; micro-batches of "
+                f"512 {fate(fits, True)}. In fp16 with a static loss scale of 1024, "
+                f"micro-batches of 1024 {fate(half, True)}: half as many micro-batches, but on this CPU, which converts "
+                f"every 16-bit value, the step takes {half['step_s'] / fits['step_s']:.2f} "
+                f"times fp32's. On a GPU tensor cores turn that around (chapter 06 models an "
+                f"H200; not yet measured). {source}")
+    if chapter == "04":
+        static, dynamic = r["fp16, static scale 2^30"], r["fp16, dynamic scale from 2^30"]
+        return (f"With a static scale of 2^30, {static['skipped']} of {static['steps']} steps "
+                f"overflow and are skipped: the weights never move. A dynamic scale started at "
+                f"the same 2^30 skips {dynamic['skipped']}, halving the scale each time, and "
+                f"trains the other {dynamic['steps'] - dynamic['skipped']} (loss "
+                f"{dynamic['last_loss']:.4f} after step {dynamic['steps']}). {source}")
+    if chapter == "05":
+        whole, m64, m32, sqrt = (r["depth 32, in one piece"], r["depth 32, micro-batches of 64"],
+                                 r["depth 32, micro-batches of 32"], r["depth 32, checkpoint sqrt"])
+        ratio = sqrt["step_s"] / m32["step_s"]
+        why = ("on this CPU the fixed costs of eight micro-batches outweigh one more forward "
+               "pass" if ratio < 1 else
+               "on this CPU one more forward pass outweighs the fixed costs of eight "
+               "micro-batches")
+        return (f"At depth 32, batch 256, on a 280 MiB device, the batch in one piece "
+                f"{fate(whole)}, and chapter 02's fix barely helps: micro-batches of 64 "
+                f"{fate(m64, True).replace(' (exit status 3)', ' too')}; micro-batches of 32 "
+                f"{fate(m32, True)}. With `--checkpoint sqrt` the batch in one piece "
+                f"{fate(sqrt)}: {ratio:.2f} times the step of the micro-batches of 32 ({why}). "
+                f"{source}")
+    if chapter == "06":
+        planned, hand = r["planned (--plan auto)"], runs["02"]["16 micro-batches of 256"]
+        return (f"Under the 48 MiB, `--plan auto` {fate(planned)}, against "
+                f"{hand['step_s']:.3f} s for chapter 02's micro-batches of 256, chosen by "
+                f"hand. {source}")
+    raise KeyError(chapter)
+
+
 def kernel_table():
     return bench_summary.summary(str(RESULTS / "cpu-kernels.json"))
 
@@ -157,6 +229,12 @@ PARAGRAPHS = [
     ("README.md", "steps", step_table),
     ("README.md", "techniques", techniques_table),
     ("chapters/05_activation_checkpointing/README.md", "checkpointing-time", checkpointing_time),
+    ("chapters/01_large_batch_baseline/README.md", "opening", lambda: opening("01")),
+    ("chapters/02_gradient_accumulation/README.md", "opening", lambda: opening("02")),
+    ("chapters/03_fp16_static_loss_scaling/README.md", "opening", lambda: opening("03")),
+    ("chapters/04_dynamic_loss_scaling/README.md", "opening", lambda: opening("04")),
+    ("chapters/05_activation_checkpointing/README.md", "opening", lambda: opening("05")),
+    ("chapters/06_planner/README.md", "opening", lambda: opening("06")),
     ("chapters/06_planner/README.md", "frontier", planner_frontier),
     ("chapters/06_planner/README.md", "modelled-gpu", modelled_gpu),
 ]
