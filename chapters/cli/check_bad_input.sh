@@ -122,6 +122,8 @@ garbage.safetensors||$small --init garbage.safetensors
 step-00000001.safetensors||$small --resume snaps
 train-images-idx3-ubyte.gz|BIGBATCH_FASHION_MNIST_DIR=fashion|--data fashion-mnist --steps 1
 train-images-idx3-ubyte.gz|BIGBATCH_FASHION_MNIST_DIR=cut|--data fashion-mnist --steps 1
+--validation||$small --validation 1800
+--validation||--data npy:x.npy,y.npy --test-data npy:x.npy,y.npy --validation 10 --steps 1
 --device-memory||$small --device-memory 100KiB
 --device-memory||$small --device-memory lots
 TABLE

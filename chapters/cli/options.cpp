@@ -212,6 +212,11 @@ void add_train_flags(CLI::App& train, TrainOptions& o) {
         return refusal_of([&] { DataSource::parse(text); });
       },
       [&o](const std::string& text) { o.test_data = DataSource::parse(text); }, "NPY");
+  train.add_option("--validation", o.source.validation,
+                   "hold out the training data's last N samples as a validation split, "
+                   "trained on never and evaluated in place of the test split (choose "
+                   "settings by it; keep the test split for the end)")
+      ->check(non_negative);
   train.add_option("--samples", o.source.samples, "samples of --data synthetic")
       ->capture_default_str()->check(positive);
   train.add_option("--features", o.source.features,
@@ -301,7 +306,9 @@ void add_train_flags(CLI::App& train, TrainOptions& o) {
                    "on an overflow) and clip_factor, "
                    "peak_bytes_total (the step's own peak on the device) and peak_bytes (its "
                    "breakdown by category)");
-  train.add_option("--eval-every", o.output.eval_every, "evaluate on the test split every N steps")
+  train.add_option("--eval-every", o.output.eval_every,
+                   "evaluate on the test split (or --validation's) every N steps; the log "
+                   "gains test_loss and test_accuracy (validation_loss, validation_accuracy)")
       ->check(non_negative);
   add_word_option(train, "--precision", o.model.precision, kPrecisions,
                   "fp32, or fp16 or bf16: mixed precision with 16-bit weights and "

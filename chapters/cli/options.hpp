@@ -44,6 +44,9 @@ struct RunSource {
   DataSource data;
   std::int64_t samples = 60000;  ///< of --data synthetic
   std::int64_t features = 784;   ///< of --data synthetic
+  /// --validation N: the training data's last N samples held out and evaluated in place of
+  /// the test split (0: none).
+  std::int64_t validation = 0;
   Device device;
 };
 
@@ -52,6 +55,7 @@ constexpr void visit_settings(Self& s, Visit&& visit) {
   visit("data", s.data, SettingRole::trajectory);
   visit("samples", s.samples, SettingRole::trajectory);
   visit("features", s.features, SettingRole::trajectory);
+  visit("validation", s.validation, SettingRole::trajectory);
   visit("device", s.device, SettingRole::trajectory);
 }
 static_assert(every_field_visited<RunSource>(), "classify RunSource's new field above");

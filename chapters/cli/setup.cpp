@@ -58,6 +58,20 @@ Splits load_data(const TrainOptions& options) {
     }
     case DataKind::npy: splits.train = load_npy(options.source.data); break;
   }
+  if (const std::int64_t held_out = options.source.validation; held_out > 0) {
+    if (options.test_data) {
+      throw UsageError("--validation evaluates a split held out of the training data in "
+                       "place of the test split: give it or --test-data, not both");
+    }
+    const std::int64_t n = splits.train.size();
+    if (held_out >= n) {
+      throw UsageError("--validation " + std::to_string(held_out) + " leaves nothing to "
+                       "train on: the training data has " + std::to_string(n) + " samples");
+    }
+    splits.test = slice(splits.train, n - held_out, n);
+    splits.train = slice(splits.train, 0, n - held_out);
+    splits.validation = true;
+  }
   if (options.test_data) {
     splits.test = load_npy(*options.test_data);
     if (splits.test->feature_dim() != splits.train.feature_dim()) {

@@ -36,7 +36,10 @@ class NoPlanFits : public std::runtime_error {
 
 struct Splits {
   Dataset train;
-  std::optional<Dataset> test;
+  std::optional<Dataset> test;  ///< the split evaluated: the test split, or --validation's
+  bool validation = false;      ///< `test` is held out of the training data (--validation)
+  /// "validation" or "test", as the output names the evaluated split.
+  const char* evaluated() const { return validation ? "validation" : "test"; }
 
   /// The classes the model needs: the larger of the two splits' counts.
   std::int64_t classes() const;

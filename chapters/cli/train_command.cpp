@@ -384,10 +384,10 @@ int run_train(TrainOptions options) {
       if (output.eval_every > 0 && splits.test && record.step % output.eval_every == 0) {
         const nn::EvaluationResult test = nn::evaluate(model, *splits.test, micro_batch);
         progress.break_line();
-        std::cout << "step " << record.step << ": test loss " << test.loss << ", accuracy "
-                  << test.accuracy << "\n";
-        line["test_loss"] = test.loss;
-        line["test_accuracy"] = test.accuracy;
+        std::cout << "step " << record.step << ": " << splits.evaluated() << " loss "
+                  << test.loss << ", accuracy " << test.accuracy << "\n";
+        line[std::string(splits.evaluated()) + "_loss"] = test.loss;
+        line[std::string(splits.evaluated()) + "_accuracy"] = test.accuracy;
       }
       if (log.is_open()) log << line.dump() << '\n';
       const bool stop = g_stop_signal != 0;
@@ -443,7 +443,8 @@ int run_train(TrainOptions options) {
   }
   if (splits.test) {
     const nn::EvaluationResult test = nn::evaluate(model, *splits.test, micro_batch);
-    std::printf("test (%s, %lld samples): loss %.4f, accuracy %.4f\n", splits.test->name.c_str(),
+    std::printf("%s (%s, %lld samples): loss %.4f, accuracy %.4f\n", splits.evaluated(),
+                splits.test->name.c_str(),
                 static_cast<long long>(test.samples), test.loss, test.accuracy);
   }
   if (steps_run > 0) {
