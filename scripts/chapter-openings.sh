@@ -9,7 +9,8 @@
 # Every run is `bigbatch train` for a few steps; its record: the exit status (3: out of
 # memory), and for a run that trained the largest step peak, the median step time of steps
 # 2 and later (the first warms the caches), the steps skipped by a loss scaler and the last
-# loss. Step times come from one machine in one run: compare them with each other.
+# loss (and the test accuracy, when the run reports one). Step times come from one machine
+# in one run: compare them with each other. Last, chapter 03's "Try this" runs.
 #
 # Usage: scripts/chapter-openings.sh
 # Writes bench/results/cpu-2core/chapter-openings.json, then rewrites the READMEs' text.
@@ -30,10 +31,14 @@ run() {
   rm -f "$out/log.jsonl"
   "$BIGBATCH" train "$@" --log "$out/log.jsonl" > "$out/run.txt" 2>&1 || code=$?
   if [ "$code" -ne 0 ] && [ "$code" -ne 3 ]; then cat "$out/run.txt"; exit 1; fi
-  python3 - "$chapter" "$label" "$code" "$out/log.jsonl" "$*" >> "$out/runs.jsonl" <<'PY'
-import json, pathlib, statistics, sys
+  python3 - "$chapter" "$label" "$code" "$out/log.jsonl" "$*" "$out/run.txt" \
+    >> "$out/runs.jsonl" <<'PY'
+import json, pathlib, re, statistics, sys
 chapter, label, code, log, flags = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5]
 record = {"chapter": chapter, "label": label, "flags": flags, "exit": code}
+tested = re.search(r"^test \(.*accuracy ([0-9.]+)$", open(sys.argv[6]).read(), re.M)
+if tested:
+    record["test_accuracy"] = float(tested.group(1))
 steps = [json.loads(line) for line in open(log)] if pathlib.Path(log).exists() else []
 if code == 0:
     record.update(steps=len(steps),
@@ -46,28 +51,34 @@ PY
   echo "chapter $chapter, $label: exit $code"
 }
 
-run 01 "batch 256" "${example[@]}" --batch 256 --device-memory 48MiB --steps 6
-run 01 "batch 4096" "${example[@]}" --batch 4096 --device-memory 48MiB --steps 6
+run 01 "batch 256" "${example[@]}" --batch 256 --device-memory 48MiB --steps 12
+run 01 "batch 4096" "${example[@]}" --batch 4096 --device-memory 48MiB --steps 12
 run 02 "16 micro-batches of 256" "${example[@]}" --batch 4096 --micro-batch 256 \
-  --device-memory 48MiB --steps 6
-run 02 "in one piece, no cap" "${example[@]}" --batch 4096 --steps 6
+  --device-memory 48MiB --steps 12
+run 02 "in one piece, no cap" "${example[@]}" --batch 4096 --steps 12
 run 03 "fp32, micro-batches of 1024" "${example[@]}" --batch 4096 --micro-batch 1024 \
-  --device-memory 48MiB --steps 6
+  --device-memory 48MiB --steps 12
 run 03 "fp32, micro-batches of 512" "${example[@]}" --batch 4096 --micro-batch 512 \
-  --device-memory 48MiB --steps 6
+  --device-memory 48MiB --steps 12
 run 03 "fp16, static scale 1024, micro-batches of 1024" "${example[@]}" --batch 4096 \
-  --micro-batch 1024 --device-memory 48MiB --precision fp16 --loss-scale static:1024 --steps 6
+  --micro-batch 1024 --device-memory 48MiB --precision fp16 --loss-scale static:1024 --steps 12
 run 04 "fp16, static scale 2^30" "${example[@]}" --batch 4096 --micro-batch 1024 \
   --device-memory 48MiB --precision fp16 --loss-scale static:1073741824 --steps 12
 run 04 "fp16, dynamic scale from 2^30" "${example[@]}" --batch 4096 --micro-batch 1024 \
   --device-memory 48MiB --precision fp16 --loss-scale dynamic --scale-init 1073741824 \
   --scale-max 1073741824 --steps 12
-run 05 "depth 32, in one piece" "${deep[@]}" --steps 4
-run 05 "depth 32, micro-batches of 64" "${deep[@]}" --micro-batch 64 --steps 4
-run 05 "depth 32, micro-batches of 32" "${deep[@]}" --micro-batch 32 --steps 4
-run 05 "depth 32, checkpoint sqrt" "${deep[@]}" --checkpoint sqrt --steps 4
+run 05 "depth 32, in one piece" "${deep[@]}" --steps 6
+run 05 "depth 32, micro-batches of 64" "${deep[@]}" --micro-batch 64 --steps 6
+run 05 "depth 32, micro-batches of 32" "${deep[@]}" --micro-batch 32 --steps 6
+run 05 "depth 32, checkpoint sqrt" "${deep[@]}" --checkpoint sqrt --steps 6
+# Chapter 03's "Try this": fp16 with no scale at a large batch, where AdamW shrugs it off.
+try=("${example[@]}" --batch 8192 --micro-batch 1024 --epochs 4 --lr-scale sqrt --warmup-steps 8
+     --lr-schedule cosine)
+run 03-try "fp32" "${try[@]}"
+run 03-try "fp16, no scale" "${try[@]}" --precision fp16 --loss-scale none
+run 03-try "fp16, static scale 8192" "${try[@]}" --precision fp16 --loss-scale static:8192
 run 06 "planned (--plan auto)" "${example[@]}" --batch 4096 --device-memory 48MiB --plan auto \
-  --calibration "$out/calibration.json" --steps 6
+  --calibration "$out/calibration.json" --steps 12
 
 python3 - "$out/runs.jsonl" "$results" <<'PY'
 import datetime, json, pathlib, platform, sys

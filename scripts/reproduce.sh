@@ -8,6 +8,7 @@
 #   scripts/fp16-loss-curves.sh           chapter03-loss-curves.json
 #   scripts/fashion-mnist-curves.sh       fashion-mnist-curves.json
 #   scripts/planner-frontier.sh           planner-frontier.json
+#   scripts/chapter-openings.sh           chapter-openings.json (the runs the chapters open on)
 #   scripts/chapter-figures.sh            chapters 03-04's data, then every notebook, headless,
 #                                         which writes docs/figures/
 # Each step installs what it needs and builds first, and its own header says how long it
@@ -21,8 +22,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 for step in run-benchmarks.sh fashion-mnist-equivalence.sh large-batch-learning-rate.sh \
             techniques-table.sh fp16-loss-curves.sh fashion-mnist-curves.sh planner-frontier.sh \
-            chapter-figures.sh; do
+            chapter-openings.sh chapter-figures.sh; do
   echo "== scripts/$step"
   "scripts/$step"
 done
+# The README text written from the results (each script above rewrites its own; this
+# catches any left).
+python3 scripts/readme_numbers.py --write
 echo "every result is regenerated: git status shows what changed"
