@@ -29,7 +29,18 @@ float accumulate_clipping_each_micro_batch(nn::Model& model, const Tensor& x,
                                            const Tensor& labels, std::int64_t micro_batch,
                                            const nn::ForwardContext& context,
                                            std::int64_t global_count, float max_norm) {
-  const std::int64_t rows = x.shape()[0];
+  const nn::BatchRows views = [&](std::int64_t begin, std::int64_t end) {
+    return std::pair{x.rows(begin, end), labels.rows(begin, end)};
+  };
+  return accumulate_clipping_each_micro_batch(model, x.shape()[0], views, micro_batch, context,
+                                              global_count, max_norm);
+}
+
+float accumulate_clipping_each_micro_batch(nn::Model& model, std::int64_t rows,
+                                           const nn::BatchRows& rows_of,
+                                           std::int64_t micro_batch,
+                                           const nn::ForwardContext& context,
+                                           std::int64_t global_count, float max_norm) {
   BIGBATCH_CHECK(micro_batch > 0, "accumulate_clipping_each_micro_batch: micro_batch must be "
                                   "positive, got ", micro_batch);
   loss_scaling::UnscalePass check;
@@ -38,8 +49,9 @@ float accumulate_clipping_each_micro_batch(nn::Model& model, const Tensor& x,
     const std::int64_t end = std::min(rows, begin + micro_batch);
     nn::ForwardContext part = context;
     part.first_row = context.first_row + begin;
-    loss += nn::accumulate_gradients(model, x.rows(begin, end), labels.rows(begin, end),
-                                     end - begin, part, global_count > 0 ? global_count : rows);
+    const auto [x_micro, labels_micro] = rows_of(begin, end);
+    loss += nn::accumulate_gradients(model, x_micro, labels_micro, end - begin, part,
+                                     global_count > 0 ? global_count : rows);
     // The mistake: the running sum's norm, clipped micro-batch by micro-batch.
     clip_gradients(model, check.unscale_and_measure(model, 1.0f).norm, max_norm);
   }

@@ -51,6 +51,13 @@ float accumulate_clipping_each_micro_batch(nn::Model& model, const Tensor& x,
                                            const Tensor& labels, std::int64_t micro_batch,
                                            const nn::ForwardContext& context,
                                            std::int64_t global_count, float max_norm);
+/// The same mistake over a batch of `rows` that is not on the device, its micro-batches
+/// fetched from `rows_of` (as the second nn::accumulate_gradients).
+float accumulate_clipping_each_micro_batch(nn::Model& model, std::int64_t rows,
+                                           const nn::BatchRows& rows_of,
+                                           std::int64_t micro_batch,
+                                           const nn::ForwardContext& context,
+                                           std::int64_t global_count, float max_norm);
 
 // ---- float64 predictions (the chapter's demo and tests measure the mistakes with them) ----
 
