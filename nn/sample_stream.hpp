@@ -92,10 +92,11 @@ class MicroBatchBuffer {
   /// The rows it holds at most.
   std::int64_t rows() const { return x_.dim(0); }
   /// Micro-batch rows [begin, end) of step k's batch in `stream`, copied in; returns
-  /// accumulate_gradients' source of micro-batches (nn/training.hpp's BatchRows).
+  /// accumulate_gradients' source of micro-batches (nn/training.hpp's BatchRows), which
+  /// refers to this buffer and to `stream`: use it while both live.
   BatchRows rows_of(const SampleStream& stream, std::int64_t step);
   /// The same for a batch held elsewhere (the host): rows [begin, end) of x [B, D] f32 and
-  /// labels [B] i32 copied in.
+  /// labels [B] i32 copied in (the source shares x and labels, and refers to this buffer).
   BatchRows rows_of(const Tensor& x, const Tensor& labels);
 
  private:
