@@ -221,6 +221,48 @@ def opening(chapter):
     raise KeyError(chapter)
 
 
+def learning_rate_study():
+    """Chapter 02: the settings weighed on the validation split, then the chosen one and the
+    reference on the test split, 3 seeds each (scripts/large-batch-learning-rate.sh)."""
+    study = json.loads((RESULTS / "fashion-mnist-large-batch-16-epochs.json").read_text())
+    runs = study["runs"]
+
+    def accuracies(setting, split):
+        return [r["accuracy"] for r in runs if r["setting"] == setting and r["split"] == split]
+
+    def summary(values):
+        return (f"{statistics.mean(values):.4f} ({min(values):.4f} to {max(values):.4f})")
+
+    seeds = len(accuracies(study["chosen"], "test"))
+    lines = [f"| batch 4096, learning rate, warm-up steps, after it | validation accuracy, mean "
+             f"(min to max) over {seeds} seeds |", "|---|---:|"]
+    for setting in dict.fromkeys(r["setting"] for r in runs if r["split"] == "validation"):
+        name = setting.removeprefix("4096 ")
+        cell = summary(accuracies(setting, "validation"))
+        if setting == study["chosen"]:
+            name, cell = f"**{name}** (chosen)", f"**{cell}**"
+        lines.append(f"| {name} | {cell} |")
+    reference, chosen = accuracies("256", "test"), accuracies(study["chosen"], "test")
+    lines += ["", f"| trained on all 60000, {study['epochs']} epochs | test accuracy, mean (min "
+              f"to max) over {seeds} seeds |", "|---|---:|",
+              f"| batch 256, lr 1e-3 (the reference) | {summary(reference)} |",
+              f"| batch 4096, {study['chosen'].removeprefix('4096 ')} | {summary(chosen)} |"]
+    gap = (statistics.mean(chosen) - statistics.mean(reference)) * 100
+    if min(chosen) > max(reference):
+        verdict = (f"beats batch 256 by {gap:.2f} points on the test split, every seed of it "
+                   f"above every seed of the reference")
+    elif max(chosen) < min(reference):
+        verdict = (f"falls short of batch 256 by {-gap:.2f} points on the test split, every "
+                   f"seed of it below every seed of the reference")
+    else:
+        verdict = (f"matches batch 256 on the test split: the means differ by {gap:+.2f} "
+                   f"points, inside the spread of the seeds")
+    lines += ["", wrap(f"Chosen on the validation split, the setting {verdict} "
+                       f"(`bench/results/cpu-2core/fashion-mnist-large-batch-16-epochs.json`, "
+                       f"{study['date']}, {study['cpus']} CPUs).")]
+    return "\n".join(lines)
+
+
 def kernel_table():
     return bench_summary.summary(str(RESULTS / "cpu-kernels.json"))
 
@@ -238,6 +280,7 @@ PARAGRAPHS = [
     ("chapters/05_activation_checkpointing/README.md", "checkpointing-time", checkpointing_time),
     ("chapters/01_large_batch_baseline/README.md", "opening", lambda: opening("01")),
     ("chapters/02_gradient_accumulation/README.md", "opening", lambda: opening("02")),
+    ("chapters/02_gradient_accumulation/README.md", "lr-study", learning_rate_study),
     ("chapters/03_fp16_static_loss_scaling/README.md", "opening", lambda: opening("03")),
     ("chapters/03_fp16_static_loss_scaling/README.md", "try-adamw", lambda: opening("03-try")),
     ("chapters/04_dynamic_loss_scaling/README.md", "opening", lambda: opening("04")),

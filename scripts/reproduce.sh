@@ -3,7 +3,7 @@
 # to bench/results/cpu-2core/, the folder of the 2-core CPU that made the committed ones):
 #   scripts/run-benchmarks.sh             cpu-{kernels,training,accumulation,checkpointing}.json
 #   scripts/fashion-mnist-equivalence.sh  fashion-mnist-equivalence.txt
-#   scripts/large-batch-learning-rate.sh  fashion-mnist-large-batch-*-epochs.txt
+#   scripts/large-batch-learning-rate.sh  fashion-mnist-large-batch-16-epochs.json
 #   scripts/techniques-table.sh           fashion-mnist-techniques.md
 #   scripts/fp16-loss-curves.sh           chapter03-loss-curves.json
 #   scripts/fashion-mnist-curves.sh       fashion-mnist-curves.json
