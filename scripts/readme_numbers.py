@@ -13,6 +13,7 @@ Only the standard library is needed.
 """
 import json
 import pathlib
+import re
 import statistics
 import sys
 
@@ -263,6 +264,35 @@ def learning_rate_study():
     return "\n".join(lines)
 
 
+def equivalence():
+    """scripts/fashion-mnist-equivalence.sh's runs: {name: test accuracy}, the date, the
+    parameters' verdict."""
+    text = (RESULTS / "fashion-mnist-equivalence.txt").read_text()
+    accuracy = {m.group(1): m.group(2) for m in
+                re.finditer(r"^(\w+): test \(.*accuracy ([0-9.]+)", text, re.M)}
+    date = text.split("T", 1)[0]
+    identical = "PASS: batch 256 and micro-batches of 64 give byte-identical parameters" in text
+    return accuracy, date, identical
+
+
+def equivalence_summary():
+    """The README's line on the equivalence runs."""
+    accuracy, date, identical = equivalence()
+    both = (f"test accuracy {accuracy['batch']} for both fp32 runs" if
+            accuracy["batch"] == accuracy["micro"] else
+            f"test accuracy {accuracy['batch']} in one piece, {accuracy['micro']} in micro-batches")
+    return (f"On a 2-core CPU machine ({date}): {both}, parameters "
+            f"{'identical' if identical else 'NOT identical'}; fp16 {accuracy['fp16']}, bf16 "
+            f"{accuracy['bf16']}.")
+
+
+def equivalence_fp16():
+    """Chapter 04's line: fp16 with dynamic scaling against fp32, the same runs."""
+    accuracy, _, _ = equivalence()
+    return (f"test accuracy {accuracy['fp16']} in fp16 with dynamic scaling against "
+            f"{accuracy['batch']} in fp32.")
+
+
 def kernel_table():
     return bench_summary.summary(str(RESULTS / "cpu-kernels.json"))
 
@@ -277,6 +307,8 @@ PARAGRAPHS = [
     ("README.md", "bench", kernel_table),
     ("README.md", "steps", step_table),
     ("README.md", "techniques", techniques_table),
+    ("README.md", "equivalence", equivalence_summary),
+    ("chapters/04_dynamic_loss_scaling/README.md", "equivalence", equivalence_fp16),
     ("chapters/05_activation_checkpointing/README.md", "checkpointing-time", checkpointing_time),
     ("chapters/01_large_batch_baseline/README.md", "opening", lambda: opening("01")),
     ("chapters/02_gradient_accumulation/README.md", "opening", lambda: opening("02")),
@@ -291,10 +323,12 @@ PARAGRAPHS = [
 ]
 
 
-def wrap(text, width=90):
-    """Markdown prose wrapped at the repository's line width (tables are left alone)."""
+def wrap(text, width=90, indent=""):
+    """Markdown prose wrapped at the repository's line width, every line after `indent`
+    (tables, and text of several lines, are left alone)."""
     if text.lstrip().startswith(("|", "Medians")) or "\n" in text:
         return text
+    width -= len(indent)
     lines, line = [], ""
     for word in text.split():
         if line and len(line) + 1 + len(word) > width:
@@ -302,7 +336,7 @@ def wrap(text, width=90):
             line = word
         else:
             line = f"{line} {word}" if line else word
-    return "\n".join(lines + [line])
+    return "\n".join(indent + l for l in lines + [line])
 
 
 def main(argv):
@@ -314,7 +348,10 @@ def main(argv):
     for readme, name, render in PARAGRAPHS:
         path = ROOT / readme
         content = path.read_text()
-        updated = bench_summary.replace_between(content, name, wrap(render()), readme)
+        begin = content.find(f"<!-- {name}:begin -->")
+        indent = content[content.rfind("\n", 0, begin) + 1:begin] if begin >= 0 else ""
+        updated = bench_summary.replace_between(content, name, wrap(render(), indent=indent),
+                                                readme)
         if updated != content:
             if write:
                 path.write_text(updated)
