@@ -293,6 +293,33 @@ def equivalence_fp16():
             f"{accuracy['batch']} in fp32.")
 
 
+def curves_summary():
+    """The README's line on the five training curves (scripts/fashion-mnist-curves.sh): how
+    far each 16-bit run's losses and test accuracies stray from fp32's."""
+    curves = json.loads((RESULTS / "fashion-mnist-curves.json").read_text())
+    runs = {r["name"]: r for r in curves["runs"]}
+    fp32 = runs["fp32"]
+
+    def gaps(name):
+        run = runs[name]
+        loss = max(abs(a - b) / b for a, b in zip(run["loss"], fp32["loss"])) * 100
+        accuracy = [abs(a - b) * 100 for a, b in zip(run["test_accuracy"], fp32["test_accuracy"])]
+        return loss, max(accuracy), accuracy.index(max(accuracy)) == len(accuracy) - 1
+
+    fp16_loss, fp16_accuracy, _ = gaps("fp16-dynamic")
+    bf16_loss, bf16_accuracy, bf16_at_end = gaps("bf16")
+    accuracy, _, _ = equivalence()
+    chapter02_gap = abs(float(accuracy["bf16"]) - float(accuracy["batch"])) * 100
+    return (f"fp16's training losses stay within {fp16_loss:.1f}% of fp32's and its test "
+            f"accuracy within {fp16_accuracy:.2f} points "
+            f"({runs['fp16-dynamic']['final_test_accuracy']:.4f} against "
+            f"{fp32['final_test_accuracy']:.4f} after {curves['epochs']} epochs); bf16's, with 8 "
+            f"significant bits to fp16's 11, within {bf16_loss:.1f}% and {bf16_accuracy:.2f} "
+            f"points ({runs['bf16']['final_test_accuracy']:.4f} at the end"
+            f"{', its largest gap' if bf16_at_end else ''}; at chapter 02's setting, "
+            f"`fashion-mnist-equivalence.sh` above, {chapter02_gap:.2f} points):")
+
+
 def kernel_table():
     return bench_summary.summary(str(RESULTS / "cpu-kernels.json"))
 
@@ -308,6 +335,7 @@ PARAGRAPHS = [
     ("README.md", "steps", step_table),
     ("README.md", "techniques", techniques_table),
     ("README.md", "equivalence", equivalence_summary),
+    ("README.md", "curves", curves_summary),
     ("chapters/04_dynamic_loss_scaling/README.md", "equivalence", equivalence_fp16),
     ("chapters/05_activation_checkpointing/README.md", "checkpointing-time", checkpointing_time),
     ("chapters/01_large_batch_baseline/README.md", "opening", lambda: opening("01")),
