@@ -88,11 +88,8 @@ model = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
 document = {"description": "the runs each chapter opens and closes on (scripts/chapter-openings.sh)",
             "date": datetime.date.today().isoformat(), "cpu": model,
             "runs": runs}
-text = "{" + ",\n ".join(f"{json.dumps(k)}: {json.dumps(v)}" for k, v in document.items()
-                         if k != "runs")
-text += ',\n "runs": [\n  ' + ",\n  ".join(json.dumps(r) for r in runs) + "\n ]}\n"
-json.loads(text)
-pathlib.Path(sys.argv[2]).write_text(text)
-print(f"wrote {sys.argv[2]}")
+sys.path.insert(0, "scripts")
+import results_json
+results_json.write(sys.argv[2], document)
 PY
 python3 scripts/readme_numbers.py --write

@@ -85,11 +85,8 @@ document = {"description": "chapter 02's large-batch learning-rate study "
                            "(scripts/large-batch-learning-rate.sh)",
             "date": datetime.date.today().isoformat(), "cpus": int(sys.argv[5]),
             "epochs": int(sys.argv[3]), "chosen": sys.argv[4], "runs": runs}
-text = "{" + ",\n ".join(f"{json.dumps(k)}: {json.dumps(v)}" for k, v in document.items()
-                         if k != "runs")
-text += ',\n "runs": [\n  ' + ",\n  ".join(json.dumps(r) for r in runs) + "\n ]}\n"
-json.loads(text)
-pathlib.Path(sys.argv[2]).write_text(text)
-print(f"wrote {sys.argv[2]}")
+sys.path.insert(0, "scripts")
+import results_json
+results_json.write(sys.argv[2], document)
 PY
 python3 scripts/readme_numbers.py --write
