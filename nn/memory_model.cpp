@@ -181,7 +181,8 @@ Bytes ModelLedger::block_backward(std::int64_t index, const BlockBytes& saved) {
 // ---- the step -----------------------------------------------------------------------------
 
 StepPrediction predict_step(const ModelConfig& c, std::int64_t batch, std::int64_t micro_batch,
-                            const Optimizer::Options& optimizer, BlockLedgerRunner* runner) {
+                            const Optimizer::Options& optimizer, BlockLedgerRunner* runner,
+                            std::size_t held_workspace) {
   BIGBATCH_CHECK(batch > 0 && micro_batch > 0, "predict_step: batch and micro_batch must be "
                  "positive, got ", batch, " and ", micro_batch);
   MemoryLedger ledger;
@@ -201,6 +202,8 @@ StepPrediction predict_step(const ModelConfig& c, std::int64_t batch, std::int64
   const std::size_t staged = to_size(std::min(batch, micro_batch));
   const Bytes x = ledger.allocate(MemoryCategory::data, 4 * staged * d, before);
   const Bytes labels = ledger.allocate(MemoryCategory::data, 4 * staged, before);
+  Bytes held;
+  if (held_workspace > 0) held = ledger.allocate(MemoryCategory::workspace, held_workspace, before);
   ledger.reset_peak(before);
 
   ModelLedger model(c, ledger);

@@ -179,9 +179,12 @@ struct StepPrediction {
 };
 
 /// Replays the step. runner: nullptr for the model's own order (every block's activations
-/// kept), else the replay of the BlockRunner the model runs with.
+/// kept), else the replay of the BlockRunner the model runs with. held_workspace: bytes of
+/// MemoryCategory::workspace that the caller keeps on the device through every step, live
+/// before it like the parameters (an optimizer boundary's results, chapter 04: 12 bytes
+/// with a loss scale or clipping).
 StepPrediction predict_step(const ModelConfig& config, std::int64_t batch,
                             std::int64_t micro_batch, const Optimizer::Options& optimizer,
-                            BlockLedgerRunner* runner = nullptr);
+                            BlockLedgerRunner* runner = nullptr, std::size_t held_workspace = 0);
 
 }  // namespace bigbatch::nn

@@ -8,6 +8,7 @@
 #include <memory>
 #include <string>
 
+#include "chapters/03_fp16_static_loss_scaling/loss_scaling.hpp"
 #include "chapters/05_activation_checkpointing/memory_plan.hpp"
 #include "chapters/05_activation_checkpointing/scheduled_runner.hpp"
 #include "common/memory.hpp"
@@ -24,7 +25,8 @@ struct Measured {
 
 /// One accumulate_gradients over a batch on the host, the peak reset just before it, as
 /// predict_step describes the step (AdamW's state live, one micro-batch at a time copied
-/// into an nn::MicroBatchBuffer on `device`).
+/// into an nn::MicroBatchBuffer on `device`; with step.boundary_bytes, the optimizer
+/// boundary's pass results allocated as the trainer keeps them).
 inline Measured measure(const checkpointing::StepShape& step, const checkpointing::Policy& policy,
                         bool runner_for_none, Device device) {
   nn::Model model(step.model, device);
@@ -44,6 +46,8 @@ inline Measured measure(const checkpointing::StepShape& step, const checkpointin
     labels.copy_from(batch.labels);
   }
   nn::MicroBatchBuffer staging(std::min(step.micro_batch, step.batch), step.model.inputs, device);
+  loss_scaling::UnscalePass boundary;  // chapter 04's results: found-inf and the squared norm
+  if (step.boundary_bytes > 0) boundary.allocate(device, /*with_norm=*/true);
   TrackingAllocator& allocator = allocator_for(device);
   allocator.reset_peak();
   nn::accumulate_gradients(model, step.batch, staging.rows_of(x, labels), step.micro_batch,

@@ -67,6 +67,17 @@ struct Triple {
   double seconds;
 };
 
+/// The step of a plan: fp16 trains with dynamic loss scaling, whose boundary keeps its
+/// pass's 12 bytes (f32 found-inf, f64 squared norm) through every step; fp32 and bf16
+/// keep none (no clipping is asked here).
+checkpointing::StepShape plan_step(const PlanRequest& request, nn::Precision precision,
+                                   std::int64_t micro) {
+  nn::ModelConfig config = request.model;
+  config.precision = precision;
+  return {config, request.batch, micro, request.optimizer,
+          precision == nn::Precision::fp16 ? 12u : 0u};
+}
+
 /// Every (micro-batch, precision, policy) the planner could choose, predicted.
 std::vector<Triple> every_triple(const PlanRequest& request, const CostModel& cost) {
   std::vector<Triple> all;
@@ -75,7 +86,7 @@ std::vector<Triple> every_triple(const PlanRequest& request, const CostModel& co
     nn::ModelConfig config = request.model;
     config.precision = precision;
     for (const std::int64_t micro : planning::micro_batch_candidates(config, request.batch)) {
-      const checkpointing::StepShape step{config, request.batch, micro, request.optimizer};
+      const checkpointing::StepShape step = plan_step(request, precision, micro);
       for (const checkpointing::Policy& policy : checkpointing::checkpoint_candidates(depth)) {
         all.push_back({micro, precision, policy, checkpointing::predict_policy(step, policy).peak(),
                        cost.step_seconds(request.batch, micro, precision,
@@ -122,9 +133,7 @@ TEST(Planner, TheChosenPlanFitsIsMeasuredAsPredictedAndNothingFasterFits) {
           }
         }
         // Run the chosen plan's step: the allocator's peak is the prediction, to the byte.
-        nn::ModelConfig config = request.model;
-        config.precision = best.precision;
-        const checkpointing::StepShape step{config, request.batch, best.micro_batch, request.optimizer};
+        const checkpointing::StepShape step = plan_step(request, best.precision, best.micro_batch);
         const testing::Measured measured = testing::measure(step, best.checkpoint, false, Device::cpu());
         EXPECT_EQ(measured.stats.peak_total, best.prediction.peak()) << where;
         EXPECT_LE(measured.stats.peak_total, budget) << where;

@@ -33,7 +33,7 @@ TEST(Roofline, ComputeBoundPassesCostTheirFlopsAtThePrecisionsPeak) {
   const double forward = 2 * r * (d * h + depth * 2 * h * inner + h * c);
   // Backward: each GEMM's input and weight gradients, but the stem's input needs none.
   const double backward = 2 * forward - 2 * r * d * h;
-  for (const auto [precision, peak] : {std::pair{nn::Precision::fp32, 1e12},
+  for (const auto& [precision, peak] : {std::pair{nn::Precision::fp32, 1e12},
                                        std::pair{nn::Precision::fp16, 2e12},
                                        std::pair{nn::Precision::bf16, 4e12}}) {
     const planning::DeviceSpec spec = device(1e12, kInfinite, 0);

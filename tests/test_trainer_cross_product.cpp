@@ -3,9 +3,9 @@
 // through train::Trainer, three steps of accumulation over uneven micro-batches, each
 // checked against something computed another way:
 //   - memory: every step's measured peak is nn::predict_step's prediction (the memory
-//     model replays the step, it does not run it) plus the boundary's pass results, which
-//     are 12 bytes (an f32 found-inf flag and an f64 squared norm) exactly when a loss
-//     scale or clipping is on;
+//     model replays the step, it does not run it) holding the boundary's pass results,
+//     which are 12 bytes (an f32 found-inf flag and an f64 squared norm) exactly when a
+//     loss scale or clipping is on;
 //   - fp32 and bf16 under a loss scale of 2^10 train to the bits of the unscaled run:
 //     multiplying by a power of two commutes with every rounding of the backward pass (no
 //     value comes near the range's ends at this size: bf16 has fp32's exponents, which is
@@ -68,11 +68,15 @@ Outcome run(const Case& c) {
   config.clip_grad_norm = c.clip;
   train::Trainer trainer(model, optimizer, data, config);
 
-  // 12 bytes, f32 + f64, whenever the boundary's pass runs; nothing otherwise.
+  // 12 bytes, f32 + f64, whenever the boundary's pass runs; nothing otherwise. The
+  // configuration tells it before any trainer exists (as the program's prediction needs).
   const bool pass = c.scaling != train::LossScaling::none || c.clip > 0.0f;
-  EXPECT_EQ(trainer.boundary_bytes(), pass ? 12u : 0u) << c.name();
+  const std::size_t boundary = pass ? 12u : 0u;
+  EXPECT_EQ(trainer.boundary_bytes(), boundary) << c.name();
+  EXPECT_EQ(loss_scaling::boundary_workspace_bytes(train::boundary_options(config)), boundary)
+      << c.name();
   const std::size_t predicted =
-      nn::predict_step(model_config, kBatch, kMicro, c.optimizer).peak() + (pass ? 12u : 0u);
+      nn::predict_step(model_config, kBatch, kMicro, c.optimizer, nullptr, boundary).peak();
   Outcome outcome;
   int clipped = 0;
   trainer.run([&](const train::StepRecord& record) {

@@ -26,6 +26,14 @@ std::string stage_name(OptimizerBoundary::Stage stage) {
   return "?";
 }
 
+bool runs_the_pass(const BoundaryOptions& options) {
+  return options.rule != LossScaleRule::none || options.clip_grad_norm > 0.0f;
+}
+
+std::size_t boundary_workspace_bytes(const BoundaryOptions& options) {
+  return runs_the_pass(options) ? sizeof(float) + sizeof(double) : 0;
+}
+
 OptimizerBoundary::OptimizerBoundary(BoundaryOptions options, Device device)
     : options_(options) {
   BIGBATCH_CHECK(options_.clip_grad_norm >= 0.0f && std::isfinite(options_.clip_grad_norm),

@@ -50,6 +50,16 @@ struct BoundaryOptions {
   float clip_grad_norm = 0.0f;         ///< the global L2 norm to clip to; 0: no clipping
 };
 
+/// Whether a boundary with these options runs its fused pass at every step: with a loss
+/// scale (fixed or dynamic) or clipping.
+bool runs_the_pass(const BoundaryOptions& options);
+
+/// The bytes a boundary with these options holds on the device for its whole life: its
+/// fused pass's results (MemoryCategory::workspace: found-inf f32 and the squared norm
+/// f64) when the pass runs, with a loss scale or clipping; 0 without it. A step's memory
+/// is the model's step (nn::predict_step) plus these.
+std::size_t boundary_workspace_bytes(const BoundaryOptions& options);
+
 /// What one optimizer boundary did.
 struct BoundaryOutcome {
   bool skipped = false;    ///< an overflow: no optimizer step was taken
@@ -73,10 +83,9 @@ class OptimizerBoundary {
   /// A loss scale is in use (fixed or dynamic): an overflow skips the step.
   bool scaling() const { return options_.rule != LossScaleRule::none; }
   /// The fused pass runs at every boundary (a loss scale or clipping).
-  bool measures() const { return scaling() || options_.clip_grad_norm > 0.0f; }
-  /// The bytes the pass's results hold on the device for the object's whole life
-  /// (MemoryCategory::workspace: found-inf f32 and the squared norm f64), 0 without the pass.
-  std::size_t workspace_bytes() const { return measures() ? sizeof(float) + sizeof(double) : 0; }
+  bool measures() const { return runs_the_pass(options_); }
+  /// boundary_workspace_bytes(options): what the pass's results hold on the device.
+  std::size_t workspace_bytes() const { return boundary_workspace_bytes(options_); }
 
   /// The fused pass: ready -> unscaled. Returns what it found.
   const GradientStats& unscale(const nn::Model& model);

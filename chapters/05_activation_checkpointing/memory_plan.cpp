@@ -10,12 +10,11 @@
 namespace bigbatch::checkpointing {
 
 nn::StepPrediction predict_policy(const StepShape& step, const Policy& policy) {
-  if (!policy.needs_runner()) {
-    return nn::predict_step(step.model, step.batch, step.micro_batch, step.optimizer);
-  }
-  const auto runner = ScheduledRunner::for_policy(policy, step.model.depth);
-  const auto ledger = runner->ledger();
-  return nn::predict_step(step.model, step.batch, step.micro_batch, step.optimizer, ledger.get());
+  const auto runner =
+      policy.needs_runner() ? ScheduledRunner::for_policy(policy, step.model.depth) : nullptr;
+  const auto ledger = runner ? runner->ledger() : nullptr;
+  return nn::predict_step(step.model, step.batch, step.micro_batch, step.optimizer, ledger.get(),
+                          step.boundary_bytes);
 }
 
 double recompute_cost(const Policy& policy, std::int64_t depth) {

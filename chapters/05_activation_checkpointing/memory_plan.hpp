@@ -24,6 +24,9 @@ struct StepShape {
   std::int64_t batch = 0;
   std::int64_t micro_batch = 0;
   nn::Optimizer::Options optimizer;
+  /// What the optimizer boundary keeps on the device through every step (chapter 04's
+  /// loss_scaling::boundary_workspace_bytes: 12 with a loss scale or clipping, else 0).
+  std::size_t boundary_bytes = 0;
 };
 
 /// nn::predict_step for a policy (not a budget: std::invalid_argument); none is the model

@@ -220,6 +220,11 @@ std::vector<std::int64_t> micro_batch_candidates(const nn::ModelConfig& model,
   return sizes;
 }
 
+loss_scaling::LossScaleRule plan_loss_scale(nn::Precision precision) {
+  return precision == nn::Precision::fp16 ? loss_scaling::LossScaleRule::dynamic
+                                          : loss_scaling::LossScaleRule::none;
+}
+
 PlanResult make_plan(const PlanRequest& request, const CostModel& cost) {
   const std::int64_t depth = request.model.depth;
   // The checkpoint policies by increasing recomputation (stable: chapter 05's order on ties).
@@ -235,7 +240,10 @@ PlanResult make_plan(const PlanRequest& request, const CostModel& cost) {
     nn::ModelConfig config = request.model;
     config.precision = precision;
     for (const std::int64_t micro : micro_batch_candidates(config, request.batch)) {
-      const checkpointing::StepShape step{config, request.batch, micro, request.optimizer};
+      const loss_scaling::BoundaryOptions boundary{.rule = plan_loss_scale(precision),
+                                                   .clip_grad_norm = request.clip_grad_norm};
+      const checkpointing::StepShape step{config, request.batch, micro, request.optimizer,
+                                          loss_scaling::boundary_workspace_bytes(boundary)};
       std::optional<Plan> chosen;
       for (const auto& [recompute, policy] : policies) {
         if (chosen && recompute > chosen->recompute) break;  // every further one is slower
@@ -275,8 +283,10 @@ std::string describe(const Plan& plan, std::int64_t batch) {
   const std::int64_t n = ceil_div(batch, plan.micro_batch);
   return "micro-batch " + std::to_string(plan.micro_batch) + " (" + std::to_string(n) +
          " per step), " +
-         (plan.precision == nn::Precision::fp16 ? "fp16 + dynamic loss scaling"
-                                                 : nn::precision_name(plan.precision)) +
+         nn::precision_name(plan.precision) +
+         (plan_loss_scale(plan.precision) == loss_scaling::LossScaleRule::dynamic
+              ? " + dynamic loss scaling"
+              : "") +
          ", checkpoint " + plan.checkpoint.text();
 }
 

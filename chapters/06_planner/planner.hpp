@@ -28,6 +28,7 @@
 #include <utility>
 #include <vector>
 
+#include "chapters/04_dynamic_loss_scaling/optimizer_boundary.hpp"
 #include "chapters/05_activation_checkpointing/policy.hpp"
 #include "common/device.hpp"
 #include "common/json.hpp"
@@ -113,7 +114,15 @@ struct PlanRequest {
   /// bf16 no loss scale (it has fp32's range).
   std::vector<nn::Precision> precisions = {nn::Precision::fp32, nn::Precision::fp16,
                                            nn::Precision::bf16};
+  /// The global L2 norm the run clips its gradients to (0: off). With clipping, or with
+  /// fp16's loss scale, the optimizer boundary keeps its pass's 12 bytes through every
+  /// step, and each plan's peak counts them.
+  float clip_grad_norm = 0.0f;
 };
+
+/// The loss scale a plan of this precision trains with: dynamic for fp16 (whose range
+/// needs one, chapter 04), none for fp32 and bf16.
+loss_scaling::LossScaleRule plan_loss_scale(nn::Precision precision);
 
 /// One answer.
 struct Plan {

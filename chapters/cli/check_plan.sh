@@ -3,7 +3,8 @@
 # Chapter 06 from the command line. `bigbatch plan` lists the plans that fit --device-memory,
 # fastest first, measuring the cost model once into --calibration and reusing it after;
 # `bigbatch train --plan auto` trains with the fastest, and every step's measured peak (the
-# log's peak_bytes_total) fits the budget and equals the planned peak; a budget nothing fits
+# log's peak_bytes_total) fits the budget and equals the planned peak, as does each
+# precision's own plan (the loss scaler's and clipping's bytes included); a budget nothing fits
 # exits with 3 and names the smallest peak, its plan and what no plan can trade away;
 # --plan auto refuses a flag it would choose; --device-model h200 prices the plans from a
 # spec sheet and says it is modelled.
@@ -54,6 +55,16 @@ grep -q "\"feasible\":\[{\"micro_batch\":$micro,[^}]*\"peak_bytes\":$predicted,"
   fail "--json's fastest plan is not micro-batch $micro with peak $predicted: $(cut -c 1-400 plan.json)"
 exact=$(grep -c "\"peak_bytes_total\":$predicted," plan.jsonl)
 [ "$exact" -eq 2 ] || fail "the measured peaks are not the predicted $predicted: $(grep -o '"peak_bytes_total":[0-9]*' plan.jsonl | tr '\n' ' ')"
+# Which precision is fastest depends on the machine's timings, so each one's plan is also
+# trained on its own (--precision): fp16's dynamic loss scale, and clipping in any
+# precision, keep the boundary's 12 bytes through every step, and its peak counts them.
+for precision in fp32 fp16 "bf16 --clip-grad-norm 1"; do
+  "$bigbatch" train $run --plan auto --precision $precision --steps 2 --explain --log one.jsonl > one.txt ||
+    fail "train --plan auto --precision $precision failed: $(tail -n 3 one.txt)"
+  peak=$(sed -n 's/^predicted step peak .* (\([0-9]*\) bytes), at: .*/\1/p' one.txt)
+  [ -n "$peak" ] && [ "$(grep -c "\"peak_bytes_total\":$peak," one.jsonl)" -eq 2 ] ||
+    fail "--precision $precision: the measured peaks are not the predicted ${peak:-?}: $(grep -o '"peak_bytes_total":[0-9]*' one.jsonl | tr '\n' ' ')"
+done
 "$bigbatch" plan $shape --device-memory 1MiB > none.txt 2> none.err; code=$?
 cat none.err
 [ "$code" -eq 3 ] || fail "a budget nothing fits exited with $code, not 3"

@@ -32,12 +32,18 @@ Json plan_json(const planning::Plan& plan, std::int64_t batch) {
   return {{"micro_batch", plan.micro_batch},
           {"micro_batches", (batch + plan.micro_batch - 1) / plan.micro_batch},
           {"precision", nn::precision_name(plan.precision)},
-          {"loss_scale", plan.precision == nn::Precision::fp16 ? "dynamic" : "none"},
+          {"loss_scale", loss_scaling::setting_text(planning::plan_loss_scale(plan.precision))},
           {"checkpoint", plan.checkpoint.text()},
           {"recompute", plan.recompute},
           {"peak_bytes", plan.prediction.peak()},
           {"peak_moment", plan.prediction.peak_moment},
           {"seconds", plan.seconds}};
+}
+
+/// " --loss-scale dynamic", or nothing for no loss scale (the flag's default).
+std::string loss_scale_flag(loss_scaling::LossScaleRule rule) {
+  if (rule == loss_scaling::LossScaleRule::none) return "";
+  return " --loss-scale " + loss_scaling::setting_text(rule);
 }
 
 }  // namespace
@@ -49,6 +55,7 @@ planning::PlanResult plan_for(const TrainOptions& options, const nn::ModelConfig
   }
   const std::int64_t batch = options.train.batch;
   planning::PlanRequest request{model, batch, optimizer_options(options), *options.device_memory};
+  request.clip_grad_norm = options.train.clip_grad_norm;
   if (options.was_given("--precision")) request.precisions = {model.precision};
   const bool modelled = options.plan.modelled != ModelledDevice::none;
   if (modelled && (options.was_given("--calibration") || options.plan.recalibrate)) {
@@ -132,7 +139,7 @@ int run_plan(const TrainOptions& options) {
   if (options.plan.json) return 0;
   std::cout << "train it with: --micro-batch " << best.micro_batch << " --precision "
             << nn::precision_name(best.precision)
-            << (best.precision == nn::Precision::fp16 ? " --loss-scale dynamic" : "")
+            << loss_scale_flag(planning::plan_loss_scale(best.precision))
             << " --checkpoint " << best.checkpoint.text() << " (or --plan auto)\n";
   return 0;
 }

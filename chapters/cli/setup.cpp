@@ -236,8 +236,7 @@ void check_plan_flags(const TrainOptions& options) {
 void apply_plan(const planning::Plan& plan, TrainOptions& options, nn::ModelConfig& model) {
   options.train.micro_batch = plan.micro_batch;
   options.model.precision = model.precision = plan.precision;
-  options.train.loss_scaling = plan.precision == nn::Precision::fp16 ? train::LossScaling::dynamic
-                                                                     : train::LossScaling::none;
+  options.train.loss_scaling = planning::plan_loss_scale(plan.precision);
   options.checkpoint = plan.checkpoint;
 }
 

@@ -80,8 +80,7 @@ void cap_device_memory(const TrainOptions& options, const checkpointing::StepSha
                        Device device) {
   if (!options.device_memory) return;
   const std::size_t cap = *options.device_memory;
-  const nn::StepPrediction step =
-      nn::predict_step(shape.model, shape.batch, shape.micro_batch, shape.optimizer);
+  const nn::StepPrediction step = checkpointing::predict_policy(shape, checkpointing::Policy{});
   if (cap < step.stats.live_total) {
     throw UsageError("--device-memory " + format_bytes(cap) + " is below the " +
                      format_bytes(step.stats.live_total) + " that the model's parameters, "
@@ -268,10 +267,14 @@ int run_train(TrainOptions options) {
   if (batch_norm && !options.train.drop_last) {
     check_batchnorm_micro_batches(batch, micro_batch, samples % batch);
   }
-  // The step as chapter 05's memory model sees it: the cap is checked against it,
-  // budget:BYTES is chosen by its prediction, and --explain prints the prediction.
+  // The step as chapter 05's memory model sees it, the optimizer boundary's bytes
+  // included: the cap is checked against it, budget:BYTES is chosen by its prediction,
+  // and --explain prints the prediction.
   const nn::Optimizer::Options optimizer_choice = optimizer_options(options);
-  const checkpointing::StepShape step_shape{model_shape, batch, micro_batch, optimizer_choice};
+  const train::TrainConfig config = train_config(options);
+  const checkpointing::StepShape step_shape{
+      model_shape, batch, micro_batch, optimizer_choice,
+      loss_scaling::boundary_workspace_bytes(train::boundary_options(config))};
   cap_device_memory(options, step_shape, device);
 
   nn::Model model(model_shape, device);
@@ -286,7 +289,6 @@ int run_train(TrainOptions options) {
     }
   }
   nn::Optimizer optimizer(model.parameters(), optimizer_choice);
-  const train::TrainConfig config = train_config(options);
   train::Trainer trainer(model, optimizer, splits.train, config);
 
   // Snapshots go to --snapshot-dir, or back to the folder --resume reads.

@@ -8,9 +8,6 @@
 
 namespace bigbatch::train {
 
-namespace {
-
-/// The boundary's options from the trainer's configuration, checked with its messages.
 loss_scaling::BoundaryOptions boundary_options(const TrainConfig& config) {
   BIGBATCH_CHECK(config.clip_grad_norm >= 0.0f && std::isfinite(config.clip_grad_norm),
                  "Trainer: clip_grad_norm must be finite and >= 0 (0: off), got ",
@@ -18,8 +15,6 @@ loss_scaling::BoundaryOptions boundary_options(const TrainConfig& config) {
   return {config.loss_scaling, config.fixed_scale, config.dynamic_scaling,
           config.clip_grad_norm};
 }
-
-}  // namespace
 
 Trainer::Trainer(nn::Model& model, nn::Optimizer& optimizer, const Dataset& data,
                  TrainConfig config)

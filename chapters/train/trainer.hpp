@@ -94,6 +94,10 @@ constexpr void visit_settings(Self& c, Visit&& visit) {
 }
 static_assert(every_field_visited<TrainConfig>(), "classify TrainConfig's new field above");
 
+/// The optimizer boundary's options of a run with this configuration (chapter 04); throws
+/// std::invalid_argument for a clip_grad_norm that is negative or not finite.
+loss_scaling::BoundaryOptions boundary_options(const TrainConfig& config);
+
 /// A gradient held an inf or a NaN in a run without a loss scaler.
 class NonFiniteGradientError : public std::runtime_error {
  public:
@@ -171,7 +175,7 @@ class Trainer {
   const MemoryStats& largest_step_memory() const { return largest_step_memory_; }
   /// What the optimizer boundary holds on the device for the whole run (its pass's
   /// results, with a loss scaler or clipping): live in every step beside the model's step,
-  /// which nn/memory_model.hpp predicts.
+  /// loss_scaling::boundary_workspace_bytes(boundary_options(config)).
   std::size_t boundary_bytes() const { return boundary_.workspace_bytes(); }
 
  private:
