@@ -1,15 +1,20 @@
 #!/usr/bin/env python3
 """Writes, or checks, the README paragraphs whose numbers come from committed results.
 
-Usage: scripts/readme_numbers.py            check: exit 1, naming each stale paragraph
-       scripts/readme_numbers.py --write    rewrite every paragraph from its results
+Usage: scripts/readme_numbers.py              check: exit 1, naming each stale paragraph
+                                              or sentence
+       scripts/readme_numbers.py --write      rewrite every one from its results
+       scripts/readme_numbers.py --self-test  the sentence check on a text of its own
 
 Each paragraph sits between <!-- NAME:begin --> and <!-- NAME:end --> in its README and is
 the output of one function below, of the results files it names: the text is what those
 files say, so a benchmark run that changes them rewrites it (the scripts that write the
 results call --write), and a README edited by hand, or results committed without the
 text, fails the check (CTest readme_numbers_current, so scripts/test.sh and CI run it).
-Only the standard library is needed.
+A hand-written sentence that quotes numbers is listed in SENTENCES with its source: the
+check finds its words and compares its numbers, --write puts the source's in. The
+chapters' numbers come from their demos' full reports (scripts/chapter-reports.sh) or the
+results files their READMEs name. Only the standard library is needed.
 """
 import json
 import pathlib
@@ -140,7 +145,7 @@ def checkpointing_time():
 def techniques_table():
     """The README's table of every technique (scripts/techniques-table.sh), in its list item."""
     lines = (RESULTS / "fashion-mnist-techniques.md").read_text().splitlines()
-    return "\n".join("  " + line for line in lines if line.startswith("|"))
+    return "\n".join(line for line in lines if line.startswith("|"))
 
 
 def openings():
@@ -320,6 +325,110 @@ def curves_summary():
             f"`fashion-mnist-equivalence.sh` above, {chapter02_gap:.2f} points):")
 
 
+def accumulation_summary():
+    """The README's paragraph on BM_Accumulation (cpu-accumulation.json): peaks and step
+    times of the naive and the memory-free way at micro-batches 1, 64 and 1024."""
+    data = json.loads((RESULTS / "cpu-accumulation.json").read_text())
+    runs = {}
+    for b in data["benchmarks"]:
+        if b.get("aggregate_name") == "median":
+            naive, micro = re.search(r"naive:(\d)/micro:(\d+)/", b["name"]).groups()
+            runs[(naive == "1", int(micro))] = b
+    gaps = {runs[(True, m)]["peak_total"] - runs[(False, m)]["peak_total"] for m in
+            {m for _, m in runs}}
+    gap = (f"is {mib(gaps.pop())} MiB" if len(gaps) == 1 else
+           f"is {mib(min(gaps))} to {mib(max(gaps))} MiB")
+    peak = lambda m: (f"{mib(runs[(True, m)]['peak_total'])} against "
+                      f"{mib(runs[(False, m)]['peak_total'])} MiB at {m}")
+
+    def seconds(ms):
+        return f"{ms / 1e3:.1f} s" if ms >= 1e3 else f"{ms:.0f} ms"
+
+    step = lambda m, naive: seconds(runs[(naive, m)]["real_time"])
+    repetitions = next(b["repetitions"] for b in data["benchmarks"] if "repetitions" in b)
+    return (
+        f"On a 2-core CPU ({data['context']['date'].split('T')[0]}, medians of {repetitions}; "
+        f"`notebooks/accumulation.ipynb` draws it), the naive way's peak {gap} (one more gradients-sized buffer) above the memory-free way's at every "
+        f"micro-batch: {peak(1).replace(' at 1', ' at micro-batch 1')}, {peak(64)}, "
+        f"{peak(1024)}. A step takes {step(1, False)} the memory-free way ({step(1, True)} "
+        f"naive) at micro-batch 1, {step(64, False)} ({step(64, True)}) at 64 and "
+        f"{step(1024, False)} ({step(1024, True)}) at 1024.")
+
+
+def checkpointing_table():
+    """Chapter 05's table of the policies at depth 32 (bench_checkpointing's medians)."""
+    data = json.loads((RESULTS / "cpu-checkpointing.json").read_text())
+    runs = {b["label"]: b for b in data["benchmarks"] if b.get("aggregate_name") == "median"}
+    none = runs["none depth 32"]
+    lines = ["| policy | activations + checkpoints at the peak | less | step peak (measured = "
+             "predicted) | block forwards | time per step | ratio |",
+             "|---|---|---|---|---|---|---|"]
+    for policy, shown in (("none", "none"), ("sqrt", "sqrt (K = 6)"), ("every:4", "every:4"),
+                          ("optimal:3", "optimal:3"), ("selective", "selective"),
+                          ("sqrt+selective", "sqrt+selective")):
+        b = runs[f"{policy} depth 32"]
+        lines.append(
+            f"| {shown} | {mib(b['activation_bytes'])} MiB | "
+            f"{none['activation_bytes'] / b['activation_bytes']:.2f}x | "
+            f"{mib(b['step_bytes'])} MiB | {b['block_forwards']:.0f} | {b['real_time']:.1f} ms | "
+            f"{b['real_time'] / none['real_time']:.2f}x |")
+    return "\n".join(lines)
+
+
+def checkpointing_spread():
+    """The date and the spread of chapter 05's table: the coefficients of variation."""
+    data = json.loads((RESULTS / "cpu-checkpointing.json").read_text())
+    cv = [b["real_time"] for b in data["benchmarks"]
+          if b.get("aggregate_name") == "cv" and b["label"].endswith(" depth 32")]
+    repetitions = next(b["repetitions"] for b in data["benchmarks"] if "repetitions" in b)
+    return [str(repetitions), data["context"]["date"].split("T")[0], f"{min(cv):.2f}",
+            f"{max(cv):.2f}"]
+
+
+def bf16_costs():
+    """Chapter 04's sections (d) to (f), as its demo wrote them to
+    chapter04-scale-trajectory.json (scripts/chapter-figures.sh)."""
+    return json.loads((RESULTS / "chapter04-scale-trajectory.json").read_text())["bf16"]
+
+
+def percent(share, digits=2):
+    return f"{share * 100:.{digits}f}%"
+
+
+def bf16_accumulation_table():
+    rows = {r["micro_batches"]: r for r in bf16_costs()["accumulation"]}
+    shown = [4, 16, 64, 256]
+    cells = lambda key: " | ".join(percent(rows[n][key]) for n in shown)
+    return "\n".join([
+        "| N | " + " | ".join(str(n) for n in shown) + " |",
+        "|---|" + "---:|" * len(shown),
+        f"| bf16: share of the update wrong | {cells('bf16')} |",
+        f"| predicted | {cells('bf16_predicted')} |",
+        f"| fp16 | {cells('fp16')} |"])
+
+
+def bf16_lost_updates_table():
+    rows = bf16_costs()["lost_updates"]
+    return "\n".join([
+        "| lr | " + " | ".join(f"{r['lr']:.0e}".replace("e-0", "e-") for r in rows) + " |",
+        "|---|" + "---:|" * len(rows),
+        "| updates that round away, measured | " +
+        " | ".join(percent(r["lost"]) for r in rows) + " |",
+        "| predicted | " + " | ".join(percent(r["predicted"]) for r in rows) + " |"])
+
+
+def precisions_table():
+    lines = ["| precision | bytes per parameter | activation bytes per sample | skipped steps | "
+             "loss (last 5 steps) | test accuracy | ms per step |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
+    for r in bf16_costs()["precisions"]:
+        lines.append(f"| {r['precision']} | {r['bytes_per_parameter']:.2f} | "
+                     f"{r['activation_bytes_per_sample']:.0f} | {r['skipped']} | "
+                     f"{r['final_loss']:.4f} | {r['test_accuracy']:.4f} | "
+                     f"{r['ms_per_step']:.1f} |")
+    return "\n".join(lines)
+
+
 def kernel_table():
     return bench_summary.summary(str(RESULTS / "cpu-kernels.json"))
 
@@ -329,6 +438,250 @@ def step_table():
                                       RESULTS / "pytorch-training.json")
 
 
+
+
+# ---- numbers inside hand-written sentences ------------------------------------------------
+# A sentence that quotes a number or two is easier to read written by hand than generated.
+# Each entry below holds such a sentence's words around its numbers ("{}" for each) and the
+# numbers as its source says them now: the check finds the words in the README (exactly
+# once, across line breaks) and compares the numbers; --write puts the source's in.
+
+REPORTS = RESULTS / "chapter-reports"
+
+
+def report(chapter, pattern):
+    """The groups of the first match of `pattern` in chapter NN's demo report (the full run,
+    as scripts/chapter-reports.sh saved it)."""
+    paths = sorted(REPORTS.glob(f"chapter_{chapter}_*.txt"))
+    if len(paths) != 1:
+        raise SystemExit(f"{REPORTS.relative_to(ROOT)}: no single report of chapter {chapter}")
+    found = re.search(pattern, paths[0].read_text(), re.M)
+    if not found:
+        raise SystemExit(f"{paths[0].relative_to(ROOT)}: nothing matches {pattern!r}")
+    return list(found.groups())
+
+
+def sentence_pattern(template):
+    """The regular expression of a sentence: its words as written, any whitespace between
+    them (lines wrap anywhere), a number (digits, a sign, a point, thousands' commas, an
+    exponent, a percent sign), a date (2026-12-02) or a word of letters for each {}."""
+    number = r"(\d{4}-\d\d-\d\d|[-+]?(?:\d[\d,]*)?\.?\d+(?:e[-+]?\d+)?%?|[a-z]+)"
+    pieces = []
+    for i, literal in enumerate(template.split("{}")):
+        if i:
+            pieces.append(number)
+        pieces.extend(r"\s+" if part.isspace() else re.escape(part)
+                      for part in re.split(r"(\s+)", literal) if part)
+    return re.compile("".join(pieces))
+
+
+def check_sentence(content, readme, template, values, write):
+    """(content, a complaint or None): the README's sentence checked, or rewritten."""
+    matches = list(sentence_pattern(template).finditer(content))
+    if len(matches) != 1:
+        return content, (f"{readme}: the sentence {template!r} occurs {len(matches)} times "
+                         f"(it must occur once)")
+    match = matches[0]
+    if len(values) != len(match.groups()):
+        return content, f"{readme}: {template!r} has {len(match.groups())} numbers, its source {len(values)}"
+    if list(match.groups()) == values:
+        return content, None
+    if not write:
+        return content, (f"{readme}: {template!r} says {', '.join(match.groups())}, its source "
+                         f"{', '.join(values)}")
+    for i in reversed(range(len(values))):
+        content = content[:match.start(i + 1)] + values[i] + content[match.end(i + 1):]
+    return content, None
+
+
+def fmt(text, spec):
+    """A number from a report, written to `spec`: fmt("0.568", ".2f") -> "0.57"."""
+    return format(float(text), spec)
+
+
+def mib_of(text):
+    """"803840" (bytes) -> "0.77" (MiB)."""
+    return mib(float(text))
+
+
+def share(fraction, digits=1):
+    """"0.0744" -> "7.4%"."""
+    return f"{float(fraction) * 100:.{digits}f}%"
+
+
+def elementwise_in_place():
+    """The elementwise ops at 1.5x memcpy's rate or more: how many, in words."""
+    runs, _ = bench_summary.load_runs(str(RESULTS / "cpu-kernels.json"))
+    fast = [r for name, r in runs.items()
+            if name.startswith("Elementwise_") and r.get("vs_memcpy", 0) >= 1.5]
+    words = ["no", "one", "two", "three", "four", "five", "six", "seven", "eight"]
+    return [words[len(fast)]]
+
+
+def lost_update(lr):
+    return next(r["lost"] for r in bf16_costs()["lost_updates"] if r["lr"] == lr)
+
+
+def accumulation_error(micro_batches):
+    return next(r["bf16"] for r in bf16_costs()["accumulation"]
+                if r["micro_batches"] == micro_batches)
+
+
+def dlogits_subnormal(batch):
+    return next(r["fp16_subnormal"] for r in bf16_costs()["dlogits"] if r["batch"] == batch)
+
+
+def fp16_loss_curves():
+    """Chapter 03's runs at a full-data batch (scripts/fp16-loss-curves.sh), by name."""
+    runs = json.loads((RESULTS / "chapter03-loss-curves.json").read_text())["runs"]
+    return {r["name"]: r for r in runs}
+
+
+def fp16_loss_curves_table():
+    runs = fp16_loss_curves()
+    fp32 = runs["fp32"]["loss"][-1]
+    lines = ["| run | final training loss | test accuracy |", "|---|---|---|"]
+    for name, shown in (("fp32", "fp32"), ("fp16-unscaled", "fp16, no loss scale"),
+                        ("fp16-static", "fp16, `static:65536`")):
+        loss = runs[name]["loss"][-1]
+        gap = "" if name == "fp32" else f" ({(loss - fp32) / fp32 * 100:+.2f}%)"
+        lines.append(f"| {shown} | {loss:.4f}{gap} | {runs[name]['test_accuracy']:.4f} |")
+    return "\n".join(lines)
+
+
+def static_scale_gap():
+    """How far the statically scaled fp16 run's loss strays from fp32's, at worst."""
+    runs = fp16_loss_curves()
+    gap = max(abs(a - b) / b for a, b in zip(runs["fp16-static"]["loss"], runs["fp32"]["loss"]))
+    return [f"{gap * 100:.1f}%"]
+
+
+def checkpointing_run(policy, depth=32):
+    data = json.loads((RESULTS / "cpu-checkpointing.json").read_text())
+    return next(b for b in data["benchmarks"] if b.get("aggregate_name") == "median"
+                and b["label"] == f"{policy} depth {depth}")
+
+
+def selective_against_sqrt():
+    """Selective's step time and sqrt's, each over no checkpointing's, at depth 32."""
+    none = checkpointing_run("none")["real_time"]
+    return [f"{checkpointing_run(p)['real_time'] / none:.2f}" for p in ("selective", "sqrt")]
+
+
+def none_step_bytes():
+    b = checkpointing_run("none")["step_bytes"]
+    return [f"{b:,.0f}", mib(b)]
+
+
+def frontier_smallest():
+    frontier = json.loads((RESULTS / "planner-frontier.json").read_text())
+    return [mib(frontier["smallest_peak"]["peak_bytes"]), mib(frontier["smallest_peak"]["fixed_bytes"])]
+
+
+CH01 = "chapters/01_large_batch_baseline/README.md"
+CH02 = "chapters/02_gradient_accumulation/README.md"
+CH03 = "chapters/03_fp16_static_loss_scaling/README.md"
+CH04 = "chapters/04_dynamic_loss_scaling/README.md"
+CH05 = "chapters/05_activation_checkpointing/README.md"
+CH06 = "chapters/06_planner/README.md"
+FIXED = r"parameters \+ gradients \+ optimizer state = ([\d.]+) MiB"
+
+# (README, the sentence with {} for each number, the function giving the numbers)
+SENTENCES = [
+    ("README.md", "summed in a bf16 buffer, 256 micro-batches get {} of the update wrong",
+     lambda: [share(accumulation_error(256))]),
+    ("README.md", "(without them, {} of AdamW's updates at lr 1e-4 round away)",
+     lambda: [share(lost_update(1e-4), 0)]),
+    ("README.md", "fp16 cuts the activations to {} of fp32's (chapter 03)",
+     lambda: [fmt(report('03', r'activations fp16 / fp32: ([\d.]+)')[0], ".2f")]),
+    ("README.md", "`bench/results/cpu-2core/fashion-mnist-techniques.md` (2-core CPU, {}, the",
+     lambda: re.findall(r"epochs, (\d{4}-\d\d-\d\d),",
+                        (RESULTS / "fashion-mnist-techniques.md").read_text())[:1]),
+    ("README.md", "The {} ops far above 1.0 (1.5x or more) work in place", elementwise_in_place),
+    (CH01, "its gradients and optimizer state ({} MiB) and a step of batch 256 ({} MiB at its peak)",
+     lambda: report("01", FIXED) + report("01", r"one step at batch 256: peak ([\d.]+) MiB")),
+    (CH01, "The first three rows are fixed: 16 bytes per parameter, {} MiB, whatever the batch.",
+     lambda: report("01", FIXED)),
+    (CH01, "The activations grow linearly with the batch: {} MiB at 256, about {} MiB at 4096,",
+     lambda: report("01", r"^   activations +\d+ B +([\d.]+) MiB") +
+     [fmt(report('01', r'at 4096 they would be about ([\d.]+) MiB')[0], ".0f")]),
+    (CH01, "own peak, at the end of the forward pass: {} MiB at 256.)",
+     lambda: report("02", r"as micro-batches, step 1 peaks at: activations ([\d.]+) MiB")),
+    (CH01, "data sets ({} MiB of Fashion-MNIST)",
+     lambda: report("01", r"the ([\d.]+) MiB of data sets are host memory")),
+    (CH01, "the loss falling from about 2.4, a test accuracy of {}",
+     lambda: report("01", r"^   trained in .* accuracy ([\d.]+)$")),
+    (CH02, "peaks at {} MiB of 48 MiB: activations {} MiB instead of {} MiB in one piece,",
+     lambda: report("02", r"as micro-batches, step 1 peaks at: activations [\d.]+ MiB, .*total "
+                          r"([\d.]+) MiB") +
+     report("02", r"as micro-batches, step 1 peaks at: activations ([\d.]+) MiB") +
+     report("02", r"one piece, no cap, step 1 peaks at: activations ([\d.]+) MiB")),
+    (CH02, "device are one micro-batch, {} MiB, not the batch's {} MiB:",
+     lambda: [mib_of(report("01", r"^   data +(\d+) B")[0])] +
+     report("02", r"data ([\d.]+) MiB\)")),
+    (CH02, "section (c) measures the gradient off by {} of its largest element.",
+     lambda: [share(report("02", r"per-micro-batch averaging: max relative error predicted "
+                                 r"[\d.]+, measured ([\d.]+)")[0], 1)]),
+    (CH02, "which the demo predicts and measures (about {} of the largest",
+     lambda: [share(report("02", r"per-micro-batch averaging: max relative error predicted "
+                                 r"([\d.]+),")[0], 0)]),
+    (CH03, "(the statistics and logits stay f32: {} of fp32's activations here)",
+     lambda: [fmt(report('03', r'activations fp16 / fp32: ([\d.]+)')[0], ".2f")]),
+    (CH03, "end of the forward pass) {} MiB in fp32, {} MiB in fp16 ({}: the LayerNorm",
+     lambda: report("03", r"^   fp32: .*activations ([\d.]+) MiB") +
+     report("03", r"^   fp16: .*activations ([\d.]+) MiB") +
+     [fmt(report('03', r'activations fp16 / fp32: ([\d.]+)')[0], ".2f")]),
+    (CH03, "none at 256, {} subnormal at 4096, {} at 65536;",
+     lambda: [report("03", r"B = 4096: .*S = 1: [\d.]+% zero, ([\d.]+%) subnormal")[0],
+              report("03", r"B = 65536: .*S = 1: [\d.]+% zero, ([\d.]+)% subnormal")[0]
+              .replace(".0", "") + "%"]),
+    (CH03, "fp16 gradients are off fp32's by {} without scaling and by {} with S = 2^16.",
+     lambda: [share(v, d) for v, d in zip(report(
+         "03", r"fp16 gradients off fp32's by ([\d.]+) without scaling, ([\d.]+) with"), (1, 2))]),
+    (CH03, "with S = 2^16 it follows fp32 to within {} at every step.", static_scale_gap),
+    (CH04, "the first {} steps overflow and are skipped as S halves to 2^{}, where the first",
+     lambda: [str(int(report("04", r"first step taken: (\d+) at")[0]) - 1),
+              report("04", r"first step taken: \d+ at S = 2\^(\d+)")[0]]),
+    (CH04, "({} of 120 steps skipped in the full run)",
+     lambda: report("04", r"; (\d+) of 120 steps skipped")),
+    (CH04, "falls ({} to {} over the steps taken)",
+     lambda: [f"{float(v):.2f}" for v in
+              report("04", r"mean loss of the first and last 5 steps taken: ([\d.]+) -> ([\d.]+)")]),
+    (CH04, "gradient norm {}):",
+     lambda: [fmt(report('04', r'batch 256: gradient norm ([\d.]+),')[0], ".2f")]),
+    (CH04, "| {} of the update off; the replay predicts every element to {} |",
+     lambda: [report("04", r"in another direction: ([\d.]+%) of the update off")[0],
+              fmt(report('04', r'predicts every element to ([\d.e+-]+)')[0], ".0e")
+              .replace("e-0", "e-")]),
+    (CH04, "| MAX / S = 0.000488 (S = 1024) | {} |",
+     lambda: [fmt(report("04", r"clip before unscaling \(S = 1024\): norm ([\d.e+-]+) after")[0],
+                  ".3g")]),
+    (CH04, "| lr {}, {}, {} after 2 skips vs {}, {}, {} |",
+     lambda: [fmt(v, "g") for v in
+              report("04", r"lr by steps taken: \S+ \S+ ([\d.e-]+) ([\d.e-]+) ([\d.e-]+)") +
+              report("04", r"lr by steps run: +\S+ \S+ ([\d.e-]+) ([\d.e-]+) ([\d.e-]+)")]),
+    (CH04, "S = 1: fp16 holds {} of them only as subnormals at B = 4096 and {} at B = 65536;",
+     lambda: [percent(dlogits_subnormal(4096)), share(dlogits_subnormal(65536), 0)]),
+    (CH04, "fp16's gradients are off fp32's by {} (worst tensor, normalised), bf16's by {}, its",
+     lambda: [f"{float(v):.2g}" if float(v) > 0.01 else f"{float(v):.4f}" for v in
+              report("04", r"gradients off fp32's by ([\d.]+) in fp16, ([\d.]+) in bf16")]),
+    (CH05, "(1.25 MiB per block at batch 128: {} MiB at depth 4, {} MiB at",
+     lambda: report("05", r"depth 4 ([\d.]+) MiB") + report("05", r"depth 16 ([\d.]+) MiB")),
+    (CH05, "medians of {} interleaved repetitions, {}, on the CPU its context names)",
+     lambda: checkpointing_spread()[:2]),
+    (CH05, "`real_time_cv` rows give coefficients of variation of {} to {} for these six",
+     lambda: checkpointing_spread()[2:]),
+    (CH05, "C 10) that is {} bytes ({} MiB), the step peak of `none` in the table above.",
+     none_step_bytes),
+    (CH05, "in the table above, `selective` takes {} times the step of `none` (nothing the "
+           "noise would show) where `sqrt` takes {} times.", selective_against_sqrt),
+    (CH06, "batch 4096 in one piece would peak at {} MiB (chapter",
+     lambda: report("06", r"the step would peak at ([\d.]+) MiB")),
+    (CH06, "no plan fits the step in 4.00 MiB: the smallest predicted peak is {} MiB", lambda: frontier_smallest()[:1]),
+    (CH06, "optimal:1+selective), of which {} MiB", lambda: frontier_smallest()[1:]),
+]
+
+
 # (README, marker name, the function that writes the text between the markers)
 PARAGRAPHS = [
     ("README.md", "bench", kernel_table),
@@ -336,6 +689,12 @@ PARAGRAPHS = [
     ("README.md", "techniques", techniques_table),
     ("README.md", "equivalence", equivalence_summary),
     ("README.md", "curves", curves_summary),
+    ("README.md", "accumulation", accumulation_summary),
+    ("chapters/04_dynamic_loss_scaling/README.md", "bf16-accumulation", bf16_accumulation_table),
+    ("chapters/04_dynamic_loss_scaling/README.md", "bf16-lost-updates", bf16_lost_updates_table),
+    ("chapters/04_dynamic_loss_scaling/README.md", "precisions", precisions_table),
+    ("chapters/05_activation_checkpointing/README.md", "checkpointing-table", checkpointing_table),
+    ("chapters/03_fp16_static_loss_scaling/README.md", "loss-curves", fp16_loss_curves_table),
     ("chapters/04_dynamic_loss_scaling/README.md", "equivalence", equivalence_fp16),
     ("chapters/05_activation_checkpointing/README.md", "checkpointing-time", checkpointing_time),
     ("chapters/01_large_batch_baseline/README.md", "opening", lambda: opening("01")),
@@ -353,9 +712,9 @@ PARAGRAPHS = [
 
 def wrap(text, width=90, indent=""):
     """Markdown prose wrapped at the repository's line width, every line after `indent`
-    (tables, and text of several lines, are left alone)."""
+    (tables, and text of several lines, keep their lines: each is indented)."""
     if text.lstrip().startswith(("|", "Medians")) or "\n" in text:
-        return text
+        return "\n".join(indent + line if line else line for line in text.splitlines())
     width -= len(indent)
     lines, line = [], ""
     for word in text.split():
@@ -367,10 +726,40 @@ def wrap(text, width=90, indent=""):
     return "\n".join(indent + l for l in lines + [line])
 
 
+def self_test():
+    """The sentence check on a text of its own: a number that moved is named and rewritten
+    (keeping the line break inside the sentence), a sentence found twice or not at all is
+    refused, and a current one passes."""
+    template = "the step peaks at {} MiB, {} times the"
+    text = "Intro.\nAs measured, the step peaks at 26.96 MiB, 1.16\ntimes the batch.\n"
+    failures = []
+    _, complaint = check_sentence(text, "t.md", template, ["26.96", "1.16"], False)
+    if complaint:
+        failures.append(f"a current sentence was refused: {complaint}")
+    _, complaint = check_sentence(text, "t.md", template, ["27.21", "1.16"], False)
+    if not complaint or "27.21" not in complaint:
+        failures.append("a moved number went unnoticed")
+    rewritten, complaint = check_sentence(text, "t.md", template, ["27.21", "1.2"], True)
+    if complaint or rewritten != text.replace("26.96", "27.21").replace("1.16\n", "1.2\n"):
+        failures.append(f"--write did not put the new numbers in place: {rewritten!r}")
+    for wrong, why in ((text + text, "twice"), ("Intro.\n", "nowhere")):
+        _, complaint = check_sentence(wrong, "t.md", template, ["26.96", "1.16"], False)
+        if not complaint or "occurs" not in complaint:
+            failures.append(f"a sentence found {why} was not refused")
+    for failure in failures:
+        print(f"FAIL: {failure}")
+    if not failures:
+        print("the sentence check names a moved number, rewrites it and refuses a sentence "
+              "found twice or not at all")
+    return 1 if failures else 0
+
+
 def main(argv):
     if "-h" in argv or "--help" in argv:
         print(__doc__.strip())
         return 0
+    if "--self-test" in argv:
+        return self_test()
     write = "--write" in argv
     stale = []
     for readme, name, render in PARAGRAPHS:
@@ -386,12 +775,28 @@ def main(argv):
                 print(f"{readme}: rewrote {name}")
             else:
                 stale.append(f"{readme} ({name})")
-    if stale:
-        print("stale: the results say otherwise than " + ", ".join(stale) +
-              "; scripts/readme_numbers.py --write rewrites them")
+    complaints = []
+    for readme, template, values in SENTENCES:
+        path = ROOT / readme
+        before = path.read_text()
+        content, complaint = check_sentence(before, readme, template, values(), write)
+        if complaint:
+            complaints.append(complaint)
+        elif content != before:
+            path.write_text(content)
+            print(f"{readme}: rewrote {template!r}")
+    if stale or complaints:
+        if stale:
+            print("stale: the results say otherwise than " + ", ".join(stale) +
+                  "; scripts/readme_numbers.py --write rewrites them")
+        for complaint in complaints:
+            print(complaint)
+        if complaints and not write:
+            print("(scripts/readme_numbers.py --write puts each source's numbers in)")
         return 1
     if not write:
-        print(f"{len(PARAGRAPHS)} paragraphs say what their results files say")
+        print(f"{len(PARAGRAPHS)} paragraphs and {len(SENTENCES)} sentences say what their "
+              f"results files say")
     return 0
 
 

@@ -9,6 +9,7 @@
 #   scripts/fashion-mnist-curves.sh       fashion-mnist-curves.json
 #   scripts/planner-frontier.sh           planner-frontier.json
 #   scripts/chapter-openings.sh           chapter-openings.json (the runs the chapters open on)
+#   scripts/chapter-reports.sh            chapter-reports/ (every demo's full report)
 #   scripts/chapter-figures.sh            chapters 03-04's data, then every notebook, headless,
 #                                         which writes docs/figures/
 # Each step installs what it needs and builds first, and its own header says how long it
@@ -22,7 +23,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 for step in run-benchmarks.sh fashion-mnist-equivalence.sh large-batch-learning-rate.sh \
             techniques-table.sh fp16-loss-curves.sh fashion-mnist-curves.sh planner-frontier.sh \
-            chapter-openings.sh chapter-figures.sh; do
+            chapter-openings.sh chapter-reports.sh chapter-figures.sh; do
   echo "== scripts/$step"
   "scripts/$step"
 done
