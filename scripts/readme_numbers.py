@@ -578,6 +578,13 @@ def frontier_smallest():
     return [mib(frontier["smallest_peak"]["peak_bytes"]), mib(frontier["smallest_peak"]["fixed_bytes"])]
 
 
+def fresh_machine_tutorial():
+    """The seconds and the date of scripts/fresh-machine-tutorial.sh's run."""
+    text = (RESULTS / "fresh-machine-tutorial.txt").read_text()
+    return [re.search(r"^seconds: (\d+)", text, re.M).group(1),
+            re.search(r"^date: (\S+)", text, re.M).group(1)]
+
+
 CH01 = "chapters/01_large_batch_baseline/README.md"
 CH02 = "chapters/02_gradient_accumulation/README.md"
 CH03 = "chapters/03_fp16_static_loss_scaling/README.md"
@@ -598,6 +605,8 @@ SENTENCES = [
      lambda: re.findall(r"epochs, (\d{4}-\d\d-\d\d),",
                         (RESULTS / "fashion-mnist-techniques.md").read_text())[:1]),
     ("README.md", "The {} ops far above 1.0 (1.5x or more) work in place", elementwise_in_place),
+    ("README.md", "it took {} s from the packages' download to chapter 06's report ({}).",
+     fresh_machine_tutorial),
     (CH01, "its gradients and optimizer state ({} MiB) and a step of batch 256 ({} MiB at its peak)",
      lambda: report("01", FIXED) + report("01", r"one step at batch 256: peak ([\d.]+) MiB")),
     (CH01, "The first three rows are fixed: 16 bytes per parameter, {} MiB, whatever the batch.",
@@ -625,6 +634,8 @@ SENTENCES = [
     (CH02, "which the demo predicts and measures (about {} of the largest",
      lambda: [share(report("02", r"per-micro-batch averaging: max relative error predicted "
                                  r"([\d.]+),")[0], 0)]),
+    (CH03, "in 16 bits ({} of fp32's bytes here: the statistics and logits stay f32)",
+     lambda: [fmt(report('03', r'activations fp16 / fp32: ([\d.]+)')[0], ".2f")]),
     (CH03, "(the statistics and logits stay f32: {} of fp32's activations here)",
      lambda: [fmt(report('03', r'activations fp16 / fp32: ([\d.]+)')[0], ".2f")]),
     (CH03, "end of the forward pass) {} MiB in fp32, {} MiB in fp16 ({}: the LayerNorm",
