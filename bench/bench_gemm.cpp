@@ -151,6 +151,94 @@ BENCHMARK(BM_OpenBlasSgemm)
     ->Unit(benchmark::kMillisecond);
 #endif
 
+// ---- the GEMMs a training step runs ------------------------------------------------------
+// A Linear layer of a block (chapter 01's MLP at H 512: fc1 is W [2048, 512], fc2 is
+// W [512, 2048]) on a micro-batch of `rows` rows, in each of its step's three products:
+//   forward          Y  = X W^T      [rows, out] = [rows, in] [out, in]^T
+//   input gradient   dX = dY W       [rows, in]  = [rows, out] [out, in]
+//   weight gradient  dW = dY^T X     [out, in]   = [rows, out]^T [rows, in]
+// Args: {product (0 forward, 1 input gradient, 2 weight gradient), layer (1 fc1, 2 fc2),
+// rows}; ours and OpenBLAS's on the same operands, the same threads.
+struct TrainingShape {
+  bool trans_a, trans_b;
+  std::int64_t m, n, k;          // C [m, n] = op(A) [m, k] op(B) [k, n]
+  std::int64_t a_rows, a_cols, b_rows, b_cols;
+  std::string name;
+};
+
+TrainingShape training_shape(std::int64_t product, std::int64_t layer, std::int64_t rows) {
+  const std::int64_t out = layer == 1 ? 2048 : 512, in = layer == 1 ? 512 : 2048;
+  const std::string fc = layer == 1 ? "fc1" : "fc2";
+  switch (product) {
+    case 0: return {false, true, rows, out, in, rows, in, out, in, fc + " forward x W^T"};
+    case 1: return {false, false, rows, in, out, rows, out, out, in, fc + " input gradient dY W"};
+    default: return {true, false, out, in, rows, rows, out, rows, in, fc + " weight gradient dY^T x"};
+  }
+}
+
+void set_shape_counters(benchmark::State& state, const TrainingShape& s) {
+  const double flops = 2.0 * static_cast<double>(s.m) * static_cast<double>(s.n) *
+                       static_cast<double>(s.k);
+  const double bytes = 4.0 * static_cast<double>(s.a_rows * s.a_cols + s.b_rows * s.b_cols + s.m * s.n);
+  state.counters["FLOP/s"] = benchmark::Counter(flops, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["bytes"] = benchmark::Counter(bytes);
+  state.SetBytesProcessed(static_cast<std::int64_t>(bytes) * state.iterations());
+}
+
+void BM_GemmTrainingShape(benchmark::State& state) {
+  const TrainingShape s = training_shape(state.range(0), state.range(1), state.range(2));
+  const Tensor a = random_matrix(s.a_rows, s.a_cols, DType::f32, Device::cpu(), 1);
+  const Tensor b = random_matrix(s.b_rows, s.b_cols, DType::f32, Device::cpu(), 2);
+  const Tensor c({s.m, s.n}, DType::f32, Device::cpu());
+  for (auto _ : state) {
+    gemm(a, s.trans_a, b, s.trans_b, c);
+    benchmark::DoNotOptimize(c.raw_data());
+    benchmark::ClobberMemory();
+  }
+  set_shape_counters(state, s);
+  state.SetLabel(s.name + ", " + std::string(cpu::gemm_path_name(cpu::gemm_path())) + ", " +
+                 std::to_string(cpu::max_threads()) + " threads");
+}
+
+void training_shapes(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"product", "layer", "rows"});
+  for (const std::int64_t rows : {64, 1024}) {
+    for (const std::int64_t layer : {1, 2}) {
+      for (const std::int64_t product : {0, 1, 2}) b->Args({product, layer, rows});
+    }
+  }
+}
+BENCHMARK(BM_GemmTrainingShape)->Apply(training_shapes)->UseRealTime()->Unit(benchmark::kMillisecond);
+
+#if BIGBATCH_HAVE_BLAS_PEER
+constexpr int kCblasTrans = 112;
+
+void BM_OpenBlasTrainingShape(benchmark::State& state) {
+  const TrainingShape s = training_shape(state.range(0), state.range(1), state.range(2));
+  const int threads = cpu::max_threads();
+  openblas_set_num_threads(threads);
+  const Tensor a = random_matrix(s.a_rows, s.a_cols, DType::f32, Device::cpu(), 1);
+  const Tensor b = random_matrix(s.b_rows, s.b_cols, DType::f32, Device::cpu(), 2);
+  const Tensor c({s.m, s.n}, DType::f32, Device::cpu());
+  for (auto _ : state) {
+    cblas_sgemm(kCblasRowMajor, s.trans_a ? kCblasTrans : kCblasNoTrans,
+                s.trans_b ? kCblasTrans : kCblasNoTrans, static_cast<int>(s.m),
+                static_cast<int>(s.n), static_cast<int>(s.k), 1.0f, a.data<float>(),
+                static_cast<int>(s.a_cols), b.data<float>(), static_cast<int>(s.b_cols), 0.0f,
+                c.data<float>(), static_cast<int>(s.n));
+    benchmark::DoNotOptimize(c.raw_data());
+    benchmark::ClobberMemory();
+  }
+  set_shape_counters(state, s);
+  state.SetLabel(s.name + ", OpenBLAS " + openblas_kernel() + ", " + std::to_string(threads) +
+                 " threads");
+}
+BENCHMARK(BM_OpenBlasTrainingShape)
+    ->Apply(training_shapes)
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+#endif
+
 // CUDA: registered always, skipped with the reason where no GPU can be used.
 void run_cuda_gemm(benchmark::State& state, DType operands, DType output) {
   std::string why_not;

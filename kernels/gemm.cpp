@@ -562,7 +562,10 @@ bool compute_block_from_stored_b(const Problem& p, const IsaKernels& isa, Scratc
     }
     return true;
   }
-  if (isa.strided_b_micro_kernel == nullptr) return false;
+  if (isa.strided_b_micro_kernel == nullptr ||
+      (isa.strided_b_max_ldb > 0 && p.b.ld > isa.strided_b_max_ldb)) {
+    return false;
+  }
   pack_a_block(p, isa, chunk0, rows, k0, kc, packed_a);
   for (std::int64_t j = 0; j < cols; j += nr) {
     const std::int64_t width = std::min(nr, cols - j);

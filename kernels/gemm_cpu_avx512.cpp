@@ -19,178 +19,43 @@
 namespace bigbatch::gemm_detail {
 namespace {
 
+// The vector the tiles of gemm_cpu_tiles.inc are written in: 16 floats.
+struct Vec {
+  using type = __m512;
+  static constexpr int kWidth = 16;
+  BIGBATCH_AVX512 __attribute__((always_inline)) static type load(const float* p) {
+    return _mm512_loadu_ps(p);
+  }
+  BIGBATCH_AVX512 __attribute__((always_inline)) static void store(float* p, type v) {
+    _mm512_storeu_ps(p, v);
+  }
+  BIGBATCH_AVX512 __attribute__((always_inline)) static type zero() { return _mm512_setzero_ps(); }
+  BIGBATCH_AVX512 __attribute__((always_inline)) static type broadcast(const float* p) {
+    return _mm512_set1_ps(*p);
+  }
+  BIGBATCH_AVX512 __attribute__((always_inline)) static type mul(type a, type b) {
+    return _mm512_mul_ps(a, b);
+  }
+  BIGBATCH_AVX512 __attribute__((always_inline)) static type fma(type a, type b, type c) {
+    return _mm512_fmadd_ps(a, b, c);
+  }
+};
+
 // A 14 x 32 tile of C: 28 zmm accumulators, 2 zmm for the row of B at step k and one
 // for the broadcast element of A (31 of the 32 registers). Each step k is 28 FMAs
 // against 2 loads of B and 14 broadcasts of A.
 constexpr int kMr = 14;
 constexpr int kVectors = 2;  // zmm registers per row of the tile
-constexpr int kNr = 16 * kVectors;
-static_assert(kMr <= kMaxMr && kNr <= kMaxNr);
-
-// acc[r][v] = 0, beta * C or C, per `start`, for the Rows x Vectors zmm of a tile whose
-// row r starts at c + r * ldc; store_accumulators writes them back there. Shared by the
-// micro-kernel (C itself) and the transposed one (its transposed copy of C).
-template <int Rows, int Vectors>
-BIGBATCH_AVX512 __attribute__((always_inline)) inline void start_accumulators(
-    __m512 (&acc)[Rows][Vectors], const float* c, std::int64_t ldc, AccumulatorStart start,
-    float beta) {
-  const __m512 beta_v = _mm512_set1_ps(beta);
-#pragma GCC unroll 16
-  for (int r = 0; r < Rows; ++r) {
-#pragma GCC unroll 4
-    for (int v = 0; v < Vectors; ++v) {
-      const float* c_rv = c + r * ldc + 16 * v;
-      acc[r][v] = start == AccumulatorStart::zero       ? _mm512_setzero_ps()
-                  : start == AccumulatorStart::scaled_c ? _mm512_mul_ps(beta_v, _mm512_loadu_ps(c_rv))
-                                                        : _mm512_loadu_ps(c_rv);
-    }
-  }
-}
-
-template <int Rows, int Vectors>
-BIGBATCH_AVX512 __attribute__((always_inline)) inline void store_accumulators(
-    const __m512 (&acc)[Rows][Vectors], float* c, std::int64_t ldc) {
-#pragma GCC unroll 16
-  for (int r = 0; r < Rows; ++r) {
-#pragma GCC unroll 4
-    for (int v = 0; v < Vectors; ++v) _mm512_storeu_ps(c + r * ldc + 16 * v, acc[r][v]);
-  }
-}
-
-// The first `Rows` rows of the tile: all 14 (micro_kernel), or fewer for the last row
-// panel of a C whose rows are not a multiple of 14 (8 of a micro-batch of 64), which then
-// costs its rows and not 14; a_panel keeps its kMr stride either way.
-// b_panel's row k is at b_panel + k * ldb: kNr for a packed panel, or op(B) read where
-// it is stored (IsaKernels::strided_b_micro_kernel). prefetch_b (or nullptr): a panel laid
-// out as b_panel whose rows are asked of L2 as this one's are read (the next panel's).
-template <int Rows>
-BIGBATCH_AVX512 void micro_kernel_rows(std::int64_t kc, const float* a_panel,
-                                       const float* b_panel, std::int64_t ldb, float* c,
-                                       std::int64_t ldc, AccumulatorStart start, float beta,
-                                       const float* prefetch_b = nullptr) {
-  __m512 acc[Rows][kVectors];
-  start_accumulators(acc, c, ldc, start, beta);
-  for (std::int64_t k = 0; k < kc; ++k) {
-    if (prefetch_b != nullptr) {
-      const char* row = reinterpret_cast<const char*>(prefetch_b + k * ldb);
-      _mm_prefetch(row, _MM_HINT_T1);
-      _mm_prefetch(row + 64, _MM_HINT_T1);
-    }
-    __m512 b_k[kVectors];
-#pragma GCC unroll 4
-    for (int v = 0; v < kVectors; ++v) b_k[v] = _mm512_loadu_ps(b_panel + 16 * v);
-#pragma GCC unroll 16
-    for (int r = 0; r < Rows; ++r) {
-      const __m512 a_rk = _mm512_set1_ps(a_panel[r]);
-#pragma GCC unroll 4
-      for (int v = 0; v < kVectors; ++v) acc[r][v] = _mm512_fmadd_ps(a_rk, b_k[v], acc[r][v]);
-    }
-    a_panel += kMr;
-    b_panel += ldb;
-  }
-  store_accumulators(acc, c, ldc);
-}
-
-BIGBATCH_AVX512 void micro_kernel(std::int64_t kc, const float* a_panel, const float* b_panel,
-                                  float* c, std::int64_t ldc, AccumulatorStart start,
-                                  float beta) {
-  micro_kernel_rows<kMr>(kc, a_panel, b_panel, kNr, c, ldc, start, beta);
-}
-
-// C^T's tile, for a C of few rows whose op(B) is stored transposed (a forward's x W^T):
-// the Columns (<= kTransposedColumns) columns j of C are rows of the stored B, read where
-// they are (row r at b_rows + r * ldb, its k-th element at + k) and broadcast one element
-// at a time; the kTransposedLanes rows i of C are a packed panel of alpha * op(A)^T
-// (a_panel[k * kTransposedLanes + i]), and so is C itself, transposed by the driver:
-// column j of C at ct + j * kTransposedLanes. Six columns, not 14: rows of a weight
-// matrix are often a multiple of 4 KiB apart, where they share one set of the 8-way L1,
-// and 14 streams in one set evict each other at every step. Each element's chain is
-// micro_kernel's: fma(B[j][k], alpha A[i][k], acc) for k in order is
-// fma(alpha A[i][k], B[j][k], acc), the product being exact before its one rounding.
+constexpr int kNr = Vec::kWidth * kVectors;
+// The transposed tile: 6 columns of C (rows of the stored B) by 64 of its rows (4 zmm):
+// 24 accumulators. Six columns, not 14: 14 rows of a weight 4 KiB apart would evict each
+// other from one set of the 8-way L1 at every step.
 constexpr int kTransposedColumns = 6;
 constexpr int kTransposedVectors = 4;
-constexpr int kTransposedLanes = 16 * kTransposedVectors;
-static_assert(kTransposedLanes <= kMaxNr);
 
-// next_rows (or nullptr): the rows of B the next call reads, asked of L1 a cache line of
-// each per 16 steps, as this call's rows are consumed (a weight's rows are short runs
-// that the hardware prefetcher would learn too late): six rows.
-template <int Columns>
-BIGBATCH_AVX512 void transposed_kernel_columns(std::int64_t kc, const float* b_rows,
-                                               std::int64_t ldb, const float* a_panel,
-                                               float* ct, AccumulatorStart start, float beta,
-                                               const float* next_rows) {
-  __m512 acc[Columns][kTransposedVectors];
-  start_accumulators(acc, ct, kTransposedLanes, start, beta);
-  for (std::int64_t k0 = 0; k0 < kc; k0 += 16) {
-    if (next_rows != nullptr) {
-#pragma GCC unroll 8
-      for (int r = 0; r < kTransposedColumns; ++r) {
-        _mm_prefetch(reinterpret_cast<const char*>(next_rows + r * ldb + k0), _MM_HINT_T0);
-      }
-    }
-    const std::int64_t k_end = k0 + 16 < kc ? k0 + 16 : kc;
-    for (std::int64_t k = k0; k < k_end; ++k) {
-      __m512 a_k[kTransposedVectors];
-#pragma GCC unroll 4
-      for (int v = 0; v < kTransposedVectors; ++v) a_k[v] = _mm512_loadu_ps(a_panel + 16 * v);
-#pragma GCC unroll 8
-      for (int r = 0; r < Columns; ++r) {
-        const __m512 b_rk = _mm512_set1_ps(b_rows[r * ldb + k]);
-#pragma GCC unroll 4
-        for (int v = 0; v < kTransposedVectors; ++v) {
-          acc[r][v] = _mm512_fmadd_ps(b_rk, a_k[v], acc[r][v]);
-        }
-      }
-      a_panel += kTransposedLanes;
-    }
-  }
-  store_accumulators(acc, ct, kTransposedLanes);
-}
-
-// Tables of the kernels above by size (index 0 unused).
-using StridedKernel = void (*)(std::int64_t, const float*, const float*, std::int64_t, float*,
-                               std::int64_t, AccumulatorStart, float, const float*);
-using TransposedKernel = void (*)(std::int64_t, const float*, std::int64_t, const float*,
-                                  float*, AccumulatorStart, float, const float*);
-// (micro_kernel_rows by rows 1 ... kMr; transposed_kernel_columns by columns 1 ... 6)
-template <int... Rows>
-constexpr std::array<StridedKernel, sizeof...(Rows) + 1> strided_kernels(
-    std::integer_sequence<int, Rows...>) {
-  return {nullptr, &micro_kernel_rows<Rows + 1>...};
-}
-template <int... Rows>
-constexpr std::array<TransposedKernel, sizeof...(Rows) + 1> transposed_kernels(
-    std::integer_sequence<int, Rows...>) {
-  return {nullptr, &transposed_kernel_columns<Rows + 1>...};
-}
-constexpr auto kStridedKernels = strided_kernels(std::make_integer_sequence<int, kMr>{});
-constexpr auto kTransposedKernels =
-    transposed_kernels(std::make_integer_sequence<int, kTransposedColumns>{});
-
-// IsaKernels::partial_micro_kernel.
-void partial_micro_kernel(int rows, std::int64_t kc, const float* a_panel,
-                          const float* b_panel, float* c, std::int64_t ldc,
-                          AccumulatorStart start, float beta) {
-  kStridedKernels[static_cast<std::size_t>(rows)](kc, a_panel, b_panel, kNr, c, ldc, start,
-                                                  beta, nullptr);
-}
-
-// IsaKernels::strided_b_micro_kernel.
-void strided_b_micro_kernel(int rows, std::int64_t kc, const float* a_panel, const float* b,
-                            std::int64_t ldb, float* c, std::int64_t ldc,
-                            AccumulatorStart start, float beta, const float* prefetch_b) {
-  kStridedKernels[static_cast<std::size_t>(rows)](kc, a_panel, b, ldb, c, ldc, start, beta,
-                                                  prefetch_b);
-}
-
-// IsaKernels::transposed_micro_kernel.
-void transposed_micro_kernel(int columns, std::int64_t kc, const float* b_rows,
-                             std::int64_t ldb, const float* a_panel, float* ct,
-                             AccumulatorStart start, float beta, const float* next_rows) {
-  kTransposedKernels[static_cast<std::size_t>(columns)](kc, b_rows, ldb, a_panel, ct, start,
-                                                        beta, next_rows);
-}
+#define BIGBATCH_GEMM_TARGET BIGBATCH_AVX512
+#include "kernels/gemm_cpu_tiles.inc"
+#undef BIGBATCH_GEMM_TARGET
 
 BIGBATCH_AVX512 void widen_f16(const std::uint16_t* src, float* dst, std::int64_t n) {
   std::int64_t i = 0;

@@ -92,6 +92,10 @@ struct IsaKernels {
   /// \var transposed_lanes
   /// Rows of C per transposed_micro_kernel call: the lanes of its packed panel.
   std::int64_t transposed_columns = 0, transposed_lanes = 0;
+  /// The largest ldb (floats) at which strided_b_micro_kernel beats packing op(B); 0: any.
+  /// A panel row of one cache line (AVX2's nr of 16) whose rows lie pages apart costs a
+  /// page walk per line read; packing the panel costs less there.
+  std::int64_t strided_b_max_ldb = 0;
 };
 
 

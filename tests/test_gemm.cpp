@@ -564,11 +564,11 @@ TEST(GemmCpu, EveryRowCountOfTheLastRowPanelGivesTheSameBits) {
 }
 
 TEST(GemmCpu, MicroBatchShapesGiveThePortableBits) {
-  // A C of one row block (a micro-batch) reads op(B) where it is stored: the AVX-512 path
-  // broadcasts a transposed op(B)'s rows against 64-row panels of op(A)^T, with C itself
-  // transposed in and out, and takes K in blocks of up to 2048; a plain op(B) is read a
-  // panel at a time. Rows past one panel (70 = 64 + 6), K past one block (2100), a beta
-  // that scales C, and a transposed A.
+  // A C of one row block (a micro-batch) reads op(B) where it is stored: the AVX-512 and
+  // AVX2 paths broadcast a transposed op(B)'s rows against panels of op(A)^T (64 rows on
+  // AVX-512, 16 on AVX2), with C itself transposed in and out, and take K in blocks of up
+  // to 2048; a plain op(B) is read a panel at a time. Rows past one panel (70 = 64 + 6),
+  // K past one block (2100), a beta that scales C, and a transposed A.
   std::uint64_t seed = 1300;
   for (const auto& [m, n, k] : std::vector<std::array<std::int64_t, 3>>{
            {70, 13, 2100}, {64, 97, 600}, {129, 40, 70}}) {
