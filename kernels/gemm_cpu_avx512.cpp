@@ -148,12 +148,7 @@ BIGBATCH_AVX512 void transpose_pack(const float* src, std::int64_t ld, std::int6
       }
     }
   }
-  for (std::int64_t lane = 0; lane < lanes; ++lane) {
-    for (std::int64_t step = k; step < steps; ++step) {
-      const float value = src[lane * ld + step];
-      dst[step * width + lane] = scale == 1.0f ? value : scale * value;
-    }
-  }
+  transpose_pack_rest(src, ld, lanes, k, steps, scale, dst, width);
 }
 
 // Blocking, measured on a 2-core Zen 4 (1024^3, kc from 256 to 768): kc = 512 halves the

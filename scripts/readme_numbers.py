@@ -116,6 +116,11 @@ def modelled_gpu():
     return "\n".join(lines)
 
 
+def repetitions_of(data):
+    """The repetitions of a Google Benchmark JSON's runs."""
+    return next(b["repetitions"] for b in data["benchmarks"] if "repetitions" in b)
+
+
 def checkpointing_time():
     """Chapter 05: what each policy's bytes cost in time (bench_checkpointing's medians)."""
     data = json.loads((RESULTS / "cpu-checkpointing.json").read_text())
@@ -127,7 +132,7 @@ def checkpointing_time():
     time = lambda policy, depth: runs[(policy, depth)]["real_time"] / runs[("none", depth)]["real_time"]
     forwards = lambda policy, depth: runs[(policy, depth)]["block_forwards"] / depth
     twice = [(p, d) for p in ("sqrt", "every:4", "sqrt+selective") for d in (32, 64)]
-    repetitions = next(b["repetitions"] for b in data["benchmarks"] if "repetitions" in b)
+    repetitions = repetitions_of(data)
     return (
         f"What that costs is time (right: each policy's bytes against its measured step time, "
         f"both as shares of no checkpointing's at the same depth, labelled with the block "
@@ -345,11 +350,11 @@ def accumulation_summary():
         return f"{ms / 1e3:.1f} s" if ms >= 1e3 else f"{ms:.0f} ms"
 
     step = lambda m, naive: seconds(runs[(naive, m)]["real_time"])
-    repetitions = next(b["repetitions"] for b in data["benchmarks"] if "repetitions" in b)
+    repetitions = repetitions_of(data)
     return (
         f"On a 2-core CPU ({data['context']['date'].split('T')[0]}, medians of {repetitions}; "
-        f"`notebooks/accumulation.ipynb` draws it), the naive way's peak {gap} (one more gradients-sized buffer) above the memory-free way's at every "
-        f"micro-batch: {peak(1).replace(' at 1', ' at micro-batch 1')}, {peak(64)}, "
+        f"`notebooks/accumulation.ipynb` draws it), the naive way's peak {gap} (one more "
+        f"gradients-sized buffer) above the memory-free way's at every micro-batch: {peak(1).replace(' at 1', ' at micro-batch 1')}, {peak(64)}, "
         f"{peak(1024)}. A step takes {step(1, False)} the memory-free way ({step(1, True)} "
         f"naive) at micro-batch 1, {step(64, False)} ({step(64, True)}) at 64 and "
         f"{step(1024, False)} ({step(1024, True)}) at 1024.")
@@ -380,7 +385,7 @@ def checkpointing_spread():
     data = json.loads((RESULTS / "cpu-checkpointing.json").read_text())
     cv = [b["real_time"] for b in data["benchmarks"]
           if b.get("aggregate_name") == "cv" and b["label"].endswith(" depth 32")]
-    repetitions = next(b["repetitions"] for b in data["benchmarks"] if "repetitions" in b)
+    repetitions = repetitions_of(data)
     return [str(repetitions), data["context"]["date"].split("T")[0], f"{min(cv):.2f}",
             f"{max(cv):.2f}"]
 
