@@ -15,7 +15,7 @@ Threads: torch.set_num_threads(--threads), the count bench_training's OpenMP use
 in the context (torch.__config__.show()); scripts/run-benchmarks.sh sets OPENBLAS_CORETYPE
 for this run the way it does for the OpenBLAS peer of bench_kernels.
 
-Run: /usr/bin/python3 bench/pytorch_step.py --out bench/results/cpu-2core/pytorch-training.json
+Run: /usr/bin/python3 bench/pytorch_step.py --out bench/results/cpu-2core-avx512/pytorch-training.json
 Where torch cannot be imported it prints the reason and exits with 77 (skipped).
 """
 import argparse

@@ -2,7 +2,7 @@
 """Turns Google Benchmark JSON from bench_kernels into the Markdown tables in README.md.
 
 Usage: scripts/bench_summary.py [RESULTS.json]
-RESULTS.json defaults to bench/results/cpu-2core/cpu-kernels.json.
+RESULTS.json defaults to bench/results/cpu-2core-avx512/cpu-kernels.json.
 
 Reads medians when the run has repetitions (aggregate "median"), plain runs otherwise, and
 prints the kernels' table. scripts/readme_numbers.py puts it between the markers
@@ -151,7 +151,7 @@ def main(argv):
     if "-h" in argv or "--help" in argv:
         print(__doc__.strip())
         return 0
-    print(summary(argv[0] if argv else str(ROOT / "bench/results/cpu-2core/cpu-kernels.json")))
+    print(summary(argv[0] if argv else str(ROOT / "bench/results/cpu-2core-avx512/cpu-kernels.json")))
     return 0
 
 

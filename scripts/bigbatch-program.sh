@@ -1,7 +1,8 @@
 # Sourced (not run) by the scripts that train with the bigbatch program and write this
 # machine's results: BIGBATCH=path/to/bigbatch uses that program, otherwise the Debian
 # packages are installed and the tree is built first. Also gives them a temporary folder,
-# $out, removed when the script exits, and the results folder bench/results/cpu-2core/.
+# $out, removed when the script exits, and this machine's results folder, $results_dir
+# (scripts/results-folder.sh).
 if [ -z "${BIGBATCH:-}" ]; then
   scripts/install-deps.sh
   scripts/build.sh >/dev/null
@@ -9,4 +10,4 @@ if [ -z "${BIGBATCH:-}" ]; then
 fi
 out="$(mktemp -d)"
 trap 'rm -rf "$out"' EXIT
-mkdir -p bench/results/cpu-2core
+source scripts/results-folder.sh

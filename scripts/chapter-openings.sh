@@ -13,12 +13,12 @@
 # in one run: compare them with each other. Last, chapter 03's "Try this" runs.
 #
 # Usage: scripts/chapter-openings.sh
-# Writes bench/results/cpu-2core/chapter-openings.json, then rewrites the READMEs' text.
+# Writes (in this machine's results folder, scripts/results-folder.sh) chapter-openings.json, then rewrites the READMEs' text.
 # BIGBATCH=path/to/bigbatch uses that program instead of installing and building.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/bigbatch-program.sh
-results=bench/results/cpu-2core/chapter-openings.json
+results=$results_dir/chapter-openings.json
 example=(--data fashion-mnist --depth 2 --hidden 256 --optimizer adamw --lr 1e-3 --seed 0)
 deep=(--data fashion-mnist --depth 32 --hidden 256 --optimizer adamw --lr 1e-3 --seed 0
       --batch 256 --device-memory 280MiB)

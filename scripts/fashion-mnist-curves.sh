@@ -19,7 +19,7 @@
 # (2026-12-01; the build not included): the four runs 17, 22, 34 and 38 s (before bf16's).
 #
 # Usage: scripts/fashion-mnist-curves.sh [EPOCHS [EVAL_EVERY]]   (default 4 and 10)
-# Writes bench/results/cpu-2core/fashion-mnist-curves.json (per run: its flags, every
+# Writes (in this machine's results folder, scripts/results-folder.sh) fashion-mnist-curves.json (per run: its flags, every
 # step's epoch and loss, every evaluation's step, test accuracy and test loss) for
 # notebooks/training_curves.ipynb, and prints each run's final test accuracy.
 # BIGBATCH=path/to/bigbatch uses that program instead of installing and building.
@@ -28,7 +28,7 @@ cd "$(dirname "$0")/.."
 epochs="${1:-4}"
 eval_every="${2:-10}"
 source scripts/bigbatch-program.sh
-results=bench/results/cpu-2core/fashion-mnist-curves.json
+results=$results_dir/fashion-mnist-curves.json
 common=(--data fashion-mnist --depth 2 --hidden 256 --optimizer adamw --lr 1e-3 --seed 0
         --batch 1024 --epochs "$epochs" --eval-every "$eval_every")
 names=(fp32 accumulated fp16-dynamic fp16-dynamic-checkpoint bf16)

@@ -7,18 +7,18 @@
 #
 # Usage: scripts/fashion-mnist-equivalence.sh [EPOCHS] [MICRO_BATCH]   (defaults: 8, 64)
 # Prints both runs' test accuracy (and writes the same lines to
-# bench/results/cpu-2core/fashion-mnist-equivalence.txt); exits non-zero when the parameters
-# differ.
+# fashion-mnist-equivalence.txt in this machine's results folder, scripts/results-folder.sh);
+# exits non-zero when the parameters differ.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source scripts/results-folder.sh
 epochs="${1:-8}"
 micro="${2:-64}"
 scripts/install-deps.sh
 scripts/build.sh >/dev/null
 out="$(mktemp -d)"
 trap 'rm -rf "$out"' EXIT
-results=bench/results/cpu-2core/fashion-mnist-equivalence.txt
-mkdir -p bench/results/cpu-2core
+results=$results_dir/fashion-mnist-equivalence.txt
 echo "$(date -u +%Y-%m-%dT%H:%M:%SZ), $(nproc) CPUs: $0 $epochs $micro" > "$results"
 common=(train --data fashion-mnist --depth 2 --hidden 256 --batch 256 --epochs "$epochs" --seed 0)
 for run in batch micro fp16 bf16; do

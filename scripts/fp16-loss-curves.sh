@@ -11,10 +11,11 @@
 # takes about 12 minutes.
 #
 # Usage: scripts/fp16-loss-curves.sh
-# Writes bench/results/cpu-2core/chapter03-loss-curves.json (every step's loss and each
+# Writes (in this machine's results folder, scripts/results-folder.sh) chapter03-loss-curves.json (every step's loss and each
 # run's test accuracy) for notebooks/mixed_precision.ipynb, and prints a summary.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source scripts/results-folder.sh
 scripts/install-deps.sh
 scripts/build.sh >/dev/null
 out="$(mktemp -d)"
@@ -30,7 +31,7 @@ for run in fp32 fp16-unscaled fp16-static; do
   echo "$run: $(grep -m1 '^test' "$out/$run.txt")"
 done
 python3 - "$out" "${common[*]}" <<'PY'
-import json, pathlib, re, sys
+import json, os, pathlib, re, sys
 out, command = pathlib.Path(sys.argv[1]), sys.argv[2]
 extra = {"fp32": "", "fp16-unscaled": "--precision fp16 --loss-scale none",
          "fp16-static": "--precision fp16 --loss-scale static:65536"}
@@ -42,7 +43,7 @@ for name, flags in extra.items():
     runs.append({"name": name, "command": f"bigbatch {command} {flags}".strip(),
                  "loss": losses, "test_loss": float(test.group(1)),
                  "test_accuracy": float(test.group(2))})
-path = pathlib.Path("bench/results/cpu-2core/chapter03-loss-curves.json")
+path = pathlib.Path(os.environ["results_dir"], "chapter03-loss-curves.json")
 path.parent.mkdir(parents=True, exist_ok=True)
 path.write_text(json.dumps({"runs": runs}, indent=1) + "\n")
 fp32 = runs[0]["loss"]

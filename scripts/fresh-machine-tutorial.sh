@@ -5,13 +5,14 @@
 # last chapter's report. The minutes a reader waits before the tutorial has run.
 #
 # Needs root (debootstrap and chroot) and Debian's mirror; installs debootstrap if missing.
-# Writes bench/results/cpu-2core/fresh-machine-tutorial.txt (the time, the machine, the
+# Writes (in this machine's results folder, scripts/results-folder.sh) fresh-machine-tutorial.txt (the time, the machine, the
 # commit) and rewrites the README's sentence that quotes it. About 4 minutes on 2 cores
 # (the debootstrap is the first of them).
 #
 # Usage: scripts/fresh-machine-tutorial.sh [WORK_DIR]   (default: a new folder in /tmp)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source scripts/results-folder.sh
 [ "$(id -u)" -eq 0 ] || { echo "fresh-machine-tutorial.sh: needs root (debootstrap, chroot)" >&2; exit 2; }
 scripts/install-deps.sh debootstrap
 root=${1:-$(mktemp -d /tmp/bigbatch-fresh.XXXXXX)}
@@ -36,7 +37,7 @@ seconds=$(($(date +%s) - start))
 passed=$(grep -c '^chapter [0-9][0-9]: PASSED' "$log")
 
 cpu=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n 1)
-out=bench/results/cpu-2core/fresh-machine-tutorial.txt
+out=$results_dir/fresh-machine-tutorial.txt
 {
   echo "scripts/tutorial.sh on a fresh Debian 12 (debootstrap --variant=minbase bookworm)"
   echo "date: $(date -u +%Y-%m-%d)"

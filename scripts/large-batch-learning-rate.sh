@@ -15,7 +15,7 @@
 # on the test split: mean and spread (min, max) over the seeds.
 #
 # Usage: scripts/large-batch-learning-rate.sh [EPOCHS]   (default 16)
-# Writes bench/results/cpu-2core/fashion-mnist-large-batch-EPOCHS-epochs.json (every run:
+# Writes (in this machine's results folder, scripts/results-folder.sh) fashion-mnist-large-batch-EPOCHS-epochs.json (every run:
 # its setting, seed, split, accuracy and seconds) and rewrites chapter 02's table and text
 # from it (scripts/readme_numbers.py). 17 minutes at 16 epochs on an otherwise idle 2-core
 # CPU (2026-12-02): about 30 s a run, 39 runs.
@@ -25,7 +25,7 @@ cd "$(dirname "$0")/.."
 epochs="${1:-16}"
 seeds=(0 1 2)
 source scripts/bigbatch-program.sh
-results=bench/results/cpu-2core/fashion-mnist-large-batch-$epochs-epochs.json
+results=$results_dir/fashion-mnist-large-batch-$epochs-epochs.json
 base=(--data fashion-mnist --depth 2 --hidden 256 --optimizer adamw --lr 1e-3 --epochs "$epochs")
 large=(--batch 4096 --micro-batch 512)
 # name|flags: the batch-4096 settings weighed.

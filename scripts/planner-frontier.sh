@@ -19,14 +19,14 @@
 # that the prediction and the measurement in the figure come from one cost model.
 #
 # Usage: scripts/planner-frontier.sh [COUNT]   (default 28)
-# Writes bench/results/cpu-2core/planner-frontier.json for notebooks/planner_frontier.ipynb
+# Writes (in this machine's results folder, scripts/results-folder.sh) planner-frontier.json for notebooks/planner_frontier.ipynb
 # and chapter 06's README (scripts/readme_numbers.py), and prints one line per budget.
 # BIGBATCH=path/to/bigbatch uses that program instead of installing and building.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 count="${1:-28}"
 source scripts/bigbatch-program.sh
-results=bench/results/cpu-2core/planner-frontier.json
+results=$results_dir/planner-frontier.json
 shape=(--data fashion-mnist --depth 2 --hidden 256 --optimizer adamw --lr 1e-3 --batch 4096)
 start=$(date +%s.%N)
 # One answer of `bigbatch plan --json` at BUDGET bytes, added to FILE; 3 (nothing fits) is

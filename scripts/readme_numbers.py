@@ -25,7 +25,7 @@ import sys
 import bench_summary
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "bench" / "results" / "cpu-2core"
+RESULTS = ROOT / "bench" / "results" / "cpu-2core-avx512"
 MiB = 2**20
 
 
@@ -269,7 +269,7 @@ def learning_rate_study():
         verdict = (f"matches batch 256 on the test split: the means differ by {gap:+.2f} "
                    f"points, inside the spread of the seeds")
     lines += ["", wrap(f"Chosen on the validation split, the setting {verdict} "
-                       f"(`bench/results/cpu-2core/fashion-mnist-large-batch-16-epochs.json`, "
+                       f"(`bench/results/cpu-2core-avx512/fashion-mnist-large-batch-16-epochs.json`, "
                        f"{study['date']}, {study['cpus']} CPUs).")]
     return "\n".join(lines)
 
@@ -606,7 +606,7 @@ SENTENCES = [
      lambda: [share(lost_update(1e-4), 0)]),
     ("README.md", "fp16 cuts the activations to {} of fp32's (chapter 03)",
      lambda: [fmt(report('03', r'activations fp16 / fp32: ([\d.]+)')[0], ".2f")]),
-    ("README.md", "`bench/results/cpu-2core/fashion-mnist-techniques.md` (2-core CPU, {}, the",
+    ("README.md", "`bench/results/cpu-2core-avx512/fashion-mnist-techniques.md` (2-core CPU, {}, the",
      lambda: re.findall(r"epochs, (\d{4}-\d\d-\d\d),",
                         (RESULTS / "fashion-mnist-techniques.md").read_text())[:1]),
     ("README.md", "The {} ops far above 1.0 (1.5x or more) work in place", elementwise_in_place),

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Regenerates every committed result and figure, in order, on this machine (the results go
-# to bench/results/cpu-2core/, the folder of the 2-core CPU that made the committed ones):
+# to its own folder, scripts/results-folder.sh: bench/results/cpu-2core-avx512/ on the 2-core
+# AVX-512 CPU that made the committed ones, which the READMEs quote):
 #   scripts/run-benchmarks.sh             cpu-{kernels,training,accumulation,checkpointing}.json
 #   scripts/fashion-mnist-equivalence.sh  fashion-mnist-equivalence.txt
 #   scripts/large-batch-learning-rate.sh  fashion-mnist-large-batch-16-epochs.json

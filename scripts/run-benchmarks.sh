@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Runs the CPU benchmarks and writes Google Benchmark JSON to bench/results/cpu-2core/ (the
-# folder of the machine that made the committed results, a 2-core CPU; the notebooks read
-# it): the kernels to cpu-kernels.json, the whole-step benchmarks (fp32 and fp16) to
+# Runs the CPU benchmarks and writes Google Benchmark JSON to this machine's results folder
+# (scripts/results-folder.sh: bench/results/cpu-2core-avx512/ for the 2-core AVX-512 CPU that
+# made the committed results, cpu-2core-avx2/ where the kernels run AVX2, as on a CPU
+# without AVX-512 or under BIGBATCH_MAX_ISA=avx2; the notebooks draw every folder): the kernels to cpu-kernels.json, the whole-step benchmarks (fp32 and fp16) to
 # cpu-training.json and their PyTorch peer (bench/pytorch_step.py) to
 # pytorch-training.json, the accumulation sweep (batch 1024 as micro-batches of 1 to 1024,
 # naive and memory-free; 3 repetitions, the longest part) to cpu-accumulation.json, then
@@ -13,23 +14,27 @@
 #
 # The OpenBLAS peer is measured at its best: Debian's OpenBLAS picks its kernel from the
 # CPU model name, which on virtual machines is often generic, so this script names the
-# best kernel the CPU supports in OPENBLAS_CORETYPE for this run only (never in tests).
+# best kernel of the instruction set ours uses in OPENBLAS_CORETYPE for this run only
+# (never in tests).
 # The benchmark's context records which kernel OpenBLAS actually used. Repetitions of
 # different benchmarks are interleaved in random order, so that a drift in machine speed
 # affects ours and the peer alike.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source scripts/results-folder.sh
 scripts/install-deps.sh
 scripts/build.sh >/dev/null
 
-if [ -z "${OPENBLAS_CORETYPE:-}" ]; then
-  flags=$(grep -m1 '^flags' /proc/cpuinfo || true)
-  if [[ " $flags " == *" avx512f "* ]]; then export OPENBLAS_CORETYPE=SKYLAKEX
-  elif [[ " $flags " == *" avx2 "* ]]; then export OPENBLAS_CORETYPE=HASWELL
-  fi
-fi
-results=bench/results/cpu-2core
-mkdir -p "$results"
+# The peers use the instruction set ours may (the folder's): OpenBLAS's kernel of that set,
+# and PyTorch's ATen kernels capped at it (ATEN_CPU_CAPABILITY).
+case "$results_dir" in
+  *-avx512) coretype=SKYLAKEX capability=avx512 ;;
+  *-avx2) coretype=HASWELL capability=avx2 ;;
+  *) coretype=PRESCOTT capability=default ;;
+esac
+export OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-$coretype}
+export ATEN_CPU_CAPABILITY=${ATEN_CPU_CAPABILITY:-$capability}
+results=$results_dir
 build/bench/bench_kernels --benchmark_out="$results/cpu-kernels.json" \
   --benchmark_out_format=json --benchmark_repetitions=5 \
   --benchmark_report_aggregates_only=true --benchmark_enable_random_interleaving=true "$@"

@@ -8,13 +8,13 @@
 # epoch.
 #
 # Usage: scripts/techniques-table.sh [EPOCHS]   (default 2)
-# Writes bench/results/cpu-2core/fashion-mnist-techniques.md (the table, then every command).
+# Writes (in this machine's results folder, scripts/results-folder.sh) fashion-mnist-techniques.md (the table, then every command).
 # BIGBATCH=path/to/bigbatch uses that program instead of installing and building.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 epochs="${1:-2}"
 source scripts/bigbatch-program.sh
-results=bench/results/cpu-2core/fashion-mnist-techniques.md
+results=$results_dir/fashion-mnist-techniques.md
 common=(--data fashion-mnist --depth 2 --hidden 256 --optimizer adamw --lr 1e-3 --seed 0
         --batch 1024 --epochs "$epochs")
 rows="" commands=""

@@ -40,7 +40,7 @@ double recompute_cost(const Policy& policy, std::int64_t depth);
 
 /// Selective recomputation of one block, in block forwards: the LayerNorm's forward again
 /// and the store of the rebuilt activation (the fused backward pass rebuilds it). From
-/// bench/results/cpu-2core/cpu-checkpointing.json as first committed (2 CPU cores, width
+/// bench/results/cpu-2core-avx512/cpu-checkpointing.json as first committed (2 CPU cores, width
 /// 256, batch 64, medians of 7):
 /// selective's extra step time over sqrt's extra per advance is 0.10 block forwards per
 /// block at depth 32 and 0.20 at depth 64; we charge 0.15. On a GPU at large widths the
