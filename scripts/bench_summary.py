@@ -58,6 +58,23 @@ def gemm_table(runs):
     return "\n".join(rows)
 
 
+def training_shape_table(runs):
+    """bench_kernels' GEMMs of a training step (BM_GemmTrainingShape) beside OpenBLAS's."""
+    rows = ["| a step's GEMM (H 512, fp32) | rows | ours GFLOP/s | OpenBLAS GFLOP/s | ours / OpenBLAS |",
+            "|---|---:|---:|---:|---:|"]
+    shapes = sorted(((int(m.group(3)), int(m.group(2)), int(m.group(1))), name)
+                    for name in runs
+                    for m in [re.fullmatch(r"BM_GemmTrainingShape/product:(\d)/layer:(\d)/rows:(\d+)",
+                                           name)] if m)
+    for (rows_, _, _), name in shapes:
+        ours, peer = runs[name], runs.get(name.replace("BM_GemmTrainingShape", "BM_OpenBlasTrainingShape"))
+        label = ours.get("label", name).split(",")[0]
+        cells = [label, str(rows_), f"{gflops(ours):.1f}", f"{gflops(peer):.1f}" if peer else "n/a",
+                 f"{gflops(ours) / gflops(peer):.2f}" if peer else "n/a"]
+        rows.append("| " + " | ".join(cells) + " |")
+    return "\n".join(rows) if shapes else ""
+
+
 def elementwise_table(runs):
     rows = ["| op (64 MiB, fp32 unless named) | GB/s | memcpy GB/s, same run | op / memcpy |",
             "|---|---:|---:|---:|"]
@@ -95,9 +112,13 @@ def summary(path):
     openblas = sorted({r["label"] for n, r in runs.items() if n.startswith("BM_OpenBlasSgemm") and r.get("label")})
     if openblas:
         head += f" Peer: {openblas[0]}."
-    return "\n\n".join([head, "**GEMM**", gemm_table(runs),
-                        "**Elementwise ops against memcpy**", elementwise_table(runs),
-                        "**Other kernels**", other_table(runs)])
+    parts = [head, "**GEMM**", gemm_table(runs)]
+    shapes = training_shape_table(runs)
+    if shapes:
+        parts += ["**The GEMMs of a training step** (fc1: W [2048, 512], fc2: W [512, 2048]; "
+                  "a micro-batch of 64 rows and a batch of 1024)", shapes]
+    return "\n\n".join(parts + ["**Elementwise ops against memcpy**", elementwise_table(runs),
+                                 "**Other kernels**", other_table(runs)])
 
 
 def step_summary(training_path, pytorch_path):

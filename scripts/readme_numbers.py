@@ -438,6 +438,30 @@ def kernel_table():
     return bench_summary.summary(str(RESULTS / "cpu-kernels.json"))
 
 
+AVX2 = ROOT / "bench" / "results" / "cpu-2core-avx2"
+NO_AVX2 = ("No AVX2 results are committed yet: `BIGBATCH_MAX_ISA=avx2 scripts/run-benchmarks.sh` "
+           "(or the script on a CPU without AVX-512) writes them to `bench/results/cpu-2core-avx2/`.")
+
+
+def avx2_gemm_table():
+    """The GEMM rows of bench_kernels on the AVX2 paths, beside OpenBLAS's AVX2 kernel."""
+    path = AVX2 / "cpu-kernels.json"
+    if not path.exists():
+        return NO_AVX2
+    runs, context = bench_summary.load_runs(str(path))
+    return "\n\n".join([
+        f"The AVX2 paths: `{path.relative_to(ROOT)}` ({context.get('date', '?')}, "
+        f"{context.get('cpu', '?')}), medians of {repetitions_of(json.loads(path.read_text()))}.",
+        bench_summary.gemm_table(runs), bench_summary.training_shape_table(runs)])
+
+
+def avx2_step_table():
+    path = AVX2 / "cpu-training.json"
+    if not path.exists():
+        return NO_AVX2
+    return bench_summary.step_summary(path, AVX2 / "pytorch-training.json")
+
+
 def step_table():
     return bench_summary.step_summary(RESULTS / "cpu-training.json",
                                       RESULTS / "pytorch-training.json")
@@ -702,6 +726,8 @@ SENTENCES = [
 PARAGRAPHS = [
     ("README.md", "bench", kernel_table),
     ("README.md", "steps", step_table),
+    ("README.md", "bench-avx2", avx2_gemm_table),
+    ("README.md", "steps-avx2", avx2_step_table),
     ("README.md", "techniques", techniques_table),
     ("README.md", "equivalence", equivalence_summary),
     ("README.md", "curves", curves_summary),
