@@ -32,8 +32,15 @@ case "$results_dir" in
   *-avx2) coretype=HASWELL capability=avx2 ;;
   *) coretype=PRESCOTT capability=default ;;
 esac
-export OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-$coretype}
-export ATEN_CPU_CAPABILITY=${ATEN_CPU_CAPABILITY:-$capability}
+# Set here whatever the environment says: a machine-wide OPENBLAS_CORETYPE of another set
+# would make the peer's numbers another instruction set's.
+for setting in "OPENBLAS_CORETYPE=$coretype" "ATEN_CPU_CAPABILITY=$capability"; do
+  name=${setting%%=*}
+  if [ -n "${!name:-}" ] && [ "${!name}" != "${setting#*=}" ]; then
+    echo "run-benchmarks.sh: $name=${!name} in the environment; this run uses ${setting#*=}" >&2
+  fi
+  export "$setting"
+done
 results=$results_dir
 build/bench/bench_kernels --benchmark_out="$results/cpu-kernels.json" \
   --benchmark_out_format=json --benchmark_repetitions=5 \
