@@ -13,7 +13,8 @@
 # in one run: compare them with each other. Last, chapter 03's "Try this" runs.
 #
 # Usage: scripts/chapter-openings.sh
-# Writes (in this machine's results folder, scripts/results-folder.sh) chapter-openings.json, then rewrites the READMEs' text.
+# Writes, in this machine's results folder (scripts/results-folder.sh),
+# chapter-openings.json, then rewrites the READMEs' text.
 # BIGBATCH=path/to/bigbatch uses that program instead of installing and building.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -4,7 +4,8 @@
 # cites from these reports, and checks (CTest readme_numbers_current) or, with --write,
 # rewrites them, so a change to a demo that moves a number fails until the text says it.
 #
-# Writes (in this machine's results folder, scripts/results-folder.sh) chapter-reports/chapter_NN_name.txt, one per demo, each
+# Writes, in this machine's results folder (scripts/results-folder.sh),
+# chapter-reports/chapter_NN_name.txt, one per demo, each
 # headed by the CPU, its instruction sets and the date, then rewrites the READMEs' numbers.
 # Under a minute on an idle 2-core machine once built (chapter 01's two epochs and chapter
 # 04's three 120-step runs take the most). Step times in a report are one run's on this

@@ -19,7 +19,8 @@
 # (2026-12-01; the build not included): the four runs 17, 22, 34 and 38 s (before bf16's).
 #
 # Usage: scripts/fashion-mnist-curves.sh [EPOCHS [EVAL_EVERY]]   (default 4 and 10)
-# Writes (in this machine's results folder, scripts/results-folder.sh) fashion-mnist-curves.json (per run: its flags, every
+# Writes, in this machine's results folder (scripts/results-folder.sh),
+# fashion-mnist-curves.json (per run: its flags, every
 # step's epoch and loss, every evaluation's step, test accuracy and test loss) for
 # notebooks/training_curves.ipynb, and prints each run's final test accuracy.
 # BIGBATCH=path/to/bigbatch uses that program instead of installing and building.

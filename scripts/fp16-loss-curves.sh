@@ -11,7 +11,8 @@
 # takes about 12 minutes.
 #
 # Usage: scripts/fp16-loss-curves.sh
-# Writes (in this machine's results folder, scripts/results-folder.sh) chapter03-loss-curves.json (every step's loss and each
+# Writes, in this machine's results folder (scripts/results-folder.sh),
+# chapter03-loss-curves.json (every step's loss and each
 # run's test accuracy) for notebooks/mixed_precision.ipynb, and prints a summary.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -5,7 +5,8 @@
 # last chapter's report. The minutes a reader waits before the tutorial has run.
 #
 # Needs root (debootstrap and chroot) and Debian's mirror; installs debootstrap if missing.
-# Writes (in this machine's results folder, scripts/results-folder.sh) fresh-machine-tutorial.txt (the time, the machine, the
+# Writes, in this machine's results folder (scripts/results-folder.sh),
+# fresh-machine-tutorial.txt (the time, the machine, the
 # commit) and rewrites the README's sentence that quotes it. About 4 minutes on 2 cores
 # (the debootstrap is the first of them).
 #

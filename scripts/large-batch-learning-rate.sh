@@ -15,7 +15,8 @@
 # on the test split: mean and spread (min, max) over the seeds.
 #
 # Usage: scripts/large-batch-learning-rate.sh [EPOCHS]   (default 16)
-# Writes (in this machine's results folder, scripts/results-folder.sh) fashion-mnist-large-batch-EPOCHS-epochs.json (every run:
+# Writes, in this machine's results folder (scripts/results-folder.sh),
+# fashion-mnist-large-batch-EPOCHS-epochs.json (every run:
 # its setting, seed, split, accuracy and seconds) and rewrites chapter 02's table and text
 # from it (scripts/readme_numbers.py). 17 minutes at 16 epochs on an otherwise idle 2-core
 # CPU (2026-12-02): about 30 s a run, 39 runs.

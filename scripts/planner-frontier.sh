@@ -19,7 +19,8 @@
 # that the prediction and the measurement in the figure come from one cost model.
 #
 # Usage: scripts/planner-frontier.sh [COUNT]   (default 28)
-# Writes (in this machine's results folder, scripts/results-folder.sh) planner-frontier.json for notebooks/planner_frontier.ipynb
+# Writes, in this machine's results folder (scripts/results-folder.sh),
+# planner-frontier.json for notebooks/planner_frontier.ipynb
 # and chapter 06's README (scripts/readme_numbers.py), and prints one line per budget.
 # BIGBATCH=path/to/bigbatch uses that program instead of installing and building.
 set -euo pipefail

@@ -343,8 +343,8 @@ def accumulation_summary():
             {m for _, m in runs}}
     gap = (f"is {mib(gaps.pop())} MiB" if len(gaps) == 1 else
            f"is {mib(min(gaps))} to {mib(max(gaps))} MiB")
-    peak = lambda m: (f"{mib(runs[(True, m)]['peak_total'])} against "
-                      f"{mib(runs[(False, m)]['peak_total'])} MiB at {m}")
+    peak = lambda m, at="": (f"{mib(runs[(True, m)]['peak_total'])} against "
+                             f"{mib(runs[(False, m)]['peak_total'])} MiB at {at}{m}")
 
     def seconds(ms):
         return f"{ms / 1e3:.1f} s" if ms >= 1e3 else f"{ms:.0f} ms"
@@ -354,8 +354,8 @@ def accumulation_summary():
     return (
         f"On a 2-core CPU ({data['context']['date'].split('T')[0]}, medians of {repetitions}; "
         f"`notebooks/accumulation.ipynb` draws it), the naive way's peak {gap} (one more "
-        f"gradients-sized buffer) above the memory-free way's at every micro-batch: {peak(1).replace(' at 1', ' at micro-batch 1')}, {peak(64)}, "
-        f"{peak(1024)}. A step takes {step(1, False)} the memory-free way ({step(1, True)} "
+        f"gradients-sized buffer) above the memory-free way's at every micro-batch: "
+        f"{peak(1, 'micro-batch ')}, {peak(64)}, {peak(1024)}. A step takes {step(1, False)} the memory-free way ({step(1, True)} "
         f"naive) at micro-batch 1, {step(64, False)} ({step(64, True)}) at 64 and "
         f"{step(1024, False)} ({step(1024, True)}) at 1024.")
 
@@ -396,8 +396,9 @@ def bf16_costs():
     return json.loads((RESULTS / "chapter04-scale-trajectory.json").read_text())["bf16"]
 
 
-def percent(share, digits=2):
-    return f"{share * 100:.{digits}f}%"
+def percent(fraction, digits=2):
+    """A fraction (a number, or its text from a report) as a percentage: 0.0744, 1 -> "7.4%"."""
+    return f"{float(fraction) * 100:.{digits}f}%"
 
 
 def bf16_accumulation_table():
@@ -533,10 +534,6 @@ def mib_of(text):
     return mib(float(text))
 
 
-def share(fraction, digits=1):
-    """"0.0744" -> "7.4%"."""
-    return f"{float(fraction) * 100:.{digits}f}%"
-
 
 def elementwise_in_place():
     """The elementwise ops at 1.5x memcpy's rate or more: how many, in words."""
@@ -614,6 +611,16 @@ def fresh_machine_tutorial():
             re.search(r"^date: (\S+)", text, re.M).group(1)]
 
 
+def fp16_activation_ratio():
+    """Chapter 03: fp16's activation bytes over fp32's, at two decimals."""
+    return fmt(report("03", r"activations fp16 / fp32: ([\d.]+)")[0], ".2f")
+
+
+def micro_batch_activations():
+    """Chapter 02: the activations' own peak of a step of micro-batches of 256, in MiB."""
+    return report("02", r"as micro-batches, step 1 peaks at: activations ([\d.]+) MiB")
+
+
 CH01 = "chapters/01_large_batch_baseline/README.md"
 CH02 = "chapters/02_gradient_accumulation/README.md"
 CH03 = "chapters/03_fp16_static_loss_scaling/README.md"
@@ -625,11 +632,11 @@ FIXED = r"parameters \+ gradients \+ optimizer state = ([\d.]+) MiB"
 # (README, the sentence with {} for each number, the function giving the numbers)
 SENTENCES = [
     ("README.md", "summed in a bf16 buffer, 256 micro-batches get {} of the update wrong",
-     lambda: [share(accumulation_error(256))]),
+     lambda: [percent(accumulation_error(256), 1)]),
     ("README.md", "(without them, {} of AdamW's updates at lr 1e-4 round away)",
-     lambda: [share(lost_update(1e-4), 0)]),
+     lambda: [percent(lost_update(1e-4), 0)]),
     ("README.md", "fp16 cuts the activations to {} of fp32's (chapter 03)",
-     lambda: [fmt(report('03', r'activations fp16 / fp32: ([\d.]+)')[0], ".2f")]),
+     lambda: [fp16_activation_ratio()]),
     ("README.md", "`bench/results/cpu-2core-avx512/fashion-mnist-techniques.md` (2-core CPU, {}, the",
      lambda: re.findall(r"epochs, (\d{4}-\d\d-\d\d),",
                         (RESULTS / "fashion-mnist-techniques.md").read_text())[:1]),
@@ -644,7 +651,7 @@ SENTENCES = [
      lambda: report("01", r"^   activations +\d+ B +([\d.]+) MiB") +
      [fmt(report('01', r'at 4096 they would be about ([\d.]+) MiB')[0], ".0f")]),
     (CH01, "own peak, at the end of the forward pass: {} MiB at 256.)",
-     lambda: report("02", r"as micro-batches, step 1 peaks at: activations ([\d.]+) MiB")),
+     micro_batch_activations),
     (CH01, "data sets ({} MiB of Fashion-MNIST)",
      lambda: report("01", r"the ([\d.]+) MiB of data sets are host memory")),
     (CH01, "the loss falling from about 2.4, a test accuracy of {}",
@@ -652,31 +659,31 @@ SENTENCES = [
     (CH02, "peaks at {} MiB of 48 MiB: activations {} MiB instead of {} MiB in one piece,",
      lambda: report("02", r"as micro-batches, step 1 peaks at: activations [\d.]+ MiB, .*total "
                           r"([\d.]+) MiB") +
-     report("02", r"as micro-batches, step 1 peaks at: activations ([\d.]+) MiB") +
+     micro_batch_activations() +
      report("02", r"one piece, no cap, step 1 peaks at: activations ([\d.]+) MiB")),
     (CH02, "device are one micro-batch, {} MiB, not the batch's {} MiB:",
      lambda: [mib_of(report("01", r"^   data +(\d+) B")[0])] +
      report("02", r"data ([\d.]+) MiB\)")),
     (CH02, "section (c) measures the gradient off by {} of its largest element.",
-     lambda: [share(report("02", r"per-micro-batch averaging: max relative error predicted "
+     lambda: [percent(report("02", r"per-micro-batch averaging: max relative error predicted "
                                  r"[\d.]+, measured ([\d.]+)")[0], 1)]),
     (CH02, "which the demo predicts and measures (about {} of the largest",
-     lambda: [share(report("02", r"per-micro-batch averaging: max relative error predicted "
+     lambda: [percent(report("02", r"per-micro-batch averaging: max relative error predicted "
                                  r"([\d.]+),")[0], 0)]),
     (CH03, "in 16 bits ({} of fp32's bytes here: the statistics and logits stay f32)",
-     lambda: [fmt(report('03', r'activations fp16 / fp32: ([\d.]+)')[0], ".2f")]),
+     lambda: [fp16_activation_ratio()]),
     (CH03, "(the statistics and logits stay f32: {} of fp32's activations here)",
-     lambda: [fmt(report('03', r'activations fp16 / fp32: ([\d.]+)')[0], ".2f")]),
+     lambda: [fp16_activation_ratio()]),
     (CH03, "end of the forward pass) {} MiB in fp32, {} MiB in fp16 ({}: the LayerNorm",
      lambda: report("03", r"^   fp32: .*activations ([\d.]+) MiB") +
      report("03", r"^   fp16: .*activations ([\d.]+) MiB") +
-     [fmt(report('03', r'activations fp16 / fp32: ([\d.]+)')[0], ".2f")]),
+     [fp16_activation_ratio()]),
     (CH03, "none at 256, {} subnormal at 4096, {} at 65536;",
      lambda: [report("03", r"B = 4096: .*S = 1: [\d.]+% zero, ([\d.]+%) subnormal")[0],
               report("03", r"B = 65536: .*S = 1: [\d.]+% zero, ([\d.]+)% subnormal")[0]
               .replace(".0", "") + "%"]),
     (CH03, "fp16 gradients are off fp32's by {} without scaling and by {} with S = 2^16.",
-     lambda: [share(v, d) for v, d in zip(report(
+     lambda: [percent(v, d) for v, d in zip(report(
          "03", r"fp16 gradients off fp32's by ([\d.]+) without scaling, ([\d.]+) with"), (1, 2))]),
     (CH03, "with S = 2^16 it follows fp32 to within {} at every step.", static_scale_gap),
     (CH04, "the first {} steps overflow and are skipped as S halves to 2^{}, where the first",
@@ -701,7 +708,7 @@ SENTENCES = [
               report("04", r"lr by steps taken: \S+ \S+ ([\d.e-]+) ([\d.e-]+) ([\d.e-]+)") +
               report("04", r"lr by steps run: +\S+ \S+ ([\d.e-]+) ([\d.e-]+) ([\d.e-]+)")]),
     (CH04, "S = 1: fp16 holds {} of them only as subnormals at B = 4096 and {} at B = 65536;",
-     lambda: [percent(dlogits_subnormal(4096)), share(dlogits_subnormal(65536), 0)]),
+     lambda: [percent(dlogits_subnormal(4096)), percent(dlogits_subnormal(65536), 0)]),
     (CH04, "fp16's gradients are off fp32's by {} (worst tensor, normalised), bf16's by {}, its",
      lambda: [f"{float(v):.2g}" if float(v) > 0.01 else f"{float(v):.4f}" for v in
               report("04", r"gradients off fp32's by ([\d.]+) in fp16, ([\d.]+) in bf16")]),

@@ -8,7 +8,8 @@
 # epoch.
 #
 # Usage: scripts/techniques-table.sh [EPOCHS]   (default 2)
-# Writes (in this machine's results folder, scripts/results-folder.sh) fashion-mnist-techniques.md (the table, then every command).
+# Writes, in this machine's results folder (scripts/results-folder.sh),
+# fashion-mnist-techniques.md (the table, then every command).
 # BIGBATCH=path/to/bigbatch uses that program instead of installing and building.
 set -euo pipefail
 cd "$(dirname "$0")/.."
