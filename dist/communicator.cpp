@@ -1,0 +1,163 @@
+// communicator.cpp: the collectives on MPI, and the rank-order sum they share with the
+// one-process simulation of the ranks.
+#include "dist/communicator.hpp"
+
+#include <zlib.h>
+
+#include <cstdlib>
+#include <limits>
+#include <stdexcept>
+#include <string>
+
+#include "common/check.hpp"
+
+#if BIGBATCH_HAVE_MPI
+#include <mpi.h>
+#endif
+
+namespace bigbatch::dist {
+
+std::string_view reduction_name(Reduction reduction) {
+  return reduction == Reduction::deterministic ? "deterministic" : "engine";
+}
+
+void add_next_rank(std::span<float> total, std::span<const float> next) {
+  BIGBATCH_CHECK(total.size() == next.size(), "add_next_rank: ", total.size(), " and ",
+                 next.size(), " elements");
+  for (std::size_t i = 0; i < total.size(); ++i) total[i] = total[i] + next[i];
+}
+
+Share share_of(std::int64_t count, int ranks, int rank) {
+  BIGBATCH_CHECK(count >= 0 && ranks >= 1 && rank >= 0 && rank < ranks,
+                 "share_of: count ", count, " over ", ranks, " ranks, rank ", rank);
+  const std::int64_t base = count / ranks, extra = count % ranks;
+  return {rank * base + std::min<std::int64_t>(rank, extra), base + (rank < extra ? 1 : 0)};
+}
+
+std::uint32_t fingerprint(std::span<const std::byte> bytes, std::uint32_t crc) {
+  return static_cast<std::uint32_t>(
+      ::crc32_z(crc, reinterpret_cast<const Bytef*>(bytes.data()), bytes.size()));
+}
+
+#if BIGBATCH_HAVE_MPI
+
+namespace {
+
+int count_of(std::int64_t n) {
+  BIGBATCH_CHECK(n >= 0 && n <= std::numeric_limits<int>::max(),
+                 "dist: ", n, " elements do not fit one MPI count");
+  return static_cast<int>(n);
+}
+
+/// MPI_Finalize at exit, after every collective of the run.
+struct MpiSession {
+  MpiSession() {
+    int provided = 0;
+    // Only the main thread calls MPI (the CPU kernels' OpenMP threads never do).
+    MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided);
+  }
+  ~MpiSession() {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!finalized) MPI_Finalize();
+  }
+};
+
+/// The rank-order sum: shard s of every rank's buffer goes to rank s (all-to-all), which
+/// adds its R pieces in rank order with add_next_rank; an all-gather returns every sum.
+void all_reduce_in_rank_order(std::span<float> values, int rank, int ranks) {
+  const auto n = static_cast<std::int64_t>(values.size());
+  const Share mine = share_of(n, ranks, rank);
+  std::vector<int> send_counts(ranks), send_offsets(ranks), receive_counts(ranks),
+      receive_offsets(ranks);
+  for (int r = 0; r < ranks; ++r) {
+    const Share shard = share_of(n, ranks, r);
+    send_counts[r] = count_of(shard.size);
+    send_offsets[r] = count_of(shard.begin);
+    receive_counts[r] = count_of(mine.size);
+    receive_offsets[r] = count_of(r * mine.size);
+  }
+  std::vector<float> pieces(static_cast<std::size_t>(ranks * mine.size));
+  MPI_Alltoallv(values.data(), send_counts.data(), send_offsets.data(), MPI_FLOAT,
+                pieces.data(), receive_counts.data(), receive_offsets.data(), MPI_FLOAT,
+                MPI_COMM_WORLD);
+  const auto shard = static_cast<std::size_t>(mine.size);
+  const std::span<float> total(pieces.data(), shard);
+  for (int r = 1; r < ranks; ++r) {
+    add_next_rank(total, std::span<const float>(pieces.data() + r * shard, shard));
+  }
+  // Every rank's sums back to every rank, in place: rank r's shard at its offset.
+  MPI_Allgatherv(total.data(), count_of(mine.size), MPI_FLOAT, values.data(),
+                 send_counts.data(), send_offsets.data(), MPI_FLOAT, MPI_COMM_WORLD);
+}
+
+}  // namespace
+
+namespace {
+Communicator* g_world = nullptr;  // set by the first world()
+}  // namespace
+
+bool Communicator::available() { return true; }
+
+Communicator& Communicator::world() {
+  static MpiSession session;
+  static Communicator communicator = [] {
+    int rank = 0, size = 1;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    return Communicator(rank, size);
+  }();
+  g_world = &communicator;
+  return communicator;
+}
+
+Communicator* Communicator::joined() { return g_world && g_world->size() > 1 ? g_world : nullptr; }
+
+void Communicator::all_reduce_sum(std::span<float> values, Reduction reduction) {
+  if (reduction == Reduction::engine) {
+    MPI_Allreduce(MPI_IN_PLACE, values.data(), count_of(static_cast<std::int64_t>(values.size())),
+                  MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+  } else {
+    all_reduce_in_rank_order(values, rank_, size_);
+  }
+}
+
+std::vector<float> Communicator::all_gather(float value) {
+  std::vector<float> values(static_cast<std::size_t>(size_));
+  MPI_Allgather(&value, 1, MPI_FLOAT, values.data(), 1, MPI_FLOAT, MPI_COMM_WORLD);
+  return values;
+}
+
+std::vector<std::uint64_t> Communicator::all_gather(std::uint64_t value) {
+  std::vector<std::uint64_t> values(static_cast<std::size_t>(size_));
+  MPI_Allgather(&value, 1, MPI_UINT64_T, values.data(), 1, MPI_UINT64_T, MPI_COMM_WORLD);
+  return values;
+}
+
+void Communicator::barrier() { MPI_Barrier(MPI_COMM_WORLD); }
+
+void Communicator::abort(int exit_code) {
+  MPI_Abort(MPI_COMM_WORLD, exit_code);
+  std::exit(exit_code);  // MPI_Abort does not return; this keeps [[noreturn]] true
+}
+
+#else  // built without MPI: every collective is refused where the communicator is asked for
+
+bool Communicator::available() { return false; }
+Communicator* Communicator::joined() { return nullptr; }
+
+Communicator& Communicator::world() {
+  throw std::runtime_error(
+      "this bigbatch was built without MPI: install Open MPI (Debian: openmpi-bin "
+      "libopenmpi-dev) and build again for data-parallel runs");
+}
+
+void Communicator::all_reduce_sum(std::span<float>, Reduction) {}
+std::vector<float> Communicator::all_gather(float value) { return {value}; }
+std::vector<std::uint64_t> Communicator::all_gather(std::uint64_t value) { return {value}; }
+void Communicator::barrier() {}
+void Communicator::abort(int exit_code) { std::exit(exit_code); }
+
+#endif
+
+}  // namespace bigbatch::dist

@@ -1,0 +1,102 @@
+// communicator.hpp: the collectives a data-parallel run needs, on an existing engine.
+//
+// A data-parallel run is R processes (ranks), each computing the gradient of its share
+// of every batch; once per optimizer step the R gradients are summed, and every rank
+// steps the same optimizer on the same sum. The sums are formed by MPI (Open MPI, here
+// on host tensors); this file adds no transport of its own, only the order of a sum.
+//
+// Two ways to sum over ranks (Reduction):
+//   engine         MPI_Allreduce. Fast, and the engine chooses the order of the additions
+//                  (by its algorithm: ring, recursive doubling, ...; by message size; by R),
+//                  so the bits of a float sum may change with R, with the message size
+//                  or with the library's version. Float addition is not associative.
+//   deterministic  every element summed in rank order, ((g_0 + g_1) + g_2) + ... + g_{R-1},
+//                  built from the engine's collectives: an all-to-all sends shard s of
+//                  every rank's buffer to rank s (a reduce-scatter's traffic), rank s adds
+//                  its R pieces in rank order, and an all-gather returns the sums. The same
+//                  bits on every run with the same R, and the bits a one-process simulation
+//                  of the R ranks gets by adding its R buffers with add_next_rank.
+// Both move about 2 (R - 1) / R of the buffer per rank, as a ring all-reduce does.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string_view>
+#include <vector>
+
+namespace bigbatch::dist {
+
+/// How a sum over ranks is formed (see above).
+enum class Reduction {
+  deterministic,  ///< rank order, ((g_0 + g_1) + g_2) + ...: reproducible for a given R
+  engine,         ///< MPI_Allreduce: the engine's order
+};
+
+/// "deterministic" or "engine".
+std::string_view reduction_name(Reduction reduction);
+
+/// total[i] = total[i] + next[i]: one rank's step of the rank-order sum. The deterministic
+/// reduction and the one-process simulation of the ranks both add with this.
+void add_next_rank(std::span<float> total, std::span<const float> next);
+
+/// A rank's contiguous part of `count` items split over `ranks`.
+struct Share {
+  std::int64_t begin = 0;  ///< the first item
+  std::int64_t size = 0;   ///< how many (0 when count < ranks leaves none)
+};
+
+/// Items [begin, begin + size) of `count` for `rank` of `ranks`: the first count mod R
+/// ranks take floor(count / R) + 1 items, the others floor(count / R), in rank order
+/// (rank r begins at r floor(count / R) + min(r, count mod R)). Throws
+/// std::invalid_argument for count < 0, ranks < 1 or a rank outside [0, ranks).
+Share share_of(std::int64_t count, int ranks, int rank);
+
+/// The processes of one run (MPI_COMM_WORLD) and the collectives among them. Every call
+/// is collective: every rank makes it, in the same order, with buffers of the same length.
+/// An error in the engine aborts the whole job (MPI's default handler), so no rank waits
+/// for one that has stopped.
+class Communicator {
+ public:
+  /// The run's processes, MPI initialised on the first call and finalised at exit.
+  /// Throws std::runtime_error when the program was built without MPI.
+  static Communicator& world();
+  /// Whether this build has MPI (data-parallel runs need it).
+  static bool available();
+  /// world() when this process has joined a run of more than one rank, else null: a
+  /// program that fails on one rank ends them all with abort() (the others may be
+  /// waiting for it in a collective).
+  static Communicator* joined();
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+
+  /// Every rank's `values` summed element by element; the sum replaces `values` on every
+  /// rank. The buffers must have the same length everywhere.
+  void all_reduce_sum(std::span<float> values, Reduction reduction);
+  /// Every rank's one value, in rank order, on every rank.
+  std::vector<float> all_gather(float value);
+  std::vector<std::uint64_t> all_gather(std::uint64_t value);
+  /// Waits until every rank has called it.
+  void barrier();
+  /// Ends every rank of the run with this exit code (MPI_Abort): for a rank that cannot go
+  /// on while the others wait in a collective.
+  [[noreturn]] void abort(int exit_code);
+
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+
+ private:
+  Communicator(int rank, int size) : rank_(rank), size_(size) {}
+  int rank_ = 0;
+  int size_ = 1;
+};
+
+/// The CRC-32 (zlib's) of `bytes`, continuing from `crc`: a fingerprint for comparing what
+/// the ranks hold (their settings, their initial parameters) without sending it.
+std::uint32_t fingerprint(std::span<const std::byte> bytes, std::uint32_t crc = 0);
+inline std::uint32_t fingerprint(std::string_view text, std::uint32_t crc = 0) {
+  return fingerprint(std::as_bytes(std::span(text.data(), text.size())), crc);
+}
+
+}  // namespace bigbatch::dist
