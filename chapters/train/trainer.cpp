@@ -17,13 +17,14 @@ loss_scaling::BoundaryOptions boundary_options(const TrainConfig& config) {
 }
 
 Trainer::Trainer(nn::Model& model, nn::Optimizer& optimizer, const Dataset& data,
-                 TrainConfig config)
+                 TrainConfig config, data_parallel::RankGroup* ranks)
     : model_(model),
       optimizer_(optimizer),
       config_(config),
       stream_(data, config.batch, config.shuffle, config.seed,
               config.drop_last ? nn::LastBatch::drop : nn::LastBatch::keep_short),
-      boundary_(boundary_options(config), model.device()) {
+      boundary_(boundary_options(config), model.device()),
+      ranks_(ranks) {
   BIGBATCH_CHECK(config_.micro_batch >= 0 && config_.micro_batch <= config_.batch,
                  "Trainer: micro_batch must lie in [0, batch = ", config_.batch, "], got ",
                  config_.micro_batch);
@@ -35,6 +36,13 @@ Trainer::Trainer(nn::Model& model, nn::Optimizer& optimizer, const Dataset& data
                  "Trainer: give a positive number of steps or epochs");
   BIGBATCH_CHECK(config_.warmup_steps >= 0, "Trainer: warmup_steps must be >= 0, got ",
                  config_.warmup_steps);
+  if (ranks_) {
+    // Every rank must have a sample of every batch, the short last one included.
+    const std::int64_t last = stream_.position(stream_.batches_per_epoch() - 1).size;
+    BIGBATCH_CHECK(ranks_->ranks() <= last, "Trainer: ", ranks_->ranks(),
+                   " ranks need a sample each in every batch, and ",
+                   last == config_.batch ? "a batch" : "the epoch's last batch", " has ", last);
+  }
   total_steps_ =
       config_.steps > 0 ? config_.steps : config_.epochs * stream_.batches_per_epoch();
   schedule_ = {optimizer_.learning_rate(), total_steps_, config_.warmup_steps,
@@ -56,9 +64,27 @@ StepRecord Trainer::step() {
   // The scale is constant over the step's micro-batches; it changes only at the boundary.
   const float scale = boundary_.scale();
   const nn::ForwardContext context{true, dropout_seed_, batch.first_row};
-  const float loss =
-      nn::accumulate_gradients(model_, batch.size, staging_->rows_of(stream_, k),
-                               config_.micro_batch, context, /*global_count=*/batch.size, scale);
+  const nn::BatchRows rows = staging_->rows_of(stream_, k);
+  float loss = 0;
+  if (!ranks_) {
+    loss = nn::accumulate_gradients(model_, batch.size, rows, config_.micro_batch, context,
+                                    /*global_count=*/batch.size, scale);
+  } else {  // chapter 07: each rank its share, with no communication; one sum at the end
+    std::vector<float> losses;
+    for (const int r : ranks_->local_ranks()) {
+      const dist::Share share = dist::share_of(batch.size, ranks_->ranks(), r);
+      const nn::BatchRows share_rows = [&rows, &share](std::int64_t begin, std::int64_t end) {
+        return rows(share.begin + begin, share.begin + end);
+      };
+      nn::ForwardContext share_context = context;
+      share_context.first_row += share.begin;  // its samples' own dropout masks
+      losses.push_back(nn::accumulate_gradients(model_, share.size, share_rows,
+                                                config_.micro_batch, share_context,
+                                                /*global_count=*/batch.size, scale));
+      ranks_->share_done(r, model_);
+    }
+    loss = ranks_->reduce(model_, losses);
+  }
   // The boundary, in gradient_clipping.hpp's order (the object refuses any other).
   const bool scaling = boundary_.scaling();
   if (!scaling && !std::isfinite(loss)) {  // with a scaler, the check below skips the step

@@ -21,6 +21,10 @@
 //     overflow skips the step (no clip, no optimizer step, the schedule stays) and,
 //     dynamic, backs S off; otherwise clip to the norm limit, then optimizer.step(), and
 //     the dynamic scale's growth counter counts the step
+// Data parallel (chapter 07, a RankGroup given): the batch is split into the ranks'
+// shares (dist::share_of), each share accumulated as above with the global count b and
+// its samples' global rows, and the ranks' gradients summed once, before the boundary;
+// the boundary then runs on every rank on the same sum.
 // The learning-rate schedule counts optimizer steps taken: a skipped step does not
 // advance it (PyTorch warns when a scheduler steps before its optimizer for this reason).
 // Without a loss scaler, an inf or NaN loss, or gradient found by that pass, stops the run
@@ -41,6 +45,7 @@
 #include "chapters/04_dynamic_loss_scaling/dynamic_loss_scaler.hpp"
 #include "chapters/04_dynamic_loss_scaling/gradient_clipping.hpp"
 #include "chapters/04_dynamic_loss_scaling/optimizer_boundary.hpp"
+#include "chapters/07_data_parallel/data_parallel.hpp"
 #include "common/data/dataset.hpp"
 #include "common/memory.hpp"
 #include "common/settings.hpp"
@@ -144,9 +149,11 @@ struct StepRecord {
 class Trainer {
  public:
   /// Checks the configuration (batch > 0, 0 <= micro_batch <= batch, steps or epochs
-  /// positive, warmup_steps >= 0, a non-empty data set whose features fit the model) and
-  /// allocates the batch tensors on the model's device.
-  Trainer(nn::Model& model, nn::Optimizer& optimizer, const Dataset& data, TrainConfig config);
+  /// positive, warmup_steps >= 0, a non-empty data set whose features fit the model, no
+  /// more ranks than samples in a batch) and allocates the batch tensors on the model's
+  /// device. With `ranks`, every step is data parallel over them (kept by reference).
+  Trainer(nn::Model& model, nn::Optimizer& optimizer, const Dataset& data, TrainConfig config,
+          data_parallel::RankGroup* ranks = nullptr);
 
   std::int64_t total_steps() const { return total_steps_; }
   std::int64_t steps_done() const { return steps_done_; }
@@ -185,6 +192,7 @@ class Trainer {
   nn::SampleStream stream_;
   nn::LrSchedule schedule_;
   loss_scaling::OptimizerBoundary boundary_;  // the scale, unscale, clip, step, update
+  data_parallel::RankGroup* ranks_ = nullptr;  // null: one process, the whole batch
   std::int64_t optimizer_steps_ = 0;  // steps taken: the schedule's clock
   std::int64_t total_steps_ = 0;
   std::int64_t steps_done_ = 0;

@@ -1,0 +1,90 @@
+// data_parallel.hpp: chapter 07's component, the ranks of a data-parallel step.
+//
+// With R ranks the batch of a step (b samples) is split into R contiguous shares
+// (dist::share_of: the first b mod R ranks take one sample more). Rank r accumulates the
+// gradient of its share over its micro-batches exactly as chapter 02 accumulates a batch:
+// locally, with no communication, every sample's loss divided by the GLOBAL count b (not
+// by its share: a per-rank mean would weigh a short share's samples more), the dropout
+// masks keyed by each sample's global row. Then, once per optimizer step, at the
+// optimizer boundary, the R gradients are summed (dist::Communicator::all_reduce_sum) and
+// every rank continues with the same sum: the same loss-scale decision (an inf on one
+// rank is an inf in everyone's sum, so every rank skips the same steps), the same clipping
+// norm, the same optimizer step, so the ranks' parameters never part.
+//
+//   model.zero_grad()
+//   for r in ranks.local_ranks():            // this rank; every rank when simulated
+//     loss_r = accumulate_gradients(model, rows of share r, ..., global count b)
+//     ranks.share_done(r, model)
+//   loss = ranks.reduce(model, {loss_r})     // the summed gradients in model's buffers
+//   boundary: unscale, check, clip, step     // chapter 04, unchanged
+//
+// A one-process simulation of R ranks (SimulatedRanks) computes every share in turn into
+// its own gradient buffer and adds the buffers in rank order with dist::add_next_rank, the
+// same additions as the deterministic reduction: R processes under MPI and the simulation
+// give the same bits. Against one process on the whole batch the sum's order differs
+// (each rank's share starts its own sum), so the two agree within a rounding bound, not
+// bit for bit; R = 1 is the single process exactly.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "dist/communicator.hpp"
+#include "nn/model.hpp"
+
+namespace bigbatch::data_parallel {
+
+/// The ranks of a data-parallel step, as the trainer sees them.
+class RankGroup {
+ public:
+  virtual ~RankGroup() = default;
+  /// R, the ranks the batch is split over.
+  virtual int ranks() const = 0;
+  /// The ranks whose shares this process computes, in rank order: its own under MPI,
+  /// all R in a simulation.
+  virtual std::vector<int> local_ranks() const = 0;
+  /// Called after rank r's share has been accumulated into the model's gradients, which
+  /// were zero before it.
+  virtual void share_done(int rank, nn::Model& model) = 0;
+  /// Leaves the sum over the R ranks of their gradients in the model's gradient buffers,
+  /// and returns the sum of the ranks' losses (each its share of the batch's mean), both
+  /// in rank order; `losses` holds those of local_ranks().
+  virtual float reduce(nn::Model& model, std::span<const float> losses) = 0;
+};
+
+/// R ranks in one process: share r's gradient is kept in buffer r, and the buffers are
+/// added in rank order. Costs R gradient copies (MemoryCategory::gradients).
+class SimulatedRanks final : public RankGroup {
+ public:
+  /// R >= 1 simulated ranks of `model` (whose gradients it copies, on the model's device:
+  /// the CPU, where dist::add_next_rank runs).
+  SimulatedRanks(int ranks, const nn::Model& model);
+  int ranks() const override { return static_cast<int>(buffers_.size()); }
+  std::vector<int> local_ranks() const override;
+  void share_done(int rank, nn::Model& model) override;
+  float reduce(nn::Model& model, std::span<const float> losses) override;
+
+ private:
+  std::vector<std::vector<Tensor>> buffers_;  // [rank][parameter]
+};
+
+/// This process as one rank of a run under MPI: reduces with the communicator.
+class CommunicatorRanks final : public RankGroup {
+ public:
+  CommunicatorRanks(dist::Communicator& communicator, dist::Reduction reduction)
+      : communicator_(communicator), reduction_(reduction) {}
+  int ranks() const override { return communicator_.size(); }
+  std::vector<int> local_ranks() const override { return {communicator_.rank()}; }
+  void share_done(int, nn::Model&) override {}
+  float reduce(nn::Model& model, std::span<const float> losses) override;
+
+ private:
+  dist::Communicator& communicator_;
+  dist::Reduction reduction_;
+};
+
+/// The sum of per-rank losses in rank order, as both groups report it.
+float sum_in_rank_order(std::span<const float> losses);
+
+}  // namespace bigbatch::data_parallel

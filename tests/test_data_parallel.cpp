@@ -1,0 +1,182 @@
+// test_data_parallel.cpp: chapter 07 in one process. The split of a batch into ranks'
+// shares; the rank-order sum; one simulated rank is the single process to the bit; and
+// R = 2, 3, 4 simulated ranks (uneven shares, dropout on) give the single process's
+// gradients within the bound that the changed order of the sum allows, derived below.
+// The same simulated ranks against R processes under MPI, byte for byte, are
+// chapters/cli/check_data_parallel.sh's.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <stdexcept>
+#include <vector>
+
+#include "chapters/07_data_parallel/data_parallel.hpp"
+#include "chapters/train/trainer.hpp"
+#include "dist/communicator.hpp"
+#include "nn/sample_stream.hpp"
+#include "tests/harness.hpp"
+#include "tests/tiny_training.hpp"
+
+namespace bigbatch {
+namespace {
+
+using testing::gamma;
+using testing::tiny_data;
+using testing::tiny_model;
+
+TEST(DataParallelShares, CoverTheBatchInRankOrderTheFirstCountModRTakingOneMore) {
+  for (const std::int64_t count : {0, 1, 7, 50, 64, 1000}) {
+    for (const int ranks : {1, 2, 3, 4, 7, 8}) {
+      std::int64_t next = 0;
+      for (int r = 0; r < ranks; ++r) {
+        const dist::Share share = dist::share_of(count, ranks, r);
+        EXPECT_EQ(share.begin, next) << count << " over " << ranks << ", rank " << r;
+        EXPECT_EQ(share.size, count / ranks + (r < count % ranks ? 1 : 0))
+            << count << " over " << ranks << ", rank " << r;
+        next += share.size;
+      }
+      EXPECT_EQ(next, count) << count << " over " << ranks;
+    }
+  }
+  // 50 over 4: 13, 13, 12, 12 (the shares the CLI check runs).
+  EXPECT_EQ(dist::share_of(50, 4, 1).begin, 13);
+  EXPECT_EQ(dist::share_of(50, 4, 3).begin, 38);
+  EXPECT_THROW(dist::share_of(10, 0, 0), std::invalid_argument);
+  EXPECT_THROW(dist::share_of(10, 2, 2), std::invalid_argument);
+  EXPECT_THROW(dist::share_of(-1, 2, 0), std::invalid_argument);
+}
+
+TEST(DataParallelSum, AddsInRankOrderOnePairAtATime) {
+  // 1 + 2^-24 + 2^-24 in float: rank order loses both halves (1 + u rounds to 1 twice),
+  // the other association keeps them (2^-23 + 1 = 1 + 2^-23 exactly).
+  const std::vector<float> losses = {1.0f, 0x1p-24f, 0x1p-24f};
+  EXPECT_EQ(data_parallel::sum_in_rank_order(losses), 1.0f);
+  std::vector<float> total = {1.0f, 3.0f};
+  const std::vector<float> next = {0x1p-24f, -1.0f};
+  dist::add_next_rank(total, next);
+  dist::add_next_rank(total, next);
+  EXPECT_EQ(total[0], 1.0f);
+  EXPECT_EQ(total[1], 1.0f);
+  std::vector<float> shorter = {1.0f};
+  EXPECT_THROW(dist::add_next_rank(shorter, next), std::invalid_argument);
+}
+
+/// A model, its optimizer and the data of one trainer; SGD without momentum or decay, so
+/// a step changes the parameters by lr times the gradient it was given.
+struct TinyRun {
+  Dataset data;
+  nn::Model model;
+  nn::Optimizer optimizer;
+  explicit TinyRun(const Dataset& d, float dropout)
+      : data(d),
+        model(tiny_model(2, dropout), Device::cpu()),
+        optimizer(model.parameters(), SgdOptions{.lr = 0.1, .momentum = 0, .weight_decay = 0}) {}
+};
+
+train::TrainConfig one_step(std::int64_t batch, std::int64_t micro_batch) {
+  train::TrainConfig config;
+  config.batch = batch;
+  config.micro_batch = micro_batch;
+  config.steps = 1;
+  config.shuffle = false;  // step 1 is samples 0..b-1: the per-sample terms below
+  config.seed = 3;
+  return config;
+}
+
+/// The parameters' gradients, one vector per parameter.
+std::vector<std::vector<float>> gradients(const nn::Model& model) {
+  std::vector<std::vector<float>> all;
+  for (const nn::NamedParameter& p : model.parameters()) all.push_back(p.grad.to_vector<float>());
+  return all;
+}
+
+TEST(SimulatedRanks, OneRankIsTheSingleProcessBitForBit) {
+  const Dataset data = tiny_data(200);
+  TinyRun single(data, 0.1f), simulated(data, 0.1f);
+  train::TrainConfig config = one_step(37, 5);
+  config.steps = 3;
+  train::Trainer plain(single.model, single.optimizer, single.data, config);
+  data_parallel::SimulatedRanks one(1, simulated.model);
+  train::Trainer ranked(simulated.model, simulated.optimizer, simulated.data, config, &one);
+  for (int step = 0; step < 3; ++step) {
+    EXPECT_EQ(plain.step().loss, ranked.step().loss) << "step " << step + 1;
+    EXPECT_EQ(gradients(single.model), gradients(simulated.model)) << "step " << step + 1;
+  }
+}
+
+TEST(SimulatedRanks, TooManyRanksForABatchAreRefused) {
+  const Dataset data = tiny_data(40);  // batches of 16, 16 and 8: 9 ranks find no sample
+  TinyRun run(data, 0.0f);
+  data_parallel::SimulatedRanks nine(9, run.model);
+  train::TrainConfig config = one_step(16, 4);
+  EXPECT_THROW(train::Trainer(run.model, run.optimizer, run.data, config, &nine),
+               std::invalid_argument);
+  data_parallel::SimulatedRanks eight(8, run.model);
+  EXPECT_NO_THROW(train::Trainer(run.model, run.optimizer, run.data, config, &eight));
+}
+
+// R ranks against one process on the batch of b samples. Every sample's forward and
+// backward rows are the same bits in both (each op is batch invariant, test_gemm and
+// test_gradient_accumulation; dropout is keyed by the sample's global row), so each
+// parameter gradient element is, in both, a float sum of the same b per-sample terms
+// t_s (dW: dy_s x_s^T, db: dy_s, LayerNorm's: dy_s xhat_s, each term's product rounded at
+// most once), only grouped differently: one process chains the b terms; rank r chains its
+// share's, then the R partial sums are added in rank order. Any grouping of b terms
+// computed with b rounded operations or fewer on the path of each term lies within
+// gamma(b) sum_s |t_s| of the exact sum (Higham, Accuracy and Stability, 2nd ed., sec. 4.2),
+// so the two results differ by at most 2 gamma(b) sum_s |t_s|. The t_s are measured here
+// as the gradient of sample s alone (global count b, its own global row), which is t_s
+// rounded once: sum_s |t_s| <= sum_s |t^_s| / (1 - u), absorbed by using gamma(b + 1).
+TEST(SimulatedRanks, RanksGiveTheBatchGradientWithinTheReorderedSumsBound) {
+  const std::int64_t b = 37, micro_batch = 5;
+  const Dataset data = tiny_data(200);
+  TinyRun single(data, 0.1f);
+  train::Trainer plain(single.model, single.optimizer, single.data, one_step(b, micro_batch));
+  plain.step();
+  const std::vector<std::vector<float>> whole = gradients(single.model);
+
+  // sum_s |t^_s|: the per-sample gradients of step 1's samples (data order), from the
+  // initial parameters.
+  TinyRun fresh(data, 0.1f);
+  const nn::SampleStream stream(fresh.data, b, /*shuffle=*/false, 3, nn::LastBatch::keep_short);
+  std::vector<std::vector<double>> magnitude(whole.size());
+  for (std::size_t p = 0; p < whole.size(); ++p) magnitude[p].assign(whole[p].size(), 0.0);
+  const Tensor x(Shape{1, fresh.data.feature_dim()}, DType::f32);
+  const Tensor labels(Shape{1}, DType::i32);
+  for (std::int64_t s = 0; s < b; ++s) {
+    stream.gather(0, s, s + 1, x, labels);
+    fresh.model.zero_grad();
+    nn::accumulate_gradients(fresh.model, x, labels, 1,
+                             {true, nn::dropout_seed_for_run(3), /*first_row=*/s}, b);
+    const std::vector<std::vector<float>> term = gradients(fresh.model);
+    for (std::size_t p = 0; p < term.size(); ++p) {
+      for (std::size_t i = 0; i < term[p].size(); ++i) magnitude[p][i] += std::fabs(term[p][i]);
+    }
+  }
+
+  const double bound = 2 * gamma(b + 1, DType::f32);
+  for (const int ranks : {2, 3, 4}) {
+    TinyRun ranked(data, 0.1f);
+    data_parallel::SimulatedRanks group(ranks, ranked.model);
+    train::Trainer trainer(ranked.model, ranked.optimizer, ranked.data, one_step(b, micro_batch),
+                           &group);
+    trainer.step();
+    const std::vector<std::vector<float>> split = gradients(ranked.model);
+    std::int64_t differing = 0;
+    for (std::size_t p = 0; p < whole.size(); ++p) {
+      for (std::size_t i = 0; i < whole[p].size(); ++i) {
+        const double difference = std::fabs(double(split[p][i]) - double(whole[p][i]));
+        ASSERT_LE(difference, bound * magnitude[p][i])
+            << ranks << " ranks, parameter " << p << " element " << i;
+        differing += difference > 0;
+      }
+    }
+    // The order did change the sum somewhere: a bound that holds with nothing to bound
+    // would test nothing.
+    EXPECT_GT(differing, 0) << ranks << " ranks";
+  }
+}
+
+}  // namespace
+}  // namespace bigbatch
