@@ -15,6 +15,7 @@
 #include "chapters/cli/plan_command.hpp"
 #include "chapters/cli/setup.hpp"
 #include "chapters/cli/train_command.hpp"
+#include "dist/communicator.hpp"
 #include "common/cpu_features.hpp"
 #include "common/memory.hpp"
 
@@ -47,6 +48,7 @@ int main(int argc, char** argv) {
   add_train_flags(*train, options);
   add_plan_flags(*train, options);
   add_plan_choice_flag(*train, options);
+  add_data_parallel_flags(*train, options);
   CLI::App* plan = app.add_subcommand(
       "plan", "list the plans (micro-batch, precision, checkpoint policy) whose step fits in "
               "--device-memory, with predicted peak and step time, fastest first; takes "
@@ -83,20 +85,33 @@ int main(int argc, char** argv) {
   for (const CLI::Option* option : command->get_options()) {
     if (option->count() > 0) options.given.insert(option->get_name());
   }
-  const std::string name = "bigbatch " + command->get_name();
+  // Which process failed: "bigbatch train", or "bigbatch train (rank 1 of 2)" under MPI.
+  const auto name = [command] {
+    std::string text = "bigbatch " + command->get_name();
+    if (const dist::Communicator* world = dist::Communicator::joined()) {
+      text += " (rank " + std::to_string(world->rank()) + " of " +
+              std::to_string(world->size()) + ")";
+    }
+    return text;
+  };
+  int code = kExitFailure;
   try {
     return command == plan ? run_plan(options) : run_train(options);
   } catch (const UsageError& e) {
-    std::cerr << name << ": " << e.what() << "\n";
-    return kExitBadInput;
+    std::cerr << name() << ": " << e.what() << "\n";
+    code = kExitBadInput;
   } catch (const NoPlanFits& e) {
-    std::cerr << name << ": " << e.what() << "\n";
-    return kExitOutOfMemory;
+    std::cerr << name() << ": " << e.what() << "\n";
+    code = kExitOutOfMemory;
   } catch (const OutOfMemoryError& e) {
-    std::cerr << "\n" << name << ": " << e.what() << "\n";
-    return kExitOutOfMemory;
+    std::cerr << "\n" << name() << ": " << e.what() << "\n";
+    code = kExitOutOfMemory;
   } catch (const std::exception& e) {
-    std::cerr << "\n" << name << ": " << e.what() << "\n";
-    return kExitFailure;
+    std::cerr << "\n" << name() << ": " << e.what() << "\n";
+    code = kExitFailure;
   }
+  // A failure on one rank of a data-parallel run ends every rank with its exit code: the
+  // others may be waiting for this one in a collective, and would wait for ever.
+  if (dist::Communicator* world = dist::Communicator::joined()) world->abort(code);
+  return code;
 }

@@ -33,6 +33,8 @@ const Words<nn::LrScheduleKind> kSchedules = {{"constant", nn::LrScheduleKind::c
                                               {"cosine", nn::LrScheduleKind::cosine}};
 const Words<bool> kOnOff = {{"on", true}, {"off", false}};
 const Words<bool> kPlans = {{"auto", true}};
+const Words<dist::Reduction> kReductions = {{"deterministic", dist::Reduction::deterministic},
+                                            {"engine", dist::Reduction::engine}};
 const Words<ModelledDevice> kModelledDevices = {{"h200", ModelledDevice::h200}};
 
 template <class E>
@@ -405,6 +407,26 @@ void add_plan_choice_flag(CLI::App& train, TrainOptions& o) {
                   "auto: train with the plan `bigbatch plan` picks for --device-memory "
                   "(chapter 06: micro-batch, precision and checkpoint policy chosen for you)")
       ->default_str("");
+}
+
+void add_data_parallel_flags(CLI::App& train, TrainOptions& o) {
+  auto* parallel = train.add_flag(
+      "--data-parallel", o.parallel.data_parallel,
+      "train as one rank of an MPI job (mpirun -np R bigbatch train ... --data-parallel, "
+      "chapter 07): each rank accumulates its share of every batch with no communication, "
+      "and the ranks' gradients are summed once per optimizer step; rank 0 prints and "
+      "writes the files");
+  auto* simulate = train.add_option(
+      "--simulate-ranks", o.parallel.simulate_ranks,
+      "compute each batch as R ranks would, in this one process: R gradient buffers added "
+      "in rank order, the bits of mpirun -np R ... --data-parallel with the deterministic "
+      "reduction")
+      ->check(whole_number_from(1));
+  parallel->excludes(simulate);
+  add_word_option(train, "--reduction", o.parallel.reduction, kReductions,
+                  "how --data-parallel sums over ranks: deterministic (rank order, the same "
+                  "bits on every run with the same R) or engine (MPI_Allreduce, the "
+                  "library's order)");
 }
 
 }  // namespace bigbatch::cli

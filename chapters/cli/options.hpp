@@ -18,6 +18,7 @@
 #include "chapters/train/trainer.hpp"
 #include "common/device.hpp"
 #include "common/settings.hpp"
+#include "dist/communicator.hpp"
 #include "nn/lr_schedule.hpp"
 #include "nn/model.hpp"
 
@@ -96,6 +97,13 @@ struct PlanOptions {
   bool json = false;         ///< bigbatch plan --json: the answer as one JSON object
 };
 
+/// Chapter 07: how a batch is spread over ranks (`bigbatch train` only).
+struct ParallelOptions {
+  bool data_parallel = false;      ///< --data-parallel: this process is one rank of mpirun's
+  std::int64_t simulate_ranks = 0;  ///< --simulate-ranks R: R ranks in this process (0: off)
+  dist::Reduction reduction = dist::Reduction::deterministic;  ///< --reduction
+};
+
 /// Every flag of `bigbatch train` and `bigbatch plan`.
 struct TrainOptions {
   RunSource source;
@@ -112,6 +120,7 @@ struct TrainOptions {
   std::optional<std::size_t> device_memory;  ///< --device-memory: the allocator's cap
   OutputOptions output;
   PlanOptions plan;
+  ParallelOptions parallel;
   std::set<std::string> given;  ///< the flags on the command line, e.g. "--depth"
 
   bool was_given(std::string_view flag) const { return given.count(std::string(flag)) != 0; }
@@ -121,6 +130,8 @@ struct TrainOptions {
 void add_train_flags(CLI::App& app, TrainOptions& options);
 /// The planner's flags, on both subcommands.
 void add_plan_flags(CLI::App& app, TrainOptions& options);
+/// --data-parallel, --simulate-ranks and --reduction, of `bigbatch train`.
+void add_data_parallel_flags(CLI::App& train, TrainOptions& options);
 /// --plan auto, of `bigbatch train`.
 void add_plan_choice_flag(CLI::App& train, TrainOptions& options);
 /// --device-model, of `bigbatch plan`.

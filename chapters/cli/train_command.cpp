@@ -16,6 +16,7 @@
 
 #include "chapters/05_activation_checkpointing/memory_plan.hpp"
 #include "chapters/05_activation_checkpointing/scheduled_runner.hpp"
+#include "chapters/cli/parallel.hpp"
 #include "chapters/cli/plan_command.hpp"
 #include "chapters/cli/progress.hpp"
 #include "chapters/cli/setup.hpp"
@@ -239,6 +240,13 @@ class SnapshotSetup {
 
 int run_train(TrainOptions options) {
   if (options.plan.automatic) check_plan_flags(options);
+  RunRanks ranks(options);  // chapter 07; under MPI, rank 0 alone prints and writes files
+  if (!ranks.writes()) {
+    if (!std::freopen("/dev/null", "w", stdout)) throw std::runtime_error("rank " + std::to_string(ranks.rank()) + ": cannot silence stdout");
+    options.output.save.clear();
+    options.output.log.clear();
+    options.output.eval_every = 0;
+  }
   if (!options.output.save.empty()) check_writable(options.output.save);
   const Device device = available_device(options);
   const Splits splits = load_data(options);  // once, --plan auto included
@@ -267,6 +275,7 @@ int run_train(TrainOptions options) {
   if (batch_norm && !options.train.drop_last) {
     check_batchnorm_micro_batches(batch, micro_batch, samples % batch);
   }
+  ranks.check_run(options, model_shape, samples);
   // The step as chapter 05's memory model sees it, the optimizer boundary's bytes
   // included: the cap is checked against it, budget:BYTES is chosen by its prediction,
   // and --explain prints the prediction.
@@ -289,11 +298,12 @@ int run_train(TrainOptions options) {
     }
   }
   nn::Optimizer optimizer(model.parameters(), optimizer_choice);
-  train::Trainer trainer(model, optimizer, splits.train, config);
+  train::Trainer trainer(model, optimizer, splits.train, config, ranks.group(model));
 
   // Snapshots go to --snapshot-dir, or back to the folder --resume reads.
   const train::RunConfig settings =
       resume_settings(options, model_shape, optimizer.options(), config);
+  ranks.check_agreement(settings, model);
   SnapshotSetup snapshots(options);
   const std::int64_t resumed_at = snapshots.resume(model, optimizer, trainer, settings);
 
@@ -331,6 +341,7 @@ int run_train(TrainOptions options) {
     std::cout << " (the last micro-batch has " << batch % micro_batch << " samples)";
   }
   std::cout << "\nprecision " << precision_description(model_shape.precision, config) << "\n";
+  if (ranks.enabled()) std::cout << ranks.describe(batch, micro_batch) << "\n";
   if (checkpoint.asked != checkpoint.policy) {
     std::cout << "checkpoint " << checkpoint.asked.text() << ": " << checkpoint.policy.text()
               << ", the policy of fewest recomputations whose predicted step fits\n";
@@ -392,12 +403,13 @@ int run_train(TrainOptions options) {
         line[std::string(splits.evaluated()) + "_accuracy"] = test.accuracy;
       }
       if (log.is_open()) log << line.dump() << '\n';
-      const bool stop = g_stop_signal != 0;
+      const bool stop = ranks.any(g_stop_signal != 0);
       if (snapshots.enabled() &&
           (stop || (output.snapshot_every > 0 && record.step % output.snapshot_every == 0))) {
         write_snapshot();
       }
-      if (stop) throw Interrupted{static_cast<int>(g_stop_signal)};
+      // A rank that saw no signal itself stops with the others' (mpirun sends SIGTERM).
+      if (stop) throw Interrupted{g_stop_signal != 0 ? static_cast<int>(g_stop_signal) : SIGTERM};
     });
   } catch (const Interrupted& stop) {
     progress.break_line();
@@ -420,6 +432,7 @@ int run_train(TrainOptions options) {
   }
   std::signal(SIGINT, SIG_DFL);
   std::signal(SIGTERM, SIG_DFL);
+  ranks.check_parameters_agree(model);
   progress.break_line();
   if (snapshots.enabled() && snapshots.last_step() != trainer.steps_done()) write_snapshot();
   const double seconds = progress.elapsed();
@@ -443,7 +456,7 @@ int run_train(TrainOptions options) {
     model.save(output.save);
     std::cout << "saved the parameters to " << output.save << "\n";
   }
-  if (splits.test) {
+  if (splits.test && ranks.writes()) {
     const nn::EvaluationResult test = nn::evaluate(model, *splits.test, micro_batch);
     std::printf("%s (%s, %lld samples): loss %.4f, accuracy %.4f\n", splits.evaluated(),
                 splits.test->name.c_str(),

@@ -1,0 +1,118 @@
+#!/bin/sh
+# check_data_parallel.sh BIGBATCH MPIEXEC
+# Chapter 07 from the command line, on MPI (Open MPI's mpirun; --oversubscribe: more ranks
+# than this machine's cores; as root it needs OMPI_ALLOW_RUN_AS_ROOT, set here).
+#  1. R = 2, 3, 4 ranks under mpirun save the bytes of --simulate-ranks R in one process:
+#     fp32 with dropout, fp16 with dynamic loss scaling, bf16 with activation checkpointing
+#     (a batch of 50 in micro-batches of 7: shares of 17/17/16 and 13/13/12/12 samples);
+#     the same R twice gives the same bytes; one rank is the single-process run exactly.
+#  2. An inf on one rank only (a feature of 70000 is inf in fp16, in rank 1's share of
+#     step 2): every rank skips that step and backs the scale off (the program checks at
+#     the end that the ranks' parameters still agree), and the simulation does the same.
+#  3. Bad input, on every rank alike: more ranks than samples in a batch, --norm batch,
+#     --reduction without --data-parallel, ranks started with different settings: exit
+#     code 2 and one line naming the cause, no rank left running.
+#  4. A rank killed with SIGKILL mid-run: mpirun ends the others and exits non-zero within
+#     30 s (no rank waits for ever in a collective).
+set -u
+bigbatch=$1 mpiexec=$2
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+mpirun() { "$mpiexec" --oversubscribe "$@"; }
+fail() { echo "FAIL: $1"; exit 1; }
+mkdir -p data_parallel && cd data_parallel || exit 1
+small="--data synthetic --samples 2000 --depth 3 --hidden 32 --steps 4 --batch 50 --micro-batch 7"
+
+# 1. mpirun -np R == --simulate-ranks R, byte for byte.
+same() {  # same R NAME FLAGS...
+  ranks=$1 name=$2
+  shift 2
+  mpirun -np "$ranks" "$bigbatch" train $small "$@" --data-parallel --save "mpi-$name.st" \
+    > "mpi-$name.txt" 2>&1 || fail "mpirun -np $ranks ($name): exit code $? ($(tail -n 3 "mpi-$name.txt"))"
+  "$bigbatch" train $small "$@" --simulate-ranks "$ranks" --save "sim-$name.st" \
+    > "sim-$name.txt" 2>&1 || fail "--simulate-ranks $ranks ($name): $(tail -n 3 "sim-$name.txt")"
+  cmp -s "mpi-$name.st" "sim-$name.st" ||
+    fail "$ranks ranks under MPI and --simulate-ranks $ranks differ ($name)"
+  echo "R = $ranks, $name: MPI and simulated ranks saved the same bytes"
+}
+for ranks in 2 3 4; do
+  same "$ranks" "fp32-$ranks" --dropout 0.2
+  same "$ranks" "fp16-$ranks" --dropout 0.2 --precision fp16 --loss-scale dynamic
+  same "$ranks" "bf16-$ranks" --precision bf16 --checkpoint every:2
+done
+grep -q '^data parallel: 3 ranks under MPI, shares of 16 to 17 samples of each batch of 50 (3 micro-batches per rank), gradients summed once per optimizer step (deterministic)$' mpi-fp32-3.txt ||
+  fail "the header does not describe the ranks: $(grep '^data parallel' mpi-fp32-3.txt)"
+mpirun -np 3 "$bigbatch" train $small --dropout 0.2 --data-parallel --save again.st > again.txt 2>&1 &&
+  cmp -s again.st mpi-fp32-3.st || fail "two runs with 3 ranks saved different bytes"
+mpirun -np 1 "$bigbatch" train $small --dropout 0.2 --data-parallel --save one.st > one.txt 2>&1 &&
+  "$bigbatch" train $small --dropout 0.2 --save plain.st > plain.txt &&
+  cmp -s one.st plain.st || fail "one rank did not save the single-process run's bytes"
+mpirun -np 4 "$bigbatch" train $small --data-parallel --reduction engine > engine.txt 2>&1 ||
+  fail "the engine's reduction with 4 ranks: $(tail -n 3 engine.txt)"
+
+# 2. An inf on rank 1 only. 50 samples of 4 features, all 1 but sample 45's first, 70000:
+# batches of 25 in data order, so step 2 holds it at row 20, in rank 1's share [13, 25).
+npy_header() {  # npy_header FILE DESCR SHAPE: a version 1.0 .npy header
+  dict="{'descr': '$2', 'fortran_order': False, 'shape': $3, }"
+  length=$(( ${#dict} + 1 )) pad=0
+  pad=$(( (64 - (10 + length) % 64) % 64 ))
+  printf '\223NUMPY\001\000' > "$1"
+  printf "\\$(printf %03o $(((length + pad) % 256)))\\$(printf %03o $(((length + pad) / 256)))" >> "$1"
+  printf '%s%*s\n' "$dict" "$pad" '' >> "$1"
+}
+npy_header x.npy '<f4' '(50, 4)'
+i=0
+while [ $i -lt 200 ]; do
+  if [ $i -eq 180 ]; then printf '\000\270\210\107' >> x.npy; else printf '\000\000\200\077' >> x.npy; fi
+  i=$((i + 1))
+done
+npy_header y.npy '<i8' '(50,)'; head -c 400 /dev/zero >> y.npy
+spike="--data npy:x.npy,y.npy --shuffle off --depth 1 --hidden 16 --steps 3 --batch 25 --precision fp16 --loss-scale dynamic"
+mpirun -np 2 "$bigbatch" train $spike --data-parallel --log spike.jsonl --save spike-mpi.st > spike.txt 2>&1 ||
+  fail "the inf on one rank: exit code $? ($(tail -n 3 spike.txt))"
+sed -n 2p spike.jsonl | grep -q '"skipped":true' || fail "step 2 was not skipped: $(sed -n 2p spike.jsonl)"
+! sed -n '1p;3p' spike.jsonl | grep -q '"skipped":true' || fail "a step without the inf was skipped"
+grep -q '1 of 3 steps skipped' spike.txt || fail "the run does not report one skipped step"
+"$bigbatch" train $spike --simulate-ranks 2 --save spike-sim.st > spike-sim.txt 2>&1 &&
+  cmp -s spike-mpi.st spike-sim.st || fail "the simulated ranks did not skip alike"
+echo "an inf on rank 1 only: every rank skipped step 2"
+
+# 3. Bad input: exit code 2 and one line on stderr naming the cause.
+refused() {  # refused WHAT EXPECTED COMMAND...: the command must fail with 2, saying EXPECTED
+  what=$1 expected=$2
+  shift 2
+  "$@" > refused.txt 2> refused.err
+  code=$?
+  [ $code -eq 2 ] || fail "$what: exit code $code, not 2 ($(cat refused.err))"
+  grep -q -- "$expected" refused.err || fail "$what: stderr does not say '$expected': $(cat refused.err)"
+  echo "$what: refused ($(grep -m 1 -- "$expected" refused.err))"
+}
+refused "4 ranks, batch 3" "4 ranks need a sample each in every batch: --batch is 3" \
+  mpirun -np 4 "$bigbatch" train --data synthetic --samples 2000 --steps 1 --batch 3 --data-parallel
+refused "3 simulated ranks, a last batch of 2" "each epoch's last batch has 2" \
+  "$bigbatch" train --data synthetic --samples 2000 --steps 1 --batch 899 --simulate-ranks 3
+refused "--norm batch" "--norm batch with 2 ranks" \
+  "$bigbatch" train --data synthetic --samples 2000 --steps 1 --norm batch --simulate-ranks 2
+refused "--reduction alone" "--reduction sums the ranks of --data-parallel" \
+  "$bigbatch" train --data synthetic --samples 2000 --steps 1 --reduction engine
+refused "ranks with other settings" "rank 1 has other settings than rank 0" \
+  mpirun -np 1 "$bigbatch" train $small --data-parallel : -np 1 "$bigbatch" train $small --seed 7 --data-parallel
+
+# 4. SIGKILL to one rank: the job ends, non-zero, within 30 s.
+rm -f kill.jsonl
+mpirun -np 2 "$bigbatch" train --data synthetic --samples 20000 --depth 4 --hidden 256 \
+  --steps 100000 --batch 64 --data-parallel --log kill.jsonl > kill.txt 2>&1 &
+launcher=$!
+waited=0
+until [ -s kill.jsonl ] || [ $waited -ge 60 ]; do sleep 1; waited=$((waited + 1)); done
+[ -s kill.jsonl ] || fail "the run to kill logged no step in 60 s"
+victim=$(pgrep -n -f "^$bigbatch train .*kill.jsonl") || fail "no rank to kill"
+kill -KILL "$victim"
+killed_at=$(date +%s)
+wait $launcher
+code=$?
+took=$(( $(date +%s) - killed_at ))
+[ $code -ne 0 ] || fail "mpirun exited 0 after a rank was killed"
+[ $took -le 30 ] || fail "the job took $took s to end after a rank was killed"
+! pgrep -f "^$bigbatch train .*kill.jsonl" > /dev/null || fail "a rank is still running"
+echo "a rank killed with SIGKILL: mpirun exited with $code after $took s, no rank left"
+echo "ok"

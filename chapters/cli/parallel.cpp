@@ -1,0 +1,153 @@
+// parallel.cpp: --data-parallel and --simulate-ranks, from flags to the trainer's ranks.
+#include "chapters/cli/parallel.hpp"
+
+#include <sstream>
+#include <stdexcept>
+#include <vector>
+
+#include "chapters/cli/setup.hpp"
+
+namespace bigbatch::cli {
+namespace {
+
+/// The CRC of every parameter's bytes (the f32 values and any 16-bit working copy).
+std::uint32_t parameters_fingerprint(const nn::Model& model) {
+  std::uint32_t crc = 0;
+  for (const nn::NamedParameter& p : model.parameters()) {
+    for (const Tensor* t : {&p.value, &p.half}) {
+      if (!t->defined()) continue;  // on the CPU: check_run refuses another device
+      crc = dist::fingerprint({static_cast<const std::byte*>(t->raw_data()), t->nbytes()}, crc);
+    }
+  }
+  return crc;
+}
+
+/// The first rank whose fingerprint is not rank 0's, or -1.
+int first_different(const std::vector<std::uint64_t>& fingerprints) {
+  for (std::size_t r = 1; r < fingerprints.size(); ++r) {
+    if (fingerprints[r] != fingerprints[0]) return static_cast<int>(r);
+  }
+  return -1;
+}
+
+}  // namespace
+
+RunRanks::RunRanks(const TrainOptions& options) : options_(options.parallel) {
+  const bool on = options_.data_parallel || options_.simulate_ranks > 0;
+  if (!options_.data_parallel && options.was_given("--reduction")) {
+    throw UsageError("--reduction sums the ranks of --data-parallel: give --data-parallel "
+                     "(--simulate-ranks always adds in rank order)");
+  }
+  if (!on) return;
+  const char* flag = options_.data_parallel ? "--data-parallel" : "--simulate-ranks";
+  for (const char* other : {"--snapshot-dir", "--resume", "--plan"}) {
+    if (options.was_given(other)) {
+      throw UsageError(std::string(flag) + " does not take " + other +
+                       " yet: snapshots and plans of data-parallel runs are not built");
+    }
+  }
+  if (options_.data_parallel) {
+    try {
+      communicator_ = &dist::Communicator::world();
+    } catch (const std::runtime_error& e) {
+      throw UsageError(std::string("--data-parallel: ") + e.what());
+    }
+    count_ = communicator_->size();
+  } else {
+    count_ = static_cast<int>(options_.simulate_ranks);
+  }
+}
+
+void RunRanks::check_run(const TrainOptions& options, const nn::ModelConfig& model,
+                         std::int64_t samples) const {
+  if (!enabled()) return;
+  const std::string ranks = std::to_string(count_) + (count_ == 1 ? " rank" : " ranks");
+  if (model.norm == nn::Norm::batch) {
+    throw UsageError("--norm batch with " + ranks + ": each rank would normalise its share "
+                     "with its own statistics and keep its own running statistics, so the "
+                     "ranks' models would part; use --norm layer");
+  }
+  if (!options.source.device.is_cpu()) {
+    throw UsageError("--device " + options.source.device.name() + " with " + ranks +
+                     ": the ranks sum host gradients over MPI (the CUDA path, on NCCL, is not "
+                     "built yet); use --device cpu");
+  }
+  const std::int64_t batch = options.train.batch;
+  const std::int64_t last = options.train.drop_last || samples % batch == 0 ? batch
+                                                                              : samples % batch;
+  if (std::min(batch, samples) < count_ || last < count_) {
+    throw UsageError(ranks + " need a sample each in every batch: " +
+                     (last < batch ? "each epoch's last batch has " + std::to_string(last) +
+                                         " (--drop-last drops it)"
+                                   : "--batch is " + std::to_string(batch)));
+  }
+}
+
+void RunRanks::check_agreement(const train::RunConfig& settings, const nn::Model& model) const {
+  if (!communicator_ || count_ == 1) return;
+  std::string text;
+  for (const auto& [name, value] : settings) text += name + "=" + value + "\n";
+  text += "reduction=" + std::string(dist::reduction_name(options_.reduction)) + "\n";
+  const int setting = first_different(communicator_->all_gather(
+      static_cast<std::uint64_t>(dist::fingerprint(text))));
+  if (setting >= 0) {
+    throw UsageError("rank " + std::to_string(setting) + " has other settings than rank 0 "
+                     "(every rank must be started with the same flags and data)");
+  }
+  const int parameters = first_different(communicator_->all_gather(
+      static_cast<std::uint64_t>(parameters_fingerprint(model))));
+  if (parameters >= 0) {
+    throw UsageError("rank " + std::to_string(parameters) + " starts from other parameters "
+                     "than rank 0 (is its --init file another one?)");
+  }
+}
+
+void RunRanks::check_parameters_agree(const nn::Model& model) const {
+  if (!communicator_ || count_ == 1) return;
+  const int parted = first_different(communicator_->all_gather(
+      static_cast<std::uint64_t>(parameters_fingerprint(model))));
+  if (parted >= 0) {
+    throw std::runtime_error("rank " + std::to_string(parted) + "'s parameters parted from "
+                             "rank 0's during training: the ranks did not step on the same "
+                             "gradients");
+  }
+}
+
+bool RunRanks::any(bool mine) const {
+  if (!communicator_ || count_ == 1) return mine;
+  for (const std::uint64_t flag : communicator_->all_gather(std::uint64_t{mine})) {
+    if (flag != 0) return true;
+  }
+  return false;
+}
+
+data_parallel::RankGroup* RunRanks::group(const nn::Model& model) {
+  if (!enabled()) return nullptr;
+  if (!group_) {
+    if (communicator_) {
+      group_ = std::make_unique<data_parallel::CommunicatorRanks>(*communicator_,
+                                                                  options_.reduction);
+    } else {
+      group_ = std::make_unique<data_parallel::SimulatedRanks>(count_, model);
+    }
+  }
+  return group_.get();
+}
+
+std::string RunRanks::describe(std::int64_t batch, std::int64_t micro_batch) const {
+  std::ostringstream out;
+  const dist::Share first = dist::share_of(batch, count_, 0);
+  const dist::Share last = dist::share_of(batch, count_, count_ - 1);
+  out << "data parallel: " << count_ << (count_ == 1 ? " rank" : " ranks")
+      << (communicator_ ? " under MPI" : " simulated in one process") << ", shares of "
+      << last.size;
+  if (first.size != last.size) out << " to " << first.size;
+  const std::int64_t micro_batches = (first.size + micro_batch - 1) / micro_batch;
+  out << " samples of each batch of " << batch << " (" << micro_batches
+      << (micro_batches == 1 ? " micro-batch" : " micro-batches")
+      << " per rank), gradients summed once per optimizer step ("
+      << (communicator_ ? dist::reduction_name(options_.reduction) : "rank order") << ")";
+  return out.str();
+}
+
+}  // namespace bigbatch::cli

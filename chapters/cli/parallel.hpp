@@ -1,0 +1,58 @@
+// parallel.hpp: the ranks of a `bigbatch train` run (chapter 07): --data-parallel under an
+// MPI launcher, or --simulate-ranks R in one process; off, one process on whole batches.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "chapters/07_data_parallel/data_parallel.hpp"
+#include "chapters/cli/options.hpp"
+#include "chapters/train/run_settings.hpp"
+#include "dist/communicator.hpp"
+#include "nn/model.hpp"
+
+namespace bigbatch::cli {
+
+class RunRanks {
+ public:
+  /// Refuses the flags that do not go with the ranks (UsageError) and, with
+  /// --data-parallel, joins the MPI job. Rank 0 alone prints and writes files.
+  explicit RunRanks(const TrainOptions& options);
+
+  bool enabled() const { return count_ > 1 || options_.data_parallel || options_.simulate_ranks > 0; }
+  /// R, the ranks each batch is split over (1 when off).
+  int count() const { return count_; }
+  /// This process's rank (0 when it is the only process).
+  int rank() const { return communicator_ ? communicator_->rank() : 0; }
+  /// Whether this process prints, saves and logs: rank 0.
+  bool writes() const { return rank() == 0; }
+
+  /// Refuses a run the ranks cannot split: a batch (the epoch's short last one included)
+  /// with fewer samples than ranks, BatchNorm (each rank would normalise and update its
+  /// running statistics by its share alone), a CUDA device (MPI sums host memory).
+  void check_run(const TrainOptions& options, const nn::ModelConfig& model,
+                 std::int64_t samples) const;
+  /// Under MPI: every rank must have the same settings and the same initial parameters;
+  /// otherwise every rank throws UsageError naming the first rank that differs.
+  void check_agreement(const train::RunConfig& settings, const nn::Model& model) const;
+  /// Under MPI, after training: every rank's parameters are still rank 0's (they see the
+  /// same summed gradients, so only a bug parts them); otherwise every rank throws
+  /// std::runtime_error.
+  void check_parameters_agree(const nn::Model& model) const;
+  /// Whether `mine` holds on any rank (a collective under MPI, so that the ranks stop after
+  /// the same step when a signal reaches them at different moments); `mine` when alone.
+  bool any(bool mine) const;
+  /// The trainer's ranks (null when off), made on the first call.
+  data_parallel::RankGroup* group(const nn::Model& model);
+  /// "data parallel: 2 ranks under MPI, shares of 32 samples ..." for the run's header.
+  std::string describe(std::int64_t batch, std::int64_t micro_batch) const;
+
+ private:
+  const ParallelOptions& options_;
+  dist::Communicator* communicator_ = nullptr;
+  int count_ = 1;
+  std::unique_ptr<data_parallel::RankGroup> group_;
+};
+
+}  // namespace bigbatch::cli
