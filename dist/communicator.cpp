@@ -34,6 +34,13 @@ Share share_of(std::int64_t count, int ranks, int rank) {
   return {rank * base + std::min<std::int64_t>(rank, extra), base + (rank < extra ? 1 : 0)};
 }
 
+bool launched_by_mpi() {
+  for (const char* variable : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK"}) {
+    if (std::getenv(variable) != nullptr) return true;
+  }
+  return false;
+}
+
 std::uint32_t fingerprint(std::span<const std::byte> bytes, std::uint32_t crc) {
   return static_cast<std::uint32_t>(
       ::crc32_z(crc, reinterpret_cast<const Bytef*>(bytes.data()), bytes.size()));

@@ -92,6 +92,11 @@ class Communicator {
   int size_ = 1;
 };
 
+/// Whether an MPI launcher (mpirun, mpiexec, srun) started this process: one of the
+/// variables Open MPI (OMPI_COMM_WORLD_SIZE), PMI (PMI_SIZE: MPICH, Slurm) or PMIx
+/// (PMIX_RANK) sets is present. A program that can run alone too asks before world().
+bool launched_by_mpi();
+
 /// The CRC-32 (zlib's) of `bytes`, continuing from `crc`: a fingerprint for comparing what
 /// the ranks hold (their settings, their initial parameters) without sending it.
 std::uint32_t fingerprint(std::span<const std::byte> bytes, std::uint32_t crc = 0);

@@ -1,0 +1,323 @@
+// Chapter 07: when one device is not enough, R of them. The batch is split into the ranks'
+// shares, each rank accumulates its share's gradient with no communication, and the
+// ranks' gradients are summed once per optimizer step. In one process the demo simulates
+// the ranks (sections a-c); started by mpirun (`mpirun -np 2 chapter_07_data_parallel`)
+// it also trains as one rank of the job and checks the job against its own simulation
+// (section d). See README.md in this folder; --quick is the CTest setting.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "chapters/02_gradient_accumulation/accumulation.hpp"
+#include "chapters/07_data_parallel/data_parallel.hpp"
+#include "chapters/train/trainer.hpp"
+#include "common/data/dataset.hpp"
+#include "common/report.hpp"
+#include "dist/communicator.hpp"
+#include "nn/sample_stream.hpp"
+
+namespace bb = bigbatch;
+namespace dp = bigbatch::data_parallel;
+namespace dist = bigbatch::dist;
+
+namespace {
+
+using Gradients = std::vector<std::vector<float>>;
+
+constexpr std::uint64_t kSeed = 11;
+
+struct Setting {
+  std::int64_t batch = 250;  // 250 over 4 ranks: 63, 63, 62, 62 samples (uneven)
+  std::int64_t micro_batch = 16;
+  std::int64_t steps = 6;
+};
+
+bb::Dataset demo_data() {
+  bb::SyntheticOptions options;
+  options.samples = 4000;
+  options.features = 32;
+  options.classes = 10;
+  options.teacher_hidden = 32;
+  return bb::make_synthetic(options);
+}
+
+bb::nn::ModelConfig demo_model(bool quick) {
+  return {.inputs = 32, .hidden = quick ? 32 : 64, .expansion = 4, .classes = 10,
+          .depth = 2, .dropout = 0.1f, .seed = 3};
+}
+
+bb::train::TrainConfig train_config(const Setting& s) {
+  bb::train::TrainConfig config;
+  config.batch = s.batch;
+  config.micro_batch = s.micro_batch;
+  config.steps = s.steps;
+  config.shuffle = false;  // step 1 is samples 0..b-1, whose per-sample terms (a) bounds
+  config.seed = kSeed;
+  return config;
+}
+
+Gradients gradients_of(const bb::nn::Model& model) {
+  Gradients all;
+  for (const auto& p : model.parameters()) all.push_back(p.grad.to_vector<float>());
+  return all;
+}
+
+Gradients values_of(const bb::nn::Model& model) {
+  Gradients all;
+  for (const auto& p : model.parameters()) all.push_back(p.value.to_vector<float>());
+  return all;
+}
+
+/// What a run of `steps` optimizer steps (SGD, momentum 0.9) leaves: the gradients of its
+/// first step and the parameters at the end. `ranks` null: one process on whole batches.
+struct Outcome {
+  Gradients first_gradients, parameters;
+  double seconds_per_step = 0;
+};
+
+Outcome train(const bb::Dataset& data, const bb::nn::ModelConfig& model_config,
+              const Setting& s, dp::RankGroup* ranks) {
+  bb::nn::Model model(model_config, bb::Device::cpu());
+  bb::nn::Optimizer optimizer(model.parameters(), bb::SgdOptions{.lr = 0.05, .momentum = 0.9});
+  bb::train::Trainer trainer(model, optimizer, data, train_config(s), ranks);
+  Outcome outcome;
+  trainer.step();
+  outcome.first_gradients = gradients_of(model);
+  const auto start = std::chrono::steady_clock::now();
+  trainer.run();
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  outcome.seconds_per_step = seconds / static_cast<double>(std::max<std::int64_t>(1, s.steps - 1));
+  outcome.parameters = values_of(model);
+  return outcome;
+}
+
+/// The largest |a - b| / (factor M) over every element with M > 0, and whether every
+/// element is within factor M (M = the per-sample magnitude).
+struct Comparison {
+  double worst_fraction = 0;  // of the bound
+  bool within = true;
+  std::int64_t differing = 0;
+};
+
+Comparison compare(const Gradients& a, const Gradients& b,
+                   const std::vector<std::vector<double>>& magnitude, double factor) {
+  Comparison c;
+  for (std::size_t p = 0; p < a.size(); ++p) {
+    for (std::size_t i = 0; i < a[p].size(); ++i) {
+      const double difference = std::fabs(double(a[p][i]) - double(b[p][i]));
+      const double bound = factor * magnitude[p][i];
+      c.within &= difference <= bound;
+      c.differing += difference > 0;
+      if (bound > 0) c.worst_fraction = std::max(c.worst_fraction, difference / bound);
+    }
+  }
+  return c;
+}
+
+bool bitwise_equal(const Gradients& a, const Gradients& b) { return a == b; }
+
+std::string number(double value, const char* format = "%.3g") {
+  char text[64];
+  std::snprintf(text, sizeof text, format, value);
+  return text;
+}
+
+/// The shares of `batch` over `ranks`, "63, 63, 62, 62".
+std::string shares(std::int64_t batch, int ranks) {
+  std::string text;
+  for (int r = 0; r < ranks; ++r) {
+    text += (r ? ", " : "") + std::to_string(dist::share_of(batch, ranks, r).size);
+  }
+  return text;
+}
+
+/// Step 1's gradient accumulated over the ranks' shares into one buffer, each share's loss
+/// divided by `count_of(share size)`: the global count b (right) or R n_r (the mistake of
+/// a per-rank mean averaged over the ranks).
+template <class CountOf>
+Gradients share_gradients(const bb::Dataset& data, const bb::nn::ModelConfig& model_config,
+                          const Setting& s, int ranks, CountOf count_of) {
+  bb::nn::Model model(model_config, bb::Device::cpu());
+  const bb::nn::SampleStream stream(data, s.batch, false, kSeed, bb::nn::LastBatch::keep_short);
+  const bb::Tensor x(bb::Shape{s.batch, data.feature_dim()}, bb::DType::f32);
+  const bb::Tensor labels(bb::Shape{s.batch}, bb::DType::i32);
+  stream.gather(0, x, labels);
+  model.zero_grad();
+  for (int r = 0; r < ranks; ++r) {
+    const dist::Share share = dist::share_of(s.batch, ranks, r);
+    const std::int64_t end = share.begin + share.size;
+    bb::nn::accumulate_gradients(model, x.rows(share.begin, end), labels.rows(share.begin, end),
+                                 s.micro_batch,
+                                 {true, bb::nn::dropout_seed_for_run(kSeed), share.begin},
+                                 count_of(share.size));
+  }
+  return gradients_of(model);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  bb::DemoOptions options;
+  if (auto exit = bb::parse_demo_options(
+          argc, argv,
+          "Chapter 07: data parallel. R ranks x micro-batches = the batch; alone it simulates "
+          "the ranks, under mpirun -np R it also trains as one of them.",
+          options)) {
+    return *exit;
+  }
+  // Under an MPI launcher every rank runs the whole demo (the simulations too) and rank 0
+  // prints; alone, no MPI is started.
+  dist::Communicator* world =
+      dist::launched_by_mpi() && dist::Communicator::available() ? &dist::Communicator::world()
+                                                                 : nullptr;
+  if (world && world->rank() != 0 && !std::freopen("/dev/null", "w", stdout)) return 1;
+
+  Setting s;
+  if (options.quick) s.steps = 3;
+  const bb::Dataset data = demo_data();
+  const bb::nn::ModelConfig model_config = demo_model(options.quick);
+  bb::SelfCheck report("chapter 07");
+
+  // ---- (a) -----------------------------------------------------------------------------
+  report.section("(a) R ranks x micro-batches of " + std::to_string(s.micro_batch) +
+                 " = the batch of " + std::to_string(s.batch) + " (simulated in this process)");
+  const Outcome single = train(data, model_config, s, nullptr);
+  dp::SimulatedRanks one(1, bb::nn::Model(model_config, bb::Device::cpu()));
+  const Outcome alone = train(data, model_config, s, &one);
+  report.check(bitwise_equal(alone.parameters, single.parameters) &&
+                   bitwise_equal(alone.first_gradients, single.first_gradients),
+               "one rank is the single process, bit for bit (" + std::to_string(s.steps) +
+                   " steps)");
+  // Every sample's rows are the same bits on any split (batch-invariant ops, dropout keyed
+  // by the global row): only the grouping of each gradient's sum of b per-sample terms
+  // changes, so the ranks' gradient is within 2 gamma(b + 1) M of the batch's (M = sum of
+  // the terms' magnitudes; the derivation is tests/test_data_parallel.cpp's).
+  const auto magnitude = [&] {
+    bb::nn::Model model(model_config, bb::Device::cpu());
+    const bb::nn::SampleStream stream(data, s.batch, false, kSeed, bb::nn::LastBatch::keep_short);
+    const bb::Tensor x(bb::Shape{s.batch, data.feature_dim()}, bb::DType::f32);
+    const bb::Tensor labels(bb::Shape{s.batch}, bb::DType::i32);
+    stream.gather(0, x, labels);
+    return bb::accumulation::per_sample_magnitude(
+        model, x, labels, s.batch, {true, bb::nn::dropout_seed_for_run(kSeed), 0});
+  }();
+  const double u = 0x1p-24;
+  const double gamma = (s.batch + 1) * u / (1 - (s.batch + 1) * u);
+  std::vector<Outcome> simulated;
+  for (const int ranks : {2, 3, 4}) {
+    dp::SimulatedRanks group(ranks, bb::nn::Model(model_config, bb::Device::cpu()));
+    simulated.push_back(train(data, model_config, s, &group));
+    const Comparison c = compare(simulated.back().first_gradients, single.first_gradients,
+                                 magnitude, 2 * gamma);
+    report.check(c.within && c.differing > 0,
+                 std::to_string(ranks) + " ranks (shares " + shares(s.batch, ranks) +
+                     "): step 1's gradient within 2 gamma(b + 1) M of the batch's, " +
+                     std::to_string(c.differing) + " elements differ, the largest by " +
+                     number(100 * c.worst_fraction, "%.1f") + "% of the bound");
+  }
+  double drift = 0, largest = 0;
+  for (std::size_t p = 0; p < single.parameters.size(); ++p) {
+    for (std::size_t i = 0; i < single.parameters[p].size(); ++i) {
+      drift = std::max(drift, double(std::fabs(simulated.back().parameters[p][i] -
+                                               single.parameters[p][i])));
+      largest = std::max(largest, double(std::fabs(single.parameters[p][i])));
+    }
+  }
+  report.note("after " + std::to_string(s.steps) + " steps, 4 ranks' parameters are within " +
+              number(drift) + " of the single process's (largest parameter " +
+              number(largest) + "): rounding, carried by the optimizer");
+
+  // ---- (b) -----------------------------------------------------------------------------
+  report.section("(b) The mistake: each rank's mean loss, averaged over the ranks");
+  // Dividing share r's loss by its n_r samples and the sum by R weighs its samples by
+  // b / (R n_r) instead of 1. With equal shares R n_r = b: the same divisor, the same
+  // bits, and the mistake hides; with uneven ones the short shares' samples weigh more.
+  Setting even = s;
+  even.batch = 256;
+  const Gradients right_even = share_gradients(data, model_config, even, 4,
+                                               [&](std::int64_t) { return even.batch; });
+  const Gradients mean_even = share_gradients(data, model_config, even, 4,
+                                              [](std::int64_t n) { return 4 * n; });
+  report.check(bitwise_equal(mean_even, right_even),
+               "batch 256 over 4 ranks (64 each): the per-rank mean gives the same bits "
+               "(R n_r = b), so a test with even shares cannot see the mistake");
+  const Gradients right = share_gradients(data, model_config, s, 4,
+                                          [&](std::int64_t) { return s.batch; });
+  const Gradients mean = share_gradients(data, model_config, s, 4,
+                                         [](std::int64_t n) { return 4 * n; });
+  const Comparison wrong = compare(mean, right, magnitude, 2 * gamma);
+  report.check(!wrong.within,
+               "batch 250 over 4 ranks (" + shares(s.batch, 4) + "): the per-rank mean is " +
+                   "outside rounding (the largest error " + number(wrong.worst_fraction, "%.0f") +
+                   " times the rounding bound): samples of a share of 62 weigh " +
+                   number(250.0 / (4 * 62), "%.4f") + ", of 63 " +
+                   number(250.0 / (4 * 63), "%.4f"));
+
+  // ---- (c) -----------------------------------------------------------------------------
+  report.section("(c) One sum per optimizer step, not one per micro-batch");
+  std::int64_t parameter_count = 0;
+  for (const auto& p : single.parameters) parameter_count += static_cast<std::int64_t>(p.size());
+  const std::int64_t micro_batches = (dist::share_of(s.batch, 4, 0).size + s.micro_batch - 1) /
+                                     s.micro_batch;
+  const double per_sum = 2.0 * 3 / 4 * 4 * static_cast<double>(parameter_count);
+  report.note("a sum over R ranks moves about 2 (R - 1) / R of the gradient per rank: " +
+              number(per_sum / 1024, "%.1f") + " KiB for these " +
+              std::to_string(parameter_count) + " parameters at R = 4; summing after each of " +
+              "a rank's " + std::to_string(micro_batches) + " micro-batches (what DDP does " +
+              "outside no_sync) moves " + std::to_string(micro_batches) +
+              " times that for the same step");
+
+  // ---- (d) -----------------------------------------------------------------------------
+  const int ranks = world ? world->size() : 1;
+  if (!world || ranks == 1) {
+    report.section("(d) R processes under MPI against this process's simulation of them");
+    report.note("not run: start the demo under an MPI launcher for it, e.g. "
+                "mpirun -np 2 build/chapters/chapter_07_data_parallel (the README says how)");
+    return report.finish();
+  }
+  report.section("(d) " + std::to_string(ranks) +
+                 " processes under MPI against this process's simulation of them");
+  dp::SimulatedRanks group(ranks, bb::nn::Model(model_config, bb::Device::cpu()));
+  const Outcome own = train(data, model_config, s, &group);
+  dp::CommunicatorRanks deterministic(*world, dist::Reduction::deterministic);
+  const Outcome job = train(data, model_config, s, &deterministic);
+  report.check(bitwise_equal(job.parameters, own.parameters),
+               std::to_string(ranks) + " ranks under MPI (deterministic reduction) end with "
+               "this process's simulation's parameters, bit for bit");
+  dp::CommunicatorRanks engine(*world, dist::Reduction::engine);
+  const Outcome engine_job = train(data, model_config, s, &engine);
+  report.note(std::string("the engine's MPI_Allreduce: ") +
+              (!bitwise_equal(engine_job.parameters, own.parameters)
+                   ? "other bits (it adds in an order of its own)"
+               : ranks == 2 ? "the same bits (with two ranks every order is the one addition "
+                              "g_0 + g_1)"
+                            : "the same bits this time (its order is its own: run with 3 or 4 "
+                              "ranks and compare again)"));
+  // The time one gradient sum takes, each way, against the step.
+  std::vector<float> buffer(static_cast<std::size_t>(parameter_count), 1.0f);
+  const auto time_sums = [&](dist::Reduction reduction) {
+    world->barrier();
+    const auto start = std::chrono::steady_clock::now();
+    constexpr int kRepeats = 20;
+    for (int k = 0; k < kRepeats; ++k) world->all_reduce_sum(buffer, reduction);
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() /
+           kRepeats;
+  };
+  const double deterministic_seconds = time_sums(dist::Reduction::deterministic);
+  const double engine_seconds = time_sums(dist::Reduction::engine);
+  report.note("one sum of the " + std::to_string(parameter_count) + " gradients: " +
+              number(deterministic_seconds * 1e6, "%.0f") + " us deterministic, " +
+              number(engine_seconds * 1e6, "%.0f") + " us the engine's; a step " +
+              number(job.seconds_per_step * 1e3, "%.1f") + " ms (mean of " +
+              std::to_string(s.steps - 1) + ")");
+  // Every rank made the same checks; the job passes only if every rank's did.
+  const int code = report.finish();
+  for (const std::uint64_t other : world->all_gather(static_cast<std::uint64_t>(code))) {
+    if (other != 0) return 1;
+  }
+  return code;
+}
