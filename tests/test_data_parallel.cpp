@@ -11,6 +11,7 @@
 #include <stdexcept>
 #include <vector>
 
+#include "chapters/02_gradient_accumulation/accumulation.hpp"
 #include "chapters/07_data_parallel/data_parallel.hpp"
 #include "chapters/train/trainer.hpp"
 #include "dist/communicator.hpp"
@@ -105,6 +106,42 @@ TEST(SimulatedRanks, OneRankIsTheSingleProcessBitForBit) {
   }
 }
 
+TEST(SimulatedRanks, AddTheirSharesInRankOrder) {
+  // Each share's gradient computed on its own (from zero, global count b, its own rows),
+  // then added by hand: ((g_0 + g_1) + g_2) + g_3, the deterministic reduction's order.
+  const std::int64_t b = 50, micro_batch = 7;
+  const int ranks = 4;
+  const Dataset data = tiny_data(200);
+  TinyRun ranked(data, 0.1f);
+  data_parallel::SimulatedRanks group(ranks, ranked.model);
+  train::Trainer trainer(ranked.model, ranked.optimizer, ranked.data, one_step(b, micro_batch),
+                         &group);
+  trainer.step();
+
+  TinyRun fresh(data, 0.1f);
+  const nn::SampleStream stream(fresh.data, b, /*shuffle=*/false, 3, nn::LastBatch::keep_short);
+  const Tensor x(Shape{b, fresh.data.feature_dim()}, DType::f32);
+  const Tensor labels(Shape{b}, DType::i32);
+  stream.gather(0, x, labels);
+  std::vector<std::vector<float>> total;
+  for (int r = 0; r < ranks; ++r) {
+    const dist::Share share = dist::share_of(b, ranks, r);
+    fresh.model.zero_grad();
+    nn::accumulate_gradients(fresh.model, x.rows(share.begin, share.begin + share.size),
+                             labels.rows(share.begin, share.begin + share.size), micro_batch,
+                             {true, nn::dropout_seed_for_run(3), share.begin}, b);
+    const std::vector<std::vector<float>> g = gradients(fresh.model);
+    if (r == 0) {
+      total = g;
+      continue;
+    }
+    for (std::size_t p = 0; p < g.size(); ++p) {
+      for (std::size_t i = 0; i < g[p].size(); ++i) total[p][i] = total[p][i] + g[p][i];
+    }
+  }
+  EXPECT_EQ(gradients(ranked.model), total);
+}
+
 TEST(SimulatedRanks, TooManyRanksForABatchAreRefused) {
   const Dataset data = tiny_data(40);  // batches of 16, 16 and 8: 9 ranks find no sample
   TinyRun run(data, 0.0f);
@@ -126,8 +163,8 @@ TEST(SimulatedRanks, TooManyRanksForABatchAreRefused) {
 // computed with b rounded operations or fewer on the path of each term lies within
 // gamma(b) sum_s |t_s| of the exact sum (Higham, Accuracy and Stability, 2nd ed., sec. 4.2),
 // so the two results differ by at most 2 gamma(b) sum_s |t_s|. The t_s are measured here
-// as the gradient of sample s alone (global count b, its own global row), which is t_s
-// rounded once: sum_s |t_s| <= sum_s |t^_s| / (1 - u), absorbed by using gamma(b + 1).
+// as the gradient of sample s alone (global count b, its own global row): t_s itself for
+// the products; gamma(b + 1) leaves room for a term rounded once more.
 TEST(SimulatedRanks, RanksGiveTheBatchGradientWithinTheReorderedSumsBound) {
   const std::int64_t b = 37, micro_batch = 5;
   const Dataset data = tiny_data(200);
@@ -136,24 +173,15 @@ TEST(SimulatedRanks, RanksGiveTheBatchGradientWithinTheReorderedSumsBound) {
   plain.step();
   const std::vector<std::vector<float>> whole = gradients(single.model);
 
-  // sum_s |t^_s|: the per-sample gradients of step 1's samples (data order), from the
-  // initial parameters.
+  // sum_s |t_s| (chapter 02's per_sample_magnitude): the per-sample gradients of step 1's
+  // samples (data order, their global rows 0..b-1), from the initial parameters.
   TinyRun fresh(data, 0.1f);
   const nn::SampleStream stream(fresh.data, b, /*shuffle=*/false, 3, nn::LastBatch::keep_short);
-  std::vector<std::vector<double>> magnitude(whole.size());
-  for (std::size_t p = 0; p < whole.size(); ++p) magnitude[p].assign(whole[p].size(), 0.0);
-  const Tensor x(Shape{1, fresh.data.feature_dim()}, DType::f32);
-  const Tensor labels(Shape{1}, DType::i32);
-  for (std::int64_t s = 0; s < b; ++s) {
-    stream.gather(0, s, s + 1, x, labels);
-    fresh.model.zero_grad();
-    nn::accumulate_gradients(fresh.model, x, labels, 1,
-                             {true, nn::dropout_seed_for_run(3), /*first_row=*/s}, b);
-    const std::vector<std::vector<float>> term = gradients(fresh.model);
-    for (std::size_t p = 0; p < term.size(); ++p) {
-      for (std::size_t i = 0; i < term[p].size(); ++i) magnitude[p][i] += std::fabs(term[p][i]);
-    }
-  }
+  const Tensor x(Shape{b, fresh.data.feature_dim()}, DType::f32);
+  const Tensor labels(Shape{b}, DType::i32);
+  stream.gather(0, x, labels);
+  const std::vector<std::vector<double>> magnitude = accumulation::per_sample_magnitude(
+      fresh.model, x, labels, b, {true, nn::dropout_seed_for_run(3), /*first_row=*/0});
 
   const double bound = 2 * gamma(b + 1, DType::f32);
   for (const int ranks : {2, 3, 4}) {
