@@ -68,7 +68,9 @@ class Communicator {
   /// waiting for it in a collective).
   static Communicator* joined();
 
+  /// This process's rank, 0 to size() - 1.
   int rank() const { return rank_; }
+  /// R, the run's processes.
   int size() const { return size_; }
 
   /// Every rank's `values` summed element by element; the sum replaces `values` on every
@@ -83,8 +85,8 @@ class Communicator {
   /// on while the others wait in a collective.
   [[noreturn]] void abort(int exit_code);
 
-  Communicator(const Communicator&) = delete;
-  Communicator& operator=(const Communicator&) = delete;
+  Communicator(const Communicator&) = delete;             ///< one per process
+  Communicator& operator=(const Communicator&) = delete;  ///< one per process
 
  private:
   Communicator(int rank, int size) : rank_(rank), size_(size) {}
@@ -100,6 +102,7 @@ bool launched_by_mpi();
 /// The CRC-32 (zlib's) of `bytes`, continuing from `crc`: a fingerprint for comparing what
 /// the ranks hold (their settings, their initial parameters) without sending it.
 std::uint32_t fingerprint(std::span<const std::byte> bytes, std::uint32_t crc = 0);
+/// The fingerprint of a text's bytes.
 inline std::uint32_t fingerprint(std::string_view text, std::uint32_t crc = 0) {
   return fingerprint(std::as_bytes(std::span(text.data(), text.size())), crc);
 }
