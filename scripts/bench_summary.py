@@ -37,6 +37,16 @@ def load_runs(path):
     return runs, data.get("context", {})
 
 
+def cpu_result_folders(file_name):
+    """[(ISA, folder)] of every bench/results/cpu-*-ISA/ folder that holds file_name,
+    AVX-512 first: the machines whose results are committed, for the notebooks to draw."""
+    folders = []
+    for folder in sorted((ROOT / "bench" / "results").glob("cpu-*")):
+        if (folder / file_name).exists():
+            folders.append((folder.name.rsplit("-", 1)[-1], folder))
+    return sorted(folders, key=lambda entry: entry[0] != "avx512")
+
+
 def gflops(run):
     return run["FLOP/s"] / 1e9
 

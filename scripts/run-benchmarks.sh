@@ -2,8 +2,8 @@
 # Runs the CPU benchmarks and writes Google Benchmark JSON to this machine's results folder
 # (scripts/results-folder.sh: bench/results/cpu-2core-avx512/ for the 2-core AVX-512 CPU that
 # made the committed results, cpu-2core-avx2/ where the kernels run AVX2, as on a CPU
-# without AVX-512 or under BIGBATCH_MAX_ISA=avx2; the notebooks draw the AVX-512 folder, the
-# README's tables both): the kernels to cpu-kernels.json, the whole-step benchmarks (fp32
+# without AVX-512 or under BIGBATCH_MAX_ISA=avx2; the GEMM and accumulation figures draw
+# every folder present, the other figures the AVX-512 one, the README's tables both): the kernels to cpu-kernels.json, the whole-step benchmarks (fp32
 # and fp16) to cpu-training.json and their PyTorch peer (bench/pytorch_step.py) to
 # pytorch-training.json, the accumulation sweep (batch 1024 as micro-batches of 1 to 1024,
 # naive and memory-free; 3 repetitions, the longest part) to cpu-accumulation.json, then
