@@ -95,19 +95,23 @@ int main(int argc, char** argv) {
     return text;
   };
   int code = kExitFailure;
+  // Each message is one write: the ranks of a data-parallel run share the terminal.
+  const auto say = [&name](const char* before, const std::exception& e) {
+    std::cerr << (before + name() + ": " + e.what() + "\n");
+  };
   try {
     return command == plan ? run_plan(options) : run_train(options);
   } catch (const UsageError& e) {
-    std::cerr << name() << ": " << e.what() << "\n";
+    say("", e);
     code = kExitBadInput;
   } catch (const NoPlanFits& e) {
-    std::cerr << name() << ": " << e.what() << "\n";
+    say("", e);
     code = kExitOutOfMemory;
   } catch (const OutOfMemoryError& e) {
-    std::cerr << "\n" << name() << ": " << e.what() << "\n";
+    say("\n", e);
     code = kExitOutOfMemory;
   } catch (const std::exception& e) {
-    std::cerr << "\n" << name() << ": " << e.what() << "\n";
+    say("\n", e);
     code = kExitFailure;
   }
   // A failure on one rank of a data-parallel run ends every rank with its exit code: the

@@ -10,14 +10,18 @@
 namespace bigbatch::cli {
 namespace {
 
+/// The CRC of a host tensor's bytes, continuing from `crc` (check_run refuses another
+/// device); an undefined tensor adds nothing.
+std::uint32_t add_fingerprint(const Tensor& t, std::uint32_t crc) {
+  if (!t.defined()) return crc;
+  return dist::fingerprint({static_cast<const std::byte*>(t.raw_data()), t.nbytes()}, crc);
+}
+
 /// The CRC of every parameter's bytes (the f32 values and any 16-bit working copy).
 std::uint32_t parameters_fingerprint(const nn::Model& model) {
   std::uint32_t crc = 0;
   for (const nn::NamedParameter& p : model.parameters()) {
-    for (const Tensor* t : {&p.value, &p.half}) {
-      if (!t->defined()) continue;  // on the CPU: check_run refuses another device
-      crc = dist::fingerprint({static_cast<const std::byte*>(t->raw_data()), t->nbytes()}, crc);
-    }
+    crc = add_fingerprint(p.half, add_fingerprint(p.value, crc));
   }
   return crc;
 }
@@ -39,12 +43,9 @@ RunRanks::RunRanks(const TrainOptions& options) : options_(options.parallel) {
                      "(--simulate-ranks always adds in rank order)");
   }
   if (!on) return;
-  const char* flag = options_.data_parallel ? "--data-parallel" : "--simulate-ranks";
-  for (const char* other : {"--snapshot-dir", "--resume", "--plan"}) {
-    if (options.was_given(other)) {
-      throw UsageError(std::string(flag) + " does not take " + other +
-                       " yet: snapshots and plans of data-parallel runs are not built");
-    }
+  if (options.was_given("--plan")) {
+    throw UsageError(std::string(options_.data_parallel ? "--data-parallel" : "--simulate-ranks") +
+                     " does not take --plan yet: the planner plans one device");
   }
   if (options_.data_parallel) {
     try {
@@ -83,22 +84,34 @@ void RunRanks::check_run(const TrainOptions& options, const nn::ModelConfig& mod
   }
 }
 
-void RunRanks::check_agreement(const train::RunConfig& settings, const nn::Model& model) const {
+train::RunConfig RunRanks::with_settings(train::RunConfig settings) const {
+  if (!enabled()) return settings;
+  settings["ranks"] = std::to_string(count_);
+  // The simulation adds in rank order: the deterministic reduction's bits.
+  settings["reduction"] = dist::reduction_name(communicator_ ? options_.reduction
+                                                             : dist::Reduction::deterministic);
+  return settings;
+}
+
+void RunRanks::check_agreement(const train::RunConfig& settings, const nn::Model& model,
+                               const nn::Optimizer& optimizer, std::int64_t steps_done) const {
   if (!communicator_ || count_ == 1) return;
   std::string text;
   for (const auto& [name, value] : settings) text += name + "=" + value + "\n";
-  text += "reduction=" + std::string(dist::reduction_name(options_.reduction)) + "\n";
   const int setting = first_different(communicator_->all_gather(
       static_cast<std::uint64_t>(dist::fingerprint(text))));
   if (setting >= 0) {
     throw UsageError("rank " + std::to_string(setting) + " has other settings than rank 0 "
                      "(every rank must be started with the same flags and data)");
   }
-  const int parameters = first_different(communicator_->all_gather(
-      static_cast<std::uint64_t>(parameters_fingerprint(model))));
-  if (parameters >= 0) {
-    throw UsageError("rank " + std::to_string(parameters) + " starts from other parameters "
-                     "than rank 0 (is its --init file another one?)");
+  std::uint32_t state = parameters_fingerprint(model);
+  for (const auto& [name, tensor] : optimizer.state()) state = add_fingerprint(tensor, state);
+  state = dist::fingerprint(std::to_string(steps_done), state);
+  const int apart = first_different(communicator_->all_gather(static_cast<std::uint64_t>(state)));
+  if (apart >= 0) {
+    throw UsageError("rank " + std::to_string(apart) + " starts from another state than rank "
+                     "0 (its parameters, optimizer state or steps done: is its --init file, or "
+                     "the snapshot it resumed, another one?)");
   }
 }
 

@@ -16,8 +16,9 @@ namespace bigbatch::cli {
 
 class RunRanks {
  public:
-  /// Refuses the flags that do not go with the ranks (UsageError) and, with
-  /// --data-parallel, joins the MPI job. Rank 0 alone prints and writes files.
+  /// Refuses the flags that do not go with the ranks (UsageError: --plan, --reduction
+  /// without --data-parallel) and, with --data-parallel, joins the MPI job. Rank 0 alone
+  /// prints and writes files (snapshots included).
   explicit RunRanks(const TrainOptions& options);
 
   bool enabled() const { return count_ > 1 || options_.data_parallel || options_.simulate_ranks > 0; }
@@ -33,9 +34,14 @@ class RunRanks {
   /// running statistics by its share alone), a CUDA device (MPI sums host memory).
   void check_run(const TrainOptions& options, const nn::ModelConfig& model,
                  std::int64_t samples) const;
-  /// Under MPI: every rank must have the same settings and the same initial parameters;
-  /// otherwise every rank throws UsageError naming the first rank that differs.
-  void check_agreement(const train::RunConfig& settings, const nn::Model& model) const;
+  /// The run's settings with the ranks' own when they are on: "ranks" (R: the rank-order
+  /// sum's bits depend on it, so a snapshot resumes only with the same R) and "reduction".
+  train::RunConfig with_settings(train::RunConfig settings) const;
+  /// Under MPI: every rank must have the same settings and start from the same state (the
+  /// parameters, the optimizer's state and the steps done, fresh or resumed); otherwise
+  /// every rank throws UsageError naming the first rank that differs.
+  void check_agreement(const train::RunConfig& settings, const nn::Model& model,
+                       const nn::Optimizer& optimizer, std::int64_t steps_done) const;
   /// Under MPI, after training: every rank's parameters are still rank 0's (they see the
   /// same summed gradients, so only a bug parts them); otherwise every rank throws
   /// std::runtime_error.

@@ -154,12 +154,15 @@ std::string learning_rate_description(const TrainOptions& options,
   return lr.str();
 }
 
-/// The folder snapshots go to and, with --resume, where the run starts from.
+/// The folder snapshots go to and, with --resume, where the run starts from. In a
+/// data-parallel run every rank resumes from the folder's newest snapshot and rank 0 alone
+/// (the writer) holds the folder's lock and writes: the ranks' states are the same.
 class SnapshotSetup {
  public:
-  explicit SnapshotSetup(const TrainOptions& options)
+  SnapshotSetup(const TrainOptions& options, bool writer)
       : output_(options.output),
-        dir_(!output_.snapshot_dir.empty() ? output_.snapshot_dir : output_.resume) {
+        dir_(!output_.snapshot_dir.empty() ? output_.snapshot_dir : output_.resume),
+        writer_(writer) {
     const OutputOptions& output = output_;
     if (dir_.empty() && (options.was_given("--snapshot-every") ||
                          options.was_given("--snapshot-keep"))) {
@@ -169,6 +172,8 @@ class SnapshotSetup {
       throw UsageError("--resume " + output.resume + ": no such folder");
     }
     if (dir_.empty()) return;
+    enabled_ = true;
+    if (!writer_) return;
     try {
       snapshots_.emplace(dir_, output.snapshot_keep);  // and its folder's lock
     } catch (const std::runtime_error& e) {
@@ -188,7 +193,7 @@ class SnapshotSetup {
     std::optional<train::SnapshotFolderLock> reading;
     try {
       std::error_code unknown;  // a folder that cannot be compared is locked apart
-      if (!std::filesystem::equivalent(dir_, from, unknown)) reading.emplace(from);
+      if (writer_ && !std::filesystem::equivalent(dir_, from, unknown)) reading.emplace(from);
     } catch (const std::runtime_error& e) {
       throw UsageError(std::string("--resume: ") + e.what());
     }
@@ -199,7 +204,12 @@ class SnapshotSetup {
     try {
       train::restore_snapshot(files.back().path, model, optimizer, trainer, settings);
     } catch (const train::SnapshotMismatchError& e) {  // a changed setting
-      throw UsageError(std::string("--resume: ") + e.what());
+      // Every recorded setting is a flag but the ranks (mpirun -np R, or --simulate-ranks R).
+      std::string message = e.what();
+      for (std::size_t at; (at = message.find("--ranks ")) != std::string::npos;) {
+        message.replace(at, 8, "ranks ");
+      }
+      throw UsageError("--resume: " + message);
     } catch (const std::runtime_error& e) {  // a damaged file: is an older one whole?
       const auto intact = std::find_if(
           std::next(files.rbegin()), files.rend(),
@@ -216,7 +226,7 @@ class SnapshotSetup {
     return last_step_;
   }
 
-  bool enabled() const { return snapshots_.has_value(); }
+  bool enabled() const { return enabled_; }
   const std::string& dir() const { return dir_; }
   /// The newest snapshot written or resumed from ("" when none).
   const std::string& last() const { return last_; }
@@ -224,14 +234,16 @@ class SnapshotSetup {
 
   void write(const nn::Model& model, const nn::Optimizer& optimizer,
              const train::Trainer& trainer, const train::RunConfig& settings) {
-    last_ = snapshots_->write(model, optimizer, trainer, settings);
+    if (writer_) last_ = snapshots_->write(model, optimizer, trainer, settings);
     last_step_ = trainer.steps_done();
   }
 
  private:
   const OutputOptions& output_;
   std::string dir_;
-  std::optional<train::Snapshots> snapshots_;
+  bool writer_ = true;
+  bool enabled_ = false;
+  std::optional<train::Snapshots> snapshots_;  // the writer's
   std::string last_;
   std::int64_t last_step_ = 0;
 };
@@ -302,10 +314,10 @@ int run_train(TrainOptions options) {
 
   // Snapshots go to --snapshot-dir, or back to the folder --resume reads.
   const train::RunConfig settings =
-      resume_settings(options, model_shape, optimizer.options(), config);
-  ranks.check_agreement(settings, model);
-  SnapshotSetup snapshots(options);
+      ranks.with_settings(resume_settings(options, model_shape, optimizer.options(), config));
+  SnapshotSetup snapshots(options, ranks.writes());
   const std::int64_t resumed_at = snapshots.resume(model, optimizer, trainer, settings);
+  ranks.check_agreement(settings, model, optimizer, trainer.steps_done());
 
   std::ofstream log;
   if (!output.log.empty()) {
