@@ -74,7 +74,8 @@ class Communicator {
   int size() const { return size_; }
 
   /// Every rank's `values` summed element by element; the sum replaces `values` on every
-  /// rank. The buffers must have the same length everywhere.
+  /// rank. The buffers must have the same length everywhere. The deterministic reduction
+  /// keeps a scratch buffer of the largest `values` it has summed (see scratch_).
   void all_reduce_sum(std::span<float> values, Reduction reduction);
   /// Every rank's one value, in rank order, on every rank.
   std::vector<float> all_gather(float value);
@@ -92,6 +93,10 @@ class Communicator {
   Communicator(int rank, int size) : rank_(rank), size_(size) {}
   int rank_ = 0;
   int size_ = 1;
+  // The deterministic reduction's pieces: as large as the largest buffer summed so far,
+  // kept between calls (host memory the tracking allocator does not count, like the
+  // engine's own buffers).
+  std::vector<float> scratch_;
 };
 
 /// Whether an MPI launcher (mpirun, mpiexec, srun) started this process: one of the

@@ -305,7 +305,8 @@ void add_train_flags(CLI::App& train, TrainOptions& o) {
                    "one JSON line per step: step, epoch (fractional), loss, lr, samples, "
                    "time_s (since the start), step_time_s, loss_scale, skipped (an overflow), "
                    "with a loss scaler or --clip-grad-norm grad_norm (before clipping; null "
-                   "on an overflow) and clip_factor, "
+                   "on an overflow) and clip_factor, with --data-parallel or --simulate-ranks "
+                   "reduce_time_s (the step's gradient sum over the ranks), "
                    "peak_bytes_total (the step's own peak on the device) and peak_bytes (its "
                    "breakdown by category)");
   train.add_option("--eval-every", o.output.eval_every,

@@ -26,7 +26,8 @@ Json bytes_json(const MemoryStats::PerCategory& bytes) {
 
 }  // namespace
 
-Json log_line(const train::StepRecord& record, double elapsed_seconds, bool norm_measured) {
+Json log_line(const train::StepRecord& record, double elapsed_seconds, bool norm_measured,
+              bool ranked) {
   Json line = {{"step", record.step},
                {"epoch", record.epoch},
                {"loss", json_float(record.loss)},
@@ -40,6 +41,7 @@ Json log_line(const train::StepRecord& record, double elapsed_seconds, bool norm
     line["grad_norm"] = json_float(record.grad_norm);
     line["clip_factor"] = json_float(record.clip_factor);
   }
+  if (ranked) line["reduce_time_s"] = record.reduce_seconds;
   line["peak_bytes_total"] = record.memory.peak_total;
   line["peak_bytes"] = bytes_json(record.memory.at_peak);
   return line;

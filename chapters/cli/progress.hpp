@@ -14,8 +14,10 @@
 namespace bigbatch::cli {
 
 /// One line of --log: the step's record; a float that is not finite (a diverged run)
-/// is written null. The gradient norm appears when it was measured.
-Json log_line(const train::StepRecord& record, double elapsed_seconds, bool norm_measured);
+/// is written null. The gradient norm appears when it was measured, the time of the
+/// gradients' sum over ranks when the run has ranks (`ranked`).
+Json log_line(const train::StepRecord& record, double elapsed_seconds, bool norm_measured,
+              bool ranked = false);
 
 /// 75 s as "1:15", 4000 s as "1:06:40".
 std::string clock_time(double seconds);

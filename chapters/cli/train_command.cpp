@@ -392,6 +392,7 @@ int run_train(TrainOptions options) {
                      : config.loss_scaling == train::LossScaling::fixed ? config.fixed_scale
                                                                         : 1.0f;
   std::int64_t skipped = start.skipped_steps;
+  double reduce_seconds = 0;  // the steps' gradient sums over ranks
   const auto write_snapshot = [&] {
     if (log.is_open()) log.flush();  // every line up to the snapshot's step is in the file
     snapshots.write(model, optimizer, trainer, settings);
@@ -405,7 +406,8 @@ int run_train(TrainOptions options) {
       last_scale = record.loss_scale;
       skipped = record.skipped_steps;
       progress.update(record);
-      Json line = log_line(record, progress.elapsed(), norm_measured);
+      Json line = log_line(record, progress.elapsed(), norm_measured, ranks.enabled());
+      reduce_seconds += record.reduce_seconds;
       if (output.eval_every > 0 && splits.test && record.step % output.eval_every == 0) {
         const nn::EvaluationResult test = nn::evaluate(model, *splits.test, micro_batch);
         progress.break_line();
@@ -457,6 +459,11 @@ int run_train(TrainOptions options) {
   std::printf("trained %lld steps in %s (%.1f ms/step on average)\n",
               static_cast<long long>(steps_run), clock_time(seconds).c_str(),
               steps_run > 0 ? 1e3 * seconds / static_cast<double>(steps_run) : 0.0);
+  if (ranks.enabled() && steps_run > 0) {
+    std::printf("summing the gradients over %d ranks: %.1f ms per step (%.1f%% of the steps' time)\n",
+                ranks.count(), 1e3 * reduce_seconds / static_cast<double>(steps_run),
+                seconds > 0 ? 100 * reduce_seconds / seconds : 0.0);
+  }
   if (snapshots.enabled()) std::cout << "snapshot: " << snapshots.last() << "\n";
   if (steps_run > 0) std::printf("final train loss (last batch): %.4f\n", last_loss);
   if (scaled) {

@@ -66,6 +66,7 @@ StepRecord Trainer::step() {
   const nn::ForwardContext context{true, dropout_seed_, batch.first_row};
   const nn::BatchRows rows = staging_->rows_of(stream_, k);
   float loss = 0;
+  double reduce_seconds = 0;
   if (!ranks_) {
     loss = nn::accumulate_gradients(model_, batch.size, rows, config_.micro_batch, context,
                                     /*global_count=*/batch.size, scale);
@@ -83,7 +84,10 @@ StepRecord Trainer::step() {
                                                 /*global_count=*/batch.size, scale));
       ranks_->share_done(r, model_);
     }
+    const auto reduce_start = std::chrono::steady_clock::now();
     loss = ranks_->reduce(model_, losses);
+    reduce_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() -
+                                                   reduce_start).count();
   }
   // The boundary, in gradient_clipping.hpp's order (the object refuses any other).
   const bool scaling = boundary_.scaling();
@@ -129,6 +133,7 @@ StepRecord Trainer::step() {
   record.grad_norm = outcome.norm;
   record.clip_factor = outcome.clip_factor;
   record.skipped_steps = boundary_.skipped_steps();
+  record.reduce_seconds = reduce_seconds;
   record.memory = allocator.stats();
   if (record.memory.peak_total > largest_step_memory_.peak_total) {
     largest_step_memory_ = record.memory;
