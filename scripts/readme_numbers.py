@@ -38,6 +38,31 @@ def ratio_range(values):
     return f"{low:.1f}" if f"{low:.1f}" == f"{high:.1f}" else f"{low:.1f} to {high:.1f}"
 
 
+def data_parallel_time():
+    """Chapter 07: scripts/data-parallel-bench.sh's step, one process against two ranks."""
+    path = RESULTS / "data-parallel.json"
+    result = json.loads(path.read_text())
+    rows = ["| run | ms per step | summing the gradients, ms | share of the step |",
+            "|---|---:|---:|---:|"]
+    for row in result["rows"]:
+        share = percent(row["reduce_ms"] / row["step_ms"], 1) if row["ranks"] > 1 else "-"
+        summing = f"{row['reduce_ms']:.1f}" if row["ranks"] > 1 else "-"
+        rows.append(f"| {row['name']} | {row['step_ms']:.1f} | {summing} | {share} |")
+    one, ranked, engine = result["rows"]
+    ratio = ranked["step_ms"] / one["step_ms"]
+    verdict = ("take longer than" if ratio > 1.05 else "are as fast as" if ratio >= 0.95
+               else "are faster than")
+    return "\n\n".join([
+        wrap(f"`{path.relative_to(ROOT)}` ({result['date']}, {result['cpu']}, {result['mpi']}; "
+             f"`bigbatch train {result['run']}`, medians of steps 3 to 12 of one run each):"),
+        "\n".join(rows),
+        wrap(f"Two ranks of one thread each {verdict} one process with two threads "
+             f"({ratio:.2f} times its step), the deterministic sum taking "
+             f"{percent(ranked['reduce_ms'] / ranked['step_ms'], 1)} of the step and the "
+             f"engine's {percent(engine['reduce_ms'] / engine['step_ms'], 1)}. On one machine "
+             f"the ranks cannot do more work than its cores: what ranks buy is more devices.")])
+
+
 def planner_frontier():
     """Chapter 06: the frontier of scripts/planner-frontier.sh, predicted and measured."""
     frontier = json.loads((RESULTS / "planner-frontier.json").read_text())
@@ -756,6 +781,7 @@ PARAGRAPHS = [
     ("chapters/06_planner/README.md", "opening", lambda: opening("06")),
     ("chapters/06_planner/README.md", "frontier", planner_frontier),
     ("chapters/06_planner/README.md", "modelled-gpu", modelled_gpu),
+    ("chapters/07_data_parallel/README.md", "data-parallel-time", data_parallel_time),
 ]
 
 

@@ -9,6 +9,7 @@
 #   scripts/fp16-loss-curves.sh           chapter03-loss-curves.json
 #   scripts/fashion-mnist-curves.sh       fashion-mnist-curves.json
 #   scripts/planner-frontier.sh           planner-frontier.json
+#   scripts/data-parallel-bench.sh        data-parallel.json (chapter 07: 1 process, 2 ranks)
 #   scripts/chapter-openings.sh           chapter-openings.json (the runs the chapters open on)
 #   scripts/chapter-reports.sh            chapter-reports/ (every demo's full report)
 #   scripts/chapter-figures.sh            chapters 03-04's data, then every notebook, headless,
@@ -24,7 +25,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 for step in run-benchmarks.sh fashion-mnist-equivalence.sh large-batch-learning-rate.sh \
             techniques-table.sh fp16-loss-curves.sh fashion-mnist-curves.sh planner-frontier.sh \
-            chapter-openings.sh chapter-reports.sh chapter-figures.sh; do
+            data-parallel-bench.sh chapter-openings.sh chapter-reports.sh chapter-figures.sh; do
   echo "== scripts/$step"
   "scripts/$step"
 done

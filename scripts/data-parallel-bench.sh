@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Chapter 07's measurement on this machine: the same training step as 1 process with 2
+# threads and as 2 MPI ranks with 1 thread each (each rank bound to a core; the
+# deterministic reduction and the engine's), the time per step and the part of it spent
+# summing the gradients over the ranks. Fashion-MNIST, depth 4, hidden 512, batch 1024 in
+# micro-batches of 256, AdamW, 12 steps each; medians of steps 3 to 12 from --log. Writes
+# this machine's results folder (scripts/results-folder.sh)/data-parallel.json, which
+# scripts/readme_numbers.py turns into chapter 07's table. About a minute on 2 cores.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source scripts/results-folder.sh
+scripts/build.sh > /dev/null
+bigbatch=build/chapters/cli/bigbatch
+[ "$(id -u)" -ne 0 ] || export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+run="--data fashion-mnist --depth 4 --hidden 512 --batch 1024 --micro-batch 256 --steps 12"
+
+echo "1 process, 2 threads"
+OMP_NUM_THREADS=2 "$bigbatch" train $run --log "$work/one.jsonl" > "$work/one.txt"
+for reduction in deterministic engine; do
+  echo "2 ranks, 1 thread each, $reduction reduction"
+  OMP_NUM_THREADS=1 mpirun -np 2 --bind-to core -x OMP_NUM_THREADS "$bigbatch" train $run \
+    --data-parallel --reduction "$reduction" --log "$work/$reduction.jsonl" > "$work/$reduction.txt"
+done
+
+python3 - "$work" "$results_dir/data-parallel.json" "$run" <<'PYTHON'
+import datetime, json, pathlib, statistics, subprocess, sys
+work, out, run = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2]), sys.argv[3]
+def medians(name):
+    steps = [json.loads(line) for line in (work / f"{name}.jsonl").read_text().splitlines()][2:]
+    step = statistics.median(s["step_time_s"] for s in steps)
+    reduce = statistics.median(s.get("reduce_time_s", 0.0) for s in steps)
+    return {"steps_measured": len(steps), "step_ms": 1e3 * step, "reduce_ms": 1e3 * reduce}
+cpu = subprocess.run(["build/chapters/cli/bigbatch", "--version"], capture_output=True,
+                     text=True).stdout.splitlines()[-1].removeprefix("CPU: ")
+mpi = subprocess.run(["mpirun", "--version"], capture_output=True, text=True).stdout.splitlines()[0]
+rows = [dict(name="1 process, 2 threads", ranks=1, threads=2, reduction=None, **medians("one"))]
+for reduction in ("deterministic", "engine"):
+    rows.append(dict(name=f"2 ranks, 1 thread each, {reduction}", ranks=2, threads=1,
+                     reduction=reduction, **medians(reduction)))
+out.write_text(json.dumps({"date": datetime.date.today().isoformat(), "cpu": cpu, "mpi": mpi,
+                           "run": run, "rows": rows}, indent=1) + "\n")
+for row in rows:
+    print(f"{row['name']:40s} {row['step_ms']:8.1f} ms/step, summing {row['reduce_ms']:6.1f} ms")
+print(f"wrote {out}")
+PYTHON
