@@ -79,6 +79,7 @@ class Communicator {
   void all_reduce_sum(std::span<float> values, Reduction reduction);
   /// Every rank's one value, in rank order, on every rank.
   std::vector<float> all_gather(float value);
+  /// The same for a 64-bit word (a fingerprint, a flag).
   std::vector<std::uint64_t> all_gather(std::uint64_t value);
   /// Waits until every rank has called it.
   void barrier();

@@ -460,8 +460,9 @@ int run_train(TrainOptions options) {
               static_cast<long long>(steps_run), clock_time(seconds).c_str(),
               steps_run > 0 ? 1e3 * seconds / static_cast<double>(steps_run) : 0.0);
   if (ranks.enabled() && steps_run > 0) {
-    std::printf("summing the gradients over %d ranks: %.1f ms per step (%.1f%% of the steps' time)\n",
-                ranks.count(), 1e3 * reduce_seconds / static_cast<double>(steps_run),
+    std::printf("summing the gradients over %d %s: %.1f ms per step (%.1f%% of the steps' time)\n",
+                ranks.count(), ranks.count() == 1 ? "rank" : "ranks",
+                1e3 * reduce_seconds / static_cast<double>(steps_run),
                 seconds > 0 ? 100 * reduce_seconds / seconds : 0.0);
   }
   if (snapshots.enabled()) std::cout << "snapshot: " << snapshots.last() << "\n";

@@ -142,7 +142,8 @@ struct StepRecord {
   float clip_factor = 1;           ///< what clipping multiplied the gradients by (1: none)
   std::int64_t skipped_steps = 0;  ///< skipped so far, this one included
   double seconds = 0;              ///< the step's wall time
-  /// The part of it spent summing the ranks' gradients (data parallel; 0 without ranks).
+  /// The part of it spent summing the ranks' gradients, waiting for the slowest rank
+  /// included (data parallel; 0 without ranks).
   double reduce_seconds = 0;
   MemoryStats memory;              ///< the device allocator during this step only:
                                    ///< peak_total, at_peak (its breakdown), peak per category
