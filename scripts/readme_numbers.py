@@ -652,10 +652,16 @@ CH03 = "chapters/03_fp16_static_loss_scaling/README.md"
 CH04 = "chapters/04_dynamic_loss_scaling/README.md"
 CH05 = "chapters/05_activation_checkpointing/README.md"
 CH06 = "chapters/06_planner/README.md"
+CH07 = "chapters/07_data_parallel/README.md"
 FIXED = r"parameters \+ gradients \+ optimizer state = ([\d.]+) MiB"
 
 # (README, the sentence with {} for each number, the function giving the numbers)
 SENTENCES = [
+    (CH07, "(24 blocks of width 1024, bf16, {} MB of f32 gradients)",
+     lambda: report("07", r"a model of 24 blocks of width 1024, bf16, (\d+) MB of f32 gradients")),
+    (CH07, "small share of the step (at 512 GPUs, {}% of a step of one micro-batch, {}% of 64)",
+     lambda: report("07", r"at 512 GPUs the sum is (\d+)% of a step of one micro-batch per rank "
+                          r"and ([\d.]+)% of a step of 64")),
     ("README.md", "summed in a bf16 buffer, 256 micro-batches get {} of the update wrong",
      lambda: [percent(accumulation_error(256), 1)]),
     ("README.md", "(without them, {} of AdamW's updates at lr 1e-4 round away)",

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "chapters/02_gradient_accumulation/accumulation.hpp"
+#include "chapters/07_data_parallel/comm_model.hpp"
 #include "chapters/07_data_parallel/data_parallel.hpp"
 #include "chapters/train/trainer.hpp"
 #include "dist/communicator.hpp"
@@ -204,6 +205,49 @@ TEST(SimulatedRanks, RanksGiveTheBatchGradientWithinTheReorderedSumsBound) {
     // would test nothing.
     EXPECT_GT(differing, 0) << ranks << " ranks";
   }
+}
+
+// The alpha-beta model against values worked by hand. The formulas are a few double
+// operations on exact inputs, so the comparisons allow a relative 1e-12 (a few units of
+// double rounding), not a modelling error.
+TEST(CommunicationModel, FollowsTheAlphaBetaFormulas) {
+  const data_parallel::Link link{1e-5, 1e9};
+  // 4 ranks, 4 MB: 2 (4 - 1) (1e-5 + 1e6 / 1e9) = 6 x 1.01e-3 = 6.06e-3 s.
+  EXPECT_NEAR(data_parallel::ring_all_reduce_seconds(4e6, 4, link), 6.06e-3, 1e-12 * 6e-3);
+  EXPECT_NEAR(data_parallel::reduce_scatter_seconds(4e6, 4, link), 3.03e-3, 1e-12 * 3e-3);
+  EXPECT_EQ(data_parallel::ring_all_reduce_seconds(4e6, 1, link), 0.0);
+  // One node holding every rank: the ring inside it.
+  const data_parallel::Link slow{1e-4, 1e8};
+  EXPECT_NEAR(data_parallel::hierarchical_all_reduce_seconds(8e6, 8, 8, link, slow),
+              data_parallel::ring_all_reduce_seconds(8e6, 8, link), 1e-15);
+  // 16 ranks in 2 nodes of 8: 2 x 7 (1e-5 + 8e6 / (8 x 1e9)) inside, then a ring of
+  // 8e6 / 8 bytes over 2 nodes, 2 x 1 (1e-4 + 1e6 / (2 x 1e8)).
+  EXPECT_NEAR(data_parallel::hierarchical_all_reduce_seconds(8e6, 16, 8, link, slow),
+              14 * 1.01e-3 + 2 * 5.1e-3, 1e-12 * 0.025);
+  EXPECT_THROW(data_parallel::hierarchical_all_reduce_seconds(8e6, 12, 8, link, slow),
+               std::invalid_argument);
+}
+
+TEST(CommunicationModel, TheFitRecoversTheLinkOfARing) {
+  const data_parallel::Link truth{2e-5, 5e9};
+  std::vector<std::pair<double, double>> measured;
+  for (const double bytes : {1e5, 1e6, 1e7}) {
+    measured.emplace_back(bytes, data_parallel::ring_all_reduce_seconds(bytes, 3, truth));
+  }
+  const data_parallel::Link fitted = data_parallel::fit_ring(measured, 3);
+  EXPECT_NEAR(fitted.latency_seconds, truth.latency_seconds, 1e-9 * truth.latency_seconds);
+  EXPECT_NEAR(fitted.bytes_per_second, truth.bytes_per_second, 1e-9 * truth.bytes_per_second);
+  const std::vector<std::pair<double, double>> one_size = {{1e6, 1e-3}, {1e6, 2e-3}};
+  EXPECT_THROW(data_parallel::fit_ring(one_size, 3), std::invalid_argument);
+}
+
+TEST(CommunicationModel, AccumulationShrinksTheSumsShareOfTheStep) {
+  const data_parallel::StepEstimate one = data_parallel::data_parallel_step(2e-3, 1, 8e-3);
+  const data_parallel::StepEstimate many = data_parallel::data_parallel_step(2e-3, 64, 8e-3);
+  EXPECT_DOUBLE_EQ(one.step, 10e-3);
+  EXPECT_DOUBLE_EQ(one.share, 0.8);
+  EXPECT_DOUBLE_EQ(many.compute, 128e-3);
+  EXPECT_DOUBLE_EQ(many.share, 8e-3 / 136e-3);
 }
 
 }  // namespace

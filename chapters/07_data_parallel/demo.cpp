@@ -8,15 +8,21 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <span>
+#include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "chapters/02_gradient_accumulation/accumulation.hpp"
+#include "chapters/06_planner/roofline.hpp"
+#include "chapters/07_data_parallel/comm_model.hpp"
 #include "chapters/07_data_parallel/data_parallel.hpp"
 #include "chapters/train/trainer.hpp"
 #include "common/data/dataset.hpp"
 #include "common/report.hpp"
 #include "dist/communicator.hpp"
+#include "nn/memory_model.hpp"
 #include "nn/sample_stream.hpp"
 
 namespace bb = bigbatch;
@@ -158,6 +164,53 @@ Gradients share_gradients(const bb::Dataset& data, const bb::nn::ModelConfig& mo
   return gradients_of(model);
 }
 
+/// Section (d): the gradient sum of a larger model on 8 to 512 H200s, modelled (the
+/// alpha-beta model of comm_model.hpp, the compute from chapter 06's roofline).
+void on_modelled_cluster(bb::SelfCheck& report) {
+  // 24 blocks of width 1024 (about 201 million parameters), bf16, micro-batches of 256.
+  const bb::nn::ModelConfig model{.inputs = 784, .hidden = 1024, .expansion = 4, .classes = 10,
+                                  .depth = 24, .precision = bb::nn::Precision::bf16};
+  const std::int64_t rows = 256;
+  const bb::planning::DeviceSpec h200 = bb::planning::h200_spec();
+  const double micro = bb::planning::roofline_micro_batch_seconds(model, rows, h200, false);
+  const double bytes = static_cast<double>(bb::nn::predict_memory(model, 1).gradients);
+  // Assumed, not measured: NVLink 900 GB/s per GPU counts both directions (450 each way),
+  // InfiniBand 400 Gb/s is 50 GB/s, one NIC per GPU; the latencies are guesses.
+  const dp::Link nvlink{5e-6, 450e9}, infiniband{10e-6, 50e9};
+  constexpr int kPerNode = 8;
+  report.section("(d) The same sum on 8 to 512 H200s, modelled, not measured");
+  report.note("a model of 24 blocks of width 1024, bf16, " + number(bytes / 1e6, "%.0f") +
+              " MB of f32 gradients; one micro-batch of " + std::to_string(rows) + " rows " +
+              number(micro * 1e3, "%.2f") + " ms on chapter 06's H200 roofline; NVLink " +
+              "assumed at 450 GB/s each way and 5 us, InfiniBand at 50 GB/s per GPU and 10 us, " +
+              "8 GPUs a node");
+  std::printf("   %-28s %12s   share of the step in the sum, micro-batches per rank k =\n",
+              "GPUs", "sum (ms)");
+  std::printf("   %-28s %12s   %8s %8s %8s %8s\n", "", "", "1", "4", "16", "64");
+  double share_512_k1 = 0, share_512_k64 = 0;
+  for (const int gpus : {8, 64, 512}) {
+    const double sum = dp::hierarchical_all_reduce_seconds(bytes, gpus, kPerNode, nvlink,
+                                                           infiniband);
+    std::string row;
+    for (const int k : {1, 4, 16, 64}) {
+      const double share = dp::data_parallel_step(micro, k, sum).share;
+      row += number(100 * share, "%7.1f%%") + " ";
+      if (gpus == 512 && k == 1) share_512_k1 = share;
+      if (gpus == 512 && k == 64) share_512_k64 = share;
+    }
+    std::printf("   %-28s %12.2f   %s\n",
+                (std::to_string(gpus) + " (" + std::to_string(gpus / kPerNode) +
+                 (gpus == kPerNode ? " node)" : " nodes)")).c_str(),
+                sum * 1e3, row.c_str());
+  }
+  report.note("the ring's bandwidth term, 2 (R - 1) / R of the bytes, hardly grows with R; "
+              "the sum grows from 8 to 512 GPUs because it leaves the node for a link " +
+              number(nvlink.bytes_per_second / infiniband.bytes_per_second, "%.0f") +
+              " times slower. Accumulation is the knob: at 512 GPUs the sum is " +
+              number(100 * share_512_k1, "%.0f") + "% of a step of one micro-batch per rank "
+              "and " + number(100 * share_512_k64, "%.1f") + "% of a step of 64");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -272,14 +325,17 @@ int main(int argc, char** argv) {
               " times that for the same step");
 
   // ---- (d) -----------------------------------------------------------------------------
+  on_modelled_cluster(report);
+
+  // ---- (e) -----------------------------------------------------------------------------
   const int ranks = world ? world->size() : 1;
   if (!world || ranks == 1) {
-    report.section("(d) R processes under MPI against this process's simulation of them");
+    report.section("(e) R processes under MPI against this process's simulation of them");
     report.note("not run: start the demo under an MPI launcher for it, e.g. "
                 "mpirun -np 2 build/chapters/chapter_07_data_parallel (the README says how)");
     return report.finish();
   }
-  report.section("(d) " + std::to_string(ranks) +
+  report.section("(e) " + std::to_string(ranks) +
                  " processes under MPI against this process's simulation of them");
   dp::SimulatedRanks group(ranks, bb::nn::Model(model_config, bb::Device::cpu()));
   const Outcome own = train(data, model_config, s, &group);
@@ -297,23 +353,39 @@ int main(int argc, char** argv) {
                               "g_0 + g_1)"
                             : "the same bits this time (its order is its own: run with 3 or 4 "
                               "ranks and compare again)"));
-  // The time one gradient sum takes, each way, against the step.
+  // The time one gradient sum takes, each way, against the step; and the engine's at an
+  // eighth of the size, for this machine's alpha and beta.
   std::vector<float> buffer(static_cast<std::size_t>(parameter_count), 1.0f);
-  const auto time_sums = [&](dist::Reduction reduction) {
+  const auto time_sums = [&](dist::Reduction reduction, std::size_t count) {
+    const std::span<float> values(buffer.data(), count);
+    world->all_reduce_sum(values, reduction);  // once untimed: first touches, connections
     world->barrier();
     const auto start = std::chrono::steady_clock::now();
     constexpr int kRepeats = 20;
-    for (int k = 0; k < kRepeats; ++k) world->all_reduce_sum(buffer, reduction);
+    for (int k = 0; k < kRepeats; ++k) world->all_reduce_sum(values, reduction);
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() /
            kRepeats;
   };
-  const double deterministic_seconds = time_sums(dist::Reduction::deterministic);
-  const double engine_seconds = time_sums(dist::Reduction::engine);
+  const double deterministic_seconds = time_sums(dist::Reduction::deterministic, buffer.size());
+  const double engine_seconds = time_sums(dist::Reduction::engine, buffer.size());
+  const double eighth_seconds = time_sums(dist::Reduction::engine, buffer.size() / 8);
   report.note("one sum of the " + std::to_string(parameter_count) + " gradients: " +
               number(deterministic_seconds * 1e6, "%.0f") + " us deterministic, " +
               number(engine_seconds * 1e6, "%.0f") + " us the engine's; a step " +
               number(job.seconds_per_step * 1e3, "%.1f") + " ms (mean of " +
               std::to_string(s.steps - 1) + ")");
+  const double full_bytes = 4.0 * static_cast<double>(buffer.size());
+  const std::pair<double, double> measured[] = {{full_bytes / 8, eighth_seconds},
+                                                {full_bytes, engine_seconds}};
+  try {
+    const dp::Link here = dp::fit_ring(measured, ranks);
+    report.note("the engine's sums at two sizes fitted as a ring here: alpha " +
+                number(here.latency_seconds * 1e6, "%.1f") + " us, beta " +
+                number(here.bytes_per_second / 1e9, "%.1f") + " GB/s (section d's links, " +
+                "for comparison, are assumed at 5 us and 450 GB/s inside a node)");
+  } catch (const std::invalid_argument& e) {
+    report.note(std::string("no fit of this machine's link: ") + e.what());
+  }
   // Every rank made the same checks; the job passes only if every rank's did.
   const int code = report.finish();
   for (const std::uint64_t other : world->all_gather(static_cast<std::uint64_t>(code))) {
