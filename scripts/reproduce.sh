@@ -12,7 +12,7 @@
 #   scripts/data-parallel-bench.sh        data-parallel.json (chapter 07: 1 process, 2 ranks)
 #   scripts/chapter-openings.sh           chapter-openings.json (the runs the chapters open on)
 #   scripts/chapter-reports.sh            chapter-reports/ (every demo's full report)
-#   scripts/chapter-figures.sh            chapters 03-04's data, then every notebook, headless,
+#   scripts/chapter-figures.sh            chapters 03, 04 and 07's data, then every notebook, headless,
 #                                         which writes docs/figures/
 # Each step installs what it needs and builds first, and its own header says how long it
 # runs (the Fashion-MNIST runs and the fp16 loss curves take the most); the results' own

@@ -165,8 +165,9 @@ Gradients share_gradients(const bb::Dataset& data, const bb::nn::ModelConfig& mo
 }
 
 /// Section (d): the gradient sum of a larger model on 8 to 512 H200s, modelled (the
-/// alpha-beta model of comm_model.hpp, the compute from chapter 06's roofline).
-void on_modelled_cluster(bb::SelfCheck& report) {
+/// alpha-beta model of comm_model.hpp, the compute from chapter 06's roofline). Returns
+/// the figure's data: the sum's share of the step for k = 1, 2, 4, ..., 128 micro-batches.
+bb::Json on_modelled_cluster(bb::SelfCheck& report) {
   // 24 blocks of width 1024 (about 201 million parameters), bf16, micro-batches of 256.
   const bb::nn::ModelConfig model{.inputs = 784, .hidden = 1024, .expansion = 4, .classes = 10,
                                   .depth = 24, .precision = bb::nn::Precision::bf16};
@@ -188,9 +189,20 @@ void on_modelled_cluster(bb::SelfCheck& report) {
               "GPUs", "sum (ms)");
   std::printf("   %-28s %12s   %8s %8s %8s %8s\n", "", "", "1", "4", "16", "64");
   double share_512_k1 = 0, share_512_k64 = 0;
+  bb::Json figure = {{"model", "24 blocks of width 1024, bf16, micro-batches of 256 rows"},
+                     {"gradient_bytes", bytes},
+                     {"micro_batch_seconds", micro},
+                     {"assumed", "NVLink 450 GB/s each way and 5 us; InfiniBand 50 GB/s per GPU "
+                                 "and 10 us; 8 GPUs a node"},
+                     {"clusters", bb::Json::array()}};
   for (const int gpus : {8, 64, 512}) {
     const double sum = dp::hierarchical_all_reduce_seconds(bytes, gpus, kPerNode, nvlink,
                                                            infiniband);
+    bb::Json shares = bb::Json::array();
+    for (int k = 1; k <= 128; k *= 2) {
+      shares.push_back({{"micro_batches", k}, {"share", dp::data_parallel_step(micro, k, sum).share}});
+    }
+    figure["clusters"].push_back({{"gpus", gpus}, {"sum_seconds", sum}, {"shares", shares}});
     std::string row;
     for (const int k : {1, 4, 16, 64}) {
       const double share = dp::data_parallel_step(micro, k, sum).share;
@@ -209,6 +221,7 @@ void on_modelled_cluster(bb::SelfCheck& report) {
               " times slower. Accumulation is the knob: at 512 GPUs the sum is " +
               number(100 * share_512_k1, "%.0f") + "% of a step of one micro-batch per rank "
               "and " + number(100 * share_512_k64, "%.1f") + "% of a step of 64");
+  return figure;
 }
 
 }  // namespace
@@ -325,7 +338,13 @@ int main(int argc, char** argv) {
               " times that for the same step");
 
   // ---- (d) -----------------------------------------------------------------------------
-  on_modelled_cluster(report);
+  const bb::Json cluster = on_modelled_cluster(report);
+  // The figure's data (notebooks/data_parallel.ipynb), written by one process only; a
+  // failure fails the report rather than leave the other ranks waiting.
+  if (!options.data_file.empty() && (!world || world->rank() == 0)) {
+    report.check(bb::write_demo_data(options, {{"cluster_model", cluster}}),
+                 "section (d)'s data written to " + options.data_file);
+  }
 
   // ---- (e) -----------------------------------------------------------------------------
   const int ranks = world ? world->size() : 1;
