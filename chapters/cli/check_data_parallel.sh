@@ -96,6 +96,8 @@ refused "4 ranks, batch 3" "4 ranks need a sample each in every batch: --batch i
   mpirun -np 4 "$bigbatch" train --data synthetic --samples 2000 --steps 1 --batch 3 --data-parallel
 refused "3 simulated ranks, a last batch of 2" "each epoch's last batch has 2" \
   "$bigbatch" train --data synthetic --samples 2000 --steps 1 --batch 899 --simulate-ranks 3
+refused "more simulated ranks than a batch" "--simulate-ranks 99999999999: more ranks than --batch 64" \
+  "$bigbatch" train --data synthetic --samples 2000 --steps 1 --batch 64 --simulate-ranks 99999999999
 refused "--norm batch" "--norm batch with 2 ranks" \
   "$bigbatch" train --data synthetic --samples 2000 --steps 1 --norm batch --simulate-ranks 2
 refused "--reduction alone" "--reduction sums the ranks of --data-parallel" \

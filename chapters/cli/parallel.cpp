@@ -1,6 +1,8 @@
 // parallel.cpp: --data-parallel and --simulate-ranks, from flags to the trainer's ranks.
 #include "chapters/cli/parallel.hpp"
 
+#include <algorithm>
+#include <limits>
 #include <sstream>
 #include <stdexcept>
 #include <vector>
@@ -55,6 +57,12 @@ RunRanks::RunRanks(const TrainOptions& options) : options_(options.parallel) {
     }
     count_ = communicator_->size();
   } else {
+    if (options_.simulate_ranks > std::min<std::int64_t>(options.train.batch,
+                                                          std::numeric_limits<int>::max())) {
+      throw UsageError("--simulate-ranks " + std::to_string(options_.simulate_ranks) +
+                       ": more ranks than --batch " + std::to_string(options.train.batch) +
+                       " has samples, each rank needs one");
+    }
     count_ = static_cast<int>(options_.simulate_ranks);
   }
 }
