@@ -672,7 +672,7 @@ SENTENCES = [
      lambda: re.findall(r"epochs, (\d{4}-\d\d-\d\d),",
                         (RESULTS / "fashion-mnist-techniques.md").read_text())[:1]),
     ("README.md", "The {} ops far above 1.0 (1.5x or more) work in place", elementwise_in_place),
-    ("README.md", "it took {} s from the packages' download to chapter 06's report ({}).",
+    ("README.md", "it took {} s from the packages' download to chapter 07's report ({}).",
      fresh_machine_tutorial),
     (CH01, "its gradients and optimizer state ({} MiB) and a step of batch 256 ({} MiB at its peak)",
      lambda: report("01", FIXED) + report("01", r"one step at batch 256: peak ([\d.]+) MiB")),
