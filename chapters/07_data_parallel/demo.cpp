@@ -141,6 +141,15 @@ std::string shares(std::int64_t batch, int ranks) {
   return text;
 }
 
+/// Step 1's batch of `batch` samples (data order, as train_config runs it): x and labels.
+std::pair<bb::Tensor, bb::Tensor> first_batch(const bb::Dataset& data, std::int64_t batch) {
+  const bb::nn::SampleStream stream(data, batch, false, kSeed, bb::nn::LastBatch::keep_short);
+  bb::Tensor x(bb::Shape{batch, data.feature_dim()}, bb::DType::f32);
+  bb::Tensor labels(bb::Shape{batch}, bb::DType::i32);
+  stream.gather(0, x, labels);
+  return {x, labels};
+}
+
 /// Step 1's gradient accumulated over the ranks' shares into one buffer, each share's loss
 /// divided by `count_of(share size)`: the global count b (right) or R n_r (the mistake of
 /// a per-rank mean averaged over the ranks).
@@ -148,10 +157,7 @@ template <class CountOf>
 Gradients share_gradients(const bb::Dataset& data, const bb::nn::ModelConfig& model_config,
                           const Setting& s, int ranks, CountOf count_of) {
   bb::nn::Model model(model_config, bb::Device::cpu());
-  const bb::nn::SampleStream stream(data, s.batch, false, kSeed, bb::nn::LastBatch::keep_short);
-  const bb::Tensor x(bb::Shape{s.batch, data.feature_dim()}, bb::DType::f32);
-  const bb::Tensor labels(bb::Shape{s.batch}, bb::DType::i32);
-  stream.gather(0, x, labels);
+  const auto [x, labels] = first_batch(data, s.batch);
   model.zero_grad();
   for (int r = 0; r < ranks; ++r) {
     const dist::Share share = dist::share_of(s.batch, ranks, r);
@@ -264,10 +270,7 @@ int main(int argc, char** argv) {
   // the terms' magnitudes; the derivation is tests/test_data_parallel.cpp's).
   const auto magnitude = [&] {
     bb::nn::Model model(model_config, bb::Device::cpu());
-    const bb::nn::SampleStream stream(data, s.batch, false, kSeed, bb::nn::LastBatch::keep_short);
-    const bb::Tensor x(bb::Shape{s.batch, data.feature_dim()}, bb::DType::f32);
-    const bb::Tensor labels(bb::Shape{s.batch}, bb::DType::i32);
-    stream.gather(0, x, labels);
+    const auto [x, labels] = first_batch(data, s.batch);
     return bb::accumulation::per_sample_magnitude(
         model, x, labels, s.batch, {true, bb::nn::dropout_seed_for_run(kSeed), 0});
   }();
