@@ -4,7 +4,9 @@
 
 #include <zlib.h>
 
+#include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <stdexcept>
 #include <string>
@@ -70,38 +72,53 @@ struct MpiSession {
   }
 };
 
-/// The rank-order sum: shard s of every rank's buffer goes to rank s (all-to-all), which
-/// adds its R pieces in rank order with add_next_rank; an all-gather returns every sum.
-/// `scratch` receives the pieces: kept by the caller between calls, since a fresh buffer
-/// every call pays its page faults every step (with one, this sum took 116 ms per step of
-/// scripts/data-parallel-bench.sh's run on 2 ranks here; with the kept one, 7.3 ms).
-void all_reduce_in_rank_order(std::span<float> values, int rank, int ranks,
-                              std::vector<float>& scratch) {
+/// MPI's counts and offsets of the R shards of a buffer of n elements (share_of).
+struct ShardLayout {
+  std::vector<int> counts, offsets;
+  ShardLayout(std::int64_t n, int ranks) : counts(ranks), offsets(ranks) {
+    for (int r = 0; r < ranks; ++r) {
+      const Share shard = share_of(n, ranks, r);
+      counts[r] = count_of(shard.size);
+      offsets[r] = count_of(shard.begin);
+    }
+  }
+};
+
+/// The rank-order sum of this rank's shard: shard s of every rank's buffer goes to rank s
+/// (all-to-all), which adds its R pieces in rank order with add_next_rank and leaves the
+/// sum in its shard of `values`. `scratch` receives the pieces: kept by the caller between
+/// calls, since a fresh buffer every call pays its page faults every step (with one, the
+/// all-reduce took 116 ms per step of scripts/data-parallel-bench.sh's run on 2 ranks here;
+/// with the kept one, 7.3 ms).
+void reduce_scatter_in_rank_order(std::span<float> values, int rank, int ranks,
+                                  std::vector<float>& scratch) {
   const auto n = static_cast<std::int64_t>(values.size());
   const Share mine = share_of(n, ranks, rank);
-  std::vector<int> send_counts(ranks), send_offsets(ranks), receive_counts(ranks),
-      receive_offsets(ranks);
+  const ShardLayout send(n, ranks);
+  std::vector<int> receive_counts(ranks), receive_offsets(ranks);
   for (int r = 0; r < ranks; ++r) {
-    const Share shard = share_of(n, ranks, r);
-    send_counts[r] = count_of(shard.size);
-    send_offsets[r] = count_of(shard.begin);
     receive_counts[r] = count_of(mine.size);
     receive_offsets[r] = count_of(r * mine.size);
   }
   const auto needed = static_cast<std::size_t>(ranks * mine.size);
   if (scratch.size() < needed) scratch.resize(needed);
   float* const pieces_data = scratch.data();
-  MPI_Alltoallv(values.data(), send_counts.data(), send_offsets.data(), MPI_FLOAT,
+  MPI_Alltoallv(values.data(), send.counts.data(), send.offsets.data(), MPI_FLOAT,
                 pieces_data, receive_counts.data(), receive_offsets.data(), MPI_FLOAT,
                 MPI_COMM_WORLD);
   const auto shard = static_cast<std::size_t>(mine.size);
-  const std::span<float> total(pieces_data, shard);
+  const std::span<float> total(values.data() + mine.begin, shard);
+  std::copy_n(pieces_data, shard, total.data());
   for (int r = 1; r < ranks; ++r) {
     add_next_rank(total, std::span<const float>(pieces_data + r * shard, shard));
   }
-  // Every rank's sums back to every rank, in place: rank r's shard at its offset.
-  MPI_Allgatherv(total.data(), count_of(mine.size), MPI_FLOAT, values.data(),
-                 send_counts.data(), send_offsets.data(), MPI_FLOAT, MPI_COMM_WORLD);
+}
+
+/// Every rank's shard of `values` to every rank, in place.
+void all_gather_in_place(void* values, std::int64_t n, MPI_Datatype type, int ranks) {
+  const ShardLayout layout(n, ranks);
+  MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, values, layout.counts.data(),
+                 layout.offsets.data(), type, MPI_COMM_WORLD);
 }
 
 }  // namespace
@@ -131,8 +148,33 @@ void Communicator::all_reduce_sum(std::span<float> values, Reduction reduction) 
     MPI_Allreduce(MPI_IN_PLACE, values.data(), count_of(static_cast<std::int64_t>(values.size())),
                   MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
   } else {
-    all_reduce_in_rank_order(values, rank_, size_, scratch_);
+    reduce_scatter_in_rank_order(values, rank_, size_, scratch_);
+    all_gather_shares(values);
   }
+}
+
+void Communicator::reduce_scatter_sum(std::span<float> values, Reduction reduction) {
+  if (reduction == Reduction::deterministic) {
+    reduce_scatter_in_rank_order(values, rank_, size_, scratch_);
+    return;
+  }
+  // MPI_Reduce_scatter in place leaves this rank's sum at the front of the buffer.
+  const auto n = static_cast<std::int64_t>(values.size());
+  const ShardLayout layout(n, size_);
+  MPI_Reduce_scatter(MPI_IN_PLACE, values.data(), layout.counts.data(), MPI_FLOAT, MPI_SUM,
+                     MPI_COMM_WORLD);
+  const Share mine = share_of(n, size_, rank_);
+  std::memmove(values.data() + mine.begin, values.data(),
+               static_cast<std::size_t>(mine.size) * sizeof(float));
+}
+
+void Communicator::all_gather_shares(std::span<float> values) {
+  all_gather_in_place(values.data(), static_cast<std::int64_t>(values.size()), MPI_FLOAT, size_);
+}
+
+void Communicator::all_gather_shares(std::span<std::uint16_t> values) {
+  all_gather_in_place(values.data(), static_cast<std::int64_t>(values.size()), MPI_UINT16_T,
+                      size_);
 }
 
 std::vector<float> Communicator::all_gather(float value) {
@@ -144,6 +186,12 @@ std::vector<float> Communicator::all_gather(float value) {
 std::vector<std::uint64_t> Communicator::all_gather(std::uint64_t value) {
   std::vector<std::uint64_t> values(static_cast<std::size_t>(size_));
   MPI_Allgather(&value, 1, MPI_UINT64_T, values.data(), 1, MPI_UINT64_T, MPI_COMM_WORLD);
+  return values;
+}
+
+std::vector<double> Communicator::all_gather(double value) {
+  std::vector<double> values(static_cast<std::size_t>(size_));
+  MPI_Allgather(&value, 1, MPI_DOUBLE, values.data(), 1, MPI_DOUBLE, MPI_COMM_WORLD);
   return values;
 }
 
@@ -166,6 +214,10 @@ Communicator& Communicator::world() {
 }
 
 void Communicator::all_reduce_sum(std::span<float>, Reduction) {}
+void Communicator::reduce_scatter_sum(std::span<float>, Reduction) {}
+void Communicator::all_gather_shares(std::span<float>) {}
+void Communicator::all_gather_shares(std::span<std::uint16_t>) {}
+std::vector<double> Communicator::all_gather(double value) { return {value}; }
 std::vector<float> Communicator::all_gather(float value) { return {value}; }
 std::vector<std::uint64_t> Communicator::all_gather(std::uint64_t value) { return {value}; }
 void Communicator::barrier() {}

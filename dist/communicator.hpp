@@ -17,6 +17,11 @@
 //                  bits on every run with the same R, and the bits a one-process simulation
 //                  of the R ranks gets by adding its R buffers with add_next_rank.
 // Both move about 2 (R - 1) / R of the buffer per rank, as a ring all-reduce does.
+//
+// ZeRO stage 1 (chapter 07) splits the all-reduce in its two halves with an optimizer step
+// between them: reduce_scatter_sum leaves each rank only its shard's sum (share_of of the
+// buffer: half the traffic of an all-reduce), each rank steps its shard of the parameters,
+// and all_gather_shares sends every rank's updated shard to every rank.
 #pragma once
 
 #include <cstddef>
@@ -77,10 +82,22 @@ class Communicator {
   /// rank. The buffers must have the same length everywhere. The deterministic reduction
   /// keeps a scratch buffer of the largest `values` it has summed (see scratch_).
   void all_reduce_sum(std::span<float> values, Reduction reduction);
+  /// The first half of all_reduce_sum: afterwards this rank's shard of `values`
+  /// (share_of(values.size(), size(), rank())) holds the sum over ranks of that shard, with
+  /// all_reduce_sum's bits for the same reduction; the rest of `values` is left unspecified.
+  /// The engine's form is MPI_Reduce_scatter.
+  void reduce_scatter_sum(std::span<float> values, Reduction reduction);
+  /// The second half: every rank's shard of `values` (share_of, as above) copied to every
+  /// other rank, in place (MPI_Allgatherv); afterwards every rank holds the same buffer.
+  void all_gather_shares(std::span<float> values);
+  /// The same for 16-bit elements (the f16 or bf16 working copies of the parameters).
+  void all_gather_shares(std::span<std::uint16_t> values);
   /// Every rank's one value, in rank order, on every rank.
   std::vector<float> all_gather(float value);
   /// The same for a 64-bit word (a fingerprint, a flag).
   std::vector<std::uint64_t> all_gather(std::uint64_t value);
+  /// The same for a double (a shard's squared gradient norm).
+  std::vector<double> all_gather(double value);
   /// Waits until every rank has called it.
   void barrier();
   /// Ends every rank of the run with this exit code (MPI_Abort): for a rank that cannot go

@@ -381,13 +381,19 @@ run_mutation() {
     else
       read -r -a targets <<< "${programs[$i]}"
       if ((${#targets[@]})); then
-        # A script (.py, .sh) runs from the source tree: nothing of it to build.
-        local target built_targets=()
+        # A script (.py, .sh) runs from the source tree: nothing of it to build, but it may
+        # run any built program (bigbatch, a demo), so with a script every target is
+        # rebuilt (only what the mutated file reaches compiles again).
+        local target built_targets=() scripts=0
         for target in "${targets[@]}"; do
-          [[ "$target" == *.py || "$target" == *.sh ]] || built_targets+=("$target")
+          if [[ "$target" == *.py || "$target" == *.sh ]]; then
+            scripts=1
+          else
+            built_targets+=("$target")
+          fi
         done
         build_args=(--target "${built_targets[@]}")
-        ((${#built_targets[@]})) || build_args=(--target bigbatch_common)
+        ((scripts == 0)) || build_args=()
         if ! selection=$(ctest_selection "${targets[@]}" 2>&1); then
           verdict="STALE" detail="$selection"
         else

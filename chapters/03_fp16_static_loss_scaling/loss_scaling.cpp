@@ -11,12 +11,29 @@
 
 namespace bigbatch::loss_scaling {
 
-bool unscale_gradients(const nn::Model& model, float scale, const Tensor& found_inf,
-                       const Tensor* squared_norm) {
-  BIGBATCH_CHECK(std::isfinite(scale) && scale > 0.0f,
-                 "unscale_gradients: the scale must be finite and positive, got ", scale);
+std::vector<Tensor> gradient_tensors(const nn::Model& model) {
   std::vector<Tensor> gradients;
   for (const nn::NamedParameter& p : model.parameters()) gradients.push_back(p.grad);
+  return gradients;
+}
+
+bool unscale_gradients(const nn::Model& model, float scale, const Tensor& found_inf,
+                       const Tensor* squared_norm) {
+  return unscale_gradients(gradient_tensors(model), scale, found_inf, squared_norm);
+}
+
+GradientStats stats_from(bool overflow, double squared_norm) {
+  GradientStats stats;
+  stats.overflow = overflow;
+  stats.squared_norm = squared_norm;
+  stats.norm = static_cast<float>(std::sqrt(squared_norm));
+  return stats;
+}
+
+bool unscale_gradients(const std::vector<Tensor>& gradients, float scale,
+                       const Tensor& found_inf, const Tensor* squared_norm) {
+  BIGBATCH_CHECK(std::isfinite(scale) && scale > 0.0f,
+                 "unscale_gradients: the scale must be finite and positive, got ", scale);
   fill(found_inf, 0.0);
   // 1/S is exact for a power of two; otherwise one rounding, as in PyTorch's GradScaler,
   // which also multiplies by the float reciprocal.
@@ -44,13 +61,16 @@ bool UnscalePass::unscale(const nn::Model& model, float scale) {
 }
 
 GradientStats UnscalePass::unscale_and_measure(const nn::Model& model, float scale) {
-  allocate(model.device(), /*with_norm=*/true);
-  GradientStats stats;
-  stats.overflow = unscale_gradients(model, scale, found_inf_, &squared_norm_);
+  return unscale_and_measure(gradient_tensors(model), model.device(), scale);
+}
+
+GradientStats UnscalePass::unscale_and_measure(const std::vector<Tensor>& gradients,
+                                               Device device, float scale) {
+  allocate(device, /*with_norm=*/true);
+  const bool overflow = unscale_gradients(gradients, scale, found_inf_, &squared_norm_);
   // The square root of the float64 sum, rounded once to float: within half an ulp of the
   // exact norm whenever the sum itself is (it is for any realistic parameter count).
-  stats.norm = static_cast<float>(std::sqrt(squared_norm_.to_vector<double>()[0]));
-  return stats;
+  return stats_from(overflow, squared_norm_.to_vector<double>()[0]);
 }
 
 StaticLossScaler::StaticLossScaler(float scale) : scale_(scale) {

@@ -25,6 +25,9 @@
 
 namespace bigbatch::loss_scaling {
 
+/// The model's f32 parameter gradients, in parameters() order (they share its storage).
+std::vector<Tensor> gradient_tensors(const nn::Model& model);
+
 /// g = g * (1 / scale) for every parameter gradient of the model, in one pass per tensor
 /// (kernels/elementwise.hpp's unscale_and_check_finite); returns true when any gradient
 /// held an inf or a NaN before (an overflow). Reads one float back from the device: the
@@ -34,6 +37,10 @@ namespace bigbatch::loss_scaling {
 /// clipping's norm, chapter 04).
 bool unscale_gradients(const nn::Model& model, float scale, const Tensor& found_inf,
                        const Tensor* squared_norm = nullptr);
+/// The same pass over these f32 gradients (a part of a model's: data parallel under ZeRO,
+/// chapter 07, where each rank unscales and measures the shard it steps).
+bool unscale_gradients(const std::vector<Tensor>& gradients, float scale,
+                       const Tensor& found_inf, const Tensor* squared_norm = nullptr);
 
 /// What the boundary's one pass over the gradients found.
 struct GradientStats {
@@ -41,7 +48,14 @@ struct GradientStats {
   /// The global L2 norm of the unscaled gradients (inf or NaN after an overflow; NaN when
   /// the pass did not measure it).
   float norm = std::numeric_limits<float>::quiet_NaN();
+  /// The float64 sum of their squares that norm is the rounded square root of (NaN when
+  /// not measured): what ranks that each measured a part of the gradients add up.
+  double squared_norm = std::numeric_limits<double>::quiet_NaN();
 };
+
+/// The statistics of a float64 sum of squares: norm = sqrt(squared_norm) rounded once to
+/// float (within half an ulp of the exact norm whenever the sum itself is).
+GradientStats stats_from(bool overflow, double squared_norm);
 
 /// The fused pass of unscale_gradients with its device results: found-inf (f32 [1]) and,
 /// when the norm is measured, the squared norm (f64 [1]), both MemoryCategory::workspace on
@@ -54,6 +68,9 @@ class UnscalePass {
   /// The same pass, also measuring the unscaled gradients' global L2 norm (scale 1: it
   /// only measures). Two values come back from the device.
   GradientStats unscale_and_measure(const nn::Model& model, float scale);
+  /// The same over these gradients (a part of a model's, on `device`).
+  GradientStats unscale_and_measure(const std::vector<Tensor>& gradients, Device device,
+                                    float scale);
   /// Allocates the results now (4 bytes, 12 with the norm's) rather than at the first
   /// call, so that every step, the first of a run included, holds the same bytes.
   void allocate(Device device, bool with_norm);

@@ -18,9 +18,13 @@ float clip_factor(float norm, float max_norm) {
 }
 
 float clip_gradients(const nn::Model& model, float norm, float max_norm) {
+  return clip_gradients(loss_scaling::gradient_tensors(model), norm, max_norm);
+}
+
+float clip_gradients(const std::vector<Tensor>& gradients, float norm, float max_norm) {
   const float factor = clip_factor(norm, max_norm);
   if (factor < 1.0f) {
-    for (const nn::NamedParameter& p : model.parameters()) scale(p.grad, factor);
+    for (const Tensor& g : gradients) scale(g, factor);
   }
   return factor;
 }

@@ -42,6 +42,8 @@ float clip_factor(float norm, float max_norm);
 /// Step 4: multiplies every parameter gradient by clip_factor(norm, max_norm) (nothing is
 /// written when it is 1); returns the factor.
 float clip_gradients(const nn::Model& model, float norm, float max_norm);
+/// The same over these gradients (the part of a model's one rank steps under ZeRO).
+float clip_gradients(const std::vector<Tensor>& gradients, float norm, float max_norm);
 
 /// A mistake, kept so that the chapter can measure it: the step's micro-batches are
 /// accumulated one at a time, and after each one the running gradient is clipped, as

@@ -75,7 +75,25 @@ const GradientStats& OptimizerBoundary::unscale(const nn::Model& model) {
   return stats_;
 }
 
+const GradientStats& OptimizerBoundary::unscale(const GradientPieces& gradients, Device device) {
+  require(Stage::ready, "unscale()");
+  BIGBATCH_CHECK(!gradients.parts.empty() && gradients.combine,
+                 "OptimizerBoundary::unscale: no parts, or no way to combine them");
+  std::vector<GradientStats> parts;
+  for (const std::vector<Tensor>& part : gradients.parts) {
+    parts.push_back(pass_.unscale_and_measure(part, device, current_scale()));
+  }
+  stats_ = gradients.combine(parts);
+  stage_ = Stage::unscaled;
+  return stats_;
+}
+
 BoundaryOutcome OptimizerBoundary::step(const nn::Model& model, nn::Optimizer& optimizer) {
+  return step(gradient_tensors(model), optimizer);
+}
+
+BoundaryOutcome OptimizerBoundary::step(const std::vector<Tensor>& gradients,
+                                        nn::Optimizer& optimizer) {
   BoundaryOutcome outcome;
   if (measures()) {
     require(Stage::unscaled, "step()");
@@ -91,7 +109,8 @@ BoundaryOutcome OptimizerBoundary::step(const nn::Model& model, nn::Optimizer& o
     ++skipped_;
   } else {
     if (options_.clip_grad_norm > 0.0f) {
-      outcome.clip_factor = clipping::clip_gradients(model, stats_.norm, options_.clip_grad_norm);
+      outcome.clip_factor =
+          clipping::clip_gradients(gradients, stats_.norm, options_.clip_grad_norm);
     }
     optimizer.step();
   }

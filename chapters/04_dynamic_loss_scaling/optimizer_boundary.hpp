@@ -26,9 +26,12 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <optional>
+#include <span>
 #include <string>
+#include <vector>
 
 #include "chapters/03_fp16_static_loss_scaling/loss_scaling.hpp"
 #include "chapters/04_dynamic_loss_scaling/dynamic_loss_scaler.hpp"
@@ -69,6 +72,16 @@ struct BoundaryOutcome {
   float clip_factor = 1;   ///< what clipping multiplied the gradients by (1: none)
 };
 
+/// Parts of a model's gradients that are measured apart, and how the parts' statistics
+/// become those of all the gradients: data parallel under ZeRO (chapter 07), where each
+/// rank holds the sum of its shard alone and the ranks combine their found-infs and squared
+/// norms. One part holding every gradient, combined as it is, is the single process's pass.
+struct GradientPieces {
+  std::vector<std::vector<Tensor>> parts;  ///< f32 gradients (or views of them), part by part
+  /// The statistics of all the gradients from those of `parts`, in parts' order.
+  std::function<GradientStats(std::span<const GradientStats>)> combine;
+};
+
 class OptimizerBoundary {
  public:
   enum class Stage { ready, unscaled, stepped };
@@ -89,9 +102,13 @@ class OptimizerBoundary {
 
   /// The fused pass: ready -> unscaled. Returns what it found.
   const GradientStats& unscale(const nn::Model& model);
+  /// The same pass over each part of `gradients` (on `device`), their statistics combined.
+  const GradientStats& unscale(const GradientPieces& gradients, Device device);
   /// unscaled (or ready, when the pass is not needed) -> stepped: skips on an overflow,
   /// else clips (when asked) and takes the optimizer step.
   BoundaryOutcome step(const nn::Model& model, nn::Optimizer& optimizer);
+  /// The same, clipping `gradients`: those the optimizer reads (a rank's shards under ZeRO).
+  BoundaryOutcome step(const std::vector<Tensor>& gradients, nn::Optimizer& optimizer);
   /// stepped -> ready: the dynamic rule moves S (LossScaleUnderflowError at its minimum).
   void update();
 

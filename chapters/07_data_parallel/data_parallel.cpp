@@ -10,7 +10,50 @@ std::span<float> elements(const Tensor& t) {
   return {t.data<float>(), static_cast<std::size_t>(t.numel())};
 }
 
+/// Every gradient as one part, combined as measured: the boundary's single-process pass.
+loss_scaling::GradientPieces whole_gradients(const nn::Model& model) {
+  return {{loss_scaling::gradient_tensors(model)}, combine_in_rank_order};
+}
+
+/// Rank r's shard of every gradient.
+std::vector<Tensor> gradient_shards(const nn::Model& model, int ranks, int rank) {
+  std::vector<Tensor> shards;
+  for (const nn::NamedParameter& p : model.parameters()) shards.push_back(shard_view(p.grad, ranks, rank));
+  return shards;
+}
+
 }  // namespace
+
+std::string setting_text(ZeroStage stage) {
+  return stage == ZeroStage::replicated ? "0" : "1";
+}
+
+Tensor shard_view(const Tensor& tensor, int ranks, int rank) {
+  const dist::Share share = dist::share_of(tensor.numel(), ranks, rank);
+  return tensor.reshaped({tensor.numel()}).rows(share.begin, share.begin + share.size);
+}
+
+std::vector<nn::NamedParameter> parameter_shards(const std::vector<nn::NamedParameter>& parameters,
+                                                 int ranks, int rank) {
+  std::vector<nn::NamedParameter> shards;
+  for (const nn::NamedParameter& p : parameters) {
+    shards.push_back({p.name, shard_view(p.value, ranks, rank), shard_view(p.grad, ranks, rank),
+                      p.half.defined() ? shard_view(p.half, ranks, rank) : Tensor()});
+  }
+  return shards;
+}
+
+loss_scaling::GradientStats combine_in_rank_order(
+    std::span<const loss_scaling::GradientStats> parts) {
+  BIGBATCH_CHECK(!parts.empty(), "combine_in_rank_order: no part measured");
+  bool overflow = parts[0].overflow;
+  double squared_norm = parts[0].squared_norm;
+  for (std::size_t r = 1; r < parts.size(); ++r) {
+    overflow = overflow || parts[r].overflow;
+    squared_norm = squared_norm + parts[r].squared_norm;
+  }
+  return loss_scaling::stats_from(overflow, squared_norm);
+}
 
 float sum_in_rank_order(std::span<const float> losses) {
   BIGBATCH_CHECK(!losses.empty(), "sum_in_rank_order: no rank's loss");
@@ -19,7 +62,8 @@ float sum_in_rank_order(std::span<const float> losses) {
   return total;
 }
 
-SimulatedRanks::SimulatedRanks(int ranks, const nn::Model& model) {
+SimulatedRanks::SimulatedRanks(int ranks, const nn::Model& model, ZeroStage zero)
+    : zero_(zero) {
   BIGBATCH_CHECK(ranks >= 1, "SimulatedRanks: ranks must be >= 1, got ", ranks);
   BIGBATCH_CHECK(model.device().is_cpu(),
                  "SimulatedRanks: the ranks are simulated on the CPU, the model is on ",
@@ -60,16 +104,62 @@ float SimulatedRanks::reduce(nn::Model& model, std::span<const float> losses) {
   return sum_in_rank_order(losses);
 }
 
+loss_scaling::GradientPieces SimulatedRanks::boundary_pieces(const nn::Model& model) {
+  if (zero_ == ZeroStage::replicated) return whole_gradients(model);
+  loss_scaling::GradientPieces pieces{{}, combine_in_rank_order};
+  for (int r = 0; r < ranks(); ++r) pieces.parts.push_back(gradient_shards(model, ranks(), r));
+  return pieces;
+}
+
 float CommunicatorRanks::reduce(nn::Model& model, std::span<const float> losses) {
   BIGBATCH_CHECK(losses.size() == 1, "CommunicatorRanks: one loss per process, got ",
                  losses.size());
   for (const nn::NamedParameter& p : model.parameters()) {
     BIGBATCH_CHECK(p.grad.device().is_cpu(), "data parallel: MPI sums host gradients; ",
                    p.name, " is on ", p.grad.device().name());
-    communicator_.all_reduce_sum(elements(p.grad), reduction_);
+    if (zero_ == ZeroStage::replicated) {
+      communicator_.all_reduce_sum(elements(p.grad), reduction_);
+    } else {
+      communicator_.reduce_scatter_sum(elements(p.grad), reduction_);
+    }
   }
   const std::vector<float> all = communicator_.all_gather(losses[0]);
   return sum_in_rank_order(all);
+}
+
+loss_scaling::GradientPieces CommunicatorRanks::boundary_pieces(const nn::Model& model) {
+  if (zero_ == ZeroStage::replicated) return whole_gradients(model);
+  const auto combine = [this](std::span<const loss_scaling::GradientStats> mine) {
+    BIGBATCH_CHECK(mine.size() == 1, "CommunicatorRanks: one part per process, got ",
+                   mine.size());
+    const std::vector<std::uint64_t> overflows =
+        communicator_.all_gather(std::uint64_t{mine[0].overflow});
+    const std::vector<double> squared_norms = communicator_.all_gather(mine[0].squared_norm);
+    std::vector<loss_scaling::GradientStats> parts(overflows.size());
+    for (std::size_t r = 0; r < parts.size(); ++r) {
+      parts[r].overflow = overflows[r] != 0;
+      parts[r].squared_norm = squared_norms[r];
+    }
+    return combine_in_rank_order(parts);
+  };
+  return {{gradient_shards(model, ranks(), communicator_.rank())}, combine};
+}
+
+std::vector<nn::NamedParameter> CommunicatorRanks::stepped_parameters(
+    const nn::Model& model) const {
+  if (zero_ == ZeroStage::replicated) return model.parameters();
+  return parameter_shards(model.parameters(), ranks(), communicator_.rank());
+}
+
+void CommunicatorRanks::gather_parameters(nn::Model& model) {
+  if (zero_ == ZeroStage::replicated) return;
+  for (const nn::NamedParameter& p : model.parameters()) {
+    communicator_.all_gather_shares(elements(p.value));
+    if (p.half.defined()) {
+      communicator_.all_gather_shares(std::span<std::uint16_t>(
+          static_cast<std::uint16_t*>(p.half.raw_data()), static_cast<std::size_t>(p.half.numel())));
+    }
+  }
 }
 
 }  // namespace bigbatch::data_parallel

@@ -28,12 +28,34 @@
 
 #include <cstdint>
 #include <span>
+#include <string>
 #include <vector>
 
+#include "chapters/04_dynamic_loss_scaling/optimizer_boundary.hpp"
 #include "dist/communicator.hpp"
 #include "nn/model.hpp"
 
 namespace bigbatch::data_parallel {
+
+/// What the ranks keep a shard of (DeepSpeed's ZeRO stages), the rest being replicated.
+enum class ZeroStage {
+  replicated = 0,       ///< stage 0: every rank holds every parameter's optimizer state
+  optimizer_state = 1,  ///< stage 1: each rank the state of its shard of every parameter
+};
+/// "0" or "1": the stage's setting text.
+std::string setting_text(ZeroStage stage);
+
+/// Rank `rank`'s shard of a tensor's elements, dist::share_of(numel, ranks, rank), as a
+/// one-dimensional view (it shares the tensor's storage; 0 elements when numel < ranks
+/// leaves this rank none).
+Tensor shard_view(const Tensor& tensor, int ranks, int rank);
+/// The same shard of every parameter: its value, gradient and working copy as views. An
+/// optimizer made over these steps, and allocates state for, the shard alone.
+std::vector<nn::NamedParameter> parameter_shards(const std::vector<nn::NamedParameter>& parameters,
+                                                 int ranks, int rank);
+/// The gradient statistics of disjoint parts measured apart, as one: an overflow in any
+/// part, the parts' squared norms added in the given (rank) order, one square root.
+loss_scaling::GradientStats combine_in_rank_order(std::span<const loss_scaling::GradientStats> parts);
 
 /// The ranks of a data-parallel step, as the trainer sees them.
 class RankGroup {
@@ -51,6 +73,19 @@ class RankGroup {
   /// and returns the sum of the ranks' losses (each its share of the batch's mean), both
   /// in rank order; `losses` holds those of local_ranks().
   virtual float reduce(nn::Model& model, std::span<const float> losses) = 0;
+
+  /// What the ranks shard.
+  virtual ZeroStage zero() const = 0;
+  /// After reduce(): the gradients the optimizer boundary measures, a piece per local rank
+  /// (stage 0: one, every gradient; stage 1: each local rank's shard), and how the pieces'
+  /// measurements become the one of all the gradients.
+  virtual loss_scaling::GradientPieces boundary_pieces(const nn::Model& model) = 0;
+  /// The parameters this process's optimizer steps: all of them, or (stage 1 under MPI)
+  /// this rank's shard of each (parameter_shards). Clipping scales their gradients.
+  virtual std::vector<nn::NamedParameter> stepped_parameters(const nn::Model& model) const = 0;
+  /// After an optimizer step: every rank's updated shard to every rank (stage 1 under MPI;
+  /// nothing to do otherwise).
+  virtual void gather_parameters(nn::Model& model) = 0;
 };
 
 /// R ranks in one process: share r's gradient is kept in buffer r, and the buffers are
@@ -58,30 +93,49 @@ class RankGroup {
 class SimulatedRanks final : public RankGroup {
  public:
   /// R >= 1 simulated ranks of `model` (whose gradients it copies, on the model's device:
-  /// the CPU, where dist::add_next_rank runs).
-  SimulatedRanks(int ranks, const nn::Model& model);
+  /// the CPU, where dist::add_next_rank runs). At stage 1 the one optimizer steps every
+  /// shard (the optimizer acts element by element: the R ranks' steps together), and the
+  /// boundary measures the R shards as the R ranks do.
+  SimulatedRanks(int ranks, const nn::Model& model,
+                 ZeroStage zero = ZeroStage::replicated);
   int ranks() const override { return static_cast<int>(buffers_.size()); }
   std::vector<int> local_ranks() const override;
   void share_done(int rank, nn::Model& model) override;
   float reduce(nn::Model& model, std::span<const float> losses) override;
+  ZeroStage zero() const override { return zero_; }
+  loss_scaling::GradientPieces boundary_pieces(const nn::Model& model) override;
+  std::vector<nn::NamedParameter> stepped_parameters(const nn::Model& model) const override {
+    return model.parameters();
+  }
+  void gather_parameters(nn::Model&) override {}
 
  private:
   std::vector<std::vector<Tensor>> buffers_;  // [rank][parameter]
+  ZeroStage zero_;
 };
 
 /// This process as one rank of a run under MPI: reduces with the communicator.
 class CommunicatorRanks final : public RankGroup {
  public:
-  CommunicatorRanks(dist::Communicator& communicator, dist::Reduction reduction)
-      : communicator_(communicator), reduction_(reduction) {}
+  CommunicatorRanks(dist::Communicator& communicator, dist::Reduction reduction,
+                    ZeroStage zero = ZeroStage::replicated)
+      : communicator_(communicator), reduction_(reduction), zero_(zero) {}
   int ranks() const override { return communicator_.size(); }
   std::vector<int> local_ranks() const override { return {communicator_.rank()}; }
   void share_done(int, nn::Model&) override {}
+  /// Stage 0: an all-reduce of every gradient; stage 1: a reduce-scatter.
   float reduce(nn::Model& model, std::span<const float> losses) override;
+  ZeroStage zero() const override { return zero_; }
+  /// Stage 1: this rank's shards, combined over the ranks (an all-gather of each rank's
+  /// found-inf and squared norm, added in rank order).
+  loss_scaling::GradientPieces boundary_pieces(const nn::Model& model) override;
+  std::vector<nn::NamedParameter> stepped_parameters(const nn::Model& model) const override;
+  void gather_parameters(nn::Model& model) override;
 
  private:
   dist::Communicator& communicator_;
   dist::Reduction reduction_;
+  ZeroStage zero_;
 };
 
 /// The sum of per-rank losses in rank order, as both groups report it.

@@ -9,10 +9,14 @@
 #  2. An inf on one rank only (a feature of 70000 is inf in fp16, in rank 1's share of
 #     step 2): every rank skips that step and backs the scale off (the program checks at
 #     the end that the ranks' parameters still agree), and the simulation does the same.
-#  3. Bad input, on every rank alike: more ranks than samples in a batch, --norm batch,
-#     --reduction without --data-parallel, ranks started with different settings: exit
-#     code 2 and one line naming the cause, no rank left running.
-#  4. A rank killed with SIGKILL mid-run: mpirun ends the others and exits non-zero within
+#  3. ZeRO stage 1 (--zero 1): MPI equals the simulation with clipping on (fp32 and fp16),
+#     stage 0 without it, the engine's reduce-scatter the deterministic one at R = 2, the
+#     inf on one rank skips the step on all, rank 0 holds a third of 3 ranks' state.
+#  4. Bad input, on every rank alike: more ranks than samples in a batch, --norm batch,
+#     --reduction without --data-parallel, --zero without ranks or with snapshots, ranks
+#     started with different settings: exit code 2 and one line naming the cause, no rank
+#     left running.
+#  5. A rank killed with SIGKILL mid-run: mpirun ends the others and exits non-zero within
 #     30 s (no rank waits for ever in a collective); --resume from rank 0's last snapshot
 #     with the same R saves the uninterrupted run's bytes (so does --simulate-ranks R from
 #     it); another R is refused by name.
@@ -82,7 +86,35 @@ grep -q '1 of 3 steps skipped' spike.txt || fail "the run does not report one sk
   cmp -s spike-mpi.st spike-sim.st || fail "the simulated ranks did not skip alike"
 echo "an inf on rank 1 only: every rank skipped step 2"
 
-# 3. Bad input: exit code 2 and one line on stderr naming the cause.
+# 3. ZeRO stage 1 (--zero 1: each rank steps its shard of the optimizer state): mpirun -np R
+# saves --simulate-ranks R --zero 1's bytes with clipping on (the norm measured shard by
+# shard, summed in rank order); without clipping, stage 0's bytes (the optimizer acts
+# element by element); the engine's reduce-scatter with 2 ranks (one addition per element,
+# whatever its order) the deterministic one's; the inf on one rank skips the step on all
+# (found-inf combined over ranks); rank 0 holds a third of the optimizer state of 3 ranks.
+for ranks in 2 3 4; do
+  same "$ranks" "zero1-fp32-$ranks" --dropout 0.2 --clip-grad-norm 0.5 --zero 1
+  same "$ranks" "zero1-fp16-$ranks" --precision fp16 --loss-scale dynamic --clip-grad-norm 0.5 \
+    --optimizer sgd --momentum 0.9 --zero 1
+done
+mpirun -np 3 "$bigbatch" train $small --dropout 0.2 --data-parallel --zero 1 --save zero1.st > zero1.txt 2>&1 &&
+  cmp -s zero1.st mpi-fp32-3.st || fail "stage 1 without clipping did not save stage 0's bytes"
+grep -q 'ZeRO stage 1: each rank holds the optimizer state of its shard' zero1.txt ||
+  fail "the header does not say stage 1: $(grep '^data parallel' zero1.txt)"
+state() { sed -n 's/^  optimizer_state  *\([0-9.]*\) KiB.*/\1/p' "$1"; }
+awk -v one="$(state zero1.txt)" -v all="$(state mpi-fp32-3.txt)" \
+  'BEGIN { exit !(one > 0 && one < all / 3 * 1.01) }' ||
+  fail "rank 0's optimizer state under stage 1 is $(state zero1.txt) KiB of $(state mpi-fp32-3.txt)"
+mpirun -np 2 "$bigbatch" train $small --data-parallel --zero 1 --reduction engine --save engine1.st > engine1.txt 2>&1 &&
+  mpirun -np 2 "$bigbatch" train $small --data-parallel --zero 1 --save deterministic1.st > deterministic1.txt 2>&1 &&
+  cmp -s engine1.st deterministic1.st || fail "the engine's reduce-scatter with 2 ranks saved other bytes"
+mpirun -np 2 "$bigbatch" train $spike --data-parallel --zero 1 --log spike1.jsonl --save spike1.st > spike1.txt 2>&1 ||
+  fail "the inf on one rank under stage 1: exit code $? ($(tail -n 3 spike1.txt))"
+sed -n 2p spike1.jsonl | grep -q '"skipped":true' || fail "stage 1: step 2 was not skipped"
+cmp -s spike1.st spike-mpi.st || fail "stage 1 did not skip as stage 0 did"
+echo "ZeRO stage 1: MPI and simulated ranks saved the same bytes; stage 0's without clipping; rank 0 holds $(state zero1.txt) of $(state mpi-fp32-3.txt) KiB of optimizer state"
+
+# 4. Bad input: exit code 2 and one line on stderr naming the cause.
 refused() {  # refused WHAT EXPECTED COMMAND...: the command must fail with 2, saying EXPECTED
   what=$1 expected=$2
   shift 2
@@ -102,10 +134,16 @@ refused "--norm batch" "--norm batch with 2 ranks" \
   "$bigbatch" train --data synthetic --samples 2000 --steps 1 --norm batch --simulate-ranks 2
 refused "--reduction alone" "--reduction sums the ranks of --data-parallel" \
   "$bigbatch" train --data synthetic --samples 2000 --steps 1 --reduction engine
+refused "--zero alone" "--zero shards the ranks' state: give --data-parallel or --simulate-ranks" \
+  "$bigbatch" train --data synthetic --samples 2000 --steps 1 --zero 1
+refused "--zero 1 with snapshots" "--zero 1 does not take snapshots yet" \
+  "$bigbatch" train --data synthetic --samples 2000 --steps 1 --simulate-ranks 2 --zero 1 --snapshot-dir zero-snapshots
+refused "--zero 2" "expected 0 or 1, got '2'" \
+  "$bigbatch" train --data synthetic --samples 2000 --steps 1 --simulate-ranks 2 --zero 2
 refused "ranks with other settings" "rank 1 has other settings than rank 0" \
   mpirun -np 1 "$bigbatch" train $small --data-parallel : -np 1 "$bigbatch" train $small --seed 7 --data-parallel
 
-# 4. SIGKILL to one rank mid-run: the job ends, non-zero, within 30 s, no rank left; the
+# 5. SIGKILL to one rank mid-run: the job ends, non-zero, within 30 s, no rank left; the
 # run resumes from rank 0's last snapshot with the same ranks and saves the uninterrupted
 # run's bytes; another R is refused by name (the rank-order sum's bits depend on R), and
 # the simulation of the same R continues the job's snapshot.

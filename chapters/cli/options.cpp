@@ -35,6 +35,8 @@ const Words<bool> kOnOff = {{"on", true}, {"off", false}};
 const Words<bool> kPlans = {{"auto", true}};
 const Words<dist::Reduction> kReductions = {{"deterministic", dist::Reduction::deterministic},
                                             {"engine", dist::Reduction::engine}};
+const Words<data_parallel::ZeroStage> kZeroStages = {
+    {"0", data_parallel::ZeroStage::replicated}, {"1", data_parallel::ZeroStage::optimizer_state}};
 const Words<ModelledDevice> kModelledDevices = {{"h200", ModelledDevice::h200}};
 
 template <class E>
@@ -428,6 +430,11 @@ void add_data_parallel_flags(CLI::App& train, TrainOptions& o) {
                   "how --data-parallel sums over ranks: deterministic (rank order, the same "
                   "bits on every run with the same R) or engine (MPI_Allreduce, the "
                   "library's order)");
+  add_word_option(train, "--zero", o.parallel.zero, kZeroStages,
+                  "what the ranks shard (DeepSpeed's ZeRO stages): 0 nothing, every rank "
+                  "holds the whole optimizer state; 1 the optimizer state, each rank that of "
+                  "its shard of every parameter (a reduce-scatter, the step of the shard, an "
+                  "all-gather of the parameters)");
 }
 
 }  // namespace bigbatch::cli

@@ -15,6 +15,7 @@
 #include <string_view>
 
 #include "chapters/05_activation_checkpointing/policy.hpp"
+#include "chapters/07_data_parallel/data_parallel.hpp"
 #include "chapters/train/trainer.hpp"
 #include "common/device.hpp"
 #include "common/settings.hpp"
@@ -102,6 +103,8 @@ struct ParallelOptions {
   bool data_parallel = false;      ///< --data-parallel: this process is one rank of mpirun's
   std::int64_t simulate_ranks = 0;  ///< --simulate-ranks R: R ranks in this process (0: off)
   dist::Reduction reduction = dist::Reduction::deterministic;  ///< --reduction
+  /// --zero: what the ranks shard (stage 1: the optimizer's state)
+  data_parallel::ZeroStage zero = data_parallel::ZeroStage::replicated;
 };
 
 /// Every flag of `bigbatch train` and `bigbatch plan`.
@@ -130,7 +133,7 @@ struct TrainOptions {
 void add_train_flags(CLI::App& app, TrainOptions& options);
 /// The planner's flags, on both subcommands.
 void add_plan_flags(CLI::App& app, TrainOptions& options);
-/// --data-parallel, --simulate-ranks and --reduction, of `bigbatch train`.
+/// --data-parallel, --simulate-ranks, --reduction and --zero, of `bigbatch train`.
 void add_data_parallel_flags(CLI::App& train, TrainOptions& options);
 /// --plan auto, of `bigbatch train`.
 void add_plan_choice_flag(CLI::App& train, TrainOptions& options);

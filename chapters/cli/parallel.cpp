@@ -44,7 +44,16 @@ RunRanks::RunRanks(const TrainOptions& options) : options_(options.parallel) {
     throw UsageError("--reduction sums the ranks of --data-parallel: give --data-parallel "
                      "(--simulate-ranks always adds in rank order)");
   }
+  if (!on && options.was_given("--zero")) {
+    throw UsageError("--zero shards the ranks' state: give --data-parallel or --simulate-ranks");
+  }
   if (!on) return;
+  if (options_.zero != data_parallel::ZeroStage::replicated &&
+      (options.was_given("--snapshot-dir") || options.was_given("--resume"))) {
+    throw UsageError("--zero " + data_parallel::setting_text(options_.zero) + " does not take "
+                     "snapshots yet (each rank holds a shard of the optimizer state); use "
+                     "--zero 0 to write or resume them");
+  }
   if (options.was_given("--plan")) {
     throw UsageError(std::string(options_.data_parallel ? "--data-parallel" : "--simulate-ranks") +
                      " does not take --plan yet: the planner plans one device");
@@ -98,6 +107,10 @@ train::RunConfig RunRanks::with_settings(train::RunConfig settings) const {
   // The simulation adds in rank order: the deterministic reduction's bits.
   settings["reduction"] = dist::reduction_name(communicator_ ? options_.reduction
                                                              : dist::Reduction::deterministic);
+  // Recorded when on, so that the settings of the runs before stage 1 existed read as before.
+  if (options_.zero != data_parallel::ZeroStage::replicated) {
+    settings["zero"] = data_parallel::setting_text(options_.zero);
+  }
   return settings;
 }
 
@@ -113,7 +126,10 @@ void RunRanks::check_agreement(const train::RunConfig& settings, const nn::Model
                      "(every rank must be started with the same flags and data)");
   }
   std::uint32_t state = parameters_fingerprint(model);
-  for (const auto& [name, tensor] : optimizer.state()) state = add_fingerprint(tensor, state);
+  // Under ZeRO each rank holds another shard of the state (fresh: snapshots are refused).
+  if (options_.zero == data_parallel::ZeroStage::replicated) {
+    for (const auto& [name, tensor] : optimizer.state()) state = add_fingerprint(tensor, state);
+  }
   state = dist::fingerprint(std::to_string(steps_done), state);
   const int apart = first_different(communicator_->all_gather(static_cast<std::uint64_t>(state)));
   if (apart >= 0) {
@@ -146,13 +162,18 @@ data_parallel::RankGroup* RunRanks::group(const nn::Model& model) {
   if (!enabled()) return nullptr;
   if (!group_) {
     if (communicator_) {
-      group_ = std::make_unique<data_parallel::CommunicatorRanks>(*communicator_,
-                                                                  options_.reduction);
+      group_ = std::make_unique<data_parallel::CommunicatorRanks>(
+          *communicator_, options_.reduction, options_.zero);
     } else {
-      group_ = std::make_unique<data_parallel::SimulatedRanks>(count_, model);
+      group_ = std::make_unique<data_parallel::SimulatedRanks>(count_, model, options_.zero);
     }
   }
   return group_.get();
+}
+
+std::vector<nn::NamedParameter> RunRanks::stepped_parameters(const nn::Model& model) {
+  data_parallel::RankGroup* const ranks = group(model);
+  return ranks ? ranks->stepped_parameters(model) : model.parameters();
 }
 
 std::string RunRanks::describe(std::int64_t batch, std::int64_t micro_batch) const {
@@ -168,6 +189,10 @@ std::string RunRanks::describe(std::int64_t batch, std::int64_t micro_batch) con
       << (micro_batches == 1 ? " micro-batch" : " micro-batches")
       << " per rank), gradients summed once per optimizer step ("
       << (communicator_ ? dist::reduction_name(options_.reduction) : "rank order") << ")";
+  if (options_.zero == data_parallel::ZeroStage::optimizer_state) {
+    out << "; ZeRO stage 1: each rank holds the optimizer state of its shard of every "
+           "parameter, reduce-scatters the gradients and all-gathers the parameters";
+  }
   return out.str();
 }
 

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "chapters/07_data_parallel/data_parallel.hpp"
 #include "chapters/cli/options.hpp"
@@ -17,7 +18,7 @@ namespace bigbatch::cli {
 class RunRanks {
  public:
   /// Refuses the flags that do not go with the ranks (UsageError: --plan, --reduction
-  /// without --data-parallel) and, with --data-parallel, joins the MPI job. Rank 0 alone
+  /// without --data-parallel, --zero without ranks, --zero 1 with snapshots) and, with --data-parallel, joins the MPI job. Rank 0 alone
   /// prints and writes files (snapshots included).
   explicit RunRanks(const TrainOptions& options);
 
@@ -35,7 +36,8 @@ class RunRanks {
   void check_run(const TrainOptions& options, const nn::ModelConfig& model,
                  std::int64_t samples) const;
   /// The run's settings with the ranks' own when they are on: "ranks" (R: the rank-order
-  /// sum's bits depend on it, so a snapshot resumes only with the same R) and "reduction".
+  /// sum's bits depend on it, so a snapshot resumes only with the same R), "reduction" and,
+  /// under ZeRO, "zero".
   train::RunConfig with_settings(train::RunConfig settings) const;
   /// Under MPI: every rank must have the same settings and start from the same state (the
   /// parameters, the optimizer's state and the steps done, fresh or resumed); otherwise
@@ -51,6 +53,9 @@ class RunRanks {
   bool any(bool mine) const;
   /// The trainer's ranks (null when off), made on the first call.
   data_parallel::RankGroup* group(const nn::Model& model);
+  /// The parameters this process's optimizer steps: the model's, or under --zero 1 and MPI
+  /// this rank's shard of each.
+  std::vector<nn::NamedParameter> stepped_parameters(const nn::Model& model);
   /// "data parallel: 2 ranks under MPI, shares of 32 samples ..." for the run's header.
   std::string describe(std::int64_t batch, std::int64_t micro_batch) const;
 

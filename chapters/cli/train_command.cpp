@@ -309,7 +309,7 @@ int run_train(TrainOptions options) {
       throw UsageError(std::string("--init: ") + e.what());
     }
   }
-  nn::Optimizer optimizer(model.parameters(), optimizer_choice);
+  nn::Optimizer optimizer(ranks.stepped_parameters(model), optimizer_choice);
   train::Trainer trainer(model, optimizer, splits.train, config, ranks.group(model));
 
   // Snapshots go to --snapshot-dir, or back to the folder --resume reads.

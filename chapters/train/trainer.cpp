@@ -101,7 +101,10 @@ StepRecord Trainer::step() {
                              "learning rate)");
   }
   if (boundary_.measures()) {
-    const loss_scaling::GradientStats& gradients = boundary_.unscale(model_);  // 1, 3
+    // 1, 3 (data parallel: over the parts the ranks hold, e.g. their shards under ZeRO)
+    const loss_scaling::GradientStats& gradients =
+        ranks_ ? boundary_.unscale(ranks_->boundary_pieces(model_), model_.device())
+               : boundary_.unscale(model_);
     if (gradients.overflow && !scaling) {
       throw NonFiniteGradientError("step " + std::to_string(k + 1) +
                                    ": a gradient is inf or NaN (the global norm is " +
@@ -112,7 +115,20 @@ StepRecord Trainer::step() {
   }
   // 2 (an overflow: no clip, no step, the schedule stays) or 4 and 5, with lr_at(schedule_,
   // optimizer_steps_).
-  const loss_scaling::BoundaryOutcome outcome = boundary_.step(model_, optimizer_);
+  loss_scaling::BoundaryOutcome outcome;
+  if (!ranks_) {
+    outcome = boundary_.step(model_, optimizer_);
+  } else {  // clipping the gradients this process's optimizer reads, then sharing the result
+    std::vector<Tensor> stepped;
+    for (const nn::NamedParameter& p : ranks_->stepped_parameters(model_)) stepped.push_back(p.grad);
+    outcome = boundary_.step(stepped, optimizer_);
+    if (!outcome.skipped) {
+      const auto gather_start = std::chrono::steady_clock::now();
+      ranks_->gather_parameters(model_);  // ZeRO: the all-reduce's second half, after the step
+      reduce_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() -
+                                                      gather_start).count();
+    }
+  }
   if (!outcome.skipped) ++optimizer_steps_;
   boundary_.update();  // 2 (back off) or 6 (count it)
   // 7: the gradients are zeroed before the next step's first micro-batch.

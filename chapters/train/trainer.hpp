@@ -24,7 +24,9 @@
 // Data parallel (chapter 07, a RankGroup given): the batch is split into the ranks'
 // shares (dist::share_of), each share accumulated as above with the global count b and
 // its samples' global rows, and the ranks' gradients summed once, before the boundary;
-// the boundary then runs on every rank on the same sum.
+// the boundary then runs on every rank on the same sum. Under ZeRO stage 1 each rank holds
+// the sum of its shard only: the boundary measures the ranks' shards and combines them,
+// each rank's optimizer steps its shard, and the ranks then share the updated parameters.
 // The learning-rate schedule counts optimizer steps taken: a skipped step does not
 // advance it (PyTorch warns when a scheduler steps before its optimizer for this reason).
 // Without a loss scaler, an inf or NaN loss, or gradient found by that pass, stops the run
@@ -143,7 +145,8 @@ struct StepRecord {
   std::int64_t skipped_steps = 0;  ///< skipped so far, this one included
   double seconds = 0;              ///< the step's wall time
   /// The part of it spent summing the ranks' gradients, waiting for the slowest rank
-  /// included (data parallel; 0 without ranks).
+  /// included, and under ZeRO gathering the updated parameters (data parallel; 0 without
+  /// ranks).
   double reduce_seconds = 0;
   MemoryStats memory;              ///< the device allocator during this step only:
                                    ///< peak_total, at_peak (its breakdown), peak per category
