@@ -255,6 +255,26 @@ TEST(ZeroShards, AShardsOptimizerHoldsTheStateOfItsShardAlone) {
   }
 }
 
+TEST(ZeroShards, TheSimulationMeasuresTheShardsTheRanksMeasure) {
+  const nn::Model model(tiny_model(2, 0.0f), Device::cpu());
+  for (const int ranks : {2, 3}) {
+    data_parallel::SimulatedRanks stage1(ranks, model, data_parallel::ZeroStage::optimizer_state);
+    const loss_scaling::GradientPieces pieces = stage1.boundary_pieces(model);
+    ASSERT_EQ(pieces.parts.size(), static_cast<std::size_t>(ranks)) << "a part per rank";
+    const std::vector<nn::NamedParameter> parameters = model.parameters();
+    for (int r = 0; r < ranks; ++r) {
+      ASSERT_EQ(pieces.parts[r].size(), parameters.size());
+      for (std::size_t p = 0; p < parameters.size(); ++p) {
+        const Tensor shard = data_parallel::shard_view(parameters[p].grad, ranks, r);
+        EXPECT_EQ(pieces.parts[r][p].numel(), shard.numel()) << parameters[p].name << " rank " << r;
+        if (shard.numel() > 0) EXPECT_EQ(pieces.parts[r][p].data<float>(), shard.data<float>());
+      }
+    }
+    data_parallel::SimulatedRanks stage0(ranks, model);
+    EXPECT_EQ(stage0.boundary_pieces(model).parts.size(), 1u) << "stage 0: every gradient, once";
+  }
+}
+
 TEST(ZeroShards, StatisticsCombineInRankOrder) {
   using loss_scaling::stats_from;
   // 1e16 + 1 rounds back to 1e16 in double: rank order gives 0 here, another order 1.

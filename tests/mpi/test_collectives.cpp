@@ -1,0 +1,116 @@
+// test_collectives.cpp: dist::Communicator's collectives and chapter 07's ranks under MPI,
+// one GoogleTest program per rank (tests/mpi/run_under_mpi.sh starts it as 3 ranks: shares
+// of 3 ranks are uneven for most lengths). Every rank runs every test in the same order; a
+// failure on any rank fails the job.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "chapters/07_data_parallel/data_parallel.hpp"
+#include "dist/communicator.hpp"
+#include "tests/tiny_training.hpp"
+
+namespace bigbatch {
+namespace {
+
+dist::Communicator& world() { return dist::Communicator::world(); }
+
+/// Rank r's contribution to element i: whole numbers, so that every order of the sum is
+/// exact and the engine's sums can be compared bit for bit with the rank order's.
+float term(int rank, std::size_t i) { return static_cast<float>((rank + 1) * 1000 + i); }
+
+float sum_of_terms(std::size_t i) {
+  float total = 0;
+  for (int r = 0; r < world().size(); ++r) total += term(r, i);
+  return total;
+}
+
+TEST(Collectives, RunOnMoreThanOneRank) {
+  ASSERT_GT(world().size(), 1) << "start this program under mpirun (tests/mpi/run_under_mpi.sh)";
+}
+
+TEST(Collectives, AReduceScatterLeavesEachRankTheSumOfItsShard) {
+  for (const dist::Reduction reduction : {dist::Reduction::deterministic, dist::Reduction::engine}) {
+    for (const std::size_t n : {std::size_t{0}, std::size_t{2}, std::size_t{10}, std::size_t{1001}}) {
+      std::vector<float> values(n);
+      for (std::size_t i = 0; i < n; ++i) values[i] = term(world().rank(), i);
+      world().reduce_scatter_sum(values, reduction);
+      const dist::Share mine = dist::share_of(static_cast<std::int64_t>(n), world().size(),
+                                              world().rank());
+      for (std::int64_t i = mine.begin; i < mine.begin + mine.size; ++i) {
+        ASSERT_EQ(values[i], sum_of_terms(i)) << dist::reduction_name(reduction) << ", n = " << n
+                                              << ", element " << i;
+      }
+    }
+  }
+}
+
+TEST(Collectives, TheDeterministicReduceScatterHasTheAllReducesBits) {
+  // Terms that do not add exactly: the order shows in the bits.
+  const std::size_t n = 777;
+  std::vector<float> halves(n), whole(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    halves[i] = whole[i] = std::sin(static_cast<float>(i) + 0.1f * world().rank()) * 1e-3f +
+                           (world().rank() == 0 ? 1.0f : 0.0f);
+  }
+  world().reduce_scatter_sum(halves, dist::Reduction::deterministic);
+  world().all_gather_shares(halves);
+  world().all_reduce_sum(whole, dist::Reduction::deterministic);
+  EXPECT_EQ(halves, whole);
+}
+
+TEST(Collectives, AnAllGatherOfSharesGivesEveryRankEveryShard) {
+  const std::size_t n = 1001;
+  std::vector<float> values(n, -1.0f);
+  std::vector<std::uint16_t> halves(n, 0xffff);
+  const dist::Share mine = dist::share_of(static_cast<std::int64_t>(n), world().size(), world().rank());
+  for (std::int64_t i = mine.begin; i < mine.begin + mine.size; ++i) {
+    values[i] = static_cast<float>(i);
+    halves[i] = static_cast<std::uint16_t>(i * 7);
+  }
+  world().all_gather_shares(values);
+  world().all_gather_shares(halves);
+  for (std::size_t i = 0; i < n; ++i) {
+    ASSERT_EQ(values[i], static_cast<float>(i)) << "element " << i;
+    ASSERT_EQ(halves[i], static_cast<std::uint16_t>(i * 7)) << "element " << i;
+  }
+}
+
+TEST(Collectives, AnAllGatherOfDoublesIsInRankOrder) {
+  const std::vector<double> all = world().all_gather(0.25 + world().rank());
+  ASSERT_EQ(all.size(), static_cast<std::size_t>(world().size()));
+  for (int r = 0; r < world().size(); ++r) EXPECT_EQ(all[r], 0.25 + r);
+}
+
+// ZeRO stage 1: a rank measures the shard it holds; the combination must give every rank
+// every rank's found-inf and the squared norms of all shards, added in rank order.
+TEST(ZeroStageOne, EveryRankSeesAnyRanksInfAndEveryShardsSquaredNorm) {
+  nn::Model model(testing::tiny_model(2, 0.0f), Device::cpu());
+  data_parallel::CommunicatorRanks ranks(world(), dist::Reduction::deterministic,
+                                         data_parallel::ZeroStage::optimizer_state);
+  const loss_scaling::GradientPieces pieces = ranks.boundary_pieces(model);
+  ASSERT_EQ(pieces.parts.size(), 1u) << "one part per process: its own shard";
+  const std::vector<nn::NamedParameter> parameters = model.parameters();
+  ASSERT_EQ(pieces.parts[0].size(), parameters.size());
+  for (std::size_t p = 0; p < parameters.size(); ++p) {
+    const Tensor shard = data_parallel::shard_view(parameters[p].grad, world().size(), world().rank());
+    EXPECT_EQ(pieces.parts[0][p].numel(), shard.numel()) << parameters[p].name;
+    if (shard.numel() > 0) EXPECT_EQ(pieces.parts[0][p].data<float>(), shard.data<float>());
+  }
+  // Rank 1 alone found an inf; rank r's shard has squared norm 1e16 (rank 0), then 1, ...
+  const double mine = world().rank() == 0 ? 1e16 : 1.0;
+  const loss_scaling::GradientStats local = loss_scaling::stats_from(world().rank() == 1, mine);
+  const loss_scaling::GradientStats all = pieces.combine({&local, 1});
+  EXPECT_TRUE(all.overflow) << "rank " << world().rank() << " missed rank 1's inf";
+  double expected = 1e16;
+  for (int r = 1; r < world().size(); ++r) expected = expected + 1.0;
+  EXPECT_EQ(all.squared_norm, expected) << "rank " << world().rank();
+  const loss_scaling::GradientStats none = loss_scaling::stats_from(false, 2.0);
+  EXPECT_FALSE(pieces.combine({&none, 1}).overflow);
+  EXPECT_EQ(pieces.combine({&none, 1}).squared_norm, 2.0 * world().size());
+}
+
+}  // namespace
+}  // namespace bigbatch
