@@ -20,12 +20,35 @@ struct StaticBytes {
   std::size_t parameters = 0, master_weights = 0, gradients = 0, trainable = 0;
 };
 
+/// The Linear weights' element counts (stem, each block's fc1 and fc2, head), and the rest:
+/// the Linear biases (stem, fc1, fc2, head) and the norms' weight and bias (blocks, head).
+struct TrainableTensors {
+  std::vector<std::int64_t> weights, others;
+};
+
+TrainableTensors trainable_tensors(const ModelConfig& c) {
+  const std::int64_t d = c.inputs, h = c.hidden, inner = c.expansion * c.hidden, k = c.classes;
+  TrainableTensors t;
+  t.weights = {d * h, h * k};
+  t.others = {h, k, h, h};  // stem and head biases, the head norm's weight and bias
+  for (std::int64_t b = 0; b < c.depth; ++b) {
+    t.weights.insert(t.weights.end(), {h * inner, inner * h});
+    t.others.insert(t.others.end(), {h, h, inner, h});  // norm weight and bias, fc biases
+  }
+  return t;
+}
+
+std::int64_t sum(const std::vector<std::int64_t>& counts) {
+  std::int64_t total = 0;
+  for (const std::int64_t n : counts) total += n;
+  return total;
+}
+
 StaticBytes static_bytes(const ModelConfig& c) {
   const bool mixed = is_mixed(c.precision);  // fp16 and bf16: the same bytes
-  const std::int64_t d = c.inputs, h = c.hidden, inner = c.expansion * c.hidden, k = c.classes;
-  const std::int64_t weights = d * h + c.depth * 2 * h * inner + h * k;  // Linear weights
-  // Linear biases (stem, fc1, fc2, head) and the norms' weight and bias (blocks, head).
-  const std::int64_t others = h + c.depth * (inner + h + 2 * h) + k + 2 * h;
+  const std::int64_t h = c.hidden;
+  const TrainableTensors tensors = trainable_tensors(c);
+  const std::int64_t weights = sum(tensors.weights), others = sum(tensors.others);
   // BatchNorm's running mean and variance, per norm layer (blocks and head): parameters.
   const std::int64_t running = c.norm == Norm::batch ? (c.depth + 1) * 2 * h : 0;
   StaticBytes s;
@@ -37,6 +60,12 @@ StaticBytes static_bytes(const ModelConfig& c) {
 }
 
 }  // namespace
+
+std::vector<std::int64_t> trainable_sizes(const ModelConfig& config) {
+  TrainableTensors tensors = trainable_tensors(config);
+  tensors.weights.insert(tensors.weights.end(), tensors.others.begin(), tensors.others.end());
+  return tensors.weights;
+}
 
 PredictedBytes predict_memory(const ModelConfig& c, std::int64_t rows) {
   BIGBATCH_CHECK(c.norm == Norm::layer, "predict_memory: only LayerNorm models are modelled");
@@ -182,7 +211,7 @@ Bytes ModelLedger::block_backward(std::int64_t index, const BlockBytes& saved) {
 
 StepPrediction predict_step(const ModelConfig& c, std::int64_t batch, std::int64_t micro_batch,
                             const Optimizer::Options& optimizer, BlockLedgerRunner* runner,
-                            std::size_t held_workspace) {
+                            std::size_t held_workspace, std::int64_t state_elements) {
   BIGBATCH_CHECK(batch > 0 && micro_batch > 0, "predict_step: batch and micro_batch must be "
                  "positive, got ", batch, " and ", micro_batch);
   MemoryLedger ledger;
@@ -196,8 +225,12 @@ StepPrediction predict_step(const ModelConfig& c, std::int64_t batch, std::int64
   const Bytes parameters = ledger.allocate(MemoryCategory::parameters, fixed.parameters, before);
   const Bytes masters = ledger.allocate(MemoryCategory::master_weights, fixed.master_weights, before);
   const Bytes gradients = ledger.allocate(MemoryCategory::gradients, fixed.gradients, before);
+  BIGBATCH_CHECK(state_elements >= -1 && state_elements <= static_cast<std::int64_t>(fixed.trainable),
+                 "predict_step: state for ", state_elements, " of ", fixed.trainable,
+                 " trainable parameter elements");
+  const std::size_t stepped = state_elements < 0 ? fixed.trainable : to_size(state_elements);
   const Bytes state = ledger.allocate(MemoryCategory::optimizer_state,
-                                      fixed.trainable * optimizer_state_bytes_per_parameter(optimizer),
+                                      stepped * optimizer_state_bytes_per_parameter(optimizer),
                                       before);
   const std::size_t staged = to_size(std::min(batch, micro_batch));
   const Bytes x = ledger.allocate(MemoryCategory::data, 4 * staged * d, before);

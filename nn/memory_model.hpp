@@ -36,6 +36,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "common/memory.hpp"
 #include "nn/model.hpp"
@@ -62,6 +63,9 @@ struct PredictedBytes {
 /// sample: not modelled by this formula; predict_step models both norms).
 PredictedBytes predict_memory(const ModelConfig& config, std::int64_t rows);
 
+/// The element counts of a model's trainable tensors, one per Model::parameters() entry
+/// (in no particular order): what sharding splits tensor by tensor (chapter 07's ZeRO).
+std::vector<std::int64_t> trainable_sizes(const ModelConfig& config);
 /// Bytes of optimizer state per trainable parameter: AdamW 8 (two moments), SGD with
 /// momentum 4, plain SGD 0.
 std::size_t optimizer_state_bytes_per_parameter(const Optimizer::Options& options);
@@ -182,9 +186,12 @@ struct StepPrediction {
 /// kept), else the replay of the BlockRunner the model runs with. held_workspace: bytes of
 /// MemoryCategory::workspace that the caller keeps on the device through every step, live
 /// before it like the parameters (an optimizer boundary's results, chapter 04: 12 bytes
-/// with a loss scale or clipping).
+/// with a loss scale or clipping). state_elements: the parameter elements the optimizer
+/// holds state for, when it steps a part of them (a rank's shard under chapter 07's ZeRO);
+/// -1, every trainable parameter.
 StepPrediction predict_step(const ModelConfig& config, std::int64_t batch,
                             std::int64_t micro_batch, const Optimizer::Options& optimizer,
-                            BlockLedgerRunner* runner = nullptr, std::size_t held_workspace = 0);
+                            BlockLedgerRunner* runner = nullptr, std::size_t held_workspace = 0,
+                            std::int64_t state_elements = -1);
 
 }  // namespace bigbatch::nn

@@ -11,7 +11,7 @@
 # 04's three 120-step runs take the most). Step times in a report are one run's on this
 # machine: compare them with each other, not with another machine's.
 #
-# Chapter 07's demo runs as 2 MPI ranks (its section d), as in the tutorial.
+# Chapter 07's demo runs as 2 MPI ranks (its section f), as in the tutorial.
 #
 # Usage: scripts/chapter-reports.sh [chapter_NN_name ...]   (default: every demo)
 set -euo pipefail

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Chapter 07's measurement on this machine: the same training step as 1 process with 2
 # threads and as 2 MPI ranks with 1 thread each (each rank bound to a core; the
-# deterministic reduction and the engine's), the time per step and the part of it spent
-# summing the gradients over the ranks. Fashion-MNIST, depth 4, hidden 512, batch 1024 in
+# deterministic reduction and the engine's, and ZeRO stage 1), the time per step, the part
+# of it spent summing the gradients over the ranks (and under ZeRO gathering the
+# parameters), and rank 0's peak bytes with its optimizer state. Fashion-MNIST, depth 4, hidden 512, batch 1024 in
 # micro-batches of 256, AdamW, 12 steps each; medians of steps 3 to 12 from --log. Writes
 # this machine's results folder (scripts/results-folder.sh)/data-parallel.json, which
-# scripts/readme_numbers.py turns into chapter 07's table. About a minute on 2 cores.
+# scripts/readme_numbers.py turns into chapter 07's table. About two minutes on 2 cores.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/results-folder.sh
@@ -23,6 +24,9 @@ for reduction in deterministic engine; do
   OMP_NUM_THREADS=1 mpirun -np 2 --bind-to core -x OMP_NUM_THREADS "$bigbatch" train $run \
     --data-parallel --reduction "$reduction" --log "$work/$reduction.jsonl" > "$work/$reduction.txt"
 done
+echo "2 ranks, 1 thread each, deterministic reduction, ZeRO stage 1"
+OMP_NUM_THREADS=1 mpirun -np 2 --bind-to core -x OMP_NUM_THREADS "$bigbatch" train $run \
+  --data-parallel --zero 1 --log "$work/zero1.jsonl" > "$work/zero1.txt"
 
 python3 - "$work" "$results_dir/data-parallel.json" "$run" <<'PYTHON'
 import datetime, json, pathlib, statistics, subprocess, sys
@@ -31,17 +35,26 @@ def medians(name):
     steps = [json.loads(line) for line in (work / f"{name}.jsonl").read_text().splitlines()][2:]
     step = statistics.median(s["step_time_s"] for s in steps)
     reduce = statistics.median(s.get("reduce_time_s", 0.0) for s in steps)
-    return {"steps_measured": len(steps), "step_ms": 1e3 * step, "reduce_ms": 1e3 * reduce}
+    # Rank 0's log: its step's peak and, of it, the optimizer state (the largest shard's
+    # under ZeRO stage 1), the highest over the steps measured.
+    peak = max(s["peak_bytes_total"] for s in steps)
+    state = max(s["peak_bytes"]["optimizer_state"] for s in steps)
+    return {"steps_measured": len(steps), "step_ms": 1e3 * step, "reduce_ms": 1e3 * reduce,
+            "rank0_peak_bytes": peak, "rank0_optimizer_state_bytes": state}
 cpu = subprocess.run(["build/chapters/cli/bigbatch", "--version"], capture_output=True,
                      text=True).stdout.splitlines()[-1].removeprefix("CPU: ")
 mpi = subprocess.run(["mpirun", "--version"], capture_output=True, text=True).stdout.splitlines()[0]
-rows = [dict(name="1 process, 2 threads", ranks=1, threads=2, reduction=None, **medians("one"))]
+rows = [dict(name="1 process, 2 threads", ranks=1, threads=2, reduction=None, zero=0,
+             **medians("one"))]
 for reduction in ("deterministic", "engine"):
     rows.append(dict(name=f"2 ranks, 1 thread each, {reduction}", ranks=2, threads=1,
-                     reduction=reduction, **medians(reduction)))
+                     reduction=reduction, zero=0, **medians(reduction)))
+rows.append(dict(name="2 ranks, 1 thread each, deterministic, ZeRO stage 1", ranks=2,
+                 threads=1, reduction="deterministic", zero=1, **medians("zero1")))
 out.write_text(json.dumps({"date": datetime.date.today().isoformat(), "cpu": cpu, "mpi": mpi,
                            "run": run, "rows": rows}, indent=1) + "\n")
 for row in rows:
-    print(f"{row['name']:40s} {row['step_ms']:8.1f} ms/step, summing {row['reduce_ms']:6.1f} ms")
+    print(f"{row['name']:52s} {row['step_ms']:8.1f} ms/step, summing {row['reduce_ms']:6.1f} ms, "
+          f"rank 0 peak {row['rank0_peak_bytes'] / 2**20:.2f} MiB")
 print(f"wrote {out}")
 PYTHON

@@ -42,13 +42,15 @@ def data_parallel_time():
     """Chapter 07: scripts/data-parallel-bench.sh's step, one process against two ranks."""
     path = RESULTS / "data-parallel.json"
     result = json.loads(path.read_text())
-    rows = ["| run | ms per step | summing the gradients, ms | share of the step |",
-            "|---|---:|---:|---:|"]
+    rows = ["| run | ms per step | summing the gradients, ms | share of the step "
+            "| rank 0's peak, MiB | of it optimizer state, MiB |",
+            "|---|---:|---:|---:|---:|---:|"]
     for row in result["rows"]:
         share = percent(row["reduce_ms"] / row["step_ms"], 1) if row["ranks"] > 1 else "-"
         summing = f"{row['reduce_ms']:.1f}" if row["ranks"] > 1 else "-"
-        rows.append(f"| {row['name']} | {row['step_ms']:.1f} | {summing} | {share} |")
-    one, ranked, engine = result["rows"]
+        rows.append(f"| {row['name']} | {row['step_ms']:.1f} | {summing} | {share} "
+                    f"| {mib(row['rank0_peak_bytes'])} | {mib(row['rank0_optimizer_state_bytes'])} |")
+    one, ranked, engine, zero1 = result["rows"]
     ratio = ranked["step_ms"] / one["step_ms"]
     verdict = ("take longer than" if ratio > 1.05 else "are as fast as" if ratio >= 0.95
                else "are faster than")
@@ -60,7 +62,14 @@ def data_parallel_time():
              f"({ratio:.2f} times its step), the deterministic sum taking "
              f"{percent(ranked['reduce_ms'] / ranked['step_ms'], 1)} of the step and the "
              f"engine's {percent(engine['reduce_ms'] / engine['step_ms'], 1)}. On one machine "
-             f"the ranks cannot do more work than its cores: what ranks buy is more devices.")])
+             f"the ranks cannot do more work than its cores: what ranks buy is more devices. "
+             f"ZeRO stage 1 halves rank 0's optimizer state "
+             f"({mib(ranked['rank0_optimizer_state_bytes'])} to "
+             f"{mib(zero1['rank0_optimizer_state_bytes'])} MiB, its step's peak "
+             f"{mib(ranked['rank0_peak_bytes'])} to {mib(zero1['rank0_peak_bytes'])} MiB: "
+             f"section (e)'s prediction) for a step of {zero1['step_ms']:.1f} ms, its "
+             f"reduce-scatter and all-gather taking "
+             f"{percent(zero1['reduce_ms'] / zero1['step_ms'], 1)}.")])
 
 
 def planner_frontier():
@@ -504,15 +513,20 @@ def step_table():
 REPORTS = RESULTS / "chapter-reports"
 
 
-def report(chapter, pattern):
-    """The groups of the first match of `pattern` in chapter NN's demo report (the full run,
-    as scripts/chapter-reports.sh saved it)."""
+def report_path(chapter):
+    """Chapter NN's demo report (the full run, as scripts/chapter-reports.sh saved it)."""
     paths = sorted(REPORTS.glob(f"chapter_{chapter}_*.txt"))
     if len(paths) != 1:
         raise SystemExit(f"{REPORTS.relative_to(ROOT)}: no single report of chapter {chapter}")
-    found = re.search(pattern, paths[0].read_text(), re.M)
+    return paths[0]
+
+
+def report(chapter, pattern):
+    """The groups of the first match of `pattern` in chapter NN's demo report."""
+    path = report_path(chapter)
+    found = re.search(pattern, path.read_text(), re.M)
     if not found:
-        raise SystemExit(f"{paths[0].relative_to(ROOT)}: nothing matches {pattern!r}")
+        raise SystemExit(f"{path.relative_to(ROOT)}: nothing matches {pattern!r}")
     return list(found.groups())
 
 
@@ -646,6 +660,16 @@ def micro_batch_activations():
     return report("02", r"as micro-batches, step 1 peaks at: activations ([\d.]+) MiB")
 
 
+def rank_memory(column):
+    """Chapter 07's table of rank 0's step (section e), in MiB: stage 0 at R = 1, then
+    stage 1 at R = 2 and 4, of the column "optimizer state" or "step peak"."""
+    rows = {}
+    for r, stage, state, peak in re.findall(r"^   ([124]) +([01]) +([\d.]+) +([\d.]+)$",
+                                             report_path("07").read_text(), re.M):
+        rows[(int(r), int(stage))] = state if column == "optimizer state" else peak
+    return [rows[(1, 0)], rows[(2, 1)], rows[(4, 1)]]
+
+
 CH01 = "chapters/01_large_batch_baseline/README.md"
 CH02 = "chapters/02_gradient_accumulation/README.md"
 CH03 = "chapters/03_fp16_static_loss_scaling/README.md"
@@ -662,6 +686,8 @@ SENTENCES = [
     (CH07, "small share of the step (at 512 GPUs, {}% of a step of one micro-batch, {}% of 64)",
      lambda: report("07", r"at 512 GPUs the sum is (\d+)% of a step of one micro-batch per rank "
                           r"and ([\d.]+)% of a step of 64")),
+    (CH07, "falls from {} MiB to {} at R = 2 and {} at R = 4, the step's peak from {} to {} and {} MiB;",
+     lambda: rank_memory("optimizer state") + rank_memory("step peak")),
     ("README.md", "summed in a bf16 buffer, 256 micro-batches get {} of the update wrong",
      lambda: [percent(accumulation_error(256), 1)]),
     ("README.md", "(without them, {} of AdamW's updates at lr 1e-4 round away)",

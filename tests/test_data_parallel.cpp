@@ -267,7 +267,9 @@ TEST(ZeroShards, TheSimulationMeasuresTheShardsTheRanksMeasure) {
       for (std::size_t p = 0; p < parameters.size(); ++p) {
         const Tensor shard = data_parallel::shard_view(parameters[p].grad, ranks, r);
         EXPECT_EQ(pieces.parts[r][p].numel(), shard.numel()) << parameters[p].name << " rank " << r;
-        if (shard.numel() > 0) EXPECT_EQ(pieces.parts[r][p].data<float>(), shard.data<float>());
+        if (shard.numel() > 0) {
+          EXPECT_EQ(pieces.parts[r][p].data<float>(), shard.data<float>());
+        }
       }
     }
     data_parallel::SimulatedRanks stage0(ranks, model);

@@ -7,6 +7,7 @@
 // schedule (the binomial optimum for optimal:SLOTS).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <memory>
 #include <string>
@@ -112,6 +113,31 @@ TEST_P(MemoryModel, BatchNormAndTheRunnerForNoneArePredictedToTheByte) {
 
 INSTANTIATE_TEST_SUITE_P(Backends, MemoryModel, ::testing::ValuesIn(testing::all_devices()),
                          testing::device_test_name);
+
+TEST(MemoryModel, ListsTheTrainableTensorsTheModelHas) {
+  for (const std::int64_t depth : {0, 1, 3}) {
+    nn::ModelConfig config = testing::tiny_model(depth, 0.0f);
+    config.expansion = 3;  // fc1 and fc2 of other shapes than H x H
+    const nn::Model model(config, Device::cpu());
+    std::vector<std::int64_t> sizes;
+    for (const nn::NamedParameter& p : model.parameters()) sizes.push_back(p.value.numel());
+    std::vector<std::int64_t> predicted = nn::trainable_sizes(config);
+    std::sort(sizes.begin(), sizes.end());
+    std::sort(predicted.begin(), predicted.end());
+    EXPECT_EQ(predicted, sizes) << "depth " << depth;
+  }
+}
+
+TEST(MemoryModel, AnOptimizerOverPartOfTheParametersHoldsThatPartsState) {
+  const nn::ModelConfig config = testing::tiny_model(2, 0.0f);
+  const AdamWOptions adamw;
+  const nn::StepPrediction all = nn::predict_step(config, 20, 8, adamw);
+  const nn::StepPrediction part = nn::predict_step(config, 20, 8, adamw, nullptr, 0, 100);
+  const auto state = static_cast<std::size_t>(MemoryCategory::optimizer_state);
+  EXPECT_EQ(part.stats.live[state], 800u) << "AdamW: 8 bytes per element";
+  EXPECT_EQ(all.stats.peak_total - part.stats.peak_total, all.stats.live[state] - 800u);
+  EXPECT_THROW(nn::predict_step(config, 20, 8, adamw, nullptr, 0, 1 << 30), std::invalid_argument);
+}
 
 TEST(MemoryModel, NamesTheMomentThatHoldsThePeak) {
   // Without checkpointing the step peaks in the backward pass of the last block, when its

@@ -43,6 +43,25 @@ std::vector<nn::NamedParameter> parameter_shards(const std::vector<nn::NamedPara
   return shards;
 }
 
+std::int64_t optimizer_state_elements(const nn::ModelConfig& config, int ranks, int rank,
+                                      ZeroStage zero) {
+  std::int64_t elements = 0;
+  for (const std::int64_t n : nn::trainable_sizes(config)) {
+    elements += zero == ZeroStage::replicated ? n : dist::share_of(n, ranks, rank).size;
+  }
+  return elements;
+}
+
+nn::StepPrediction predict_rank_step(const nn::ModelConfig& config, std::int64_t batch,
+                                     std::int64_t micro_batch,
+                                     const nn::Optimizer::Options& optimizer, int ranks,
+                                     int rank, ZeroStage zero, nn::BlockLedgerRunner* runner,
+                                     std::size_t held_workspace) {
+  return nn::predict_step(config, dist::share_of(batch, ranks, rank).size, micro_batch,
+                          optimizer, runner, held_workspace,
+                          optimizer_state_elements(config, ranks, rank, zero));
+}
+
 loss_scaling::GradientStats combine_in_rank_order(
     std::span<const loss_scaling::GradientStats> parts) {
   BIGBATCH_CHECK(!parts.empty(), "combine_in_rank_order: no part measured");

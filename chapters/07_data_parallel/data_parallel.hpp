@@ -33,6 +33,7 @@
 
 #include "chapters/04_dynamic_loss_scaling/optimizer_boundary.hpp"
 #include "dist/communicator.hpp"
+#include "nn/memory_model.hpp"
 #include "nn/model.hpp"
 
 namespace bigbatch::data_parallel {
@@ -53,6 +54,22 @@ Tensor shard_view(const Tensor& tensor, int ranks, int rank);
 /// optimizer made over these steps, and allocates state for, the shard alone.
 std::vector<nn::NamedParameter> parameter_shards(const std::vector<nn::NamedParameter>& parameters,
                                                  int ranks, int rank);
+/// The parameter elements whose optimizer state rank `rank` of R holds: every trainable
+/// one at stage 0, its shard of each trainable tensor at stage 1.
+std::int64_t optimizer_state_elements(const nn::ModelConfig& config, int ranks, int rank,
+                                      ZeroStage zero);
+/// The memory of rank `rank`'s step of a batch of `batch` under MPI (CommunicatorRanks), by
+/// category: nn::predict_step of its share (its micro-batches, its staging buffer), with
+/// the optimizer state of optimizer_state_elements. The collectives' buffers are host
+/// memory of the engine's and of dist's (not counted by the allocator, as a GPU run's
+/// would not be either).
+nn::StepPrediction predict_rank_step(const nn::ModelConfig& config, std::int64_t batch,
+                                     std::int64_t micro_batch,
+                                     const nn::Optimizer::Options& optimizer, int ranks,
+                                     int rank, ZeroStage zero,
+                                     nn::BlockLedgerRunner* runner = nullptr,
+                                     std::size_t held_workspace = 0);
+
 /// The gradient statistics of disjoint parts measured apart, as one: an overflow in any
 /// part, the parts' squared norms added in the given (rank) order, one square root.
 loss_scaling::GradientStats combine_in_rank_order(std::span<const loss_scaling::GradientStats> parts);

@@ -1,9 +1,10 @@
 // Chapter 07: when one device is not enough, R of them. The batch is split into the ranks'
 // shares, each rank accumulates its share's gradient with no communication, and the
 // ranks' gradients are summed once per optimizer step. In one process the demo simulates
-// the ranks (sections a-c); started by mpirun (`mpirun -np 2 chapter_07_data_parallel`)
-// it also trains as one rank of the job and checks the job against its own simulation
-// (section d). See README.md in this folder; --quick is the CTest setting.
+// the ranks (sections a-c), prices the sum on a modelled cluster (d) and shards the
+// optimizer state (e, ZeRO stage 1); started by mpirun (`mpirun -np 2
+// chapter_07_data_parallel`) it also trains as one rank of the job and checks the job
+// against its own simulation (section f). See README.md in this folder; --quick is the CTest setting.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -82,18 +83,29 @@ Gradients values_of(const bb::nn::Model& model) {
 struct Outcome {
   Gradients first_gradients, parameters;
   double seconds_per_step = 0;
+  bb::MemoryStats last_step;  ///< the allocator's books of the last step (this process's)
+  /// Device bytes live before the run made its model: the demo's other objects, in every
+  /// step's total but no part of it.
+  std::size_t live_before = 0;
+  /// The last step's peak without them: what the step itself held at its peak.
+  std::size_t step_peak() const { return last_step.peak_total - live_before; }
 };
+
+const bb::nn::Optimizer::Options kOptimizer = bb::SgdOptions{.lr = 0.05, .momentum = 0.9};
 
 Outcome train(const bb::Dataset& data, const bb::nn::ModelConfig& model_config,
               const Setting& s, dp::RankGroup* ranks) {
-  bb::nn::Model model(model_config, bb::Device::cpu());
-  bb::nn::Optimizer optimizer(model.parameters(), bb::SgdOptions{.lr = 0.05, .momentum = 0.9});
-  bb::train::Trainer trainer(model, optimizer, data, train_config(s), ranks);
   Outcome outcome;
-  trainer.step();
+  outcome.live_before = bb::allocator_for(bb::Device::cpu()).stats().live_total;
+  bb::nn::Model model(model_config, bb::Device::cpu());
+  // Under ZeRO a rank's optimizer steps (and holds state for) its shard alone.
+  bb::nn::Optimizer optimizer(ranks ? ranks->stepped_parameters(model) : model.parameters(),
+                              kOptimizer);
+  bb::train::Trainer trainer(model, optimizer, data, train_config(s), ranks);
+  outcome.last_step = trainer.step().memory;
   outcome.first_gradients = gradients_of(model);
   const auto start = std::chrono::steady_clock::now();
-  trainer.run();
+  trainer.run([&](const bb::train::StepRecord& record) { outcome.last_step = record.memory; });
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   outcome.seconds_per_step = seconds / static_cast<double>(std::max<std::int64_t>(1, s.steps - 1));
@@ -230,6 +242,34 @@ bb::Json on_modelled_cluster(bb::SelfCheck& report) {
   return figure;
 }
 
+/// Section (e)'s table: rank 0's step of scripts/data-parallel-bench.sh's run (Fashion-MNIST
+/// shapes, depth 4, width 512, batch 1024 in micro-batches of 256, AdamW, fp32), predicted
+/// by the memory model for R = 1, 2, 4 at stages 0 and 1. The bench measures R = 2.
+void report_rank_memory(bb::SelfCheck& report) {
+  const bb::nn::ModelConfig model{.inputs = 784, .hidden = 512, .expansion = 4, .classes = 10,
+                                  .depth = 4, .seed = 0};
+  const bb::AdamWOptions adamw;
+  const auto state = static_cast<std::size_t>(bb::MemoryCategory::optimizer_state);
+  const auto mib = [](std::size_t bytes) { return number(static_cast<double>(bytes) / (1 << 20), "%.2f"); };
+  report.note("rank 0's step of scripts/data-parallel-bench.sh's run (depth 4, width 512, "
+              "batch 1024 in micro-batches of 256, AdamW), by the memory model, in MiB:");
+  std::printf("   %-8s %-6s %16s %12s\n", "ranks", "stage", "optimizer state", "step peak");
+  std::size_t replicated_state = 0, sharded_state = 0;
+  for (const int ranks : {1, 2, 4}) {
+    for (const dp::ZeroStage zero : {dp::ZeroStage::replicated, dp::ZeroStage::optimizer_state}) {
+      const bb::MemoryStats rank0 =
+          dp::predict_rank_step(model, 1024, 256, adamw, ranks, 0, zero).stats;
+      std::printf("   %-8d %-6s %16s %12s\n", ranks, dp::setting_text(zero).c_str(),
+                  mib(rank0.live[state]).c_str(), mib(rank0.peak_total).c_str());
+      if (ranks == 4) (zero == dp::ZeroStage::replicated ? replicated_state : sharded_state) = rank0.live[state];
+    }
+  }
+  report.check(sharded_state * 4 >= replicated_state && sharded_state * 4 < replicated_state + 4 * 64,
+               "at 4 ranks stage 1 keeps a quarter of the optimizer state on rank 0 (its "
+               "shares round up by at most one element per tensor): " + mib(sharded_state) +
+               " of " + mib(replicated_state) + " MiB; the parameters and gradients stay whole");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -350,14 +390,24 @@ int main(int argc, char** argv) {
   }
 
   // ---- (e) -----------------------------------------------------------------------------
+  report.section("(e) ZeRO stage 1: each rank holds the optimizer state of its shard");
+  dp::SimulatedRanks sharded(4, bb::nn::Model(model_config, bb::Device::cpu()),
+                             dp::ZeroStage::optimizer_state);
+  const Outcome zero1 = train(data, model_config, s, &sharded);
+  report.check(bitwise_equal(zero1.parameters, simulated.back().parameters),
+               "4 ranks at stage 1 end with stage 0's parameters, bit for bit (the optimizer "
+               "steps element by element; each shard's sum has the all-reduce's bits)");
+  report_rank_memory(report);
+
+  // ---- (f) -----------------------------------------------------------------------------
   const int ranks = world ? world->size() : 1;
   if (!world || ranks == 1) {
-    report.section("(e) R processes under MPI against this process's simulation of them");
+    report.section("(f) R processes under MPI against this process's simulation of them");
     report.note("not run: start the demo under an MPI launcher for it, e.g. "
                 "mpirun -np 2 build/chapters/chapter_07_data_parallel (the README says how)");
     return report.finish();
   }
-  report.section("(e) " + std::to_string(ranks) +
+  report.section("(f) " + std::to_string(ranks) +
                  " processes under MPI against this process's simulation of them");
   dp::SimulatedRanks group(ranks, bb::nn::Model(model_config, bb::Device::cpu()));
   const Outcome own = train(data, model_config, s, &group);
@@ -366,6 +416,27 @@ int main(int argc, char** argv) {
   report.check(bitwise_equal(job.parameters, own.parameters),
                std::to_string(ranks) + " ranks under MPI (deterministic reduction) end with "
                "this process's simulation's parameters, bit for bit");
+  dp::SimulatedRanks group1(ranks, bb::nn::Model(model_config, bb::Device::cpu()),
+                           dp::ZeroStage::optimizer_state);
+  const Outcome own1 = train(data, model_config, s, &group1);
+  dp::CommunicatorRanks stage1(*world, dist::Reduction::deterministic,
+                               dp::ZeroStage::optimizer_state);
+  const Outcome job1 = train(data, model_config, s, &stage1);
+  report.check(bitwise_equal(job1.parameters, own1.parameters),
+               "at ZeRO stage 1 too (a reduce-scatter, each rank stepping its shard, an "
+               "all-gather): the simulation's parameters, bit for bit");
+  const bb::MemoryStats predicted1 =
+      dp::predict_rank_step(model_config, s.batch, s.micro_batch, kOptimizer, ranks,
+                            world->rank(), dp::ZeroStage::optimizer_state)
+          .stats;
+  const auto state = static_cast<std::size_t>(bb::MemoryCategory::optimizer_state);
+  report.check(job1.step_peak() == predicted1.peak_total &&
+                   job1.last_step.live[state] == predicted1.live[state],
+               "rank " + std::to_string(world->rank()) + "'s step at stage 1: " +
+                   std::to_string(job1.step_peak()) + " bytes at its peak, " +
+                   std::to_string(job1.last_step.live[state]) + " of them optimizer state " +
+                   "(stage 0: " + std::to_string(job.last_step.live[state]) + "), as " +
+                   "predict_rank_step predicts to the byte");
   dp::CommunicatorRanks engine(*world, dist::Reduction::engine);
   const Outcome engine_job = train(data, model_config, s, &engine);
   report.note(std::string("the engine's MPI_Allreduce: ") +

@@ -1,6 +1,7 @@
 // trainer.cpp: the training step.
 #include "chapters/train/trainer.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <limits>
@@ -48,7 +49,14 @@ Trainer::Trainer(nn::Model& model, nn::Optimizer& optimizer, const Dataset& data
   schedule_ = {optimizer_.learning_rate(), total_steps_, config_.warmup_steps,
                config_.lr_schedule};
   dropout_seed_ = nn::dropout_seed_for_run(config_.seed);
-  staging_.emplace(config_.micro_batch, data.feature_dim(), model_.device());
+  // The largest micro-batch a step runs: under ranks, at most the first local rank's share
+  // (the largest of its ranks' shares).
+  std::int64_t staged_rows = config_.micro_batch;
+  if (ranks_) {
+    staged_rows = std::min(staged_rows, dist::share_of(config_.batch, ranks_->ranks(),
+                                                       ranks_->local_ranks().front()).size);
+  }
+  staging_.emplace(staged_rows, data.feature_dim(), model_.device());
 }
 
 StepRecord Trainer::step() {
