@@ -1,6 +1,8 @@
 // data_parallel.cpp: the simulated ranks and the ranks under MPI.
 #include "chapters/07_data_parallel/data_parallel.hpp"
 
+#include <utility>
+
 #include "common/check.hpp"
 
 namespace bigbatch::data_parallel {
@@ -178,6 +180,40 @@ void CommunicatorRanks::gather_parameters(nn::Model& model) {
       communicator_.all_gather_shares(std::span<std::uint16_t>(
           static_cast<std::uint16_t*>(p.half.raw_data()), static_cast<std::size_t>(p.half.numel())));
     }
+  }
+}
+
+namespace {
+
+/// The state tensors of a shard's optimizer beside a whole optimizer's, name by name.
+std::vector<std::pair<Tensor, Tensor>> paired_state(const nn::Optimizer& shard,
+                                                    const nn::Optimizer& whole) {
+  const auto mine = shard.state(), all = whole.state();
+  BIGBATCH_CHECK(mine.size() == all.size(), "ZeRO: a shard's optimizer has ", mine.size(),
+                 " state tensors, the whole one ", all.size());
+  std::vector<std::pair<Tensor, Tensor>> pairs;
+  for (std::size_t i = 0; i < mine.size(); ++i) {
+    BIGBATCH_CHECK(mine[i].first == all[i].first, "ZeRO: state ", mine[i].first, " beside ",
+                   all[i].first);
+    pairs.emplace_back(mine[i].second, all[i].second);
+  }
+  return pairs;
+}
+
+}  // namespace
+
+void CommunicatorRanks::gather_optimizer_state(const nn::Optimizer& mine, nn::Optimizer& whole) {
+  whole.set_steps_taken(mine.steps_taken());
+  for (const auto& [shard, tensor] : paired_state(mine, whole)) {
+    shard_view(tensor, ranks(), communicator_.rank()).copy_from(shard);
+    communicator_.all_gather_shares(elements(tensor));
+  }
+}
+
+void CommunicatorRanks::take_optimizer_shard(const nn::Optimizer& whole,
+                                             nn::Optimizer& mine) const {
+  for (const auto& [shard, tensor] : paired_state(mine, whole)) {
+    Tensor(shard).copy_from(shard_view(tensor, ranks(), communicator_.rank()));
   }
 }
 

@@ -148,6 +148,12 @@ class CommunicatorRanks final : public RankGroup {
   loss_scaling::GradientPieces boundary_pieces(const nn::Model& model) override;
   std::vector<nn::NamedParameter> stepped_parameters(const nn::Model& model) const override;
   void gather_parameters(nn::Model& model) override;
+  /// Stage 1, for a snapshot: `whole`, an optimizer over every parameter with `mine`'s
+  /// options, takes every rank's shard of `mine`'s state (a collective: every rank calls
+  /// it, at the same step), so that the snapshot holds stage 0's tensors.
+  void gather_optimizer_state(const nn::Optimizer& mine, nn::Optimizer& whole);
+  /// And back, resuming: `mine` takes this rank's shard of `whole`'s state.
+  void take_optimizer_shard(const nn::Optimizer& whole, nn::Optimizer& mine) const;
 
  private:
   dist::Communicator& communicator_;

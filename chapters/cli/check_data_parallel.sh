@@ -11,11 +11,11 @@
 #     the end that the ranks' parameters still agree), and the simulation does the same.
 #  3. ZeRO stage 1 (--zero 1): MPI equals the simulation with clipping on (fp32 and fp16),
 #     stage 0 without it, the engine's reduce-scatter the deterministic one at R = 2, the
-#     inf on one rank skips the step on all, rank 0 holds a third of 3 ranks' state.
+#     inf on one rank skips the step on all, rank 0 holds a third of 3 ranks' state;
+#     snapshots hold the shards gathered (the simulation's files) and resume bit for bit.
 #  4. Bad input, on every rank alike: more ranks than samples in a batch, --norm batch,
-#     --reduction without --data-parallel, --zero without ranks or with snapshots, ranks
-#     started with different settings: exit code 2 and one line naming the cause, no rank
-#     left running.
+#     --reduction without --data-parallel, --zero without ranks, ranks started with
+#     different settings: exit code 2 and one line naming the cause, no rank left running.
 #  5. A rank killed with SIGKILL mid-run: mpirun ends the others and exits non-zero within
 #     30 s (no rank waits for ever in a collective); --resume from rank 0's last snapshot
 #     with the same R saves the uninterrupted run's bytes (so does --simulate-ranks R from
@@ -29,6 +29,16 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 # are still caught, and the same code in one process (--simulate-ranks) is leak-checked.
 mpirun() { ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0" "$mpiexec" --oversubscribe "$@"; }
 fail() { echo "FAIL: $1"; exit 1; }
+# Bad input: exit code 2 and one line on stderr naming the cause.
+refused() {  # refused WHAT EXPECTED COMMAND...: the command must fail with 2, saying EXPECTED
+  what=$1 expected=$2
+  shift 2
+  "$@" > refused.txt 2> refused.err
+  code=$?
+  [ $code -eq 2 ] || fail "$what: exit code $code, not 2 ($(cat refused.err))"
+  grep -q -- "$expected" refused.err || fail "$what: stderr does not say '$expected': $(cat refused.err)"
+  echo "$what: refused ($(grep -m 1 -- "$expected" refused.err))"
+}
 mkdir -p data_parallel && cd data_parallel || exit 1
 small="--data synthetic --samples 2000 --depth 3 --hidden 32 --steps 4 --batch 50 --micro-batch 7"
 
@@ -113,17 +123,31 @@ mpirun -np 2 "$bigbatch" train $spike --data-parallel --zero 1 --log spike1.json
 sed -n 2p spike1.jsonl | grep -q '"skipped":true' || fail "stage 1: step 2 was not skipped"
 cmp -s spike1.st spike-mpi.st || fail "stage 1 did not skip as stage 0 did"
 echo "ZeRO stage 1: MPI and simulated ranks saved the same bytes; stage 0's without clipping; rank 0 holds $(state zero1.txt) of $(state mpi-fp32-3.txt) KiB of optimizer state"
+# Snapshots under stage 1 hold the ranks' shards gathered: the simulation's files, byte for
+# byte; resumed from step 4 of 6 (by the job and by the simulation) they save the
+# uninterrupted run's bytes; at stage 0 the snapshot is refused, naming --zero.
+zero1_base="--data synthetic --samples 2000 --depth 3 --hidden 32 --steps 6 --batch 50 --micro-batch 7 --clip-grad-norm 0.5"
+zero1="$zero1_base --zero 1"
+rm -rf zero1-mpi zero1-sim zero1-part zero1-part-simulated
+mpirun -np 3 "$bigbatch" train $zero1 --data-parallel --snapshot-dir zero1-mpi --snapshot-every 2 \
+  --save zero1-whole.st > zero1-whole.txt 2>&1 || fail "stage 1 with snapshots: $(tail -n 3 zero1-whole.txt)"
+"$bigbatch" train $zero1 --simulate-ranks 3 --snapshot-dir zero1-sim --snapshot-every 2 \
+  > zero1-sim.txt 2>&1 || fail "stage 1 simulated with snapshots: $(tail -n 3 zero1-sim.txt)"
+for file in zero1-mpi/step-00000004.safetensors zero1-mpi/step-00000006.safetensors; do
+  cmp -s "$file" "zero1-sim/${file#zero1-mpi/}" || fail "stage 1: $file is not the simulation's"
+done
+mkdir zero1-part && cp zero1-mpi/step-00000004.safetensors zero1-part/ && cp -r zero1-part zero1-part-simulated
+mpirun -np 3 "$bigbatch" train $zero1 --data-parallel --resume zero1-part --save zero1-resumed.st \
+  > zero1-resumed.txt 2>&1 && cmp -s zero1-resumed.st zero1-whole.st ||
+  fail "stage 1 resumed from step 4 did not save the uninterrupted run's bytes: $(tail -n 3 zero1-resumed.txt)"
+"$bigbatch" train $zero1 --simulate-ranks 3 --resume zero1-part-simulated --save zero1-resumed-sim.st \
+  > zero1-resumed-sim.txt 2>&1 && cmp -s zero1-resumed-sim.st zero1-whole.st ||
+  fail "the simulation resuming stage 1's snapshot did not save the job's bytes"
+refused "stage 0 resuming stage 1's snapshot" "was written with --zero 1, a setting this run does not have" \
+  mpirun -np 3 "$bigbatch" train $zero1_base --data-parallel --resume zero1-part
+echo "ZeRO stage 1 snapshots: the simulation's bytes; resumed from step 4, the uninterrupted run's bytes"
 
 # 4. Bad input: exit code 2 and one line on stderr naming the cause.
-refused() {  # refused WHAT EXPECTED COMMAND...: the command must fail with 2, saying EXPECTED
-  what=$1 expected=$2
-  shift 2
-  "$@" > refused.txt 2> refused.err
-  code=$?
-  [ $code -eq 2 ] || fail "$what: exit code $code, not 2 ($(cat refused.err))"
-  grep -q -- "$expected" refused.err || fail "$what: stderr does not say '$expected': $(cat refused.err)"
-  echo "$what: refused ($(grep -m 1 -- "$expected" refused.err))"
-}
 refused "4 ranks, batch 3" "4 ranks need a sample each in every batch: --batch is 3" \
   mpirun -np 4 "$bigbatch" train --data synthetic --samples 2000 --steps 1 --batch 3 --data-parallel
 refused "3 simulated ranks, a last batch of 2" "each epoch's last batch has 2" \
@@ -136,8 +160,6 @@ refused "--reduction alone" "--reduction sums the ranks of --data-parallel" \
   "$bigbatch" train --data synthetic --samples 2000 --steps 1 --reduction engine
 refused "--zero alone" "--zero shards the ranks' state: give --data-parallel or --simulate-ranks" \
   "$bigbatch" train --data synthetic --samples 2000 --steps 1 --zero 1
-refused "--zero 1 with snapshots" "--zero 1 does not take snapshots yet" \
-  "$bigbatch" train --data synthetic --samples 2000 --steps 1 --simulate-ranks 2 --zero 1 --snapshot-dir zero-snapshots
 refused "--zero 2" "expected 0 or 1, got '2'" \
   "$bigbatch" train --data synthetic --samples 2000 --steps 1 --simulate-ranks 2 --zero 2
 refused "ranks with other settings" "rank 1 has other settings than rank 0" \

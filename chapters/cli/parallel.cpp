@@ -5,6 +5,7 @@
 #include <limits>
 #include <sstream>
 #include <stdexcept>
+#include <utility>
 #include <vector>
 
 #include "chapters/cli/setup.hpp"
@@ -48,12 +49,6 @@ RunRanks::RunRanks(const TrainOptions& options) : options_(options.parallel) {
     throw UsageError("--zero shards the ranks' state: give --data-parallel or --simulate-ranks");
   }
   if (!on) return;
-  if (options_.zero != data_parallel::ZeroStage::replicated &&
-      (options.was_given("--snapshot-dir") || options.was_given("--resume"))) {
-    throw UsageError("--zero " + data_parallel::setting_text(options_.zero) + " does not take "
-                     "snapshots yet (each rank holds a shard of the optimizer state); use "
-                     "--zero 0 to write or resume them");
-  }
   if (options.was_given("--plan")) {
     throw UsageError(std::string(options_.data_parallel ? "--data-parallel" : "--simulate-ranks") +
                      " does not take --plan yet: the planner plans one device");
@@ -126,7 +121,8 @@ void RunRanks::check_agreement(const train::RunConfig& settings, const nn::Model
                      "(every rank must be started with the same flags and data)");
   }
   std::uint32_t state = parameters_fingerprint(model);
-  // Under ZeRO each rank holds another shard of the state (fresh: snapshots are refused).
+  // Under ZeRO each rank holds another shard of the state: the parameters and the steps
+  // done are compared (a resumed run's ranks read one snapshot file).
   if (options_.zero == data_parallel::ZeroStage::replicated) {
     for (const auto& [name, tensor] : optimizer.state()) state = add_fingerprint(tensor, state);
   }
@@ -162,8 +158,10 @@ data_parallel::RankGroup* RunRanks::group(const nn::Model& model) {
   if (!enabled()) return nullptr;
   if (!group_) {
     if (communicator_) {
-      group_ = std::make_unique<data_parallel::CommunicatorRanks>(
+      auto ranks = std::make_unique<data_parallel::CommunicatorRanks>(
           *communicator_, options_.reduction, options_.zero);
+      if (options_.zero != data_parallel::ZeroStage::replicated) sharded_ = ranks.get();
+      group_ = std::move(ranks);
     } else {
       group_ = std::make_unique<data_parallel::SimulatedRanks>(count_, model, options_.zero);
     }
@@ -174,6 +172,21 @@ data_parallel::RankGroup* RunRanks::group(const nn::Model& model) {
 std::vector<nn::NamedParameter> RunRanks::stepped_parameters(const nn::Model& model) {
   data_parallel::RankGroup* const ranks = group(model);
   return ranks ? ranks->stepped_parameters(model) : model.parameters();
+}
+
+std::unique_ptr<nn::Optimizer> RunRanks::whole_optimizer(const nn::Model& model,
+                                                         const nn::Optimizer& optimizer,
+                                                         bool gather) {
+  group(model);
+  if (!sharded_) return nullptr;
+  auto whole = std::make_unique<nn::Optimizer>(model.parameters(), optimizer.options());
+  if (gather) sharded_->gather_optimizer_state(optimizer, *whole);
+  return whole;
+}
+
+void RunRanks::take_shard(const nn::Optimizer& whole, nn::Optimizer& optimizer) const {
+  BIGBATCH_CHECK(sharded_ != nullptr, "take_shard: this run's ranks hold no shards");
+  sharded_->take_optimizer_shard(whole, optimizer);
 }
 
 std::string RunRanks::describe(std::int64_t batch, std::int64_t micro_batch) const {

@@ -18,7 +18,7 @@ namespace bigbatch::cli {
 class RunRanks {
  public:
   /// Refuses the flags that do not go with the ranks (UsageError: --plan, --reduction
-  /// without --data-parallel, --zero without ranks, --zero 1 with snapshots) and, with --data-parallel, joins the MPI job. Rank 0 alone
+  /// without --data-parallel, --zero without ranks) and, with --data-parallel, joins the MPI job. Rank 0 alone
   /// prints and writes files (snapshots included).
   explicit RunRanks(const TrainOptions& options);
 
@@ -56,6 +56,14 @@ class RunRanks {
   /// The parameters this process's optimizer steps: the model's, or under --zero 1 and MPI
   /// this rank's shard of each.
   std::vector<nn::NamedParameter> stepped_parameters(const nn::Model& model);
+  /// Under --zero 1 and MPI, an optimizer over every parameter with `optimizer`'s options
+  /// (what a snapshot holds); null otherwise (`optimizer` holds the whole state). With
+  /// `gather`, it takes every rank's shard of `optimizer`'s state: a collective, every rank
+  /// calls it at the same step.
+  std::unique_ptr<nn::Optimizer> whole_optimizer(const nn::Model& model,
+                                                 const nn::Optimizer& optimizer, bool gather);
+  /// Resumed into whole_optimizer(..., false): `optimizer` takes this rank's shard.
+  void take_shard(const nn::Optimizer& whole, nn::Optimizer& optimizer) const;
   /// "data parallel: 2 ranks under MPI, shares of 32 samples ..." for the run's header.
   std::string describe(std::int64_t batch, std::int64_t micro_batch) const;
 
@@ -64,6 +72,7 @@ class RunRanks {
   dist::Communicator* communicator_ = nullptr;
   int count_ = 1;
   std::unique_ptr<data_parallel::RankGroup> group_;
+  data_parallel::CommunicatorRanks* sharded_ = nullptr;  // group_ under --zero 1 and MPI
 };
 
 }  // namespace bigbatch::cli

@@ -316,7 +316,15 @@ int run_train(TrainOptions options) {
   const train::RunConfig settings =
       ranks.with_settings(resume_settings(options, model_shape, optimizer.options(), config));
   SnapshotSetup snapshots(options, ranks.writes());
-  const std::int64_t resumed_at = snapshots.resume(model, optimizer, trainer, settings);
+  // Under --zero 1 a snapshot holds the whole optimizer state: resumed into a whole
+  // optimizer, of which this rank keeps its shard.
+  std::int64_t resumed_at = 0;
+  if (const auto whole = ranks.whole_optimizer(model, optimizer, /*gather=*/false)) {
+    resumed_at = snapshots.resume(model, *whole, trainer, settings);
+    if (resumed_at > 0) ranks.take_shard(*whole, optimizer);
+  } else {
+    resumed_at = snapshots.resume(model, optimizer, trainer, settings);
+  }
   ranks.check_agreement(settings, model, optimizer, trainer.steps_done());
 
   std::ofstream log;
@@ -395,7 +403,9 @@ int run_train(TrainOptions options) {
   double reduce_seconds = 0;  // the steps' gradient sums over ranks
   const auto write_snapshot = [&] {
     if (log.is_open()) log.flush();  // every line up to the snapshot's step is in the file
-    snapshots.write(model, optimizer, trainer, settings);
+    // Under --zero 1 every rank's shard of the state, gathered: stage 0's tensors.
+    const auto whole = ranks.whole_optimizer(model, optimizer, /*gather=*/true);
+    snapshots.write(model, whole ? *whole : optimizer, trainer, settings);
   };
   g_stop_signal = 0;
   std::signal(SIGINT, request_stop);
