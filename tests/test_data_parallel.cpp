@@ -6,6 +6,7 @@
 // chapters/cli/check_data_parallel.sh's.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <stdexcept>
@@ -14,6 +15,8 @@
 #include "chapters/02_gradient_accumulation/accumulation.hpp"
 #include "chapters/07_data_parallel/comm_model.hpp"
 #include "chapters/07_data_parallel/data_parallel.hpp"
+#include "chapters/07_data_parallel/rank_plan.hpp"
+#include "chapters/06_planner/roofline.hpp"
 #include "chapters/train/trainer.hpp"
 #include "dist/communicator.hpp"
 #include "kernels/elementwise.hpp"
@@ -384,6 +387,80 @@ TEST(SimulatedRanks, RanksGiveTheBatchGradientWithinTheReorderedSumsBound) {
 // The alpha-beta model against values worked by hand. The formulas are a few double
 // operations on exact inputs, so the comparisons allow a relative 1e-12 (a few units of
 // double rounding), not a modelling error.
+TEST(CommunicationModel, TheClusterSumIsARingInANodeAndHierarchicalBeyond) {
+  const data_parallel::Cluster cluster = data_parallel::h200_cluster();
+  const double bytes = 1e9;
+  EXPECT_EQ(data_parallel::cluster_all_reduce_seconds(bytes, 4, cluster),
+            data_parallel::ring_all_reduce_seconds(bytes, 4, cluster.inside));
+  EXPECT_EQ(data_parallel::cluster_all_reduce_seconds(bytes, 64, cluster),
+            data_parallel::hierarchical_all_reduce_seconds(bytes, 64, 8, cluster.inside,
+                                                           cluster.between));
+  EXPECT_EQ(data_parallel::cluster_all_reduce_seconds(bytes, 1, cluster), 0.0);
+  EXPECT_THROW(data_parallel::cluster_all_reduce_seconds(bytes, 12, cluster), std::invalid_argument);
+}
+
+// A rank's plans are chapter 06's plans of its share, the sum added to every step time:
+// at stage 0 the same peaks; at stage 1 lower by the optimizer state of the other shards.
+TEST(RankPlans, AreTheSharesPlansWithTheSumInEveryStepTime) {
+  nn::ModelConfig model = tiny_model(4, 0.0f);
+  model.hidden = 64;
+  const AdamWOptions adamw;
+  planning::PlanRequest request{model, 256, adamw, std::size_t{64} << 20};
+  const planning::CostModel cost =
+      planning::roofline_cost_model(model, adamw, planning::h200_spec(), request.batch);
+  const data_parallel::Cluster cluster = data_parallel::h200_cluster();
+  planning::PlanRequest share = request;
+  share.batch = 32;  // 256 over 8 ranks
+  const planning::PlanResult alone = planning::make_plan(share, cost);
+  ASSERT_FALSE(alone.feasible.empty());
+  const std::int64_t trainable = data_parallel::optimizer_state_elements(
+      model, 8, 0, data_parallel::ZeroStage::replicated);
+  for (const data_parallel::ZeroStage zero : {data_parallel::ZeroStage::replicated,
+                                              data_parallel::ZeroStage::optimizer_state}) {
+    const data_parallel::RankPlans ranked = data_parallel::plan_ranks(request, cost, 8, zero, cluster);
+    EXPECT_EQ(ranked.share, 32);
+    nn::ModelConfig fp32 = model, bf16 = model;
+    bf16.precision = nn::Precision::bf16;
+    EXPECT_GT(ranked.sum_seconds_fp32, 0.0);
+    EXPECT_EQ(ranked.sum_seconds_fp32, data_parallel::step_communication_seconds(fp32, 8, zero, cluster));
+    EXPECT_EQ(ranked.sum_seconds_16bit, data_parallel::step_communication_seconds(bf16, 8, zero, cluster));
+    ASSERT_EQ(ranked.result.feasible.size(), alone.feasible.size());
+    const std::size_t saved =
+        8 * static_cast<std::size_t>(trainable - data_parallel::optimizer_state_elements(model, 8, 0, zero));
+    for (const planning::Plan& plan : ranked.result.feasible) {
+      const auto same = std::find_if(alone.feasible.begin(), alone.feasible.end(),
+                                     [&](const planning::Plan& p) {
+                                       return p.micro_batch == plan.micro_batch &&
+                                              p.precision == plan.precision &&
+                                              p.checkpoint.text() == plan.checkpoint.text();
+                                     });
+      ASSERT_NE(same, alone.feasible.end()) << plan.checkpoint.text();
+      const double sum = plan.precision == nn::Precision::fp32 ? ranked.sum_seconds_fp32
+                                                               : ranked.sum_seconds_16bit;
+      EXPECT_EQ(plan.seconds, same->seconds + sum);
+      EXPECT_EQ(plan.prediction.peak() + saved, same->prediction.peak())
+          << "stage " << data_parallel::setting_text(zero);
+    }
+    EXPECT_TRUE(std::is_sorted(ranked.result.feasible.begin(), ranked.result.feasible.end(),
+                               planning::faster));
+  }
+  // The sum: an all-reduce of the f32 gradients; at stage 1 a reduce-scatter of them and an
+  // all-gather of what the optimizer writes (f32 values, and 16-bit copies when mixed).
+  const double gradients = static_cast<double>(nn::predict_memory(model, 1).gradients);
+  const double all_reduce = data_parallel::cluster_all_reduce_seconds(gradients, 8, cluster);
+  EXPECT_EQ(data_parallel::step_communication_seconds(model, 8, data_parallel::ZeroStage::replicated, cluster),
+            all_reduce);
+  EXPECT_EQ(data_parallel::step_communication_seconds(model, 8, data_parallel::ZeroStage::optimizer_state, cluster),
+            0.5 * all_reduce + 0.5 * all_reduce);
+  nn::ModelConfig mixed = model;
+  mixed.precision = nn::Precision::bf16;
+  const double copies = static_cast<double>(nn::predict_memory(mixed, 1).master_weights) / 2;
+  EXPECT_EQ(data_parallel::step_communication_seconds(mixed, 8, data_parallel::ZeroStage::optimizer_state, cluster),
+            0.5 * all_reduce + 0.5 * data_parallel::cluster_all_reduce_seconds(gradients + copies, 8, cluster));
+  EXPECT_THROW(data_parallel::plan_ranks(request, cost, 257, data_parallel::ZeroStage::replicated, cluster),
+               std::invalid_argument);
+}
+
 TEST(CommunicationModel, FollowsTheAlphaBetaFormulas) {
   const data_parallel::Link link{1e-5, 1e9};
   // 4 ranks, 4 MB: 2 (4 - 1) (1e-5 + 1e6 / 1e9) = 6 x 1.01e-3 = 6.06e-3 s.

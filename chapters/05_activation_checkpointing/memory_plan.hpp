@@ -27,6 +27,9 @@ struct StepShape {
   /// What the optimizer boundary keeps on the device through every step (chapter 04's
   /// loss_scaling::boundary_workspace_bytes: 12 with a loss scale or clipping, else 0).
   std::size_t boundary_bytes = 0;
+  /// The parameter elements the optimizer holds state for (-1: all; a rank's shard under
+  /// chapter 07's ZeRO).
+  std::int64_t state_elements = -1;
 };
 
 /// nn::predict_step for a policy (not a budget: std::invalid_argument); none is the model

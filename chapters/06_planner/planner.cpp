@@ -225,6 +225,10 @@ loss_scaling::LossScaleRule plan_loss_scale(nn::Precision precision) {
                                           : loss_scaling::LossScaleRule::none;
 }
 
+bool faster(const Plan& a, const Plan& b) {
+  return a.seconds != b.seconds ? a.seconds < b.seconds : a.prediction.peak() < b.prediction.peak();
+}
+
 PlanResult make_plan(const PlanRequest& request, const CostModel& cost) {
   const std::int64_t depth = request.model.depth;
   // The checkpoint policies by increasing recomputation (stable: chapter 05's order on ties).
@@ -243,7 +247,8 @@ PlanResult make_plan(const PlanRequest& request, const CostModel& cost) {
       const loss_scaling::BoundaryOptions boundary{.rule = plan_loss_scale(precision),
                                                    .clip_grad_norm = request.clip_grad_norm};
       const checkpointing::StepShape step{config, request.batch, micro, request.optimizer,
-                                          loss_scaling::boundary_workspace_bytes(boundary)};
+                                          loss_scaling::boundary_workspace_bytes(boundary),
+                                          request.state_elements};
       std::optional<Plan> chosen;
       for (const auto& [recompute, policy] : policies) {
         if (chosen && recompute > chosen->recompute) break;  // every further one is slower
@@ -261,11 +266,7 @@ PlanResult make_plan(const PlanRequest& request, const CostModel& cost) {
       if (chosen->recompute == 0) break;  // smaller micro-batches only add fixed costs
     }
   }
-  std::stable_sort(result.feasible.begin(), result.feasible.end(),
-                   [](const Plan& a, const Plan& b) {
-                     return a.seconds != b.seconds ? a.seconds < b.seconds
-                                                   : a.prediction.peak() < b.prediction.peak();
-                   });
+  std::stable_sort(result.feasible.begin(), result.feasible.end(), faster);
   if (!result.feasible.empty()) {
     result.smallest.reset();
   } else if (result.smallest) {

@@ -118,6 +118,9 @@ struct PlanRequest {
   /// fp16's loss scale, the optimizer boundary keeps its pass's 12 bytes through every
   /// step, and each plan's peak counts them.
   float clip_grad_norm = 0.0f;
+  /// The parameter elements the optimizer holds state for (-1: all; one rank's shard when
+  /// chapter 07 plans a rank's step under ZeRO).
+  std::int64_t state_elements = -1;
 };
 
 /// The loss scale a plan of this precision trains with: dynamic for fp16 (whose range
@@ -133,6 +136,9 @@ struct Plan {
   double recompute = 0;             ///< R, block forwards per micro-batch
   double seconds = 0;               ///< predicted seconds per optimizer step
 };
+
+/// The planner's order: the faster plan first, the smaller peak on a tie.
+bool faster(const Plan& a, const Plan& b);
 
 /// Every feasible plan, fastest first, and what was weighed.
 struct PlanResult {

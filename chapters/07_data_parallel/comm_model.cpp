@@ -26,6 +26,17 @@ double hierarchical_all_reduce_seconds(double bytes, int ranks, int per_node,
          ring_all_reduce_seconds(bytes / per_node, ranks / per_node, between);
 }
 
+Cluster h200_cluster() { return {{5e-6, 450e9}, {10e-6, 50e9}, 8}; }
+
+double cluster_all_reduce_seconds(double bytes, int ranks, const Cluster& cluster) {
+  BIGBATCH_CHECK(ranks >= 1, "cluster_all_reduce_seconds: ", ranks, " ranks");
+  if (ranks <= cluster.per_node) return ring_all_reduce_seconds(bytes, ranks, cluster.inside);
+  BIGBATCH_CHECK(ranks % cluster.per_node == 0, "cluster_all_reduce_seconds: ", ranks,
+                 " ranks do not fill nodes of ", cluster.per_node);
+  return hierarchical_all_reduce_seconds(bytes, ranks, cluster.per_node, cluster.inside,
+                                         cluster.between);
+}
+
 Link fit_ring(std::span<const std::pair<double, double>> measured, int ranks) {
   BIGBATCH_CHECK(ranks >= 2 && measured.size() >= 2, "fit_ring: ", measured.size(),
                  " measurements over ", ranks, " ranks");

@@ -34,6 +34,20 @@ double reduce_scatter_seconds(double bytes, int ranks, const Link& link);
 /// all-reduce of bytes / per_node on `between`.
 double hierarchical_all_reduce_seconds(double bytes, int ranks, int per_node,
                                        const Link& inside, const Link& between);
+/// A cluster of nodes of `per_node` devices: a link inside a node, one between nodes.
+struct Cluster {
+  Link inside, between;
+  int per_node = 1;
+};
+/// Section (d)'s cluster of H200s, assumed from published figures, not measured: NVLink's
+/// 900 GB/s per GPU counted as 450 each way with 5 us, InfiniBand's 400 Gb/s as 50 GB/s per
+/// GPU with 10 us, 8 GPUs a node.
+Cluster h200_cluster();
+/// All-reduce of `bytes` over `ranks` of `cluster`: a ring inside one node when they fit
+/// in one, else hierarchical (ranks a multiple of per_node: std::invalid_argument
+/// otherwise).
+double cluster_all_reduce_seconds(double bytes, int ranks, const Cluster& cluster);
+
 /// alpha and beta of a ring over `ranks` (>= 2) fitted by least squares to measured
 /// (bytes, seconds) of its all-reduce, at two sizes or more (a fitted latency below 0 is
 /// taken as 0); throws std::invalid_argument for fewer, sizes all equal, or a time that

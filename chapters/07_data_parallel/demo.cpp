@@ -193,10 +193,11 @@ bb::Json on_modelled_cluster(bb::SelfCheck& report) {
   const bb::planning::DeviceSpec h200 = bb::planning::h200_spec();
   const double micro = bb::planning::roofline_micro_batch_seconds(model, rows, h200, false);
   const double bytes = static_cast<double>(bb::nn::predict_memory(model, 1).gradients);
-  // Assumed, not measured: NVLink 900 GB/s per GPU counts both directions (450 each way),
-  // InfiniBand 400 Gb/s is 50 GB/s, one NIC per GPU; the latencies are guesses.
-  const dp::Link nvlink{5e-6, 450e9}, infiniband{10e-6, 50e9};
-  constexpr int kPerNode = 8;
+  // Assumed, not measured (comm_model.hpp): NVLink 900 GB/s per GPU counts both directions
+  // (450 each way), InfiniBand 400 Gb/s is 50 GB/s, one NIC per GPU; the latencies are guesses.
+  const dp::Cluster cluster = dp::h200_cluster();
+  const dp::Link nvlink = cluster.inside, infiniband = cluster.between;
+  const int kPerNode = cluster.per_node;
   report.section("(d) The same sum on 8 to 512 H200s, modelled, not measured");
   report.note("a model of 24 blocks of width 1024, bf16, " + number(bytes / 1e6, "%.0f") +
               " MB of f32 gradients; one micro-batch of " + std::to_string(rows) + " rows " +
@@ -214,8 +215,7 @@ bb::Json on_modelled_cluster(bb::SelfCheck& report) {
                                  "and 10 us; 8 GPUs a node"},
                      {"clusters", bb::Json::array()}};
   for (const int gpus : {8, 64, 512}) {
-    const double sum = dp::hierarchical_all_reduce_seconds(bytes, gpus, kPerNode, nvlink,
-                                                           infiniband);
+    const double sum = dp::cluster_all_reduce_seconds(bytes, gpus, cluster);
     bb::Json shares = bb::Json::array();
     for (int k = 1; k <= 128; k *= 2) {
       shares.push_back({{"micro_batches", k}, {"share", dp::data_parallel_step(micro, k, sum).share}});

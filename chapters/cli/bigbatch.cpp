@@ -57,6 +57,7 @@ int main(int argc, char** argv) {
   add_train_flags(*plan, options);
   add_plan_flags(*plan, options);
   add_device_model_flag(*plan, options);
+  add_rank_plan_flags(*plan, options);
   plan->add_flag("--json", options.plan.json,
                  "print the answer as one JSON object instead of the table: batch, "
                  "budget_bytes, device, modelled (true under --device-model), calibration, "

@@ -10,7 +10,8 @@
 # spec sheet and says it is modelled.
 # `bigbatch plan --json` gives the same answer as one JSON object: its fastest plan is the
 # one --plan auto trains, with the same predicted peak in bytes; when nothing fits it exits
-# with 3 too and holds the smallest plan.
+# with 3 too and holds the smallest plan. --ranks R plans rank 0's share on chapter 07's
+# modelled cluster.
 set -u
 bigbatch=$1
 shape="--data synthetic --samples 600 --depth 8 --hidden 64 --batch 256 --calibration plan-calibration.json"
@@ -83,4 +84,21 @@ grep -q "the smallest predicted peak is [0-9.]* [KMG]*i*B (micro-batch $m (.*, c
   fail "the reason does not name the smallest plan (micro-batch $m, $policy): $(cat none.err)"
 "$bigbatch" train $run --plan auto --micro-batch 8 --steps 1 > /dev/null 2> refused.err; code=$?
 [ "$code" -eq 2 ] && grep -q 'drop --micro-batch' refused.err || fail "--plan auto took --micro-batch ($code)"
+# --ranks R (chapter 07): rank 0's share of the batch on the modelled cluster, the sum in
+# every step time; refused without --device-model, with more ranks than samples, and with
+# ranks that do not fill the cluster's nodes of 8.
+"$bigbatch" plan $modelled --ranks 8 --zero 1 > ranks.txt || fail "--ranks 8 failed"
+grep -q '^rank 0 of 8 (ZeRO stage 1): its share of 32 samples of each batch; every step time includes the gradient sum' ranks.txt ||
+  fail "--ranks 8: no rank line: $(head -n 3 ranks.txt)"
+grep -q '^train it with: mpirun -np 8 bigbatch train ... --data-parallel --zero 1 --micro-batch ' ranks.txt ||
+  fail "--ranks 8: no mpirun line: $(tail -n 1 ranks.txt)"
+for refusal in "--ranks 2|--ranks prices the gradient sum on a modelled cluster" \
+               "--ranks 300 --device-model h200|--ranks 300: more ranks than --batch 256" \
+               "--ranks 12 --device-model h200|--ranks 12: beyond one node of 8 GPUs"; do
+  flags=${refusal%%|*} expected=${refusal#*|}
+  "$bigbatch" plan --data synthetic --samples 600 --depth 8 --hidden 64 --batch 256 \
+    --device-memory 6MiB $flags > /dev/null 2> ranks.err; code=$?
+  [ "$code" -eq 2 ] && grep -q -- "$expected" ranks.err ||
+    fail "plan $flags: exit code $code, not 2 saying '$expected' ($(cat ranks.err))"
+done
 echo "bigbatch plan and train --plan auto: the plan fits 6 MiB and its peak is measured as predicted"

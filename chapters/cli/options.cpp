@@ -412,6 +412,19 @@ void add_plan_choice_flag(CLI::App& train, TrainOptions& o) {
       ->default_str("");
 }
 
+namespace {
+
+/// --zero, of `bigbatch train` (with ranks) and `bigbatch plan --ranks`.
+void add_zero_flag(CLI::App& app, TrainOptions& o) {
+  add_word_option(app, "--zero", o.parallel.zero, kZeroStages,
+                  "what the ranks shard (DeepSpeed's ZeRO stages): 0 nothing, every rank "
+                  "holds the whole optimizer state; 1 the optimizer state, each rank that of "
+                  "its shard of every parameter (a reduce-scatter, the step of the shard, an "
+                  "all-gather of the parameters)");
+}
+
+}  // namespace
+
 void add_data_parallel_flags(CLI::App& train, TrainOptions& o) {
   auto* parallel = train.add_flag(
       "--data-parallel", o.parallel.data_parallel,
@@ -430,11 +443,17 @@ void add_data_parallel_flags(CLI::App& train, TrainOptions& o) {
                   "how --data-parallel sums over ranks: deterministic (rank order, the same "
                   "bits on every run with the same R) or engine (MPI_Allreduce, the "
                   "library's order)");
-  add_word_option(train, "--zero", o.parallel.zero, kZeroStages,
-                  "what the ranks shard (DeepSpeed's ZeRO stages): 0 nothing, every rank "
-                  "holds the whole optimizer state; 1 the optimizer state, each rank that of "
-                  "its shard of every parameter (a reduce-scatter, the step of the shard, an "
-                  "all-gather of the parameters)");
+  add_zero_flag(train, o);
+}
+
+void add_rank_plan_flags(CLI::App& plan, TrainOptions& o) {
+  plan.add_option("--ranks", o.plan.ranks,
+                  "plan rank 0's step of a data-parallel run over R ranks of the modelled "
+                  "cluster (chapter 07; needs --device-model): its share of the batch in "
+                  "--device-memory, the gradient sum priced by the alpha-beta model")
+      ->check(whole_number_from(1))
+      ->capture_default_str();
+  add_zero_flag(plan, o);
 }
 
 }  // namespace bigbatch::cli

@@ -96,9 +96,11 @@ struct PlanOptions {
   std::string calibration;   ///< the cost-model file ("": the cache's)
   bool recalibrate = false;  ///< measure the cost model again
   bool json = false;         ///< bigbatch plan --json: the answer as one JSON object
+  std::int64_t ranks = 1;    ///< bigbatch plan --ranks R: plan rank 0's step of R (chapter 07)
 };
 
-/// Chapter 07: how a batch is spread over ranks (`bigbatch train` only).
+/// Chapter 07: how a batch is spread over ranks (`bigbatch train`; --zero also `bigbatch
+/// plan --ranks`).
 struct ParallelOptions {
   bool data_parallel = false;      ///< --data-parallel: this process is one rank of mpirun's
   std::int64_t simulate_ranks = 0;  ///< --simulate-ranks R: R ranks in this process (0: off)
@@ -135,6 +137,8 @@ void add_train_flags(CLI::App& app, TrainOptions& options);
 void add_plan_flags(CLI::App& app, TrainOptions& options);
 /// --data-parallel, --simulate-ranks, --reduction and --zero, of `bigbatch train`.
 void add_data_parallel_flags(CLI::App& train, TrainOptions& options);
+/// --ranks and --zero, of `bigbatch plan`.
+void add_rank_plan_flags(CLI::App& plan, TrainOptions& options);
 /// --plan auto, of `bigbatch train`.
 void add_plan_choice_flag(CLI::App& train, TrainOptions& options);
 /// --device-model, of `bigbatch plan`.

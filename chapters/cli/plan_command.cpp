@@ -1,12 +1,16 @@
 // plan_command.cpp: the planner's table, its JSON, and `bigbatch plan`.
 #include "chapters/cli/plan_command.hpp"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
+#include <limits>
+#include <optional>
 #include <string>
 
 #include "chapters/06_planner/roofline.hpp"
+#include "chapters/07_data_parallel/rank_plan.hpp"
 #include "chapters/cli/setup.hpp"
 #include "common/format.hpp"
 #include "common/json.hpp"
@@ -38,6 +42,13 @@ Json plan_json(const planning::Plan& plan, std::int64_t batch) {
           {"peak_bytes", plan.prediction.peak()},
           {"peak_moment", plan.prediction.peak_moment},
           {"seconds", plan.seconds}};
+}
+
+/// "1.234 ms".
+std::string milliseconds(double seconds) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.3f ms", seconds * 1e3);
+  return text;
 }
 
 /// " --loss-scale dynamic", or nothing for no loss scale (the flag's default).
@@ -76,7 +87,31 @@ planning::PlanResult plan_for(const TrainOptions& options, const nn::ModelConfig
     }
   }
   const std::string where = modelled ? planning::h200_spec().name : device.name();
-  const planning::PlanResult result = planning::make_plan(request, cost);
+  // Chapter 07: rank 0's step of R on the modelled cluster, or the whole batch on one device.
+  std::optional<data_parallel::RankPlans> rank_plans;
+  int ranks = 1;
+  if (options.plan.ranks > 1 || options.was_given("--zero")) {
+    if (!modelled) {
+      throw UsageError("--ranks prices the gradient sum on a modelled cluster (chapter 07's "
+                       "links): give --device-model h200");
+    }
+    if (options.plan.ranks > std::min<std::int64_t>(batch, std::numeric_limits<int>::max())) {
+      throw UsageError("--ranks " + std::to_string(options.plan.ranks) + ": more ranks than "
+                       "--batch " + std::to_string(batch) + " has samples, each rank needs one");
+    }
+    ranks = static_cast<int>(options.plan.ranks);  // at most the batch, an int's
+    const data_parallel::Cluster cluster = data_parallel::h200_cluster();
+    if (ranks > cluster.per_node && ranks % cluster.per_node != 0) {
+      throw UsageError("--ranks " + std::to_string(ranks) + ": beyond one node of " +
+                       std::to_string(cluster.per_node) + " GPUs the modelled cluster has "
+                       "whole nodes only (a multiple of " + std::to_string(cluster.per_node) + ")");
+    }
+    rank_plans = data_parallel::plan_ranks(request, cost, ranks, options.parallel.zero, cluster);
+  }
+  const planning::PlanResult result =
+      rank_plans ? rank_plans->result : planning::make_plan(request, cost);
+  // The samples each plan's micro-batches split: rank 0's share, or the batch.
+  const std::int64_t samples = rank_plans ? rank_plans->share : batch;
   if (options.plan.json) {
     Json answer = {{"batch", batch},
                    {"budget_bytes", request.budget},
@@ -87,11 +122,18 @@ planning::PlanResult plan_for(const TrainOptions& options, const nn::ModelConfig
                    {"cost_model", cost.to_json()},
                    {"weighed", result.weighed},
                    {"feasible", Json::array()}};
+    if (rank_plans) {
+      answer["ranks"] = ranks;
+      answer["zero"] = data_parallel::setting_text(options.parallel.zero);
+      answer["share"] = rank_plans->share;
+      answer["sum_seconds_fp32"] = rank_plans->sum_seconds_fp32;
+      answer["sum_seconds_16bit"] = rank_plans->sum_seconds_16bit;
+    }
     for (const planning::Plan& p : result.feasible) {
-      answer["feasible"].push_back(plan_json(p, batch));
+      answer["feasible"].push_back(plan_json(p, samples));
     }
     if (result.smallest) {  // nothing fits: the smallest peak, and what no plan can trade
-      answer["smallest"] = plan_json(*result.smallest, batch);
+      answer["smallest"] = plan_json(*result.smallest, samples);
       answer["fixed_bytes"] = result.fixed_bytes;
     }
     std::cout << answer.dump() << "\n" << std::flush;
@@ -102,13 +144,21 @@ planning::PlanResult plan_for(const TrainOptions& options, const nn::ModelConfig
                            : std::string("from the cost model ") +
                                  (measured ? "measured now, saved to " : "in ") + path)
               << "\n";
+    if (rank_plans) {
+      std::cout << "rank 0 of " << ranks << " (ZeRO stage "
+                << data_parallel::setting_text(options.parallel.zero) << "): its share of "
+                << samples << " samples of each batch; every step time includes the gradient "
+                << "sum modelled on chapter 07's cluster (assumed links, not measured): "
+                << milliseconds(rank_plans->sum_seconds_fp32) << " in fp32, "
+                << milliseconds(rank_plans->sum_seconds_16bit) << " in fp16 and bf16\n";
+    }
   }
   if (result.feasible.empty()) {
     const planning::Plan& smallest = *result.smallest;
     throw NoPlanFits(
         "no plan fits the step in " + format_bytes(request.budget) + ": the smallest predicted "
         "peak is " + format_bytes(smallest.prediction.peak()) + " (" +
-        planning::describe(smallest, batch) + "), of which " +
+        planning::describe(smallest, samples) + "), of which " +
         format_bytes(result.fixed_bytes) + " are parameters, gradients, master weights, "
         "optimizer state and one micro-batch's samples, which no plan can trade away");
   }
@@ -118,7 +168,7 @@ planning::PlanResult plan_for(const TrainOptions& options, const nn::ModelConfig
   for (std::size_t i = 0; i < result.feasible.size(); ++i) {
     const planning::Plan& p = result.feasible[i];
     const std::string micro = std::to_string(p.micro_batch) + " (" +
-                              std::to_string((batch + p.micro_batch - 1) / p.micro_batch) +
+                              std::to_string((samples + p.micro_batch - 1) / p.micro_batch) +
                               ")";
     // Milliseconds below a tenth of a second (a modelled GPU's steps), else seconds.
     const bool small = p.seconds < 0.1;
@@ -137,6 +187,15 @@ int run_plan(const TrainOptions& options) {
   const nn::ModelConfig model = model_config(options, splits);
   const planning::Plan best = plan_for(options, model, available_device(options)).best();
   if (options.plan.json) return 0;
+  if (options.plan.ranks > 1) {
+    std::cout << "train it with: mpirun -np " << options.plan.ranks << " bigbatch train ... "
+              << "--data-parallel --zero " << data_parallel::setting_text(options.parallel.zero)
+              << " --micro-batch " << best.micro_batch << " --precision "
+              << nn::precision_name(best.precision)
+              << loss_scale_flag(planning::plan_loss_scale(best.precision))
+              << " --checkpoint " << best.checkpoint.text() << "\n";
+    return 0;
+  }
   std::cout << "train it with: --micro-batch " << best.micro_batch << " --precision "
             << nn::precision_name(best.precision)
             << loss_scale_flag(planning::plan_loss_scale(best.precision))

@@ -156,7 +156,8 @@ std::string learning_rate_description(const TrainOptions& options,
 
 /// The folder snapshots go to and, with --resume, where the run starts from. In a
 /// data-parallel run every rank resumes from the folder's newest snapshot and rank 0 alone
-/// (the writer) holds the folder's lock and writes: the ranks' states are the same.
+/// (the writer) holds the folder's lock and writes: the ranks' states are the same (under
+/// --zero 1 once their shards of the optimizer state are gathered, RunRanks::whole_optimizer).
 class SnapshotSetup {
  public:
   SnapshotSetup(const TrainOptions& options, bool writer)

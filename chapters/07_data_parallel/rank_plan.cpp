@@ -1,0 +1,47 @@
+// rank_plan.cpp: a rank's plan on a modelled cluster (rank_plan.hpp).
+#include "chapters/07_data_parallel/rank_plan.hpp"
+
+#include <algorithm>
+
+#include "common/check.hpp"
+#include "nn/memory_model.hpp"
+
+namespace bigbatch::data_parallel {
+
+double step_communication_seconds(const nn::ModelConfig& config, int ranks, ZeroStage zero,
+                                  const Cluster& cluster) {
+  const nn::PredictedBytes bytes = nn::predict_memory(config, 1);
+  const auto gradients = static_cast<double>(bytes.gradients);
+  if (zero == ZeroStage::replicated) return cluster_all_reduce_seconds(gradients, ranks, cluster);
+  // Stage 1 gathers what the optimizer writes: every f32 value (4 bytes per trainable
+  // element, the gradients' bytes) and the 16-bit working copies (half the masters' bytes).
+  const double gathered = gradients + static_cast<double>(bytes.master_weights) / 2;
+  return 0.5 * cluster_all_reduce_seconds(gradients, ranks, cluster) +
+         0.5 * cluster_all_reduce_seconds(gathered, ranks, cluster);
+}
+
+RankPlans plan_ranks(planning::PlanRequest request, const planning::CostModel& cost, int ranks,
+                     ZeroStage zero, const Cluster& cluster) {
+  BIGBATCH_CHECK(ranks >= 1 && ranks <= request.batch, "plan_ranks: ", ranks,
+                 " ranks for a batch of ", request.batch, " (each rank needs a sample)");
+  RankPlans plans;
+  plans.share = dist::share_of(request.batch, ranks, 0).size;
+  nn::ModelConfig fp32 = request.model, half = request.model;
+  fp32.precision = nn::Precision::fp32;
+  half.precision = nn::Precision::bf16;  // fp16 and bf16 move the same bytes
+  plans.sum_seconds_fp32 = step_communication_seconds(fp32, ranks, zero, cluster);
+  plans.sum_seconds_16bit = step_communication_seconds(half, ranks, zero, cluster);
+  request.batch = plans.share;
+  request.state_elements = optimizer_state_elements(request.model, ranks, 0, zero);
+  plans.result = planning::make_plan(request, cost);
+  for (planning::Plan& plan : plans.result.feasible) {
+    const double sum = plan.precision == nn::Precision::fp32 ? plans.sum_seconds_fp32
+                                                             : plans.sum_seconds_16bit;
+    plan.seconds += sum;
+  }
+  std::stable_sort(plans.result.feasible.begin(), plans.result.feasible.end(),
+                   planning::faster);
+  return plans;
+}
+
+}  // namespace bigbatch::data_parallel

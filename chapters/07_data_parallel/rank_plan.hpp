@@ -1,0 +1,43 @@
+// rank_plan.hpp: chapter 06's planner for one rank of a data-parallel step on a modelled
+// cluster (`bigbatch plan --ranks R`). Modelled, not measured.
+//
+// Each rank runs its share of the batch as chapter 06 plans a batch: the micro-batch, the
+// precision and the checkpoint policy that fit its memory, fastest first. Rank 0's share is
+// the largest (dist::share_of), so its plan is the one that must fit; its memory is
+// predict_rank_step's (at ZeRO stage 1 the optimizer state of its shard alone). Every plan's
+// step time gains the gradient sum on the cluster (comm_model.hpp), which no plan changes:
+// the sum's bytes are the gradients' (f32 in every precision), so accumulation over more
+// micro-batches is what makes it a small share of the step. At stage 1 the sum is a
+// reduce-scatter of the gradients and an all-gather of the parameters (the f32 values and,
+// in fp16 or bf16, their working copies), each half an all-reduce of its bytes.
+#pragma once
+
+#include <cstdint>
+
+#include "chapters/06_planner/planner.hpp"
+#include "chapters/07_data_parallel/comm_model.hpp"
+#include "chapters/07_data_parallel/data_parallel.hpp"
+
+namespace bigbatch::data_parallel {
+
+/// What planning a rank's step found.
+struct RankPlans {
+  planning::PlanResult result;  ///< rank 0's plans, their seconds including the sum
+  std::int64_t share = 0;       ///< rank 0's samples of each batch
+  /// The modelled gradient sum of each precision's plans (in their seconds): fp32's and
+  /// the 16-bit ones' differ at stage 1, where the working copies are gathered too.
+  double sum_seconds_fp32 = 0, sum_seconds_16bit = 0;
+};
+
+/// The seconds of one step's communication of `config`'s model over `ranks` of `cluster`
+/// at `zero` (above).
+double step_communication_seconds(const nn::ModelConfig& config, int ranks, ZeroStage zero,
+                                  const Cluster& cluster);
+
+/// Plans rank 0's step of request.batch over `ranks` (>= 1, <= the batch), pricing the
+/// compute of its share with `cost` and the sum with `cluster`; std::invalid_argument for
+/// ranks outside that range or not filling whole nodes.
+RankPlans plan_ranks(planning::PlanRequest request, const planning::CostModel& cost, int ranks,
+                     ZeroStage zero, const Cluster& cluster);
+
+}  // namespace bigbatch::data_parallel
