@@ -36,8 +36,9 @@ double hierarchical_all_reduce_seconds(double bytes, int ranks, int per_node,
                                        const Link& inside, const Link& between);
 /// A cluster of nodes of `per_node` devices: a link inside a node, one between nodes.
 struct Cluster {
-  Link inside, between;
-  int per_node = 1;
+  Link inside;       ///< between the devices of one node (NVLink)
+  Link between;      ///< between nodes, per device (InfiniBand)
+  int per_node = 1;  ///< devices in a node
 };
 /// Section (d)'s cluster of H200s, assumed from published figures, not measured: NVLink's
 /// 900 GB/s per GPU counted as 450 each way with 5 us, InfiniBand's 400 Gb/s as 50 GB/s per

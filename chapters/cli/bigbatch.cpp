@@ -66,7 +66,9 @@ int main(int argc, char** argv) {
                  "micro_batches, precision, loss_scale, checkpoint, recompute, peak_bytes, "
                  "peak_moment, seconds), and when nothing fits (exit code 3, the reason on "
                  "stderr) smallest (the plan of smallest peak) and fixed_bytes (what no plan "
-                 "can trade away)");
+                 "can trade away); with --ranks also ranks, zero, share (rank 0's samples, "
+                 "which micro_batches split) and sum_seconds_fp32 and sum_seconds_16bit (the "
+                 "modelled gradient sum in every plan's seconds)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
