@@ -164,6 +164,7 @@ void Communicator::reduce_scatter_sum(std::span<float> values, Reduction reducti
   MPI_Reduce_scatter(MPI_IN_PLACE, values.data(), layout.counts.data(), MPI_FLOAT, MPI_SUM,
                      MPI_COMM_WORLD);
   const Share mine = share_of(n, size_, rank_);
+  if (mine.size == 0) return;  // nothing of it here (and an empty buffer may be null)
   std::memmove(values.data() + mine.begin, values.data(),
                static_cast<std::size_t>(mine.size) * sizeof(float));
 }

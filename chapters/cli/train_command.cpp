@@ -320,9 +320,12 @@ int run_train(TrainOptions options) {
   // Under --zero 1 a snapshot holds the whole optimizer state: resumed into a whole
   // optimizer, of which this rank keeps its shard.
   std::int64_t resumed_at = 0;
-  if (const auto whole = ranks.whole_optimizer(model, optimizer, /*gather=*/false)) {
+  auto whole = output.resume.empty() ? nullptr
+                                     : ranks.whole_optimizer(model, optimizer, /*gather=*/false);
+  if (whole) {
     resumed_at = snapshots.resume(model, *whole, trainer, settings);
     if (resumed_at > 0) ranks.take_shard(*whole, optimizer);
+    whole.reset();  // the whole state is not kept: each rank trains on its shard's
   } else {
     resumed_at = snapshots.resume(model, optimizer, trainer, settings);
   }
