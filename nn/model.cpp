@@ -22,6 +22,12 @@ namespace {
 
 constexpr float kNormEps = 1e-5f;
 constexpr float kBatchNormMomentum = 0.1f;
+// The trainable tensors of each part, in state_entries' order (buffers aside): the stem's
+// weight and bias; a block's ln, fc1 and fc2, a weight and a bias each; the head's Linear
+// and its norm. parameters()[2 + 6 i, 8 + 6 i) is block i's.
+constexpr std::size_t kStemParameters = 2;
+constexpr std::size_t kBlockParameters = 6;
+constexpr std::size_t kHeadParameters = 4;
 
 /// One entry of the state_dict: a parameter (with its gradient and, under mixed precision,
 /// its 16-bit working copy) or a buffer (grad null).
@@ -379,6 +385,8 @@ Tensor Model::block_backward(std::size_t index, const BlockActivations& saved,
   normed = Tensor();
   // The residual: d_input = d_output + (the branch's gradient through ln).
   Tensor d_input = norm_backward(block.ln, saved.input, saved.mean, saved.rstd, d_normed);
+  gradients_final(kStemParameters + kBlockParameters * index,
+                  kStemParameters + kBlockParameters * (index + 1));
   axpy(1.0f, d_output, d_input);
   return d_input;
 }
@@ -451,6 +459,8 @@ void Model::backward(const Tensor& dlogits) {
     d_head = Tensor();
     dh = norm_backward(head_ln_, saved.head_input, saved.head_mean, saved.head_rstd, d_normed);
   }  // d_normed is freed here, before the blocks' backward
+  const std::size_t head_first = kStemParameters + kBlockParameters * blocks_.size();
+  gradients_final(head_first, head_first + kHeadParameters);
   saved.head_input = saved.head_normed = saved.head_mean = saved.head_rstd = Tensor();
 
   if (runner_) {
@@ -464,6 +474,7 @@ void Model::backward(const Tensor& dlogits) {
 
   activation_backward(config_.activation, saved.stem_pre_activation, dh, dh);
   linear_backward(stem_, saved.input, dh, Tensor());
+  gradients_final(0, kStemParameters);
 }
 
 void Model::save(const std::string& path) const {

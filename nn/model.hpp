@@ -55,6 +55,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -235,6 +236,13 @@ struct SavedActivations {
 
 class Model;
 
+/// Told during a backward that the gradients of parameters()[first, end) are complete: no
+/// later part of that backward adds to them. Model::backward tells the head's four, then
+/// each block's six (block i: [2 + 6 i, 8 + 6 i)) from the last block to the first,
+/// checkpointed or not, then the stem's two ([0, 2)). A data-parallel run starts summing
+/// them over ranks while the rest of the backward runs (chapter 07).
+using GradientsReady = std::function<void(std::size_t first, std::size_t end)>;
+
 /// How forward() and backward() run the residual blocks between the stem and the head.
 /// Without one, forward() keeps every block's activations for backward(); activation
 /// checkpointing (chapter 05) supplies a runner that keeps fewer and recomputes the rest,
@@ -302,6 +310,9 @@ class Model {
   /// Hands the residual blocks to `runner` in every later forward() and backward()
   /// (nullptr: keep every block's activations, the default).
   void set_block_runner(std::shared_ptr<BlockRunner> runner) { runner_ = std::move(runner); }
+  /// Tells `ready` about every group of final gradients in every later backward() (an
+  /// empty function: nobody is told, the default).
+  void set_gradients_ready(GradientsReady ready) { gradients_ready_ = std::move(ready); }
 
   /// What the last forward() saved, until backward() takes it over.
   const SavedActivations& saved_activations() const { return saved_; }
@@ -328,6 +339,10 @@ class Model {
   Tensor workspace_tensor(Shape shape) const;   // activation_dtype(), workspace
   /// Writes every 16-bit working copy from its f32 master (no-op under fp32).
   void refresh_half_copies();
+  /// Tells gradients_ready_, if set, that parameters()[first, end) are final.
+  void gradients_final(std::size_t first, std::size_t end) const {
+    if (gradients_ready_) gradients_ready_(first, end);
+  }
 
   ModelConfig config_;
   Device device_;
@@ -337,6 +352,7 @@ class Model {
   Linear head_;
   SavedActivations saved_;
   std::shared_ptr<BlockRunner> runner_;  // null: every block's activations are kept
+  GradientsReady gradients_ready_;       // empty: nobody is told
 };
 
 std::string norm_name(Norm norm);              ///< "layer", "batch"

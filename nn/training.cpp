@@ -2,11 +2,30 @@
 #include "nn/training.hpp"
 
 #include <algorithm>
+#include <optional>
 
 #include "kernels/cross_entropy.hpp"
 #include "kernels/fill.hpp"
 
 namespace bigbatch::nn {
+namespace {
+
+/// Model::set_gradients_ready for one scope: the model tells nobody after it, even when
+/// the backward throws.
+class TellingFinalGradients {
+ public:
+  TellingFinalGradients(Model& model, const GradientsReady& ready) : model_(model) {
+    model_.set_gradients_ready(ready);
+  }
+  ~TellingFinalGradients() { model_.set_gradients_ready({}); }
+  TellingFinalGradients(const TellingFinalGradients&) = delete;
+  TellingFinalGradients& operator=(const TellingFinalGradients&) = delete;
+
+ private:
+  Model& model_;
+};
+
+}  // namespace
 
 float accumulate_gradients(Model& model, const Tensor& x, const Tensor& labels,
                            std::int64_t micro_batch, const ForwardContext& context,
@@ -25,7 +44,8 @@ float accumulate_gradients(Model& model, const Tensor& x, const Tensor& labels,
 
 float accumulate_gradients(Model& model, std::int64_t rows, const BatchRows& rows_of,
                            std::int64_t micro_batch, const ForwardContext& context,
-                           std::int64_t global_count, float loss_scale) {
+                           std::int64_t global_count, float loss_scale,
+                           const GradientsReady& on_final) {
   BIGBATCH_CHECK(rows > 0, "accumulate_gradients: the batch must have rows, got ", rows);
   BIGBATCH_CHECK(micro_batch > 0, "accumulate_gradients: micro_batch must be positive, got ",
                  micro_batch);
@@ -41,6 +61,8 @@ float accumulate_gradients(Model& model, std::int64_t rows, const BatchRows& row
     cross_entropy_forward(logits, labels_micro, loss, count);
     const Tensor dlogits(logits.shape(), DType::f32, model.device(), MemoryCategory::workspace);
     cross_entropy_backward(logits, labels_micro, dlogits, count, loss_scale);
+    std::optional<TellingFinalGradients> telling;  // the last micro-batch's backward only
+    if (on_final && end == rows) telling.emplace(model, on_final);
     model.backward(dlogits);
   }
   return loss.to_vector<float>()[0];

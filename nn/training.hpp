@@ -42,10 +42,14 @@ float accumulate_gradients(Model& model, const Tensor& x, const Tensor& labels,
 using BatchRows = std::function<std::pair<Tensor, Tensor>(std::int64_t begin, std::int64_t end)>;
 
 /// The same accumulation over a batch of `rows` samples that is not on the device: each
-/// micro-batch is fetched from `rows_of` just before its forward pass.
+/// micro-batch is fetched from `rows_of` just before its forward pass. `on_final`, when
+/// given, is told during the last micro-batch's backward as each group of gradients becomes
+/// final for the batch (Model::set_gradients_ready; chapter 07 starts their sum over ranks
+/// there); the earlier micro-batches' backwards tell nobody.
 float accumulate_gradients(Model& model, std::int64_t rows, const BatchRows& rows_of,
                            std::int64_t micro_batch, const ForwardContext& context,
-                           std::int64_t global_count = 0, float loss_scale = 1.0f);
+                           std::int64_t global_count = 0, float loss_scale = 1.0f,
+                           const GradientsReady& on_final = {});
 
 /// SGD (with momentum) or AdamW over all of a model's parameters, with PyTorch's rules
 /// (kernels/optimizer.hpp). Its state tensors (momentum buffers, Adam moments) are

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "chapters/02_gradient_accumulation/accumulation.hpp"
+#include "chapters/05_activation_checkpointing/scheduled_runner.hpp"
 #include "chapters/07_data_parallel/comm_model.hpp"
 #include "chapters/07_data_parallel/data_parallel.hpp"
 #include "chapters/07_data_parallel/rank_plan.hpp"
@@ -477,6 +478,42 @@ TEST(CommunicationModel, FollowsTheAlphaBetaFormulas) {
               14 * 1.01e-3 + 2 * 5.1e-3, 1e-12 * 0.025);
   EXPECT_THROW(data_parallel::hierarchical_all_reduce_seconds(8e6, 12, 8, link, slow),
                std::invalid_argument);
+}
+
+// Overlap's premise: during the last micro-batch's backward the model tells each group of
+// gradients once, in backward order (the head, the last block, ..., the first, the stem),
+// when it is final: what it holds when told is what it holds after the backward. The
+// earlier micro-batches' backwards tell nobody. With every block's activations kept, and
+// under checkpointing schedules (their runner calls the blocks' backward too).
+TEST(GradientsReady, EachGroupIsToldOnceInBackwardOrderWhenItIsFinal) {
+  const Dataset data = tiny_data(40);
+  for (const char* policy : {"none", "sqrt", "every:2+selective"}) {
+    const nn::ModelConfig config = tiny_model(3, 0.1f);
+    nn::Model model(config, Device::cpu());
+    if (std::string(policy) != "none") {
+      model.set_block_runner(checkpointing::ScheduledRunner::for_policy(
+          checkpointing::Policy::parse(policy), config.depth));
+    }
+    const std::vector<nn::NamedParameter> parameters = model.parameters();
+    std::vector<std::pair<std::size_t, std::size_t>> told;
+    std::vector<std::vector<float>> when_told(parameters.size());
+    const nn::GradientsReady ready = [&](std::size_t first, std::size_t end) {
+      told.emplace_back(first, end);
+      for (std::size_t i = first; i < end; ++i) when_told[i] = parameters[i].grad.to_vector<float>();
+    };
+    const nn::SampleStream stream(data, 20, /*shuffle=*/false, 0, nn::LastBatch::keep_short);
+    nn::MicroBatchBuffer staging(7, data.feature_dim(), model.device());
+    model.zero_grad();
+    nn::accumulate_gradients(model, 20, staging.rows_of(stream, 0), /*micro_batch=*/7,
+                             {true, 5, 0}, /*global_count=*/20, 1.0f, ready);
+    const std::vector<std::pair<std::size_t, std::size_t>> expected = {
+        {20, 24}, {14, 20}, {8, 14}, {2, 8}, {0, 2}};
+    EXPECT_EQ(told, expected) << policy << ": the head's four, each block's six, the stem's two";
+    for (std::size_t i = 0; i < parameters.size(); ++i) {
+      EXPECT_EQ(when_told[i], parameters[i].grad.to_vector<float>())
+          << policy << ": " << parameters[i].name << " changed after it was told final";
+    }
+  }
 }
 
 TEST(CommunicationModel, TheFitRecoversTheLinkOfARing) {

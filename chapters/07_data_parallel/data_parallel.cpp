@@ -1,6 +1,7 @@
 // data_parallel.cpp: the simulated ranks and the ranks under MPI.
 #include "chapters/07_data_parallel/data_parallel.hpp"
 
+#include <chrono>
 #include <utility>
 
 #include "common/check.hpp"
@@ -132,20 +133,74 @@ loss_scaling::GradientPieces SimulatedRanks::boundary_pieces(const nn::Model& mo
   return pieces;
 }
 
+CommunicatorRanks::CommunicatorRanks(dist::Communicator& communicator,
+                                     dist::Reduction reduction, ZeroStage zero,
+                                     std::size_t bucket_bytes)
+    : communicator_(communicator), reduction_(reduction), zero_(zero),
+      bucket_bytes_(bucket_bytes) {}
+
 float CommunicatorRanks::reduce(nn::Model& model, std::span<const float> losses) {
   BIGBATCH_CHECK(losses.size() == 1, "CommunicatorRanks: one loss per process, got ",
                  losses.size());
-  for (const nn::NamedParameter& p : model.parameters()) {
+  const std::vector<nn::NamedParameter> parameters = model.parameters();
+  for (const nn::NamedParameter& p : parameters) {
     BIGBATCH_CHECK(p.grad.device().is_cpu(), "data parallel: MPI sums host gradients; ",
                    p.name, " is on ", p.grad.device().name());
-    if (zero_ == ZeroStage::replicated) {
-      communicator_.all_reduce_sum(elements(p.grad), reduction_);
-    } else {
-      communicator_.reduce_scatter_sum(elements(p.grad), reduction_);
+  }
+  if (overlaps()) {  // the backward started every bucket but the open one
+    BIGBATCH_CHECK(gradients_sent_ + open_bucket_.size() == parameters.size(),
+                   "CommunicatorRanks: the backward finished ",
+                   gradients_sent_ + open_bucket_.size(), " of ", parameters.size(),
+                   " gradients");
+    if (!open_bucket_.empty()) start_open_bucket();
+    buckets_->finish();
+    gradients_sent_ = 0;
+  } else {
+    for (const nn::NamedParameter& p : parameters) {
+      if (zero_ == ZeroStage::replicated) {
+        communicator_.all_reduce_sum(elements(p.grad), reduction_);
+      } else {
+        communicator_.reduce_scatter_sum(elements(p.grad), reduction_);
+      }
     }
   }
   const std::vector<float> all = communicator_.all_gather(losses[0]);
   return sum_in_rank_order(all);
+}
+
+void CommunicatorRanks::gradients_ready(nn::Model& model, std::size_t first, std::size_t end) {
+  if (!overlaps()) return;
+  const auto start = std::chrono::steady_clock::now();
+  if (!buckets_) {
+    // Made in the first step, a collective every rank reaches only once the ranks have
+    // agreed on their settings (a rank with another bucket size is refused before it).
+    buckets_ = std::make_unique<dist::BucketedSum>(
+        communicator_, reduction_,
+        zero_ == ZeroStage::replicated ? dist::BucketedSum::Result::every_rank
+                                       : dist::BucketedSum::Result::own_shards);
+  }
+  const std::vector<nn::NamedParameter> parameters = model.parameters();
+  BIGBATCH_CHECK(first <= end && end <= parameters.size(), "CommunicatorRanks: gradients [",
+                 first, ", ", end, ") of ", parameters.size());
+  for (std::size_t i = first; i < end; ++i) {
+    open_bucket_.push_back(elements(parameters[i].grad));
+    open_bytes_ += parameters[i].grad.nbytes();
+  }
+  if (open_bytes_ >= bucket_bytes_) start_open_bucket();
+  buckets_->progress();
+  seconds_in_backward_ +=
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+double CommunicatorRanks::take_seconds_in_backward() {
+  return std::exchange(seconds_in_backward_, 0.0);
+}
+
+void CommunicatorRanks::start_open_bucket() {
+  buckets_->start(open_bucket_);
+  gradients_sent_ += open_bucket_.size();
+  open_bucket_.clear();
+  open_bytes_ = 0;
 }
 
 loss_scaling::GradientPieces CommunicatorRanks::boundary_pieces(const nn::Model& model) {

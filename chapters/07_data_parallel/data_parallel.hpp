@@ -26,12 +26,15 @@
 // bit for bit; R = 1 is the single process exactly.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
 
 #include "chapters/04_dynamic_loss_scaling/optimizer_boundary.hpp"
+#include "dist/bucketed_sum.hpp"
 #include "dist/communicator.hpp"
 #include "nn/memory_model.hpp"
 #include "nn/model.hpp"
@@ -103,6 +106,16 @@ class RankGroup {
   /// After an optimizer step: every rank's updated shard to every rank (stage 1 under MPI;
   /// nothing to do otherwise).
   virtual void gather_parameters(nn::Model& model) = 0;
+
+  /// Whether the sum starts during the last micro-batch's backward (overlap): the trainer
+  /// then has accumulate_gradients tell gradients_ready, and reduce() finishes the sum.
+  virtual bool overlaps() const { return false; }
+  /// During the last micro-batch's backward of this rank's share: model.parameters()[first,
+  /// end) hold their final gradients for the step (nn::GradientsReady).
+  virtual void gradients_ready(nn::Model& /*model*/, std::size_t /*first*/, std::size_t /*end*/) {}
+  /// The seconds spent in gradients_ready since the last call: the communication a step
+  /// paid inside its backward (copying buckets, starting and moving their sums).
+  virtual double take_seconds_in_backward() { return 0; }
 };
 
 /// R ranks in one process: share r's gradient is kept in buffer r, and the buffers are
@@ -132,16 +145,31 @@ class SimulatedRanks final : public RankGroup {
 };
 
 /// This process as one rank of a run under MPI: reduces with the communicator.
+///
+/// With bucket_bytes > 0 the sum overlaps the last micro-batch's backward: the gradients
+/// are gathered, in the order the backward finishes them (the head, the last block, ...,
+/// the stem), into buckets of at least bucket_bytes (the last one what remains), and each
+/// bucket's sum starts as soon as it is full (dist::BucketedSum); reduce() waits for the
+/// rest. Under the deterministic reduction every element is the same rank-order sum as
+/// without buckets, so the bits are those of bucket_bytes = 0 (one sum per tensor after
+/// the backward) and of the simulation.
 class CommunicatorRanks final : public RankGroup {
  public:
+  /// With bucket_bytes > 0, the first step's backward makes the buckets' communicators
+  /// (dist::BucketedSum, a collective), after the ranks have compared their settings.
   CommunicatorRanks(dist::Communicator& communicator, dist::Reduction reduction,
-                    ZeroStage zero = ZeroStage::replicated)
-      : communicator_(communicator), reduction_(reduction), zero_(zero) {}
+                    ZeroStage zero = ZeroStage::replicated, std::size_t bucket_bytes = 0);
   int ranks() const override { return communicator_.size(); }
   std::vector<int> local_ranks() const override { return {communicator_.rank()}; }
   void share_done(int, nn::Model&) override {}
-  /// Stage 0: an all-reduce of every gradient; stage 1: a reduce-scatter.
+  /// Stage 0: an all-reduce of every gradient; stage 1: a reduce-scatter. With buckets,
+  /// the last bucket's sum starts here and every bucket's is waited for.
   float reduce(nn::Model& model, std::span<const float> losses) override;
+  bool overlaps() const override { return bucket_bytes_ > 0; }
+  /// Adds the gradients to the open bucket, starts its sum when it holds bucket_bytes,
+  /// and lets the engine move the started sums on.
+  void gradients_ready(nn::Model& model, std::size_t first, std::size_t end) override;
+  double take_seconds_in_backward() override;
   ZeroStage zero() const override { return zero_; }
   /// Stage 1: this rank's shards, combined over the ranks (an all-gather of each rank's
   /// found-inf and squared norm, added in rank order).
@@ -156,9 +184,18 @@ class CommunicatorRanks final : public RankGroup {
   void take_optimizer_shard(const nn::Optimizer& whole, nn::Optimizer& mine) const;
 
  private:
+  /// Starts the open bucket's sum and empties it.
+  void start_open_bucket();
+
   dist::Communicator& communicator_;
   dist::Reduction reduction_;
   ZeroStage zero_;
+  std::size_t bucket_bytes_ = 0;
+  std::unique_ptr<dist::BucketedSum> buckets_;  // made in the first overlapped backward
+  std::vector<std::span<float>> open_bucket_;   // final gradients not yet sent
+  std::size_t open_bytes_ = 0;
+  std::size_t gradients_sent_ = 0;  // this step's, to check that every one was
+  double seconds_in_backward_ = 0;
 };
 
 /// The sum of per-rank losses in rank order, as both groups report it.

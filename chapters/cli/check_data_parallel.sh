@@ -20,6 +20,10 @@
 #     30 s (no rank waits for ever in a collective); --resume from rank 0's last snapshot
 #     with the same R saves the uninterrupted run's bytes (so does --simulate-ranks R from
 #     it); another R is refused by name.
+#  6. Overlap (--bucket-size): the sums started in buckets during the last backward save the
+#     simulation's bytes (R = 2, 3, 4; stage 0 and 1; fp16, checkpointing, clipping), the
+#     engine's at R = 2 too; --bucket-size without --data-parallel, a size that is not one,
+#     and ranks with other bucket sizes are refused.
 set -u
 bigbatch=$1 mpiexec=$2
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
@@ -204,4 +208,37 @@ cmp -s whole.st resumed.st || fail "the resumed run did not save the uninterrupt
   > resumed-simulated.txt 2>&1 || fail "the simulation resuming the job's snapshot: $(tail -n 3 resumed-simulated.txt)"
 cmp -s whole.st resumed-simulated.st || fail "the simulation did not continue the job's snapshot to its bytes"
 echo "resumed from $last with 2 ranks (and simulated): the uninterrupted run's bytes"
+
+# 6. Overlap (--bucket-size): the sums start during the last micro-batch's backward, in
+# buckets (1 byte: every group of gradients its own; 2KiB: a few groups each). Under the
+# deterministic reduction the bytes are those of the simulation (section 1's files) at
+# stage 0 and stage 1, with dropout, fp16's dynamic scale, checkpointing and clipping; the
+# engine's with 2 ranks too. Ranks with other bucket sizes would exchange other messages:
+# refused like other settings.
+overlapped() {  # overlapped R NAME FLAGS...: mpirun with buckets saves sim-NAME.st's bytes
+  ranks=$1 name=$2
+  shift 2
+  mpirun -np "$ranks" "$bigbatch" train $small "$@" --data-parallel --save "overlap-$name.st" \
+    > "overlap-$name.txt" 2>&1 || fail "overlap, $ranks ranks ($name): exit code $? ($(tail -n 3 "overlap-$name.txt"))"
+  cmp -s "overlap-$name.st" "sim-$name.st" ||
+    fail "$ranks ranks overlapping the sum saved other bytes than --simulate-ranks $ranks ($name)"
+}
+for ranks in 2 3 4; do
+  overlapped "$ranks" "fp32-$ranks" --dropout 0.2 --bucket-size 1
+  overlapped "$ranks" "zero1-fp32-$ranks" --dropout 0.2 --clip-grad-norm 0.5 --zero 1 --bucket-size 2KiB
+done
+overlapped 3 fp16-3 --dropout 0.2 --precision fp16 --loss-scale dynamic --bucket-size 2KiB
+overlapped 3 bf16-3 --precision bf16 --checkpoint every:2 --bucket-size 1
+grep -q '^data parallel: 3 ranks under MPI, .* (deterministic), overlapping the last backward in buckets of 2.00 KiB$' overlap-fp16-3.txt ||
+  fail "the header does not describe the buckets: $(grep '^data parallel' overlap-fp16-3.txt)"
+mpirun -np 2 "$bigbatch" train $small --dropout 0.2 --data-parallel --reduction engine --bucket-size 1 \
+  --save overlap-engine.st > overlap-engine.txt 2>&1 && cmp -s overlap-engine.st mpi-fp32-2.st ||
+  fail "the engine's sums in buckets with 2 ranks saved other bytes than the deterministic ones"
+echo "overlap: R = 2, 3, 4 summing in buckets during the last backward saved the simulation's bytes"
+refused "--bucket-size without --data-parallel" "--bucket-size overlaps the ranks' sum under --data-parallel" \
+  "$bigbatch" train --data synthetic --samples 2000 --steps 1 --simulate-ranks 2 --bucket-size 1MiB
+refused "--bucket-size lots" "cannot read 'lots' as a size" \
+  "$bigbatch" train --data synthetic --samples 2000 --steps 1 --data-parallel --bucket-size lots
+refused "ranks with other bucket sizes" "rank 1 has other settings than rank 0" \
+  timeout 60 mpirun -np 1 "$bigbatch" train $small --data-parallel : -np 1 "$bigbatch" train $small --bucket-size 1 --data-parallel
 echo "ok"

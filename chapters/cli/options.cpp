@@ -443,6 +443,15 @@ void add_data_parallel_flags(CLI::App& train, TrainOptions& o) {
                   "how --data-parallel sums over ranks: deterministic (rank order, the same "
                   "bits on every run with the same R) or engine (MPI_Allreduce, the "
                   "library's order)");
+  add_read_option(
+      train, "--bucket-size",
+      "overlap --data-parallel's sum with the last micro-batch's backward: the gradients "
+      "the backward has finished start their sums in buckets of this size (e.g. 4MiB; "
+      "PyTorch DDP's default is 25MiB); 0, the default here, sums after the backward (on a "
+      "CPU the engine moves the bytes with the cores that compute: chapter 07's README)",
+      [](const std::string& text) { return refusal_of([&] { parse_bytes(text); }); },
+      [&o](const std::string& text) { o.parallel.bucket_bytes = parse_bytes(text); }, "SIZE")
+      ->default_str("0");
   add_zero_flag(train, o);
 }
 

@@ -107,6 +107,10 @@ struct ParallelOptions {
   dist::Reduction reduction = dist::Reduction::deterministic;  ///< --reduction
   /// --zero: what the ranks shard (stage 1: the optimizer's state)
   data_parallel::ZeroStage zero = data_parallel::ZeroStage::replicated;
+  /// --bucket-size: the gradients of a bucket whose sum starts during the last backward
+  /// (0, the default: one sum after the backward, no overlap; chapter 07's README measures
+  /// why on a CPU)
+  std::size_t bucket_bytes = 0;
 };
 
 /// Every flag of `bigbatch train` and `bigbatch plan`.
@@ -135,7 +139,8 @@ struct TrainOptions {
 void add_train_flags(CLI::App& app, TrainOptions& options);
 /// The planner's flags, on both subcommands.
 void add_plan_flags(CLI::App& app, TrainOptions& options);
-/// --data-parallel, --simulate-ranks, --reduction and --zero, of `bigbatch train`.
+/// --data-parallel, --simulate-ranks, --reduction, --bucket-size and --zero, of `bigbatch
+/// train`.
 void add_data_parallel_flags(CLI::App& train, TrainOptions& options);
 /// --ranks and --zero, of `bigbatch plan`.
 void add_rank_plan_flags(CLI::App& plan, TrainOptions& options);

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "chapters/cli/setup.hpp"
+#include "common/format.hpp"
 
 namespace bigbatch::cli {
 namespace {
@@ -44,6 +45,11 @@ RunRanks::RunRanks(const TrainOptions& options) : options_(options.parallel) {
   if (!options_.data_parallel && options.was_given("--reduction")) {
     throw UsageError("--reduction sums the ranks of --data-parallel: give --data-parallel "
                      "(--simulate-ranks always adds in rank order)");
+  }
+  if (!options_.data_parallel && options.was_given("--bucket-size")) {
+    throw UsageError("--bucket-size overlaps the ranks' sum under --data-parallel: give "
+                     "--data-parallel (--simulate-ranks has no sum to overlap; its bits are "
+                     "those of every bucket size)");
   }
   if (!on && options.was_given("--zero")) {
     throw UsageError("--zero shards the ranks' state: give --data-parallel or --simulate-ranks");
@@ -114,6 +120,9 @@ void RunRanks::check_agreement(const train::RunConfig& settings, const nn::Model
   if (!communicator_ || count_ == 1) return;
   std::string text;
   for (const auto& [name, value] : settings) text += name + "=" + value + "\n";
+  // Not a trajectory setting (the deterministic sum's bits are every bucket size's), but
+  // the ranks' buckets must be the same messages.
+  text += "bucket-size=" + std::to_string(options_.bucket_bytes) + "\n";
   const int setting = first_different(communicator_->all_gather(
       static_cast<std::uint64_t>(dist::fingerprint(text))));
   if (setting >= 0) {
@@ -159,7 +168,7 @@ data_parallel::RankGroup* RunRanks::group(const nn::Model& model) {
   if (!group_) {
     if (communicator_) {
       auto ranks = std::make_unique<data_parallel::CommunicatorRanks>(
-          *communicator_, options_.reduction, options_.zero);
+          *communicator_, options_.reduction, options_.zero, options_.bucket_bytes);
       if (options_.zero != data_parallel::ZeroStage::replicated) sharded_ = ranks.get();
       group_ = std::move(ranks);
     } else {
@@ -202,6 +211,9 @@ std::string RunRanks::describe(std::int64_t batch, std::int64_t micro_batch) con
       << (micro_batches == 1 ? " micro-batch" : " micro-batches")
       << " per rank), gradients summed once per optimizer step ("
       << (communicator_ ? dist::reduction_name(options_.reduction) : "rank order") << ")";
+  if (communicator_ && options_.bucket_bytes > 0) {
+    out << ", overlapping the last backward in buckets of " << format_bytes(options_.bucket_bytes);
+  }
   if (options_.zero == data_parallel::ZeroStage::optimizer_state) {
     out << "; ZeRO stage 1: each rank holds the optimizer state of its shard of every "
            "parameter, reduce-scatters the gradients and all-gathers the parameters";

@@ -87,15 +87,24 @@ StepRecord Trainer::step() {
       };
       nn::ForwardContext share_context = context;
       share_context.first_row += share.begin;  // its samples' own dropout masks
+      // With overlap, the sum of each group of gradients starts as the share's last
+      // backward finishes it.
+      nn::GradientsReady on_final;
+      if (ranks_->overlaps()) {
+        on_final = [this](std::size_t first, std::size_t end) {
+          ranks_->gradients_ready(model_, first, end);
+        };
+      }
       losses.push_back(nn::accumulate_gradients(model_, share.size, share_rows,
                                                 config_.micro_batch, share_context,
-                                                /*global_count=*/batch.size, scale));
+                                                /*global_count=*/batch.size, scale, on_final));
       ranks_->share_done(r, model_);
     }
     const auto reduce_start = std::chrono::steady_clock::now();
     loss = ranks_->reduce(model_, losses);
     reduce_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() -
-                                                   reduce_start).count();
+                                                   reduce_start).count() +
+                     ranks_->take_seconds_in_backward();
   }
   // The boundary, in gradient_clipping.hpp's order (the object refuses any other).
   const bool scaling = boundary_.scaling();

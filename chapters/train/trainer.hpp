@@ -24,9 +24,11 @@
 // Data parallel (chapter 07, a RankGroup given): the batch is split into the ranks'
 // shares (dist::share_of), each share accumulated as above with the global count b and
 // its samples' global rows, and the ranks' gradients summed once, before the boundary;
-// the boundary then runs on every rank on the same sum. Under ZeRO stage 1 each rank holds
-// the sum of its shard only: the boundary measures the ranks' shards and combines them,
-// each rank's optimizer steps its shard, and the ranks then share the updated parameters.
+// the boundary then runs on every rank on the same sum (with overlap, the sum of each
+// group of gradients starts during the share's last backward, as soon as it is final).
+// Under ZeRO stage 1 each rank holds the sum of its shard only: the boundary measures the
+// ranks' shards and combines them, each rank's optimizer steps its shard, and the ranks
+// then share the updated parameters.
 // The learning-rate schedule counts optimizer steps taken: a skipped step does not
 // advance it (PyTorch warns when a scheduler steps before its optimizer for this reason).
 // Without a loss scaler, an inf or NaN loss, or gradient found by that pass, stops the run
@@ -146,7 +148,8 @@ struct StepRecord {
   double seconds = 0;              ///< the step's wall time
   /// The part of it spent summing the ranks' gradients, waiting for the slowest rank
   /// included, and under ZeRO gathering the updated parameters (data parallel; 0 without
-  /// ranks).
+  /// ranks). With overlap, what the sum still cost the step: the calls made inside the
+  /// last backward (copying and starting buckets) and the wait after it.
   double reduce_seconds = 0;
   MemoryStats memory;              ///< the device allocator during this step only:
                                    ///< peak_total, at_peak (its breakdown), peak per category

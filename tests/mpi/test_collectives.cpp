@@ -6,10 +6,12 @@
 
 #include <cmath>
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "chapters/07_data_parallel/data_parallel.hpp"
 #include "chapters/train/trainer.hpp"
+#include "dist/bucketed_sum.hpp"
 #include "dist/communicator.hpp"
 #include "tests/tiny_training.hpp"
 
@@ -60,6 +62,72 @@ TEST(Collectives, TheDeterministicReduceScatterHasTheAllReducesBits) {
   world().all_gather_shares(halves);
   world().all_reduce_sum(whole, dist::Reduction::deterministic);
   EXPECT_EQ(halves, whole);
+}
+
+// Buckets: several buffers (empty, shorter than R, uneven) started in two buckets, moved on
+// by progress() and finished: the whole sum everywhere, or each rank's shard of each.
+TEST(BucketedSum, LeavesEveryBufferItsSumInEitherReductionAndEitherResult) {
+  for (const dist::Reduction reduction : {dist::Reduction::deterministic, dist::Reduction::engine}) {
+    for (const auto result : {dist::BucketedSum::Result::every_rank,
+                              dist::BucketedSum::Result::own_shards}) {
+      dist::BucketedSum sum(world(), reduction, result);
+      for (int round = 0; round < 2; ++round) {  // the second reuses the first's buffers
+        const std::vector<std::size_t> lengths = {0, 2, 10, 1001, 64};
+        std::vector<std::vector<float>> buffers;
+        for (const std::size_t n : lengths) {
+          std::vector<float> values(n);
+          for (std::size_t i = 0; i < n; ++i) values[i] = term(world().rank(), i + round);
+          buffers.push_back(std::move(values));
+        }
+        std::vector<std::span<float>> first = {buffers[0], buffers[1], buffers[2]};
+        std::vector<std::span<float>> second = {buffers[3], buffers[4]};
+        sum.start(first);
+        sum.progress();
+        sum.start(second);
+        EXPECT_EQ(sum.started(), lengths.size());
+        sum.progress();
+        sum.finish();
+        EXPECT_EQ(sum.started(), 0u);
+        for (std::size_t b = 0; b < lengths.size(); ++b) {
+          const dist::Share mine = dist::share_of(static_cast<std::int64_t>(lengths[b]),
+                                                  world().size(), world().rank());
+          for (std::size_t i = 0; i < lengths[b]; ++i) {
+            const bool held = result == dist::BucketedSum::Result::every_rank ||
+                              (static_cast<std::int64_t>(i) >= mine.begin &&
+                               static_cast<std::int64_t>(i) < mine.begin + mine.size);
+            if (!held) continue;
+            ASSERT_EQ(buffers[b][i], sum_of_terms(i + round))
+                << dist::reduction_name(reduction) << ", buffer of " << lengths[b]
+                << ", element " << i << ", round " << round;
+          }
+        }
+      }
+    }
+  }
+}
+
+// The deterministic sum's bits do not depend on when, or in which bucket, a buffer's sum
+// starts: terms that do not add exactly, bucketed and in one call each.
+TEST(BucketedSum, TheDeterministicOneHasTheOneCallSumsBits) {
+  const std::size_t n = 777;
+  std::vector<float> a(n), b(n / 3), whole_a, whole_b;
+  for (std::size_t i = 0; i < n; ++i) {
+    a[i] = std::sin(static_cast<float>(i) + 0.1f * world().rank()) * 1e-3f +
+           (world().rank() == 0 ? 1.0f : 0.0f);
+  }
+  for (std::size_t i = 0; i < b.size(); ++i) b[i] = std::cos(static_cast<float>(i) * world().rank());
+  whole_a = a;
+  whole_b = b;
+  world().all_reduce_sum(whole_a, dist::Reduction::deterministic);
+  world().all_reduce_sum(whole_b, dist::Reduction::deterministic);
+  dist::BucketedSum sum(world(), dist::Reduction::deterministic,
+                        dist::BucketedSum::Result::every_rank);
+  const std::vector<std::span<float>> first = {b}, second = {a};
+  sum.start(first);
+  sum.start(second);
+  sum.finish();
+  EXPECT_EQ(a, whole_a);
+  EXPECT_EQ(b, whole_b);
 }
 
 TEST(Collectives, AnAllGatherOfSharesGivesEveryRankEveryShard) {
@@ -115,6 +183,17 @@ TEST(ZeroStageOne, EveryRankSeesAnyRanksInfAndEveryShardsSquaredNorm) {
   EXPECT_EQ(pieces.combine({&none, 1}).squared_norm, 2.0 * world().size());
 }
 
+/// Batches of 50 in micro-batches of 7 (shares of 17, 17 and 16 over 3 ranks: 7, 7, 3 and
+/// 7, 7, 2), with a dynamic loss scale.
+train::TrainConfig uneven_shares_run(std::int64_t steps) {
+  train::TrainConfig run;
+  run.batch = 50;
+  run.micro_batch = 7;
+  run.steps = steps;
+  run.loss_scaling = loss_scaling::LossScaleRule::dynamic;
+  return run;
+}
+
 // Rank r's step, measured by the tracking allocator, is predict_rank_step's to the byte,
 // category by category at the peak, at stage 0 and stage 1 (where the optimizer state is
 // the rank's shard's: about a third of stage 0's here). Shares of 17, 17 and 16 samples in
@@ -123,11 +202,7 @@ TEST(RankMemory, EveryRanksStepIsPredictedToTheByte) {
   const Dataset data = testing::tiny_data(200);
   const nn::ModelConfig config = testing::tiny_model(2, 0.0f);
   const AdamWOptions adamw{.lr = 1e-3};
-  train::TrainConfig run;
-  run.batch = 50;
-  run.micro_batch = 7;
-  run.steps = 2;
-  run.loss_scaling = loss_scaling::LossScaleRule::dynamic;
+  const train::TrainConfig run = uneven_shares_run(2);
   for (const data_parallel::ZeroStage zero : {data_parallel::ZeroStage::replicated,
                                               data_parallel::ZeroStage::optimizer_state}) {
     nn::Model model(config, Device::cpu());
@@ -147,6 +222,40 @@ TEST(RankMemory, EveryRanksStepIsPredictedToTheByte) {
       EXPECT_EQ(at_peak, predicted.stats.at_peak)
           << "stage " << data_parallel::setting_text(zero) << ", rank " << world().rank();
     }
+  }
+}
+
+// Overlap: the trainer's ranks summing in buckets during the last micro-batch's backward
+// (every group of gradients its own bucket, and one bucket of everything started at the
+// end) save the bytes of the ranks that sum after the backward, at stage 0 and stage 1,
+// with dropout and a dynamic loss scale; and the trainer counts the time spent in the
+// backward's calls as the sum's.
+TEST(Overlap, BucketsDuringTheLastBackwardGiveTheBitsOfOneSumAfterIt) {
+  const Dataset data = testing::tiny_data(200);
+  const nn::ModelConfig config = testing::tiny_model(3, 0.1f);
+  const train::TrainConfig run = uneven_shares_run(3);
+  for (const data_parallel::ZeroStage zero : {data_parallel::ZeroStage::replicated,
+                                              data_parallel::ZeroStage::optimizer_state}) {
+    std::vector<std::vector<float>> saved;
+    for (const std::size_t bucket_bytes : {std::size_t{0}, std::size_t{1}, std::size_t{1} << 30}) {
+      nn::Model model(config, Device::cpu());
+      data_parallel::CommunicatorRanks ranks(world(), dist::Reduction::deterministic, zero,
+                                             bucket_bytes);
+      EXPECT_EQ(ranks.overlaps(), bucket_bytes > 0);
+      nn::Optimizer optimizer(ranks.stepped_parameters(model), AdamWOptions{.lr = 1e-2});
+      train::Trainer trainer(model, optimizer, data, run, &ranks);
+      trainer.run([](const train::StepRecord& record) { EXPECT_GT(record.reduce_seconds, 0.0); });
+      std::vector<float> parameters;
+      for (const nn::NamedParameter& p : model.parameters()) {
+        const std::vector<float> values = p.value.to_vector<float>();
+        parameters.insert(parameters.end(), values.begin(), values.end());
+      }
+      saved.push_back(std::move(parameters));
+    }
+    EXPECT_EQ(saved[1], saved[0]) << "every group its own bucket, stage "
+                                  << data_parallel::setting_text(zero);
+    EXPECT_EQ(saved[2], saved[0]) << "one bucket started after the backward, stage "
+                                  << data_parallel::setting_text(zero);
   }
 }
 
