@@ -50,7 +50,7 @@ def data_parallel_time():
         summing = f"{row['reduce_ms']:.1f}" if row["ranks"] > 1 else "-"
         rows.append(f"| {row['name']} | {row['step_ms']:.1f} | {summing} | {share} "
                     f"| {mib(row['rank0_peak_bytes'])} | {mib(row['rank0_optimizer_state_bytes'])} |")
-    one, ranked, engine, zero1 = result["rows"]
+    one, ranked, engine, zero1, overlap = result["rows"]
     ratio = ranked["step_ms"] / one["step_ms"]
     verdict = ("take longer than" if ratio > 1.05 else "are as fast as" if ratio >= 0.95
                else "are faster than")
@@ -69,7 +69,22 @@ def data_parallel_time():
              f"{mib(ranked['rank0_peak_bytes'])} to {mib(zero1['rank0_peak_bytes'])} MiB: "
              f"section (e)'s prediction) for a step of {zero1['step_ms']:.1f} ms, its "
              f"reduce-scatter and all-gather taking "
-             f"{percent(zero1['reduce_ms'] / zero1['step_ms'], 1)}.")])
+             f"{percent(zero1['reduce_ms'] / zero1['step_ms'], 1)}."),
+        wrap(f"Overlapped with the last micro-batch's backward (buckets of "
+             f"{overlap['bucket']}), the deterministic sum still costs the step "
+             f"{overlap['reduce_ms']:.1f} ms (the calls made inside the backward and the wait "
+             f"after it) against {ranked['reduce_ms']:.1f} ms summed after the backward, "
+             f"for a step of {overlap['step_ms']:.1f} ms against {ranked['step_ms']:.1f}: "
+             f"{overlap_verdict(overlap['reduce_ms'] / ranked['reduce_ms'])}.")])
+
+
+def overlap_verdict(ratio):
+    """What overlapping did to the sum's cost, from its ratio to the sum after the backward."""
+    if ratio < 0.8:
+        return f"it hides {percent(1 - ratio, 0)} of the sum"
+    if ratio <= 1.2:
+        return "it hides nothing here"
+    return f"here it hides nothing and the sum takes {ratio:.2f} times as long"
 
 
 def planner_frontier():

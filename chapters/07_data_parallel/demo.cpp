@@ -420,6 +420,13 @@ int main(int argc, char** argv) {
   report.check(bitwise_equal(job.parameters, own.parameters),
                std::to_string(ranks) + " ranks under MPI (deterministic reduction) end with "
                "this process's simulation's parameters, bit for bit");
+  // Overlap: every group of gradients its own bucket, started during the last backward.
+  dp::CommunicatorRanks overlapped(*world, dist::Reduction::deterministic,
+                                   dp::ZeroStage::replicated, /*bucket_bytes=*/1);
+  const Outcome overlapped_job = train(data, model_config, s, &overlapped);
+  report.check(bitwise_equal(overlapped_job.parameters, own.parameters),
+               "overlapping the sum with the last backward (each group of gradients its own "
+               "bucket, started as the backward finishes it): the same bits");
   dp::SimulatedRanks group1(ranks, bb::nn::Model(model_config, bb::Device::cpu()),
                            dp::ZeroStage::optimizer_state);
   const Outcome own1 = train(data, model_config, s, &group1);
@@ -450,8 +457,8 @@ int main(int argc, char** argv) {
                               "g_0 + g_1)"
                             : "the same bits this time (its order is its own: run with 3 or 4 "
                               "ranks and compare again)"));
-  // The time one gradient sum takes, each way, against the step; and the engine's at an
-  // eighth of the size, for this machine's alpha and beta.
+  // The time one gradient sum takes, each way, against the step; and the engine's at four
+  // sizes from a 64th of it, fitted by least squares for this machine's alpha and beta.
   std::vector<float> buffer(static_cast<std::size_t>(parameter_count), 1.0f);
   const auto time_sums = [&](dist::Reduction reduction, std::size_t count) {
     const std::span<float> values(buffer.data(), count);
@@ -465,18 +472,24 @@ int main(int argc, char** argv) {
   };
   const double deterministic_seconds = time_sums(dist::Reduction::deterministic, buffer.size());
   const double engine_seconds = time_sums(dist::Reduction::engine, buffer.size());
-  const double eighth_seconds = time_sums(dist::Reduction::engine, buffer.size() / 8);
+
   report.note("one sum of the " + std::to_string(parameter_count) + " gradients: " +
               number(deterministic_seconds * 1e6, "%.0f") + " us deterministic, " +
               number(engine_seconds * 1e6, "%.0f") + " us the engine's; a step " +
               number(job.seconds_per_step * 1e3, "%.1f") + " ms (mean of " +
               std::to_string(s.steps - 1) + ")");
-  const double full_bytes = 4.0 * static_cast<double>(buffer.size());
-  const std::pair<double, double> measured[] = {{full_bytes / 8, eighth_seconds},
-                                                {full_bytes, engine_seconds}};
+  std::vector<std::pair<double, double>> measured;  // (bytes, seconds)
+  for (const std::size_t part : {64, 16, 4}) {
+    const std::size_t count = buffer.size() / part;
+    measured.emplace_back(4.0 * static_cast<double>(count), time_sums(dist::Reduction::engine, count));
+  }
+  measured.emplace_back(4.0 * static_cast<double>(buffer.size()), engine_seconds);
   try {
     const dp::Link here = dp::fit_ring(measured, ranks);
-    report.note("the engine's sums at two sizes fitted as a ring here: alpha " +
+    report.note("the engine's sums at " + std::to_string(measured.size()) + " sizes (" +
+                number(measured.front().first / 1024, "%.0f") + " to " +
+                number(measured.back().first / 1024, "%.0f") +
+                " KiB) fitted as a ring here by least squares: alpha " +
                 number(here.latency_seconds * 1e6, "%.1f") + " us, beta " +
                 number(here.bytes_per_second / 1e9, "%.1f") + " GB/s (section d's links, " +
                 "for comparison, are assumed at 5 us and 450 GB/s inside a node)");
