@@ -5,11 +5,13 @@
 #include <zlib.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <stdexcept>
 #include <string>
+#include <thread>
 
 #include "common/check.hpp"
 
@@ -196,6 +198,31 @@ std::vector<double> Communicator::all_gather(double value) {
   return values;
 }
 
+namespace {
+
+/// Waits for `request`, testing it every millisecond instead of spinning in MPI_Wait.
+void wait_quietly(MPI_Request& request) {
+  for (int done = 0;;) {
+    MPI_Test(&request, &done, MPI_STATUS_IGNORE);
+    if (done) return;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
+
+}  // namespace
+
+std::string Communicator::broadcast(const std::string& text) {
+  std::uint64_t length = rank_ == 0 ? text.size() : 0;
+  MPI_Request request = MPI_REQUEST_NULL;
+  MPI_Ibcast(&length, 1, MPI_UINT64_T, 0, MPI_COMM_WORLD, &request);
+  wait_quietly(request);
+  std::string received = rank_ == 0 ? text : std::string(length, '\0');
+  MPI_Ibcast(received.data(), count_of(static_cast<std::int64_t>(length)), MPI_CHAR, 0,
+             MPI_COMM_WORLD, &request);
+  wait_quietly(request);
+  return received;
+}
+
 void Communicator::barrier() { MPI_Barrier(MPI_COMM_WORLD); }
 
 void Communicator::abort(int exit_code) {
@@ -221,6 +248,7 @@ void Communicator::all_gather_shares(std::span<std::uint16_t>) {}
 std::vector<double> Communicator::all_gather(double value) { return {value}; }
 std::vector<float> Communicator::all_gather(float value) { return {value}; }
 std::vector<std::uint64_t> Communicator::all_gather(std::uint64_t value) { return {value}; }
+std::string Communicator::broadcast(const std::string& text) { return text; }
 void Communicator::barrier() {}
 void Communicator::abort(int exit_code) { std::exit(exit_code); }
 

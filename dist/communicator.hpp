@@ -27,6 +27,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -98,6 +99,10 @@ class Communicator {
   std::vector<std::uint64_t> all_gather(std::uint64_t value);
   /// The same for a double (a shard's squared gradient norm).
   std::vector<double> all_gather(double value);
+  /// Rank 0's `text` on every rank (the others' `text` is ignored). The other ranks wait
+  /// without spinning (they test for it every millisecond), so that their cores stay free
+  /// for rank 0's work in the meantime (the cost model it may be measuring).
+  std::string broadcast(const std::string& text);
   /// Waits until every rank has called it.
   void barrier();
   /// Ends every rank of the run with this exit code (MPI_Abort): for a rank that cannot go

@@ -20,20 +20,26 @@ double step_communication_seconds(const nn::ModelConfig& config, int ranks, Zero
          0.5 * cluster_all_reduce_seconds(gathered, ranks, cluster);
 }
 
-RankPlans plan_ranks(planning::PlanRequest request, const planning::CostModel& cost, int ranks,
-                     ZeroStage zero, const Cluster& cluster) {
-  BIGBATCH_CHECK(ranks >= 1 && ranks <= request.batch, "plan_ranks: ", ranks,
+RankPlans plan_share(planning::PlanRequest request, const planning::CostModel& cost, int ranks,
+                     ZeroStage zero) {
+  BIGBATCH_CHECK(ranks >= 1 && ranks <= request.batch, "plan_share: ", ranks,
                  " ranks for a batch of ", request.batch, " (each rank needs a sample)");
   RankPlans plans;
   plans.share = dist::share_of(request.batch, ranks, 0).size;
+  request.batch = plans.share;
+  request.state_elements = optimizer_state_elements(request.model, ranks, 0, zero);
+  plans.result = planning::make_plan(request, cost);
+  return plans;
+}
+
+RankPlans plan_ranks(planning::PlanRequest request, const planning::CostModel& cost, int ranks,
+                     ZeroStage zero, const Cluster& cluster) {
+  RankPlans plans = plan_share(request, cost, ranks, zero);
   nn::ModelConfig fp32 = request.model, half = request.model;
   fp32.precision = nn::Precision::fp32;
   half.precision = nn::Precision::bf16;  // fp16 and bf16 move the same bytes
   plans.sum_seconds_fp32 = step_communication_seconds(fp32, ranks, zero, cluster);
   plans.sum_seconds_16bit = step_communication_seconds(half, ranks, zero, cluster);
-  request.batch = plans.share;
-  request.state_elements = optimizer_state_elements(request.model, ranks, 0, zero);
-  plans.result = planning::make_plan(request, cost);
   for (planning::Plan& plan : plans.result.feasible) {
     const double sum = plan.precision == nn::Precision::fp32 ? plans.sum_seconds_fp32
                                                              : plans.sum_seconds_16bit;

@@ -34,9 +34,16 @@ struct RankPlans {
 double step_communication_seconds(const nn::ModelConfig& config, int ranks, ZeroStage zero,
                                   const Cluster& cluster);
 
-/// Plans rank 0's step of request.batch over `ranks` (>= 1, <= the batch), pricing the
-/// compute of its share with `cost` and the sum with `cluster`; std::invalid_argument for
-/// ranks outside that range or not filling whole nodes.
+/// Plans rank 0's step of request.batch over `ranks` (>= 1, <= the batch): chapter 06's
+/// plans of its share, with the optimizer state of its shard at `zero`, the sum not priced
+/// (the sums are 0 in the answer). What `bigbatch train --plan auto` plans on ranks of this
+/// machine, whose links the planner does not know: at stage 0 the sum is the same for
+/// every plan. std::invalid_argument for ranks outside that range.
+RankPlans plan_share(planning::PlanRequest request, const planning::CostModel& cost, int ranks,
+                     ZeroStage zero);
+
+/// plan_share, pricing the sum of each precision's plans on `cluster` too, fastest first;
+/// std::invalid_argument for ranks not filling the cluster's whole nodes as well.
 RankPlans plan_ranks(planning::PlanRequest request, const planning::CostModel& cost, int ranks,
                      ZeroStage zero, const Cluster& cluster);
 

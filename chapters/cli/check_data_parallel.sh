@@ -24,6 +24,9 @@
 #     simulation's bytes (R = 2, 3, 4; stage 0 and 1; fp16, checkpointing, clipping), the
 #     engine's at R = 2 too; --bucket-size without --data-parallel, a size that is not one,
 #     and ranks with other bucket sizes are refused.
+#  7. --plan auto on ranks: rank 0's share planned (at stage 1 with its shard of the
+#     state) and trained by every rank, its measured peak the predicted one; a budget that
+#     fits stage 1 and not stage 0; the plan by hand, simulated, saves the job's bytes.
 set -u
 bigbatch=$1 mpiexec=$2
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
@@ -241,4 +244,41 @@ refused "--bucket-size lots" "cannot read 'lots' as a size" \
   "$bigbatch" train --data synthetic --samples 2000 --steps 1 --data-parallel --bucket-size lots
 refused "ranks with other bucket sizes" "rank 1 has other settings than rank 0" \
   timeout 60 mpirun -np 1 "$bigbatch" train $small --data-parallel : -np 1 "$bigbatch" train $small --bucket-size 1 --data-parallel
+
+# 7. --plan auto on ranks: rank 0 plans its share (128 of 256), under --zero 1 with its
+# shard of the optimizer state, and every rank trains rank 0's plan; rank 0's measured
+# step peak is the plan's, to the byte. 4.5 MiB fits rank 0's step at stage 1 (3.63 MiB
+# at least) and none at stage 0 (4.84 MiB at least), which exits with 3, naming the
+# smallest. The plan's flags given by hand to --simulate-ranks 2 save the job's bytes;
+# --plan with --simulate-ranks is refused (the simulation holds every rank's gradients).
+planned="--data synthetic --samples 600 --depth 8 --hidden 64 --batch 256 --steps 2 --calibration plan-calibration.json"
+mpirun -np 2 "$bigbatch" train $planned --device-memory 4.5MiB --plan auto --zero 1 --data-parallel \
+  --explain --log planned.jsonl --save planned.st > planned.txt 2>&1 ||
+  fail "--plan auto on 2 ranks at stage 1: exit code $? ($(tail -n 3 planned.txt))"
+grep -q '^rank 0 of 2 (ZeRO stage 1): its share of 128 samples of each batch; the gradient sum is not in the step times' planned.txt ||
+  fail "--plan auto on ranks does not plan rank 0's share: $(grep -m 1 '^rank 0' planned.txt)"
+predicted=$(sed -n 's/^predicted step peak .* (\([0-9]*\) bytes), at: .*/\1/p' planned.txt)
+[ -n "$predicted" ] && [ "$predicted" -le 4718592 ] || fail "the plan's peak ${predicted:-?} is not within 4.5 MiB"
+[ "$(grep -c "\"peak_bytes_total\":$predicted," planned.jsonl)" -eq 2 ] ||
+  fail "rank 0's measured peaks are not the predicted $predicted: $(grep -o '"peak_bytes_total":[0-9]*' planned.jsonl | tr '\n' ' ')"
+chosen=$(sed -n 's/^plan auto: micro-batch \([0-9]*\) ([0-9]* per step), \([a-z0-9]*\).*, checkpoint \(.*\)$/--micro-batch \1 --precision \2 --checkpoint \3/p' planned.txt)
+[ -n "$chosen" ] || fail "no plan named: $(grep '^plan auto' planned.txt)"
+case $chosen in *fp16*) chosen="$chosen --loss-scale dynamic" ;; esac
+"$bigbatch" train $planned --zero 1 --simulate-ranks 2 $chosen --save planned-sim.st > planned-sim.txt 2>&1 &&
+  cmp -s planned.st planned-sim.st || fail "the job's plan ($chosen) by hand, simulated, saved other bytes"
+code=0
+mpirun -np 2 "$bigbatch" train $planned --device-memory 4.5MiB --plan auto --data-parallel \
+  > planned0.txt 2> planned0.err || code=$?
+[ $code -eq 3 ] && grep -q 'no plan fits the step in 4.50 MiB: the smallest predicted peak is 4.84 MiB' planned0.err ||
+  fail "--plan auto at stage 0 under 4.5 MiB: exit code $code, $(head -n 1 planned0.err)"
+# --explain predicts rank 0's step without a plan too: micro-batches of 200 over shares of
+# 128 stage 128 rows (the whole batch's step would stage 200).
+mpirun -np 2 "$bigbatch" train $planned --micro-batch 200 --data-parallel --explain --log explained.jsonl \
+  > explained.txt 2>&1 || fail "--explain on 2 ranks: $(tail -n 3 explained.txt)"
+predicted200=$(sed -n 's/^predicted step peak .* (\([0-9]*\) bytes), at: .*/\1/p' explained.txt)
+[ -n "$predicted200" ] && [ "$(grep -c "\"peak_bytes_total\":$predicted200," explained.jsonl)" -eq 2 ] ||
+  fail "--explain on ranks: the measured peaks are not the predicted ${predicted200:-?}: $(grep -o '"peak_bytes_total":[0-9]*' explained.jsonl | tr '\n' ' ')"
+echo "--plan auto on 2 ranks: rank 0's share planned ($chosen), its peak $predicted bytes as measured; stage 0 fits nothing in 4.5 MiB; --explain predicts rank 0's step ($predicted200 bytes)"
+refused "--plan with --simulate-ranks" "--simulate-ranks does not take --plan" \
+  "$bigbatch" train $planned --device-memory 4.5MiB --plan auto --simulate-ranks 2
 echo "ok"

@@ -55,9 +55,10 @@ RunRanks::RunRanks(const TrainOptions& options) : options_(options.parallel) {
     throw UsageError("--zero shards the ranks' state: give --data-parallel or --simulate-ranks");
   }
   if (!on) return;
-  if (options.was_given("--plan")) {
-    throw UsageError(std::string(options_.data_parallel ? "--data-parallel" : "--simulate-ranks") +
-                     " does not take --plan yet: the planner plans one device");
+  if (!options_.data_parallel && options.was_given("--plan")) {
+    throw UsageError("--simulate-ranks does not take --plan: the simulation holds every "
+                     "rank's gradients on one device, and the planner plans one rank's step "
+                     "(plan it under --data-parallel)");
   }
   if (options_.data_parallel) {
     try {
@@ -196,6 +197,44 @@ std::unique_ptr<nn::Optimizer> RunRanks::whole_optimizer(const nn::Model& model,
 void RunRanks::take_shard(const nn::Optimizer& whole, nn::Optimizer& optimizer) const {
   BIGBATCH_CHECK(sharded_ != nullptr, "take_shard: this run's ranks hold no shards");
   sharded_->take_optimizer_shard(whole, optimizer);
+}
+
+checkpointing::StepShape RunRanks::rank_step(checkpointing::StepShape whole) const {
+  if (!communicator_) return whole;
+  whole.state_elements =
+      data_parallel::optimizer_state_elements(whole.model, count_, 0, options_.zero);
+  whole.batch = dist::share_of(whole.batch, count_, 0).size;
+  whole.micro_batch = std::min(whole.micro_batch, whole.batch);
+  return whole;
+}
+
+std::optional<int> RunRanks::planned_ranks() const {
+  return enabled() ? std::optional<int>(count_) : std::nullopt;
+}
+
+planning::Plan RunRanks::agreed_plan(const std::function<planning::Plan()>& plan) const {
+  if (!communicator_ || count_ == 1) return plan();
+  // Rank 0's choice as text: "MICRO_BATCH PRECISION CHECKPOINT".
+  planning::Plan chosen;
+  std::string text;
+  if (communicator_->rank() == 0) {
+    chosen = plan();
+    text = std::to_string(chosen.micro_batch) + " " + nn::precision_name(chosen.precision) +
+           " " + chosen.checkpoint.text();
+  }
+  text = communicator_->broadcast(text);
+  if (communicator_->rank() == 0) return chosen;
+  std::istringstream fields(text);
+  std::string precision, checkpoint;
+  fields >> chosen.micro_batch >> precision >> checkpoint;
+  bool named = false;
+  for (const nn::Precision p : {nn::Precision::fp32, nn::Precision::fp16, nn::Precision::bf16}) {
+    if (nn::precision_name(p) == precision) chosen.precision = p, named = true;
+  }
+  BIGBATCH_CHECK(named && chosen.micro_batch > 0, "rank ", communicator_->rank(),
+                 ": rank 0's plan '", text, "' does not read as a plan");
+  chosen.checkpoint = checkpointing::Policy::parse(checkpoint);
+  return chosen;
 }
 
 std::string RunRanks::describe(std::int64_t batch, std::int64_t micro_batch) const {

@@ -3,10 +3,14 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "chapters/05_activation_checkpointing/memory_plan.hpp"
+#include "chapters/06_planner/planner.hpp"
 #include "chapters/07_data_parallel/data_parallel.hpp"
 #include "chapters/cli/options.hpp"
 #include "chapters/train/run_settings.hpp"
@@ -17,9 +21,10 @@ namespace bigbatch::cli {
 
 class RunRanks {
  public:
-  /// Refuses the flags that do not go with the ranks (UsageError: --plan, --reduction
-  /// without --data-parallel, --zero without ranks) and, with --data-parallel, joins the MPI job. Rank 0 alone
-  /// prints and writes files (snapshots included).
+  /// Refuses the flags that do not go with the ranks (UsageError: --plan with
+  /// --simulate-ranks, --reduction or --bucket-size without --data-parallel, --zero without
+  /// ranks) and, with --data-parallel, joins the MPI job. Rank 0 alone prints and writes
+  /// files (snapshots included).
   explicit RunRanks(const TrainOptions& options);
 
   bool enabled() const { return count_ > 1 || options_.data_parallel || options_.simulate_ranks > 0; }
@@ -64,6 +69,16 @@ class RunRanks {
                                                  const nn::Optimizer& optimizer, bool gather);
   /// Resumed into whole_optimizer(..., false): `optimizer` takes this rank's shard.
   void take_shard(const nn::Optimizer& whole, nn::Optimizer& optimizer) const;
+  /// The step each rank's memory must hold under MPI: rank 0's (the largest share, and at
+  /// ZeRO stage 1 the largest shard of the optimizer state), of `whole`, the batch's step.
+  /// Unchanged in one process: the simulation holds every rank's gradients besides.
+  checkpointing::StepShape rank_step(checkpointing::StepShape whole) const;
+  /// The ranks `bigbatch train --plan auto` plans rank 0's share of (nullopt when off).
+  std::optional<int> planned_ranks() const;
+  /// The plan every rank trains with: `plan`'s on rank 0, sent to the others (which wait
+  /// for it without spinning: rank 0 may be measuring the cost model), so that ranks whose
+  /// own measurements would differ cannot choose apart. Alone, `plan`'s.
+  planning::Plan agreed_plan(const std::function<planning::Plan()>& plan) const;
   /// "data parallel: 2 ranks under MPI, shares of 32 samples ..." for the run's header.
   std::string describe(std::int64_t batch, std::int64_t micro_batch) const;
 

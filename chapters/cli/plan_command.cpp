@@ -60,7 +60,7 @@ std::string loss_scale_flag(loss_scaling::LossScaleRule rule) {
 }  // namespace
 
 planning::PlanResult plan_for(const TrainOptions& options, const nn::ModelConfig& model,
-                              Device device) {
+                              Device device, std::optional<int> train_ranks) {
   if (!options.device_memory) {
     throw UsageError("planning needs --device-memory SIZE, the memory to plan for");
   }
@@ -90,7 +90,10 @@ planning::PlanResult plan_for(const TrainOptions& options, const nn::ModelConfig
   // Chapter 07: rank 0's step of R on the modelled cluster, or the whole batch on one device.
   std::optional<data_parallel::RankPlans> rank_plans;
   int ranks = 1;
-  if (options.plan.ranks > 1 || options.was_given("--zero")) {
+  if (train_ranks) {  // this machine's ranks, whose links the planner does not know
+    ranks = *train_ranks;
+    rank_plans = data_parallel::plan_share(request, cost, ranks, options.parallel.zero);
+  } else if (options.plan.ranks > 1 || options.was_given("--zero")) {
     if (!modelled) {
       throw UsageError("--ranks prices the gradient sum on a modelled cluster (chapter 07's "
                        "links): give --device-model h200");
@@ -147,10 +150,19 @@ planning::PlanResult plan_for(const TrainOptions& options, const nn::ModelConfig
     if (rank_plans) {
       std::cout << "rank 0 of " << ranks << " (ZeRO stage "
                 << data_parallel::setting_text(options.parallel.zero) << "): its share of "
-                << samples << " samples of each batch; every step time includes the gradient "
-                << "sum modelled on chapter 07's cluster (assumed links, not measured): "
-                << milliseconds(rank_plans->sum_seconds_fp32) << " in fp32, "
-                << milliseconds(rank_plans->sum_seconds_16bit) << " in fp16 and bf16\n";
+                << samples << " samples of each batch; ";
+      if (train_ranks) {
+        std::cout << "the gradient sum is not in the step times (this machine's links are "
+                  << "not modelled; "
+                  << (options.parallel.zero == data_parallel::ZeroStage::replicated
+                          ? "the sum is the same for every plan)\n"
+                          : "at stage 1 the 16-bit plans also gather their working copies)\n");
+      } else {
+        std::cout << "every step time includes the gradient sum modelled on chapter 07's "
+                  << "cluster (assumed links, not measured): "
+                  << milliseconds(rank_plans->sum_seconds_fp32) << " in fp32, "
+                  << milliseconds(rank_plans->sum_seconds_16bit) << " in fp16 and bf16\n";
+      }
     }
   }
   if (result.feasible.empty()) {

@@ -2,6 +2,8 @@
 // (chapter 06): the plans whose step fits --device-memory, fastest first.
 #pragma once
 
+#include <optional>
+
 #include "chapters/06_planner/planner.hpp"
 #include "chapters/cli/options.hpp"
 #include "common/device.hpp"
@@ -12,8 +14,10 @@ namespace bigbatch::cli {
 /// Chapter 06's answer for the model, batch, optimizer and --device-memory of `options`,
 /// with its table printed (with --json, one JSON object instead); throws UsageError without
 /// --device-memory, NoPlanFits when no plan fits (after the JSON object, with --json).
+/// With `train_ranks` (`bigbatch train --plan auto` on R ranks of this machine): rank 0's
+/// share of the batch, at --zero's stage (data_parallel::plan_share).
 planning::PlanResult plan_for(const TrainOptions& options, const nn::ModelConfig& model,
-                              Device device);
+                              Device device, std::optional<int> train_ranks = std::nullopt);
 
 /// bigbatch plan: the table, and the train flags of the fastest plan.
 int run_plan(const TrainOptions& options);

@@ -264,9 +264,13 @@ int run_train(TrainOptions options) {
   const Device device = available_device(options);
   const Splits splits = load_data(options);  // once, --plan auto included
   nn::ModelConfig model_shape = model_config(options, splits);
-  if (options.plan.automatic) {
-    const planning::Plan best = plan_for(options, model_shape, device).best();
-    std::cout << "plan auto: " << planning::describe(best, options.train.batch) << "\n";
+  if (options.plan.automatic) {  // on ranks: rank 0's share, planned by rank 0 for all
+    const planning::Plan best = ranks.agreed_plan(
+        [&] { return plan_for(options, model_shape, device, ranks.planned_ranks()).best(); });
+    const std::int64_t planned = ranks.planned_ranks()
+                                     ? dist::share_of(options.train.batch, ranks.count(), 0).size
+                                     : options.train.batch;
+    std::cout << "plan auto: " << planning::describe(best, planned) << "\n";
     apply_plan(best, options, model_shape);
   }
   const std::int64_t batch = options.train.batch;
@@ -294,9 +298,10 @@ int run_train(TrainOptions options) {
   // and --explain prints the prediction.
   const nn::Optimizer::Options optimizer_choice = optimizer_options(options);
   const train::TrainConfig config = train_config(options);
-  const checkpointing::StepShape step_shape{
-      model_shape, batch, micro_batch, optimizer_choice,
-      loss_scaling::boundary_workspace_bytes(train::boundary_options(config))};
+  // Under MPI, rank 0's step: its share, its shard of the optimizer state (chapter 07).
+  const checkpointing::StepShape step_shape = ranks.rank_step(
+      {model_shape, batch, micro_batch, optimizer_choice,
+       loss_scaling::boundary_workspace_bytes(train::boundary_options(config))});
   cap_device_memory(options, step_shape, device);
 
   nn::Model model(model_shape, device);

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdint>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "chapters/07_data_parallel/data_parallel.hpp"
@@ -145,6 +146,14 @@ TEST(Collectives, AnAllGatherOfSharesGivesEveryRankEveryShard) {
     ASSERT_EQ(values[i], static_cast<float>(i)) << "element " << i;
     ASSERT_EQ(halves[i], static_cast<std::uint16_t>(i * 7)) << "element " << i;
   }
+}
+
+TEST(Collectives, ABroadcastGivesEveryRankRankZerosText) {
+  const std::string mine = "rank " + std::to_string(world().rank()) + "'s plan";
+  EXPECT_EQ(world().broadcast(mine), "rank 0's plan");
+  EXPECT_EQ(world().broadcast(world().rank() == 0 ? std::string() : mine), "");
+  const std::string long_text(100000, static_cast<char>('a' + world().rank()));
+  EXPECT_EQ(world().broadcast(long_text), std::string(100000, 'a'));
 }
 
 TEST(Collectives, AnAllGatherOfDoublesIsInRankOrder) {
