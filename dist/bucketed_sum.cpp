@@ -151,12 +151,6 @@ void BucketedSum::finish() {
   started_ = 0;
 }
 
-std::size_t BucketedSum::held_bytes() const {
-  std::size_t bytes = 0;
-  for (const auto& sum : sums_) bytes += sum->pieces.capacity() * sizeof(float);
-  return bytes;
-}
-
 #else  // built without MPI: Communicator::world() refuses, so no BucketedSum is made
 
 struct BucketedSum::Engine {};
@@ -170,7 +164,6 @@ void BucketedSum::progress() {}
 void BucketedSum::start_sum(std::span<float>) {}
 bool BucketedSum::advance(Sum&) { return true; }
 void BucketedSum::finish() {}
-std::size_t BucketedSum::held_bytes() const { return 0; }
 
 #endif
 

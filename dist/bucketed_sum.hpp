@@ -64,15 +64,13 @@ class BucketedSum {
   void progress();
   /// Waits for every sum started since the last finish(); afterwards each buffer holds its
   /// sum (Result says which part of it). The next start() begins the next round; the
-  /// pieces' buffers are kept between rounds.
+  /// buffers for the pieces the ranks send (host memory, about one copy of the summed
+  /// buffers under the deterministic sum, not counted by the tracking allocator, like the
+  /// engine's own) are kept between rounds.
   void finish();
 
   /// Buffers whose sums started since the last finish().
   std::size_t started() const { return started_; }
-  /// The host bytes kept between rounds for the pieces the ranks send (about one copy of
-  /// the buffers under the deterministic sum; not counted by the tracking allocator, like
-  /// the engine's own buffers).
-  std::size_t held_bytes() const;
 
  private:
   struct Sum;
