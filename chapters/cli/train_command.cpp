@@ -264,6 +264,7 @@ int run_train(TrainOptions options) {
   const Device device = available_device(options);
   const Splits splits = load_data(options);  // once, --plan auto included
   nn::ModelConfig model_shape = model_config(options, splits);
+  ranks.check_run(options, model_shape, splits.train.size());  // before a plan of its share
   if (options.plan.automatic) {  // on ranks: rank 0's share, planned by rank 0 for all
     const planning::Plan best = ranks.agreed_plan(
         [&] { return plan_for(options, model_shape, device, ranks.planned_ranks()).best(); });
@@ -292,7 +293,6 @@ int run_train(TrainOptions options) {
   if (batch_norm && !options.train.drop_last) {
     check_batchnorm_micro_batches(batch, micro_batch, samples % batch);
   }
-  ranks.check_run(options, model_shape, samples);
   // The step as chapter 05's memory model sees it, the optimizer boundary's bytes
   // included: the cap is checked against it, budget:BYTES is chosen by its prediction,
   // and --explain prints the prediction.
