@@ -472,7 +472,6 @@ int main(int argc, char** argv) {
   };
   const double deterministic_seconds = time_sums(dist::Reduction::deterministic, buffer.size());
   const double engine_seconds = time_sums(dist::Reduction::engine, buffer.size());
-
   report.note("one sum of the " + std::to_string(parameter_count) + " gradients: " +
               number(deterministic_seconds * 1e6, "%.0f") + " us deterministic, " +
               number(engine_seconds * 1e6, "%.0f") + " us the engine's; a step " +

@@ -194,6 +194,9 @@ std::string DataSource::text() const {
 }
 
 std::optional<nn::Norm> norm_named(std::string_view word) { return value_of(kNorms, word); }
+std::optional<nn::Precision> precision_named(std::string_view word) {
+  return value_of(kPrecisions, word);
+}
 std::optional<nn::Activation> activation_named(std::string_view word) {
   return value_of(kActivations, word);
 }

@@ -153,5 +153,8 @@ void add_device_model_flag(CLI::App& plan, TrainOptions& options);
 /// an unknown one): --init compares the file's metadata with them.
 std::optional<nn::Norm> norm_named(std::string_view word);
 std::optional<nn::Activation> activation_named(std::string_view word);
+/// The precision of a --precision word (nullopt for an unknown one): a plan sent between
+/// ranks names it so.
+std::optional<nn::Precision> precision_named(std::string_view word);
 
 }  // namespace bigbatch::cli

@@ -227,12 +227,10 @@ planning::Plan RunRanks::agreed_plan(const std::function<planning::Plan()>& plan
   std::istringstream fields(text);
   std::string precision, checkpoint;
   fields >> chosen.micro_batch >> precision >> checkpoint;
-  bool named = false;
-  for (const nn::Precision p : {nn::Precision::fp32, nn::Precision::fp16, nn::Precision::bf16}) {
-    if (nn::precision_name(p) == precision) chosen.precision = p, named = true;
-  }
+  const std::optional<nn::Precision> named = precision_named(precision);
   BIGBATCH_CHECK(named && chosen.micro_batch > 0, "rank ", communicator_->rank(),
                  ": rank 0's plan '", text, "' does not read as a plan");
+  chosen.precision = *named;
   chosen.checkpoint = checkpointing::Policy::parse(checkpoint);
   return chosen;
 }
