@@ -151,7 +151,7 @@ void BucketedSum::finish() {
   started_ = 0;
 }
 
-#else  // built without MPI: Communicator::world() refuses, so no BucketedSum is made
+#else  // built without MPI: one rank (Communicator::world()), whose sum is its own buffers
 
 struct BucketedSum::Engine {};
 struct BucketedSum::Sum {};

@@ -150,50 +150,50 @@ void Communicator::all_reduce_sum(std::span<float> values, Reduction reduction) 
     MPI_Allreduce(MPI_IN_PLACE, values.data(), count_of(static_cast<std::int64_t>(values.size())),
                   MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
   } else {
-    reduce_scatter_in_rank_order(values, rank_, size_, scratch_);
+    reduce_scatter_in_rank_order(values, rank(), size(), scratch_);
     all_gather_shares(values);
   }
 }
 
 void Communicator::reduce_scatter_sum(std::span<float> values, Reduction reduction) {
   if (reduction == Reduction::deterministic) {
-    reduce_scatter_in_rank_order(values, rank_, size_, scratch_);
+    reduce_scatter_in_rank_order(values, rank(), size(), scratch_);
     return;
   }
   // MPI_Reduce_scatter in place leaves this rank's sum at the front of the buffer.
   const auto n = static_cast<std::int64_t>(values.size());
-  const ShardLayout layout(n, size_);
+  const ShardLayout layout(n, size());
   MPI_Reduce_scatter(MPI_IN_PLACE, values.data(), layout.counts.data(), MPI_FLOAT, MPI_SUM,
                      MPI_COMM_WORLD);
-  const Share mine = share_of(n, size_, rank_);
+  const Share mine = share_of(n, size(), rank());
   if (mine.size == 0) return;  // nothing of it here (and an empty buffer may be null)
   std::memmove(values.data() + mine.begin, values.data(),
                static_cast<std::size_t>(mine.size) * sizeof(float));
 }
 
 void Communicator::all_gather_shares(std::span<float> values) {
-  all_gather_in_place(values.data(), static_cast<std::int64_t>(values.size()), MPI_FLOAT, size_);
+  all_gather_in_place(values.data(), static_cast<std::int64_t>(values.size()), MPI_FLOAT, size());
 }
 
 void Communicator::all_gather_shares(std::span<std::uint16_t> values) {
   all_gather_in_place(values.data(), static_cast<std::int64_t>(values.size()), MPI_UINT16_T,
-                      size_);
+                      size());
 }
 
 std::vector<float> Communicator::all_gather(float value) {
-  std::vector<float> values(static_cast<std::size_t>(size_));
+  std::vector<float> values(static_cast<std::size_t>(size()));
   MPI_Allgather(&value, 1, MPI_FLOAT, values.data(), 1, MPI_FLOAT, MPI_COMM_WORLD);
   return values;
 }
 
 std::vector<std::uint64_t> Communicator::all_gather(std::uint64_t value) {
-  std::vector<std::uint64_t> values(static_cast<std::size_t>(size_));
+  std::vector<std::uint64_t> values(static_cast<std::size_t>(size()));
   MPI_Allgather(&value, 1, MPI_UINT64_T, values.data(), 1, MPI_UINT64_T, MPI_COMM_WORLD);
   return values;
 }
 
 std::vector<double> Communicator::all_gather(double value) {
-  std::vector<double> values(static_cast<std::size_t>(size_));
+  std::vector<double> values(static_cast<std::size_t>(size()));
   MPI_Allgather(&value, 1, MPI_DOUBLE, values.data(), 1, MPI_DOUBLE, MPI_COMM_WORLD);
   return values;
 }
@@ -212,11 +212,11 @@ void wait_quietly(MPI_Request& request) {
 }  // namespace
 
 std::string Communicator::broadcast(const std::string& text) {
-  std::uint64_t length = rank_ == 0 ? text.size() : 0;
+  std::uint64_t length = rank() == 0 ? text.size() : 0;
   MPI_Request request = MPI_REQUEST_NULL;
   MPI_Ibcast(&length, 1, MPI_UINT64_T, 0, MPI_COMM_WORLD, &request);
   wait_quietly(request);
-  std::string received = rank_ == 0 ? text : std::string(length, '\0');
+  std::string received = rank() == 0 ? text : std::string(length, '\0');
   MPI_Ibcast(received.data(), count_of(static_cast<std::int64_t>(length)), MPI_CHAR, 0,
              MPI_COMM_WORLD, &request);
   wait_quietly(request);
@@ -230,15 +230,19 @@ void Communicator::abort(int exit_code) {
   std::exit(exit_code);  // MPI_Abort does not return; this keeps [[noreturn]] true
 }
 
-#else  // built without MPI: every collective is refused where the communicator is asked for
+#else  // built without MPI: a world of one rank, whose collectives have nothing to move
 
 bool Communicator::available() { return false; }
 Communicator* Communicator::joined() { return nullptr; }
 
 Communicator& Communicator::world() {
-  throw std::runtime_error(
-      "this bigbatch was built without MPI: install Open MPI (Debian: openmpi-bin "
-      "libopenmpi-dev) and build again for data-parallel runs");
+  if (launched_by_mpi()) {  // this process is one of several, which it cannot reach
+    throw std::runtime_error(
+        "an MPI launcher started this bigbatch, which was built without MPI: install Open "
+        "MPI (Debian: openmpi-bin libopenmpi-dev) and build again for runs of several ranks");
+  }
+  static Communicator alone(0, 1);
+  return alone;
 }
 
 void Communicator::all_reduce_sum(std::span<float>, Reduction) {}

@@ -58,21 +58,13 @@ struct Share {
 /// std::invalid_argument for count < 0, ranks < 1 or a rank outside [0, ranks).
 Share share_of(std::int64_t count, int ranks, int rank);
 
-/// The processes of one run (MPI_COMM_WORLD) and the collectives among them. Every call
-/// is collective: every rank makes it, in the same order, with buffers of the same length.
-/// An error in the engine aborts the whole job (MPI's default handler), so no rank waits
-/// for one that has stopped.
-class Communicator {
+/// The sums and gathers of a run's ranks over buffers in one kind of memory:
+/// Communicator's over host memory (MPI), DeviceCommunicator's over CUDA memory (NCCL,
+/// dist/device_communicator.hpp). Every call is collective: every rank makes it, in the
+/// same order, with buffers of the same length.
+class Collectives {
  public:
-  /// The run's processes, MPI initialised on the first call and finalised at exit.
-  /// Throws std::runtime_error when the program was built without MPI.
-  static Communicator& world();
-  /// Whether this build has MPI (data-parallel runs need it).
-  static bool available();
-  /// world() when this process has joined a run of more than one rank, else null: a
-  /// program that fails on one rank ends them all with abort() (the others may be
-  /// waiting for it in a collective).
-  static Communicator* joined();
+  virtual ~Collectives() = default;
 
   /// This process's rank, 0 to size() - 1.
   int rank() const { return rank_; }
@@ -81,18 +73,51 @@ class Communicator {
 
   /// Every rank's `values` summed element by element; the sum replaces `values` on every
   /// rank. The buffers must have the same length everywhere. The deterministic reduction
-  /// keeps a scratch buffer of the largest `values` it has summed (see scratch_).
-  void all_reduce_sum(std::span<float> values, Reduction reduction);
+  /// keeps a buffer of the pieces of the largest `values` it has summed, between calls.
+  virtual void all_reduce_sum(std::span<float> values, Reduction reduction) = 0;
   /// The first half of all_reduce_sum: afterwards this rank's shard of `values`
   /// (share_of(values.size(), size(), rank())) holds the sum over ranks of that shard, with
   /// all_reduce_sum's bits for the same reduction; the rest of `values` is left unspecified.
-  /// The engine's form is MPI_Reduce_scatter.
-  void reduce_scatter_sum(std::span<float> values, Reduction reduction);
+  virtual void reduce_scatter_sum(std::span<float> values, Reduction reduction) = 0;
   /// The second half: every rank's shard of `values` (share_of, as above) copied to every
-  /// other rank, in place (MPI_Allgatherv); afterwards every rank holds the same buffer.
-  void all_gather_shares(std::span<float> values);
+  /// other rank, in place; afterwards every rank holds the same buffer.
+  virtual void all_gather_shares(std::span<float> values) = 0;
   /// The same for 16-bit elements (the f16 or bf16 working copies of the parameters).
-  void all_gather_shares(std::span<std::uint16_t> values);
+  virtual void all_gather_shares(std::span<std::uint16_t> values) = 0;
+
+ protected:
+  /// Rank `rank` of `size`.
+  Collectives(int rank, int size) : rank_(rank), size_(size) {}
+
+ private:
+  int rank_ = 0;
+  int size_ = 1;
+};
+
+/// The processes of one run (MPI_COMM_WORLD) and the collectives among them, on host
+/// memory. An error in the engine aborts the whole job (MPI's default handler), so no rank
+/// waits for one that has stopped.
+class Communicator final : public Collectives {
+ public:
+  /// The run's processes, MPI initialised on the first call and finalised at exit. Built
+  /// without MPI: one rank alone, whose collectives leave every buffer as it is (a sum over
+  /// one rank); throws std::runtime_error when an MPI launcher started the process then.
+  static Communicator& world();
+  /// Whether this build has MPI (runs of more than one rank need it).
+  static bool available();
+  /// world() when this process has joined a run of more than one rank, else null: a
+  /// program that fails on one rank ends them all with abort() (the others may be
+  /// waiting for it in a collective).
+  static Communicator* joined();
+
+  /// MPI_Allreduce (engine), or MPI_Alltoallv, rank-order adds and MPI_Allgatherv.
+  void all_reduce_sum(std::span<float> values, Reduction reduction) override;
+  /// MPI_Reduce_scatter (engine), or the deterministic all-reduce's first two steps.
+  void reduce_scatter_sum(std::span<float> values, Reduction reduction) override;
+  /// MPI_Allgatherv in place.
+  void all_gather_shares(std::span<float> values) override;
+  /// MPI_Allgatherv in place, of 16-bit words.
+  void all_gather_shares(std::span<std::uint16_t> values) override;
   /// Every rank's one value, in rank order, on every rank.
   std::vector<float> all_gather(float value);
   /// The same for a 64-bit word (a fingerprint, a flag).
@@ -113,9 +138,7 @@ class Communicator {
   Communicator& operator=(const Communicator&) = delete;  ///< one per process
 
  private:
-  Communicator(int rank, int size) : rank_(rank), size_(size) {}
-  int rank_ = 0;
-  int size_ = 1;
+  Communicator(int rank, int size) : Collectives(rank, size) {}
   // The deterministic reduction's pieces: as large as the largest buffer summed so far,
   // kept between calls (host memory the tracking allocator does not count, like the
   // engine's own buffers).

@@ -1,0 +1,67 @@
+// device_communicator.hpp: the ranks' sums of CUDA tensors, on NCCL.
+//
+// The same collectives as Communicator, with the same meaning and the same two
+// reductions, for buffers in GPU memory: NCCL moves them between the GPUs (NVLink, PCIe,
+// InfiniBand) without a copy through the host. One rank per GPU: NCCL refuses two ranks on
+// one device. MPI still starts the run and carries the small host values (the losses,
+// the flags, the fingerprints); NCCL's unique id, made by rank 0, reaches the other ranks
+// with Communicator::broadcast, as llm.c sends it.
+//
+//   engine         ncclAllReduce (and, at ZeRO stage 1, one ncclReduce per rank's shard:
+//                  NCCL's reduce-scatter takes equal shards only). NCCL picks a ring or a
+//                  tree and its own order, so the bits may change with R and the topology.
+//   deterministic  every element summed in rank order, as Communicator's: each rank sends
+//                  shard s of its buffer to rank s (grouped ncclSend/ncclRecv, an
+//                  all-to-all), rank s adds its R pieces in rank order on the GPU (one
+//                  kernel, the additions of add_next_rank: the bits of the host sum), and
+//                  one in-place ncclBroadcast per shard returns the sums to every rank.
+// The calls are queued on the default stream, in order with the kernels that made the
+// gradients and before those that read the sums; none waits for the GPU.
+//
+// Memory: NCCL's own buffers and the deterministic sum's pieces (the largest buffer summed
+// so far) are device memory of the engine's, outside the tracking allocator, as the host
+// engine's buffers are outside it on the CPU.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+
+#include "dist/communicator.hpp"
+
+namespace bigbatch::dist {
+
+/// The collectives of `host`'s ranks on CUDA buffers (device pointers in the spans),
+/// with Collectives' contract: the forms above, queued on the default stream.
+class DeviceCommunicator final : public Collectives {
+ public:
+  /// Whether this build has NCCL (the CUDA backend, and nccl.h and libnccl found).
+  static bool compiled();
+
+  /// The ranks of `host`, each on its current CUDA device (ncclCommInitRank): rank 0 makes
+  /// NCCL's unique id and host.broadcast sends it. A collective: every rank makes one, at
+  /// the same point of the run. Throws std::runtime_error in a build without NCCL, or
+  /// with NCCL's own message when it cannot start.
+  explicit DeviceCommunicator(Communicator& host);
+  ~DeviceCommunicator() override;
+  DeviceCommunicator(const DeviceCommunicator&) = delete;             ///< one per run
+  DeviceCommunicator& operator=(const DeviceCommunicator&) = delete;  ///< one per run
+
+  void all_reduce_sum(std::span<float> values, Reduction reduction) override;
+  void reduce_scatter_sum(std::span<float> values, Reduction reduction) override;
+  void all_gather_shares(std::span<float> values) override;
+  void all_gather_shares(std::span<std::uint16_t> values) override;
+
+ private:
+  struct Engine;  // NCCL's communicator and the pieces' buffer (device_communicator.cu)
+  std::unique_ptr<Engine> engine_;
+};
+
+/// The deterministic sum's additions on the GPU: total[i] = ((p_0[i] + p_1[i]) + p_2[i]) +
+/// ..., where p_r = pieces[r n, (r + 1) n) and n = total.size(), R = pieces.size() / n; the
+/// additions of add_next_rank, so the bits of the host's sum. Both spans are device memory;
+/// queued on the default stream. Throws std::runtime_error in a build without NCCL.
+void add_in_rank_order_on_device(std::span<float> total, std::span<const float> pieces);
+
+}  // namespace bigbatch::dist
