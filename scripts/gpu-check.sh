@@ -38,7 +38,7 @@ command -v ninja >/dev/null && configure+=(-G Ninja)
 
 echo "== configure"
 "${configure[@]}" > "$out/configure.log" 2>&1 || { tail -30 "$out/configure.log"; exit 1; }
-grep -A14 'bigbatch .* configuration' "$out/configure.log"
+grep -A16 'bigbatch .* configuration' "$out/configure.log"
 
 echo "== build"
 cmake --build "$build" -j "$(nproc)" > "$out/build.log" 2>&1 || { tail -40 "$out/build.log"; exit 1; }

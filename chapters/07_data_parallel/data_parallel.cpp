@@ -143,10 +143,6 @@ float CommunicatorRanks::reduce(nn::Model& model, std::span<const float> losses)
   BIGBATCH_CHECK(losses.size() == 1, "CommunicatorRanks: one loss per process, got ",
                  losses.size());
   const std::vector<nn::NamedParameter> parameters = model.parameters();
-  for (const nn::NamedParameter& p : parameters) {
-    BIGBATCH_CHECK(p.grad.device().is_cpu(), "data parallel: MPI sums host gradients; ",
-                   p.name, " is on ", p.grad.device().name());
-  }
   if (overlaps()) {  // the backward started every bucket but the open one
     BIGBATCH_CHECK(gradients_sent_ + open_bucket_.size() == parameters.size(),
                    "CommunicatorRanks: the backward finished ",
@@ -156,13 +152,7 @@ float CommunicatorRanks::reduce(nn::Model& model, std::span<const float> losses)
     buckets_->finish();
     gradients_sent_ = 0;
   } else {
-    for (const nn::NamedParameter& p : parameters) {
-      if (zero_ == ZeroStage::replicated) {
-        communicator_.all_reduce_sum(elements(p.grad), reduction_);
-      } else {
-        communicator_.reduce_scatter_sum(elements(p.grad), reduction_);
-      }
-    }
+    for (const nn::NamedParameter& p : parameters) sum_gradient(p.grad);
   }
   const std::vector<float> all = communicator_.all_gather(losses[0]);
   return sum_in_rank_order(all);
@@ -183,6 +173,9 @@ void CommunicatorRanks::gradients_ready(nn::Model& model, std::size_t first, std
   BIGBATCH_CHECK(first <= end && end <= parameters.size(), "CommunicatorRanks: gradients [",
                  first, ", ", end, ") of ", parameters.size());
   for (std::size_t i = first; i < end; ++i) {
+    BIGBATCH_CHECK(parameters[i].grad.device().is_cpu(), "CommunicatorRanks: the buckets sum "
+                   "host gradients on MPI; ", parameters[i].name, " is on ",
+                   parameters[i].grad.device().name(), " (overlap on NCCL is not built)");
     open_bucket_.push_back(elements(parameters[i].grad));
     open_bytes_ += parameters[i].grad.nbytes();
   }
@@ -194,6 +187,31 @@ void CommunicatorRanks::gradients_ready(nn::Model& model, std::size_t first, std
 
 double CommunicatorRanks::take_seconds_in_backward() {
   return std::exchange(seconds_in_backward_, 0.0);
+}
+
+dist::Collectives& CommunicatorRanks::collectives_of(const Tensor& t) {
+  if (t.device().is_cpu()) return communicator_;
+  if (!on_device_) on_device_ = std::make_unique<dist::DeviceCommunicator>(communicator_);
+  return *on_device_;
+}
+
+void CommunicatorRanks::sum_gradient(const Tensor& gradient) {
+  if (zero_ == ZeroStage::replicated) {
+    collectives_of(gradient).all_reduce_sum(elements(gradient), reduction_);
+  } else {
+    collectives_of(gradient).reduce_scatter_sum(elements(gradient), reduction_);
+  }
+}
+
+void CommunicatorRanks::gather_shares(const Tensor& t) {
+  if (t.dtype() == DType::f32) {
+    collectives_of(t).all_gather_shares(elements(t));
+    return;
+  }
+  BIGBATCH_CHECK(dtype_size(t.dtype()) == sizeof(std::uint16_t), "CommunicatorRanks: gathers ",
+                 "f32 or 16-bit tensors, not ", dtype_name(t.dtype()));
+  collectives_of(t).all_gather_shares(std::span<std::uint16_t>(
+      static_cast<std::uint16_t*>(t.raw_data()), static_cast<std::size_t>(t.numel())));
 }
 
 void CommunicatorRanks::start_open_bucket() {
@@ -230,11 +248,8 @@ std::vector<nn::NamedParameter> CommunicatorRanks::stepped_parameters(
 void CommunicatorRanks::gather_parameters(nn::Model& model) {
   if (zero_ == ZeroStage::replicated) return;
   for (const nn::NamedParameter& p : model.parameters()) {
-    communicator_.all_gather_shares(elements(p.value));
-    if (p.half.defined()) {
-      communicator_.all_gather_shares(std::span<std::uint16_t>(
-          static_cast<std::uint16_t*>(p.half.raw_data()), static_cast<std::size_t>(p.half.numel())));
-    }
+    gather_shares(p.value);
+    if (p.half.defined()) gather_shares(p.half);
   }
 }
 
@@ -261,7 +276,7 @@ void CommunicatorRanks::gather_optimizer_state(const nn::Optimizer& mine, nn::Op
   whole.set_steps_taken(mine.steps_taken());
   for (const auto& [shard, tensor] : paired_state(mine, whole)) {
     shard_view(tensor, ranks(), communicator_.rank()).copy_from(shard);
-    communicator_.all_gather_shares(elements(tensor));
+    gather_shares(tensor);
   }
 }
 

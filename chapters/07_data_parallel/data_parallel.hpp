@@ -36,6 +36,7 @@
 #include "chapters/04_dynamic_loss_scaling/optimizer_boundary.hpp"
 #include "dist/bucketed_sum.hpp"
 #include "dist/communicator.hpp"
+#include "dist/device_communicator.hpp"
 #include "nn/memory_model.hpp"
 #include "nn/model.hpp"
 
@@ -144,7 +145,10 @@ class SimulatedRanks final : public RankGroup {
   ZeroStage zero_;
 };
 
-/// This process as one rank of a run under MPI: reduces with the communicator.
+/// This process as one rank of a run under MPI: reduces with the communicator, host
+/// gradients on MPI and CUDA gradients on NCCL (dist::DeviceCommunicator, made at the
+/// first sum of device memory: a collective every rank reaches at the same step, after the
+/// ranks have agreed on their settings).
 ///
 /// With bucket_bytes > 0 the sum overlaps the last micro-batch's backward: the gradients
 /// are gathered, in the order the backward finishes them (the head, the last block, ...,
@@ -186,11 +190,19 @@ class CommunicatorRanks final : public RankGroup {
  private:
   /// Starts the open bucket's sum and empties it.
   void start_open_bucket();
+  /// The collectives of t's memory: the communicator for host tensors, NCCL's for CUDA
+  /// tensors (made on the first call).
+  dist::Collectives& collectives_of(const Tensor& t);
+  /// The sum over ranks of a gradient: all of it (stage 0) or this rank's shard (stage 1).
+  void sum_gradient(const Tensor& gradient);
+  /// Every rank's shard of t (f32, or a 16-bit working copy) to every rank, in place.
+  void gather_shares(const Tensor& t);
 
   dist::Communicator& communicator_;
   dist::Reduction reduction_;
   ZeroStage zero_;
   std::size_t bucket_bytes_ = 0;
+  std::unique_ptr<dist::DeviceCommunicator> on_device_;  // made at the first CUDA sum
   std::unique_ptr<dist::BucketedSum> buckets_;  // made in the first overlapped backward
   std::vector<std::span<float>> open_bucket_;   // final gradients not yet sent
   std::size_t open_bytes_ = 0;

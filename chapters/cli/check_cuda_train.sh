@@ -1,7 +1,9 @@
 #!/bin/sh
 # check_cuda_train.sh BIGBATCH
 # `bigbatch train --device cuda` end to end, in fp32, in fp16 with dynamic loss scaling and
-# in bf16: exit 0, one log line per step with a finite loss, a test accuracy. Exits 77
+# in bf16: exit 0, one log line per step with a finite loss, a test accuracy. Then chapter
+# 07 on the GPU: one rank of --data-parallel, its gradients summed by NCCL (both
+# reductions, ZeRO stages 0 and 1), saves the single-process run's bytes. Exits 77
 # (CTest's skip) with the reason when this machine has no usable GPU.
 set -u
 bigbatch=$1
@@ -20,5 +22,17 @@ for precision in "fp32" "fp16 --loss-scale dynamic" "bf16"; do
   [ "$(wc -l < cuda.jsonl)" -eq 5 ] || { echo "FAIL ($precision): not 5 log lines"; exit 1; }
   if grep -q '"loss":null' cuda.jsonl; then echo "FAIL ($precision): a loss is not finite"; exit 1; fi
   grep -q '^test (synthetic.*accuracy' cuda.txt || { echo "FAIL ($precision): no evaluation"; exit 1; }
+done
+# One NCCL rank per GPU, so one rank here (started without a launcher: a world of one).
+run="--device cuda --data synthetic --samples 2000 --depth 2 --hidden 32 --batch 64 \
+  --micro-batch 24 --steps 5 --dropout 0.1 --precision fp16 --loss-scale dynamic"
+# shellcheck disable=SC2086 # the run's words
+"$bigbatch" train $run --save single.st > single.txt 2>&1 || { cat single.txt; echo "FAIL: the single run"; exit 1; }
+for ranks in "--reduction deterministic" "--reduction engine" "--zero 1" "--zero 1 --reduction engine"; do
+  # shellcheck disable=SC2086
+  "$bigbatch" train $run --data-parallel $ranks --save rank.st > rank.txt 2>&1 ||
+    { cat rank.txt; echo "FAIL (--data-parallel $ranks): exit code $?"; exit 1; }
+  cmp -s single.st rank.st || { echo "FAIL: --data-parallel $ranks on one GPU did not save the single run's bytes"; exit 1; }
+  echo "--data-parallel $ranks on one GPU (NCCL): the single run's bytes"
 done
 echo ok

@@ -433,8 +433,8 @@ void add_data_parallel_flags(CLI::App& train, TrainOptions& o) {
       "--data-parallel", o.parallel.data_parallel,
       "train as one rank of an MPI job (mpirun -np R bigbatch train ... --data-parallel, "
       "chapter 07): each rank accumulates its share of every batch with no communication, "
-      "and the ranks' gradients are summed once per optimizer step; rank 0 prints and "
-      "writes the files");
+      "and the ranks' gradients are summed once per optimizer step (MPI on the CPU, NCCL "
+      "with --device cuda, one GPU per rank); rank 0 prints and writes the files");
   auto* simulate = train.add_option(
       "--simulate-ranks", o.parallel.simulate_ranks,
       "compute each batch as R ranks would, in this one process: R gradient buffers added "

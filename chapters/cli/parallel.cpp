@@ -14,11 +14,12 @@
 namespace bigbatch::cli {
 namespace {
 
-/// The CRC of a host tensor's bytes, continuing from `crc` (check_run refuses another
-/// device); an undefined tensor adds nothing.
+/// The CRC of a tensor's bytes (a CUDA tensor's copied to the host), continuing from
+/// `crc`; an undefined tensor adds nothing.
 std::uint32_t add_fingerprint(const Tensor& t, std::uint32_t crc) {
   if (!t.defined()) return crc;
-  return dist::fingerprint({static_cast<const std::byte*>(t.raw_data()), t.nbytes()}, crc);
+  const Tensor host = t.device().is_cpu() ? t : t.to(Device::cpu());
+  return dist::fingerprint({static_cast<const std::byte*>(host.raw_data()), host.nbytes()}, crc);
 }
 
 /// The CRC of every parameter's bytes (the f32 values and any 16-bit working copy).
@@ -88,9 +89,21 @@ void RunRanks::check_run(const TrainOptions& options, const nn::ModelConfig& mod
                      "ranks' models would part; use --norm layer");
   }
   if (!options.source.device.is_cpu()) {
-    throw UsageError("--device " + options.source.device.name() + " with " + ranks +
-                     ": the ranks sum host gradients over MPI (the CUDA path, on NCCL, is not "
-                     "built yet); use --device cpu");
+    const std::string device = "--device " + options.source.device.name();
+    if (!communicator_) {
+      throw UsageError(device + " with --simulate-ranks: the simulation adds its ranks' "
+                       "gradients on the CPU; use --device cpu, or --data-parallel (NCCL)");
+    }
+    if (options_.bucket_bytes > 0) {
+      throw UsageError(device + " with --bucket-size: the sum overlaps the backward on the "
+                       "CPU's ranks only (on NCCL it needs a stream of its own, not built); "
+                       "the CUDA ranks sum after the backward (--bucket-size 0)");
+    }
+    if (!dist::DeviceCommunicator::compiled()) {
+      throw UsageError(device + " with " + ranks + ": the ranks sum CUDA gradients on NCCL, "
+                       "and this bigbatch was built without it (nccl.h and libnccl beside the "
+                       "CUDA toolkit); use --device cpu");
+    }
   }
   const std::int64_t batch = options.train.batch;
   const std::int64_t last = options.train.drop_last || samples % batch == 0 ? batch

@@ -261,10 +261,12 @@ int run_train(TrainOptions options) {
     options.output.eval_every = 0;
   }
   if (!options.output.save.empty()) check_writable(options.output.save);
-  const Device device = available_device(options);
   const Splits splits = load_data(options);  // once, --plan auto included
   nn::ModelConfig model_shape = model_config(options, splits);
   ranks.check_run(options, model_shape, splits.train.size());  // before a plan of its share
+  // After the ranks' checks, so that a combination no machine runs is named as such even
+  // where the device is missing.
+  const Device device = available_device(options);
   if (options.plan.automatic) {  // on ranks: rank 0's share, planned by rank 0 for all
     const planning::Plan best = ranks.agreed_plan(
         [&] { return plan_for(options, model_shape, device, ranks.planned_ranks()).best(); });
