@@ -57,6 +57,16 @@ bool available(std::string* why_not) {
   return true;
 }
 
+int devices() { return available() ? device_count().count : 0; }
+
+void use_device(int index) {
+  if (index < 0 || index >= devices()) {
+    throw std::runtime_error("CUDA device " + std::to_string(index) + " does not exist: this "
+                             "process sees " + std::to_string(devices()));
+  }
+  throw_on_error(cudaSetDevice(index), "cudaSetDevice");
+}
+
 void* device_malloc(std::size_t bytes) {
   void* pointer = nullptr;
   if (cudaMalloc(&pointer, bytes) != cudaSuccess) {
@@ -137,6 +147,8 @@ bool available(std::string* why_not) {
   if (why_not != nullptr) *why_not = "bigbatch was built without the CUDA backend";
   return false;
 }
+int devices() { return 0; }
+void use_device(int) { not_built(); }
 void* device_malloc(std::size_t) { not_built(); }
 void device_free(void*) noexcept {}
 void memcpy(void*, const void*, std::size_t, CopyKind) { not_built(); }

@@ -16,6 +16,14 @@ bool compiled();
 /// once per process (cudaGetDeviceCount) and remembered.
 bool available(std::string* why_not = nullptr);
 
+/// The CUDA devices this process sees (after CUDA_VISIBLE_DEVICES); 0 when available()
+/// is false.
+int devices();
+/// Makes device `index` the current one (cudaSetDevice): the device every later
+/// allocation, copy and kernel of this thread uses. Throws std::runtime_error for an index
+/// outside [0, devices()).
+void use_device(int index);
+
 /// The direction of a memcpy().
 enum class CopyKind { host_to_device, device_to_host, device_to_device };
 

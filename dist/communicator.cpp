@@ -134,10 +134,15 @@ bool Communicator::available() { return true; }
 Communicator& Communicator::world() {
   static MpiSession session;
   static Communicator communicator = [] {
-    int rank = 0, size = 1;
+    int rank = 0, size = 1, local_rank = 0, local_size = 1;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &size);
-    return Communicator(rank, size);
+    MPI_Comm node = MPI_COMM_NULL;  // this machine's ranks, in world rank order
+    MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node);
+    MPI_Comm_rank(node, &local_rank);
+    MPI_Comm_size(node, &local_size);
+    MPI_Comm_free(&node);
+    return Communicator(rank, size, local_rank, local_size);
   }();
   g_world = &communicator;
   return communicator;
@@ -241,7 +246,7 @@ Communicator& Communicator::world() {
         "an MPI launcher started this bigbatch, which was built without MPI: install Open "
         "MPI (Debian: openmpi-bin libopenmpi-dev) and build again for runs of several ranks");
   }
-  static Communicator alone(0, 1);
+  static Communicator alone(0, 1, 0, 1);
   return alone;
 }
 

@@ -109,6 +109,11 @@ class Communicator final : public Collectives {
   /// program that fails on one rank ends them all with abort() (the others may be
   /// waiting for it in a collective).
   static Communicator* joined();
+  /// This rank's place among the ranks on its machine (MPI_COMM_TYPE_SHARED: those that
+  /// can share memory), 0 to local_size() - 1: which of the machine's GPUs it takes.
+  int local_rank() const { return local_rank_; }
+  /// The ranks on this rank's machine.
+  int local_size() const { return local_size_; }
 
   /// MPI_Allreduce (engine), or MPI_Alltoallv, rank-order adds and MPI_Allgatherv.
   void all_reduce_sum(std::span<float> values, Reduction reduction) override;
@@ -138,7 +143,10 @@ class Communicator final : public Collectives {
   Communicator& operator=(const Communicator&) = delete;  ///< one per process
 
  private:
-  Communicator(int rank, int size) : Collectives(rank, size) {}
+  Communicator(int rank, int size, int local_rank, int local_size)
+      : Collectives(rank, size), local_rank_(local_rank), local_size_(local_size) {}
+  int local_rank_ = 0;
+  int local_size_ = 1;
   // The deterministic reduction's pieces: as large as the largest buffer summed so far,
   // kept between calls (host memory the tracking allocator does not count, like the
   // engine's own buffers).

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdint>
 #include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "chapters/02_gradient_accumulation/accumulation.hpp"
@@ -98,6 +99,31 @@ std::vector<std::vector<float>> gradients(const nn::Model& model) {
   std::vector<std::vector<float>> all;
   for (const nn::NamedParameter& p : model.parameters()) all.push_back(p.grad.to_vector<float>());
   return all;
+}
+
+TEST(RankDevices, RanksSharingAMachineTakeAGpuEachAndAreRefusedWhenTheyCannot) {
+  using data_parallel::device_of_rank;
+  EXPECT_EQ(device_of_rank(Device::cpu(), 2, 4, 8), Device::cpu());
+  EXPECT_EQ(device_of_rank(Device::cuda(), 2, 4, 8), Device::cuda(2));
+  EXPECT_EQ(device_of_rank(Device::cuda(), 3, 4, 4), Device::cuda(3));
+  // Alone on its machine a rank keeps what it asked for; without a GPU the device check,
+  // not this rule, says so.
+  EXPECT_EQ(device_of_rank(Device::cuda(3), 0, 1, 8), Device::cuda(3));
+  EXPECT_EQ(device_of_rank(Device::cuda(), 1, 2, 0), Device::cuda());
+  const auto refusal = [](Device requested, int local_rank, int local_ranks, int devices) {
+    try {
+      device_of_rank(requested, local_rank, local_ranks, devices);
+    } catch (const std::invalid_argument& e) {
+      return std::string(e.what());
+    }
+    return std::string("(not refused)");
+  };
+  EXPECT_NE(refusal(Device::cuda(1), 0, 2, 8).find("--device cuda:1 with 2 ranks on this "
+                                                   "machine"), std::string::npos);
+  EXPECT_NE(refusal(Device::cuda(), 0, 4, 2).find("4 ranks on this machine and 2 GPU(s): "
+                                                  "NCCL needs a GPU for each rank"),
+            std::string::npos);
+  EXPECT_NE(refusal(Device::cuda(), 2, 2, 8).find("device_of_rank"), std::string::npos);
 }
 
 TEST(SimulatedRanks, OneRankIsTheSingleProcessBitForBit) {

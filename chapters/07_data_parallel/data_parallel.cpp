@@ -65,6 +65,22 @@ nn::StepPrediction predict_rank_step(const nn::ModelConfig& config, std::int64_t
                           optimizer_state_elements(config, ranks, rank, zero));
 }
 
+Device device_of_rank(Device requested, int local_rank, int local_ranks, int devices) {
+  BIGBATCH_CHECK(local_ranks >= 1 && local_rank >= 0 && local_rank < local_ranks &&
+                     devices >= 0,
+                 "device_of_rank: local rank ", local_rank, " of ", local_ranks, ", ", devices,
+                 " devices");
+  if (requested.is_cpu() || local_ranks == 1 || devices == 0) return requested;
+  const std::string ranks = std::to_string(local_ranks) + " ranks on this machine";
+  BIGBATCH_CHECK(requested.index == 0, "--device ", requested.name(), " with ", ranks,
+                 ": each rank takes the GPU of its place on the machine (cuda:0 to cuda:",
+                 local_ranks - 1, "); give --device cuda");
+  BIGBATCH_CHECK(local_ranks <= devices, ranks, " and ", devices, " GPU(s): NCCL needs a GPU ",
+                 "for each rank (one GPU holds one NCCL rank); start at most ", devices,
+                 " rank(s) per machine");
+  return Device::cuda(local_rank);
+}
+
 loss_scaling::GradientStats combine_in_rank_order(
     std::span<const loss_scaling::GradientStats> parts) {
   BIGBATCH_CHECK(!parts.empty(), "combine_in_rank_order: no part measured");

@@ -74,6 +74,15 @@ nn::StepPrediction predict_rank_step(const nn::ModelConfig& config, std::int64_t
                                      nn::BlockLedgerRunner* runner = nullptr,
                                      std::size_t held_workspace = 0);
 
+/// The device of a rank that is local rank `local_rank` of `local_ranks` ranks on a machine
+/// with `devices` GPUs, asked for `requested` (every rank is started with the same
+/// --device): the CPU, or the requested GPU when the rank is alone on its machine (or the
+/// machine has no GPU: the device check names that); with several ranks on a machine, GPU
+/// cuda:local_rank, one each, since NCCL holds one rank per GPU. Throws
+/// std::invalid_argument when several ranks on a machine ask for a GPU other than cuda:0
+/// by name (they cannot all have it), or outnumber its GPUs.
+Device device_of_rank(Device requested, int local_rank, int local_ranks, int devices);
+
 /// The gradient statistics of disjoint parts measured apart, as one: an overflow in any
 /// part, the parts' squared norms added in the given (rank) order, one square root.
 loss_scaling::GradientStats combine_in_rank_order(std::span<const loss_scaling::GradientStats> parts);

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "chapters/cli/setup.hpp"
+#include "common/cuda_runtime.hpp"
 #include "common/format.hpp"
 
 namespace bigbatch::cli {
@@ -210,6 +211,16 @@ std::unique_ptr<nn::Optimizer> RunRanks::whole_optimizer(const nn::Model& model,
 void RunRanks::take_shard(const nn::Optimizer& whole, nn::Optimizer& optimizer) const {
   BIGBATCH_CHECK(sharded_ != nullptr, "take_shard: this run's ranks hold no shards");
   sharded_->take_optimizer_shard(whole, optimizer);
+}
+
+Device RunRanks::device_of_this_rank(Device requested) const {
+  if (!communicator_) return requested;
+  try {
+    return data_parallel::device_of_rank(requested, communicator_->local_rank(),
+                                         communicator_->local_size(), cuda_rt::devices());
+  } catch (const std::invalid_argument& e) {
+    throw UsageError(e.what());
+  }
 }
 
 checkpointing::StepShape RunRanks::rank_step(checkpointing::StepShape whole) const {

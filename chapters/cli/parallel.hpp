@@ -69,6 +69,10 @@ class RunRanks {
                                                  const nn::Optimizer& optimizer, bool gather);
   /// Resumed into whole_optimizer(..., false): `optimizer` takes this rank's shard.
   void take_shard(const nn::Optimizer& whole, nn::Optimizer& optimizer) const;
+  /// This rank's device, asked for `requested` (data_parallel::device_of_rank: under MPI
+  /// with several ranks on a machine, the GPU of its place on it). Throws UsageError for
+  /// what device_of_rank refuses.
+  Device device_of_this_rank(Device requested) const;
   /// The step each rank's memory must hold under MPI: rank 0's (the largest share, and at
   /// ZeRO stage 1 the largest shard of the optimizer state), of `whole`, the batch's step.
   /// Unchanged in one process: the simulation holds every rank's gradients besides.

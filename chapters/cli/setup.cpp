@@ -89,6 +89,15 @@ Device available_device(const TrainOptions& options) {
   if (device.is_cuda() && !cuda_rt::available(&why_not)) {
     throw UsageError("--device " + device.name() + ": CUDA is not available: " + why_not);
   }
+  if (device.is_cuda()) {
+    if (device.index >= cuda_rt::devices()) {
+      throw UsageError("--device " + device.name() + ": this process sees " +
+                       std::to_string(cuda_rt::devices()) + " CUDA device(s), cuda:0 to cuda:" +
+                       std::to_string(cuda_rt::devices() - 1));
+    }
+    // Current for the whole run: the allocator and every kernel work on the current device.
+    cuda_rt::use_device(device.index);
+  }
   return device;
 }
 

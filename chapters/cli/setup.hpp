@@ -48,7 +48,8 @@ struct Splits {
 /// --data (and --test-data), loaded once.
 Splits load_data(const TrainOptions& options);
 
-/// --device, checked to be there (a CUDA device needs a driver and a GPU).
+/// --device, checked to be there (a CUDA device needs a driver and a GPU, and cuda:N the
+/// N+1-th of this process's devices) and made current.
 Device available_device(const TrainOptions& options);
 
 /// The learning rate the user asked for, before scaling: --lr or the optimizer's default.

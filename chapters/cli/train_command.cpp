@@ -265,7 +265,8 @@ int run_train(TrainOptions options) {
   nn::ModelConfig model_shape = model_config(options, splits);
   ranks.check_run(options, model_shape, splits.train.size());  // before a plan of its share
   // After the ranks' checks, so that a combination no machine runs is named as such even
-  // where the device is missing.
+  // where the device is missing. Ranks sharing a machine take a GPU each.
+  options.source.device = ranks.device_of_this_rank(options.source.device);
   const Device device = available_device(options);
   if (options.plan.automatic) {  // on ranks: rank 0's share, planned by rank 0 for all
     const planning::Plan best = ranks.agreed_plan(

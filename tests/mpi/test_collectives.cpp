@@ -35,6 +35,13 @@ TEST(Collectives, RunOnMoreThanOneRank) {
   ASSERT_GT(world().size(), 1) << "start this program under mpirun (tests/mpi/run_under_mpi.sh)";
 }
 
+// The ranks of this test all run on one machine (run_under_mpi.sh starts them here), so
+// each is its own place on the machine: the GPU it would take (device_of_rank).
+TEST(Collectives, RanksOnOneMachineHaveTheirWorldRankAsTheirPlaceOnIt) {
+  EXPECT_EQ(world().local_size(), world().size());
+  EXPECT_EQ(world().local_rank(), world().rank());
+}
+
 TEST(Collectives, AReduceScatterLeavesEachRankTheSumOfItsShard) {
   for (const dist::Reduction reduction : {dist::Reduction::deterministic, dist::Reduction::engine}) {
     for (const std::size_t n : {std::size_t{0}, std::size_t{2}, std::size_t{10}, std::size_t{1001}}) {
