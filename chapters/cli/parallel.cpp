@@ -264,7 +264,10 @@ std::string RunRanks::describe(std::int64_t batch, std::int64_t micro_batch) con
   const dist::Share first = dist::share_of(batch, count_, 0);
   const dist::Share last = dist::share_of(batch, count_, count_ - 1);
   out << "data parallel: " << count_ << (count_ == 1 ? " rank" : " ranks")
-      << (communicator_ ? " under MPI" : " simulated in one process") << ", shares of "
+      << (!communicator_                   ? " simulated in one process"
+          : dist::Communicator::available() ? " under MPI"
+                                            : " alone (this bigbatch has no MPI)")
+      << ", shares of "
       << last.size;
   if (first.size != last.size) out << " to " << first.size;
   const std::int64_t micro_batches = (first.size + micro_batch - 1) / micro_batch;
