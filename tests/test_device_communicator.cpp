@@ -34,7 +34,7 @@ using testing::tiny_model;
     }                                                                                  \
   } while (false)
 
-/// Values of mixed signs and magnitudes (2^-20 to 2^20), so that the order of a sum of a
+/// Values of mixed signs and magnitudes (2^-16 to 2^16), so that the order of a sum of a
 /// few of them changes its rounding often.
 std::vector<float> spread_values(std::size_t n, std::uint32_t seed) {
   std::vector<float> values(n);

@@ -30,8 +30,9 @@ run="--device cuda --data synthetic --samples 2000 --depth 2 --hidden 32 --batch
 "$bigbatch" train $run --save single.st > single.txt 2>&1 || { cat single.txt; echo "FAIL: the single run"; exit 1; }
 for ranks in "--reduction deterministic" "--reduction engine" "--zero 1" "--zero 1 --reduction engine"; do
   # shellcheck disable=SC2086
-  "$bigbatch" train $run --data-parallel $ranks --save rank.st > rank.txt 2>&1 ||
-    { cat rank.txt; echo "FAIL (--data-parallel $ranks): exit code $?"; exit 1; }
+  "$bigbatch" train $run --data-parallel $ranks --save rank.st > rank.txt 2>&1
+  code=$?
+  [ "$code" -eq 0 ] || { cat rank.txt; echo "FAIL (--data-parallel $ranks): exit code $code"; exit 1; }
   cmp -s single.st rank.st || { echo "FAIL: --data-parallel $ranks on one GPU did not save the single run's bytes"; exit 1; }
   echo "--data-parallel $ranks on one GPU (NCCL): the single run's bytes"
 done

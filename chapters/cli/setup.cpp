@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <charconv>
 #include <map>
+#include <stdexcept>
 #include <string>
 
 #include "common/cuda_runtime.hpp"
@@ -86,17 +87,15 @@ Splits load_data(const TrainOptions& options) {
 Device available_device(const TrainOptions& options) {
   const Device device = options.source.device;
   std::string why_not;
-  if (device.is_cuda() && !cuda_rt::available(&why_not)) {
+  if (!device.is_cuda()) return device;
+  if (!cuda_rt::available(&why_not)) {
     throw UsageError("--device " + device.name() + ": CUDA is not available: " + why_not);
   }
-  if (device.is_cuda()) {
-    if (device.index >= cuda_rt::devices()) {
-      throw UsageError("--device " + device.name() + ": this process sees " +
-                       std::to_string(cuda_rt::devices()) + " CUDA device(s), cuda:0 to cuda:" +
-                       std::to_string(cuda_rt::devices() - 1));
-    }
-    // Current for the whole run: the allocator and every kernel work on the current device.
+  // Current for the whole run: the allocator and every kernel work on the current device.
+  try {
     cuda_rt::use_device(device.index);
+  } catch (const std::runtime_error& e) {
+    throw UsageError("--device " + device.name() + ": " + e.what());
   }
   return device;
 }
