@@ -137,8 +137,14 @@ void MemoryLedger::reset_peak(const std::string& moment) {
 
 // ---- the model ----------------------------------------------------------------------------
 
-ModelLedger::ModelLedger(const ModelConfig& config, MemoryLedger& ledger)
-    : config_(config), ledger_(ledger) {}
+ModelLedger::ModelLedger(const ModelConfig& config, MemoryLedger& ledger,
+                         bool released_gradients)
+    : config_(config), ledger_(ledger), released_gradients_(released_gradients) {}
+
+Bytes ModelLedger::gradients(std::int64_t elements, const std::string& what) {
+  if (!released_gradients_) return nullptr;
+  return ledger_.allocate(MemoryCategory::gradients, 4 * to_size(elements), moment(what));
+}
 
 void ModelLedger::start_micro_batch(std::int64_t rows, std::string label) {
   rows_ = rows;
@@ -188,6 +194,10 @@ Bytes ModelLedger::block_forward(std::int64_t index, Bytes h, BlockBytes& saved,
 Bytes ModelLedger::block_backward(std::int64_t index, const BlockBytes& saved) {
   const std::string block = "block " + std::to_string(index) + " backward: ";
   const std::size_t state = hidden_state_bytes(), inner = state * to_size(config_.expansion);
+  const std::int64_t h = config_.hidden, e = config_.expansion * config_.hidden;
+  // ln's weight and bias, fc1's and fc2's weight and bias.
+  const Bytes gradients_of_block =
+      gradients(2 * h + (e * h + e) + (h * e + h), block + "the block's gradients");
   const Bytes d_hidden = workspace(inner, block + "fc2's input gradient");
   Bytes hidden = saved.hidden;
   if (!hidden) hidden = activation(inner, block + "the activation after dropout, recomputed");
@@ -211,7 +221,8 @@ Bytes ModelLedger::block_backward(std::int64_t index, const BlockBytes& saved) {
 
 StepPrediction predict_step(const ModelConfig& c, std::int64_t batch, std::int64_t micro_batch,
                             const Optimizer::Options& optimizer, BlockLedgerRunner* runner,
-                            std::size_t held_workspace, std::int64_t state_elements) {
+                            std::size_t held_workspace, std::int64_t state_elements,
+                            std::int64_t gradient_elements) {
   BIGBATCH_CHECK(batch > 0 && micro_batch > 0, "predict_step: batch and micro_batch must be "
                  "positive, got ", batch, " and ", micro_batch);
   MemoryLedger ledger;
@@ -224,10 +235,16 @@ StepPrediction predict_step(const ModelConfig& c, std::int64_t batch, std::int64
   const std::string before = "before the step";
   const Bytes parameters = ledger.allocate(MemoryCategory::parameters, fixed.parameters, before);
   const Bytes masters = ledger.allocate(MemoryCategory::master_weights, fixed.master_weights, before);
-  const Bytes gradients = ledger.allocate(MemoryCategory::gradients, fixed.gradients, before);
-  BIGBATCH_CHECK(state_elements >= -1 && state_elements <= static_cast<std::int64_t>(fixed.trainable),
-                 "predict_step: state for ", state_elements, " of ", fixed.trainable,
+  const auto trainable = static_cast<std::int64_t>(fixed.trainable);
+  BIGBATCH_CHECK(state_elements >= -1 && state_elements <= trainable, "predict_step: state for ",
+                 state_elements, " of ", fixed.trainable, " trainable parameter elements");
+  BIGBATCH_CHECK(gradient_elements >= -1 && gradient_elements <= trainable,
+                 "predict_step: gradients of ", gradient_elements, " of ", fixed.trainable,
                  " trainable parameter elements");
+  const bool released_gradients = gradient_elements >= 0;
+  const Bytes gradients = ledger.allocate(
+      MemoryCategory::gradients,
+      released_gradients ? 4 * to_size(gradient_elements) : fixed.gradients, before);
   const std::size_t stepped = state_elements < 0 ? fixed.trainable : to_size(state_elements);
   const Bytes state = ledger.allocate(MemoryCategory::optimizer_state,
                                       stepped * optimizer_state_bytes_per_parameter(optimizer),
@@ -239,7 +256,7 @@ StepPrediction predict_step(const ModelConfig& c, std::int64_t batch, std::int64
   if (held_workspace > 0) held = ledger.allocate(MemoryCategory::workspace, held_workspace, before);
   ledger.reset_peak(before);
 
-  ModelLedger model(c, ledger);
+  ModelLedger model(c, ledger, released_gradients);
   Bytes loss = ledger.allocate(MemoryCategory::workspace, 4, "the loss");
   std::int64_t micro_batches = 0;
   for (std::int64_t begin = 0; begin < batch; begin += micro_batch) {
@@ -275,6 +292,8 @@ StepPrediction predict_step(const ModelConfig& c, std::int64_t batch, std::int64
     const Bytes dlogits = model.workspace(4 * b * k, "the loss's gradient");
 
     // Model::backward: the head.
+    Bytes head_gradients = model.gradients(2 * c.hidden + c.classes * c.hidden + c.classes,
+                                           "backward: the head's gradients");
     Bytes d_head;  // fp32: dlogits itself
     if (mixed) d_head = model.workspace(2 * b * k, "backward: the logits' gradient in 16 bits");
     Bytes dh;
@@ -284,6 +303,7 @@ StepPrediction predict_step(const ModelConfig& c, std::int64_t batch, std::int64
       dh = model.workspace(hidden_state, "backward: the head's input gradient");
       if (c.norm == Norm::batch) model.workspace(8 * h, "backward: head.ln's batch means");
     }
+    head_gradients = nullptr;  // summed over ranks and released, under released gradients
     head_input = head_normed = head_mean = head_rstd = nullptr;
     // The blocks, last first.
     if (runner) {
@@ -294,7 +314,9 @@ StepPrediction predict_step(const ModelConfig& c, std::int64_t batch, std::int64
         blocks[to_size(i)] = BlockBytes{};
       }
     }
-    // The stem's backward works in place and allocates nothing; the rest goes here.
+    // The stem's backward works in place and allocates nothing but its gradients, when
+    // they were released; the rest goes here.
+    model.gradients(c.inputs * c.hidden + c.hidden, "backward: the stem's gradients");
   }
   loss = nullptr;  // read back and released as accumulate_gradients returns
   StepPrediction p;

@@ -122,8 +122,11 @@ struct BlockBytes {
 /// 05's checkpoints make. `label` prefixes every moment ("micro-batch 2").
 class ModelLedger {
  public:
-  /// A model of `config` replayed on `ledger`, which must outlive it.
-  ModelLedger(const ModelConfig& config, MemoryLedger& ledger);
+  /// A model of `config` replayed on `ledger`, which must outlive it. released_gradients:
+  /// the model's gradients are released after every backward (Model::release_gradients,
+  /// ZeRO stage 2), so each group's backward allocates its gradients again, live until the
+  /// group is done; otherwise they live through the step and are not replayed here.
+  ModelLedger(const ModelConfig& config, MemoryLedger& ledger, bool released_gradients = false);
   /// Sets the rows of the following allocations and the label that prefixes their moments.
   void start_micro_batch(std::int64_t rows, std::string label);
 
@@ -134,6 +137,9 @@ class ModelLedger {
   /// Model::block_backward: returns d_input (the gradient of the block's output stays the
   /// caller's, held throughout, so it is not an argument here).
   MemoryLedger::Bytes block_backward(std::int64_t index, const BlockBytes& saved);
+  /// Under released gradients, `elements` f32 of MemoryCategory::gradients that a
+  /// backward allocates for a group of parameters (`what` names it); else nothing (null).
+  MemoryLedger::Bytes gradients(std::int64_t elements, const std::string& what);
   /// A copy of a hidden state h_i into MemoryCategory::checkpoints.
   MemoryLedger::Bytes checkpoint(std::int64_t state);
 
@@ -152,6 +158,7 @@ class ModelLedger {
 
   ModelConfig config_;
   MemoryLedger& ledger_;
+  bool released_gradients_ = false;
   std::int64_t rows_ = 0;
   std::string label_;
 };
@@ -188,10 +195,14 @@ struct StepPrediction {
 /// before it like the parameters (an optimizer boundary's results, chapter 04: 12 bytes
 /// with a loss scale or clipping). state_elements: the parameter elements the optimizer
 /// holds state for, when it steps a part of them (a rank's shard under chapter 07's ZeRO);
-/// -1, every trainable parameter.
+/// -1, every trainable parameter. gradient_elements: likewise the gradient elements held
+/// through the step: -1, every trainable one, in the model; else a rank's shards of them
+/// (chapter 07's ZeRO stage 2), the model's own gradients living only from each group's
+/// backward to its sum over ranks (ModelLedger's released gradients).
 StepPrediction predict_step(const ModelConfig& config, std::int64_t batch,
                             std::int64_t micro_batch, const Optimizer::Options& optimizer,
                             BlockLedgerRunner* runner = nullptr, std::size_t held_workspace = 0,
-                            std::int64_t state_elements = -1);
+                            std::int64_t state_elements = -1,
+                            std::int64_t gradient_elements = -1);
 
 }  // namespace bigbatch::nn

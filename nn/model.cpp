@@ -1,6 +1,8 @@
 // model.cpp: the residual MLP's forward and backward on the kernels (see model.hpp).
 #include "nn/model.hpp"
 
+#include <algorithm>
+
 #include <cmath>
 #include <map>
 #include <stdexcept>
@@ -269,7 +271,35 @@ std::int64_t Model::parameter_count() const {
 }
 
 void Model::zero_grad() {
-  for (const NamedParameter& p : parameters()) fill(p.grad, 0.0);
+  for (const NamedParameter& p : parameters()) {
+    if (p.grad.defined()) fill(p.grad, 0.0);
+  }
+}
+
+void Model::release_gradients(std::size_t first, std::size_t end) {
+  const std::vector<StateEntry> entries = state_entries(stem_, blocks_, head_, head_ln_);
+  const auto trainable = static_cast<std::size_t>(std::count_if(
+      entries.begin(), entries.end(), [](const StateEntry& e) { return e.grad != nullptr; }));
+  BIGBATCH_CHECK(first <= end && end <= trainable, "Model::release_gradients: [", first, ", ",
+                 end, ") of ", trainable, " parameters");
+  std::size_t index = 0;
+  for (const StateEntry& entry : entries) {
+    if (entry.grad == nullptr) continue;  // a buffer
+    if (index >= first && index < end) *entry.grad = Tensor();
+    ++index;
+  }
+}
+
+void Model::allocate_released_gradients(std::size_t first, std::size_t end) {
+  std::size_t index = 0;
+  for (const StateEntry& entry : state_entries(stem_, blocks_, head_, head_ln_)) {
+    if (entry.grad == nullptr) continue;
+    if (index >= first && index < end && !entry.grad->defined()) {
+      *entry.grad = Tensor::zeros(entry.value->shape(), DType::f32, device_,
+                                  MemoryCategory::gradients);
+    }
+    ++index;
+  }
 }
 
 Tensor Model::norm_forward(const NormLayer& layer, const Tensor& x, bool training, Tensor& mean,
@@ -349,6 +379,8 @@ Tensor Model::block_forward(std::size_t index, const Tensor& h, const ForwardCon
 Tensor Model::block_backward(std::size_t index, const BlockActivations& saved,
                              const Tensor& d_output, const ForwardContext& context) {
   const Block& block = blocks_.at(index);
+  allocate_released_gradients(kStemParameters + kBlockParameters * index,
+                              kStemParameters + kBlockParameters * (index + 1));
   // d_hidden: [b, E*H], the gradient of fc2's input, then (in place) of fc1's output.
   Tensor d_hidden = workspace_tensor(saved.pre_activation.shape());
   Tensor hidden = saved.hidden;
@@ -444,6 +476,8 @@ void Model::backward(const Tensor& dlogits) {
                  "], got ", dlogits.describe());
   SavedActivations saved = std::move(saved_);
   saved_ = SavedActivations{};
+  const std::size_t head_first = kStemParameters + kBlockParameters * blocks_.size();
+  allocate_released_gradients(head_first, head_first + kHeadParameters);
 
   // Under mixed precision the head's backward multiplies 16-bit operands: dlogits is rounded
   // here, the one place where a gradient (times the loss scale) enters 16 bits.
@@ -459,7 +493,6 @@ void Model::backward(const Tensor& dlogits) {
     d_head = Tensor();
     dh = norm_backward(head_ln_, saved.head_input, saved.head_mean, saved.head_rstd, d_normed);
   }  // d_normed is freed here, before the blocks' backward
-  const std::size_t head_first = kStemParameters + kBlockParameters * blocks_.size();
   gradients_final(head_first, head_first + kHeadParameters);
   saved.head_input = saved.head_normed = saved.head_mean = saved.head_rstd = Tensor();
 
@@ -472,6 +505,7 @@ void Model::backward(const Tensor& dlogits) {
     }
   }
 
+  allocate_released_gradients(0, kStemParameters);
   activation_backward(config_.activation, saved.stem_pre_activation, dh, dh);
   linear_backward(stem_, saved.input, dh, Tensor());
   gradients_final(0, kStemParameters);

@@ -283,8 +283,16 @@ class Model {
   /// The number of trainable elements: the sum of numel() over parameters().
   std::int64_t parameter_count() const;
 
-  /// Sets every parameter gradient to 0.
+  /// Sets every parameter gradient to 0 (a released one is left released: it is 0 when a
+  /// backward allocates it again).
   void zero_grad();
+  /// Releases the gradient buffers of parameters()[first, end): their bytes go back to the
+  /// allocator and parameters() shows them undefined, until a backward() needs them and
+  /// allocates them again, as zeros, just before it adds into them (the head's as the
+  /// backward starts, a block's as block_backward starts, the stem's last). ZeRO stage 2
+  /// (chapter 07) keeps only its shard of each gradient, so it releases the model's
+  /// gradients as soon as their sum over ranks is taken.
+  void release_gradients(std::size_t first, std::size_t end);
 
   /// logits [b, C] (MemoryCategory::activations) of x [b, D] f32; in training saves what
   /// backward() needs, replacing what an earlier forward() saved (an inference forward,
@@ -339,6 +347,8 @@ class Model {
   Tensor workspace_tensor(Shape shape) const;   // activation_dtype(), workspace
   /// Writes every 16-bit working copy from its f32 master (no-op under fp32).
   void refresh_half_copies();
+  /// Allocates, as zeros, the gradients of parameters()[first, end) that were released.
+  void allocate_released_gradients(std::size_t first, std::size_t end);
   /// Tells gradients_ready_, if set, that parameters()[first, end) are final.
   void gradients_final(std::size_t first, std::size_t end) const {
     if (gradients_ready_) gradients_ready_(first, end);

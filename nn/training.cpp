@@ -45,7 +45,7 @@ float accumulate_gradients(Model& model, const Tensor& x, const Tensor& labels,
 float accumulate_gradients(Model& model, std::int64_t rows, const BatchRows& rows_of,
                            std::int64_t micro_batch, const ForwardContext& context,
                            std::int64_t global_count, float loss_scale,
-                           const GradientsReady& on_final) {
+                           const GradientsReady& on_final, TellGradients tell) {
   BIGBATCH_CHECK(rows > 0, "accumulate_gradients: the batch must have rows, got ", rows);
   BIGBATCH_CHECK(micro_batch > 0, "accumulate_gradients: micro_batch must be positive, got ",
                  micro_batch);
@@ -61,8 +61,10 @@ float accumulate_gradients(Model& model, std::int64_t rows, const BatchRows& row
     cross_entropy_forward(logits, labels_micro, loss, count);
     const Tensor dlogits(logits.shape(), DType::f32, model.device(), MemoryCategory::workspace);
     cross_entropy_backward(logits, labels_micro, dlogits, count, loss_scale);
-    std::optional<TellingFinalGradients> telling;  // the last micro-batch's backward only
-    if (on_final && end == rows) telling.emplace(model, on_final);
+    std::optional<TellingFinalGradients> telling;  // by default the last backward only
+    if (on_final && (end == rows || tell == TellGradients::every_micro_batch)) {
+      telling.emplace(model, on_final);
+    }
     model.backward(dlogits);
   }
   return loss.to_vector<float>()[0];

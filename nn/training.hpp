@@ -41,15 +41,24 @@ float accumulate_gradients(Model& model, const Tensor& x, const Tensor& labels,
 /// next call (nn::MicroBatchBuffer copies them in from the host, one micro-batch at a time).
 using BatchRows = std::function<std::pair<Tensor, Tensor>(std::int64_t begin, std::int64_t end)>;
 
+/// Which backwards of a batch tell accumulate_gradients' `on_final`.
+enum class TellGradients {
+  last_micro_batch,   ///< the last one's: the gradients are final for the batch
+  every_micro_batch,  ///< every one's: each group is final for its micro-batch, and the
+                      ///< listener takes it away (ZeRO stage 2 sums it over ranks and
+                      ///< releases it, so the next micro-batch starts it from zero)
+};
+
 /// The same accumulation over a batch of `rows` samples that is not on the device: each
 /// micro-batch is fetched from `rows_of` just before its forward pass. `on_final`, when
 /// given, is told during the last micro-batch's backward as each group of gradients becomes
 /// final for the batch (Model::set_gradients_ready; chapter 07 starts their sum over ranks
-/// there); the earlier micro-batches' backwards tell nobody.
+/// there); the earlier micro-batches' backwards tell nobody, unless `tell` says every one.
 float accumulate_gradients(Model& model, std::int64_t rows, const BatchRows& rows_of,
                            std::int64_t micro_batch, const ForwardContext& context,
                            std::int64_t global_count = 0, float loss_scale = 1.0f,
-                           const GradientsReady& on_final = {});
+                           const GradientsReady& on_final = {},
+                           TellGradients tell = TellGradients::last_micro_batch);
 
 /// SGD (with momentum) or AdamW over all of a model's parameters, with PyTorch's rules
 /// (kernels/optimizer.hpp). Its state tensors (momentum buffers, Adam moments) are

@@ -522,5 +522,49 @@ TEST(ModelMemory, ActivationsAreSavedByForwardAndReleasedByBackward) {
                                 {"no saved activations"}));
 }
 
+// Released gradients (ZeRO stage 2's way to hold none between backwards): their bytes go,
+// parameters() shows them undefined, zero_grad leaves them so, and the next backward
+// allocates each group again as zeros just before adding into it, so it computes the bits
+// of a model whose gradients were zeroed. A group told final has been allocated.
+TEST(ModelMemory, ReleasedGradientsComeBackAsZerosInTheNextBackward) {
+  const ModelConfig config = equivalence_config(3, 0.1f);
+  Model kept(config, Device::cpu()), released(config, Device::cpu());
+  const Batch batch = make_batch(config, 32, 9);
+  const auto& allocator = allocator_for(Device::cpu());
+  const std::size_t before = allocator.stats().live_of(MemoryCategory::gradients);
+  const std::size_t all = 4 * static_cast<std::size_t>(released.parameter_count());
+  released.release_gradients(0, released.parameters().size());
+  EXPECT_EQ(before - allocator.stats().live_of(MemoryCategory::gradients), all);
+  for (const nn::NamedParameter& p : released.parameters()) EXPECT_FALSE(p.grad.defined()) << p.name;
+  released.zero_grad();
+  EXPECT_EQ(before - allocator.stats().live_of(MemoryCategory::gradients), all);
+
+  const auto step = [&batch](Model& model) {
+    const Tensor logits = model.forward(batch.x, ForwardContext{});
+    Tensor dlogits(logits.shape(), DType::f32, Device::cpu(), MemoryCategory::workspace);
+    cross_entropy_backward(logits, batch.labels, dlogits, 32.0f, 1.0f);
+    model.backward(dlogits);
+  };
+  kept.zero_grad();
+  step(kept);
+  std::size_t told = 0;
+  released.set_gradients_ready([&](std::size_t first, std::size_t end) {
+    const std::vector<nn::NamedParameter> parameters = released.parameters();
+    for (std::size_t i = first; i < end; ++i) EXPECT_TRUE(parameters[i].grad.defined());
+    told += end - first;
+  });
+  step(released);
+  released.set_gradients_ready({});
+  EXPECT_EQ(told, released.parameters().size());
+  const std::vector<nn::NamedParameter> want = kept.parameters(), got = released.parameters();
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    EXPECT_EQ(got[i].grad.to_vector<float>(), want[i].grad.to_vector<float>()) << want[i].name;
+  }
+  EXPECT_EQ(allocator.stats().live_of(MemoryCategory::gradients), before)
+      << "every gradient is allocated again";
+  EXPECT_TRUE(testing::mentions(testing::error_of([&] { released.release_gradients(2, 99); }),
+                                {"release_gradients", "[2, 99)"}));
+}
+
 }  // namespace
 }  // namespace bigbatch

@@ -30,6 +30,9 @@ struct StepShape {
   /// The parameter elements the optimizer holds state for (-1: all; a rank's shard under
   /// chapter 07's ZeRO).
   std::int64_t state_elements = -1;
+  /// The gradient elements held through the step (-1: all, in the model; a rank's shards
+  /// under ZeRO stage 2, nn::predict_step's gradient_elements).
+  std::int64_t gradient_elements = -1;
 };
 
 /// nn::predict_step for a policy (not a budget: std::invalid_argument); none is the model

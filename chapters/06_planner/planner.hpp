@@ -121,6 +121,9 @@ struct PlanRequest {
   /// The parameter elements the optimizer holds state for (-1: all; one rank's shard when
   /// chapter 07 plans a rank's step under ZeRO).
   std::int64_t state_elements = -1;
+  /// The gradient elements held through the step (-1: all; one rank's shards under ZeRO
+  /// stage 2).
+  std::int64_t gradient_elements = -1;
 };
 
 /// The loss scale a plan of this precision trains with: dynamic for fp16 (whose range
