@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "common/check.hpp"
+#include "kernels/elementwise.hpp"
 
 namespace bigbatch::data_parallel {
 namespace {
@@ -19,16 +20,16 @@ loss_scaling::GradientPieces whole_gradients(const nn::Model& model) {
 }
 
 /// Rank r's shard of every gradient.
-std::vector<Tensor> gradient_shards(const nn::Model& model, int ranks, int rank) {
+std::vector<Tensor> gradient_shards(const std::vector<Tensor>& gradients, int ranks, int rank) {
   std::vector<Tensor> shards;
-  for (const nn::NamedParameter& p : model.parameters()) shards.push_back(shard_view(p.grad, ranks, rank));
+  for (const Tensor& gradient : gradients) shards.push_back(shard_view(gradient, ranks, rank));
   return shards;
 }
 
 }  // namespace
 
 std::string setting_text(ZeroStage stage) {
-  return stage == ZeroStage::replicated ? "0" : "1";
+  return std::to_string(static_cast<int>(stage));
 }
 
 Tensor shard_view(const Tensor& tensor, int ranks, int rank) {
@@ -40,7 +41,9 @@ std::vector<nn::NamedParameter> parameter_shards(const std::vector<nn::NamedPara
                                                  int ranks, int rank) {
   std::vector<nn::NamedParameter> shards;
   for (const nn::NamedParameter& p : parameters) {
-    shards.push_back({p.name, shard_view(p.value, ranks, rank), shard_view(p.grad, ranks, rank),
+    // A released gradient (ZeRO stage 2 holds its own shards) stays undefined.
+    shards.push_back({p.name, shard_view(p.value, ranks, rank),
+                      p.grad.defined() ? shard_view(p.grad, ranks, rank) : Tensor(),
                       p.half.defined() ? shard_view(p.half, ranks, rank) : Tensor()});
   }
   return shards;
@@ -60,9 +63,10 @@ nn::StepPrediction predict_rank_step(const nn::ModelConfig& config, std::int64_t
                                      const nn::Optimizer::Options& optimizer, int ranks,
                                      int rank, ZeroStage zero, nn::BlockLedgerRunner* runner,
                                      std::size_t held_workspace) {
+  const std::int64_t shards = optimizer_state_elements(config, ranks, rank, zero);
   return nn::predict_step(config, dist::share_of(batch, ranks, rank).size, micro_batch,
-                          optimizer, runner, held_workspace,
-                          optimizer_state_elements(config, ranks, rank, zero));
+                          optimizer, runner, held_workspace, shards,
+                          zero == ZeroStage::gradients ? shards : -1);
 }
 
 Device device_of_rank(Device requested, int local_rank, int local_ranks, int devices) {
@@ -101,28 +105,72 @@ float sum_in_rank_order(std::span<const float> losses) {
 }
 
 SimulatedRanks::SimulatedRanks(int ranks, const nn::Model& model, ZeroStage zero)
-    : zero_(zero) {
+    : ranks_(ranks), zero_(zero) {
   BIGBATCH_CHECK(ranks >= 1, "SimulatedRanks: ranks must be >= 1, got ", ranks);
   BIGBATCH_CHECK(model.device().is_cpu(),
                  "SimulatedRanks: the ranks are simulated on the CPU, the model is on ",
                  model.device().name());
+  const auto gradient_buffer = [&model](const nn::NamedParameter& p) {
+    return Tensor(p.value.shape(), DType::f32, model.device(), MemoryCategory::gradients);
+  };
+  if (zero_ == ZeroStage::gradients) {
+    for (const nn::NamedParameter& p : model.parameters()) totals_.push_back(gradient_buffer(p));
+    return;
+  }
   buffers_.resize(static_cast<std::size_t>(ranks));
   for (auto& buffer : buffers_) {
-    for (const nn::NamedParameter& p : model.parameters()) {
-      buffer.emplace_back(p.grad.shape(), DType::f32, model.device(),
-                          MemoryCategory::gradients);
-    }
+    for (const nn::NamedParameter& p : model.parameters()) buffer.push_back(gradient_buffer(p));
   }
 }
 
 std::vector<int> SimulatedRanks::local_ranks() const {
-  std::vector<int> all(buffers_.size());
+  std::vector<int> all(static_cast<std::size_t>(ranks_));
   for (std::size_t r = 0; r < all.size(); ++r) all[r] = static_cast<int>(r);
   return all;
 }
 
+void SimulatedRanks::gradients_ready(nn::Model& model, std::size_t first, std::size_t end) {
+  if (zero_ != ZeroStage::gradients) return;
+  const std::vector<nn::NamedParameter> parameters = model.parameters();
+  BIGBATCH_CHECK(first <= end && end <= parameters.size(), "SimulatedRanks: gradients [",
+                 first, ", ", end, ") of ", parameters.size());
+  if (rank_ == 0 && round_ == round_sums_.size()) round_sums_.emplace_back(parameters.size());
+  BIGBATCH_CHECK(round_ < round_sums_.size() && (rank_ == 0 || round_ < rounds_),
+                 "SimulatedRanks: rank ", rank_, " runs more micro-batches than rank 0");
+  std::vector<Tensor>& sums = round_sums_[round_];
+  for (std::size_t i = first; i < end; ++i) {
+    if (rank_ == 0) {  // the round's sum starts with rank 0's gradient
+      if (!sums[i].defined()) {
+        sums[i] = Tensor(parameters[i].grad.shape(), DType::f32, model.device(),
+                         MemoryCategory::gradients);
+      }
+      sums[i].copy_from(parameters[i].grad);
+    } else {
+      dist::add_next_rank(elements(sums[i]), elements(parameters[i].grad));
+    }
+  }
+  model.release_gradients(first, end);  // the next micro-batch starts them from zero
+  if (first == 0) ++round_;  // the stem's gradients are the last a backward tells
+}
+
 void SimulatedRanks::share_done(int rank, nn::Model& model) {
   BIGBATCH_CHECK(rank >= 0 && rank < ranks(), "SimulatedRanks: no rank ", rank);
+  if (zero_ == ZeroStage::gradients) {
+    BIGBATCH_CHECK(rank == rank_ && round_ > 0, "SimulatedRanks: rank ", rank,
+                   "'s share done after ", round_, " micro-batches, rank ", rank_, " expected");
+    if (rank == 0) rounds_ = round_;
+    // The rounds this rank has no micro-batch for: it adds zeros, as under MPI.
+    for (; round_ < rounds_; ++round_) {
+      for (Tensor& sum : round_sums_[round_]) {
+        const Tensor zeros = Tensor::zeros(sum.shape(), DType::f32, sum.device(),
+                                           MemoryCategory::gradients);
+        dist::add_next_rank(elements(sum), elements(zeros));
+      }
+    }
+    ++rank_;
+    round_ = 0;
+    return;
+  }
   const std::vector<nn::NamedParameter> parameters = model.parameters();
   for (std::size_t p = 0; p < parameters.size(); ++p) {
     buffers_[rank][p].copy_from(parameters[p].grad);
@@ -133,6 +181,16 @@ void SimulatedRanks::share_done(int rank, nn::Model& model) {
 float SimulatedRanks::reduce(nn::Model& model, std::span<const float> losses) {
   BIGBATCH_CHECK(static_cast<int>(losses.size()) == ranks(), "SimulatedRanks: ",
                  losses.size(), " losses for ", ranks(), " ranks");
+  if (zero_ == ZeroStage::gradients) {
+    BIGBATCH_CHECK(rank_ == ranks(), "SimulatedRanks: ", rank_, " of ", ranks(),
+                   " shares done before the sum");
+    for (std::size_t p = 0; p < totals_.size(); ++p) {
+      totals_[p].copy_from(round_sums_[0][p]);
+      for (std::size_t m = 1; m < rounds_; ++m) axpy(1.0f, round_sums_[m][p], totals_[p]);
+    }
+    rank_ = 0;
+    return sum_in_rank_order(losses);
+  }
   const std::vector<nn::NamedParameter> parameters = model.parameters();
   for (std::size_t p = 0; p < parameters.size(); ++p) {
     Tensor total = parameters[p].grad;  // shares the gradient's storage
@@ -142,10 +200,21 @@ float SimulatedRanks::reduce(nn::Model& model, std::span<const float> losses) {
   return sum_in_rank_order(losses);
 }
 
+std::vector<nn::NamedParameter> SimulatedRanks::stepped_parameters(const nn::Model& model) const {
+  std::vector<nn::NamedParameter> parameters = model.parameters();
+  if (zero_ == ZeroStage::gradients) {
+    for (std::size_t p = 0; p < parameters.size(); ++p) parameters[p].grad = totals_[p];
+  }
+  return parameters;
+}
+
 loss_scaling::GradientPieces SimulatedRanks::boundary_pieces(const nn::Model& model) {
   if (zero_ == ZeroStage::replicated) return whole_gradients(model);
   loss_scaling::GradientPieces pieces{{}, combine_in_rank_order};
-  for (int r = 0; r < ranks(); ++r) pieces.parts.push_back(gradient_shards(model, ranks(), r));
+  // The step's gradients: the model's at stage 1, the rounds' total at stage 2.
+  const std::vector<Tensor> gradients =
+      zero_ == ZeroStage::gradients ? totals_ : loss_scaling::gradient_tensors(model);
+  for (int r = 0; r < ranks(); ++r) pieces.parts.push_back(gradient_shards(gradients, ranks(), r));
   return pieces;
 }
 
@@ -153,13 +222,69 @@ CommunicatorRanks::CommunicatorRanks(dist::Communicator& communicator,
                                      dist::Reduction reduction, ZeroStage zero,
                                      std::size_t bucket_bytes)
     : communicator_(communicator), reduction_(reduction), zero_(zero),
-      bucket_bytes_(bucket_bytes) {}
+      bucket_bytes_(bucket_bytes) {
+  BIGBATCH_CHECK(zero_ != ZeroStage::gradients || bucket_bytes_ == 0, "CommunicatorRanks: ",
+                 "stage 2 sums every micro-batch's gradients as the backward finishes them, "
+                 "without buckets");
+}
+
+void CommunicatorRanks::hold_gradient_shards(nn::Model& model) {
+  BIGBATCH_CHECK(zero_ == ZeroStage::gradients && shard_gradients_.empty(),
+                 "CommunicatorRanks: gradient shards are held once, at stage 2");
+  model.release_gradients(0, model.parameters().size());
+  for (const nn::NamedParameter& p : model.parameters()) {
+    shard_gradients_.push_back(Tensor::zeros(
+        {dist::share_of(p.value.numel(), ranks(), communicator_.rank()).size}, DType::f32,
+        model.device(), MemoryCategory::gradients));
+  }
+}
+
+void CommunicatorRanks::start_step(nn::Model& model, std::int64_t micro_batches) {
+  if (zero_ != ZeroStage::gradients) return;
+  BIGBATCH_CHECK(micro_batches >= 1, "CommunicatorRanks: ", micro_batches, " micro-batches");
+  model.release_gradients(0, model.parameters().size());
+  rounds_ = micro_batches;
+  rounds_done_ = 0;
+  groups_.clear();
+}
+
+void CommunicatorRanks::sum_round(const std::vector<Tensor>& gradients, std::size_t first,
+                                  std::size_t end) {
+  BIGBATCH_CHECK(first <= end && end <= gradients.size() &&
+                     gradients.size() == shard_gradients_.size(),
+                 "CommunicatorRanks: gradients [", first, ", ", end, ") of ", gradients.size(),
+                 ", ", shard_gradients_.size(), " shards held (hold_gradient_shards)");
+  for (std::size_t i = first; i < end; ++i) {
+    sum_gradient(gradients[i]);  // a reduce-scatter: this rank's shard holds the sum
+    const Tensor sum = shard_view(gradients[i], ranks(), communicator_.rank());
+    if (rounds_done_ == 0) {
+      shard_gradients_[i].copy_from(sum);
+    } else {
+      axpy(1.0f, sum, shard_gradients_[i]);
+    }
+  }
+}
 
 float CommunicatorRanks::reduce(nn::Model& model, std::span<const float> losses) {
   BIGBATCH_CHECK(losses.size() == 1, "CommunicatorRanks: one loss per process, got ",
                  losses.size());
   const std::vector<nn::NamedParameter> parameters = model.parameters();
-  if (overlaps()) {  // the backward started every bucket but the open one
+  if (zero_ == ZeroStage::gradients) {
+    // This rank ran fewer micro-batches than rank 0: it joins the sums it lacks with
+    // zeros, a group at a time, in the order its backwards told them.
+    BIGBATCH_CHECK(rounds_done_ >= 1 && rounds_done_ <= rounds_, "CommunicatorRanks: ",
+                   rounds_done_, " micro-batches summed of ", rounds_);
+    for (; rounds_done_ < rounds_; ++rounds_done_) {
+      for (const auto& [first, end] : groups_) {
+        std::vector<Tensor> zeros(parameters.size());
+        for (std::size_t i = first; i < end; ++i) {
+          zeros[i] = Tensor::zeros(parameters[i].value.shape(), DType::f32,
+                                   parameters[i].value.device(), MemoryCategory::gradients);
+        }
+        sum_round(zeros, first, end);
+      }
+    }
+  } else if (overlaps()) {  // the backward started every bucket but the open one
     BIGBATCH_CHECK(gradients_sent_ + open_bucket_.size() == parameters.size(),
                    "CommunicatorRanks: the backward finished ",
                    gradients_sent_ + open_bucket_.size(), " of ", parameters.size(),
@@ -175,8 +300,20 @@ float CommunicatorRanks::reduce(nn::Model& model, std::span<const float> losses)
 }
 
 void CommunicatorRanks::gradients_ready(nn::Model& model, std::size_t first, std::size_t end) {
-  if (!overlaps()) return;
+  if (!overlaps() && zero_ != ZeroStage::gradients) return;
   const auto start = std::chrono::steady_clock::now();
+  if (zero_ == ZeroStage::gradients) {
+    std::vector<Tensor> gradients;
+    for (const nn::NamedParameter& p : model.parameters()) gradients.push_back(p.grad);
+    sum_round(gradients, first, end);
+    gradients.clear();
+    model.release_gradients(first, end);  // their bytes go: the shard holds the sum
+    if (rounds_done_ == 0) groups_.emplace_back(first, end);
+    if (first == 0) ++rounds_done_;  // the stem's gradients are the last a backward tells
+    seconds_in_backward_ +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    return;
+  }
   if (!buckets_) {
     // Made in the first step, a collective every rank reaches only once the ranks have
     // agreed on their settings (a rank with another bucket size is refused before it).
@@ -252,13 +389,22 @@ loss_scaling::GradientPieces CommunicatorRanks::boundary_pieces(const nn::Model&
     }
     return combine_in_rank_order(parts);
   };
-  return {{gradient_shards(model, ranks(), communicator_.rank())}, combine};
+  if (zero_ == ZeroStage::gradients) return {{shard_gradients_}, combine};
+  return {{gradient_shards(loss_scaling::gradient_tensors(model), ranks(), communicator_.rank())},
+          combine};
 }
 
 std::vector<nn::NamedParameter> CommunicatorRanks::stepped_parameters(
     const nn::Model& model) const {
   if (zero_ == ZeroStage::replicated) return model.parameters();
-  return parameter_shards(model.parameters(), ranks(), communicator_.rank());
+  std::vector<nn::NamedParameter> shards =
+      parameter_shards(model.parameters(), ranks(), communicator_.rank());
+  if (zero_ == ZeroStage::gradients) {
+    BIGBATCH_CHECK(shard_gradients_.size() == shards.size(), "CommunicatorRanks: stage 2 ",
+                   "steps the gradient shards it holds: call hold_gradient_shards first");
+    for (std::size_t i = 0; i < shards.size(); ++i) shards[i].grad = shard_gradients_[i];
+  }
+  return shards;
 }
 
 void CommunicatorRanks::gather_parameters(nn::Model& model) {

@@ -46,8 +46,10 @@ namespace bigbatch::data_parallel {
 enum class ZeroStage {
   replicated = 0,       ///< stage 0: every rank holds every parameter's optimizer state
   optimizer_state = 1,  ///< stage 1: each rank the state of its shard of every parameter
+  gradients = 2,        ///< stage 2: and the gradient of that shard, summed over ranks after
+                        ///< every micro-batch; the model's gradients live only in a backward
 };
-/// "0" or "1": the stage's setting text.
+/// "0", "1" or "2": the stage's setting text.
 std::string setting_text(ZeroStage stage);
 
 /// Rank `rank`'s shard of a tensor's elements, dist::share_of(numel, ranks, rank), as a
@@ -59,12 +61,16 @@ Tensor shard_view(const Tensor& tensor, int ranks, int rank);
 std::vector<nn::NamedParameter> parameter_shards(const std::vector<nn::NamedParameter>& parameters,
                                                  int ranks, int rank);
 /// The parameter elements whose optimizer state rank `rank` of R holds: every trainable
-/// one at stage 0, its shard of each trainable tensor at stage 1.
+/// one at stage 0, its shard of each trainable tensor at stages 1 and 2 (at stage 2 also
+/// the gradient elements it holds through the step).
 std::int64_t optimizer_state_elements(const nn::ModelConfig& config, int ranks, int rank,
                                       ZeroStage zero);
 /// The memory of rank `rank`'s step of a batch of `batch` under MPI (CommunicatorRanks), by
 /// category: nn::predict_step of its share (its micro-batches, its staging buffer), with
-/// the optimizer state of optimizer_state_elements. The collectives' buffers are host
+/// the optimizer state of optimizer_state_elements and, at stage 2, only the gradient
+/// shards held through the step (the model's gradients released after each group's sum).
+/// A rank with fewer micro-batches than rank 0 joins the sums it lacks with zeros of one
+/// group at a time after its backward: less than its backward held. The collectives' buffers are host
 /// memory of the engine's and of dist's (not counted by the allocator, as a GPU run's
 /// would not be either).
 nn::StepPrediction predict_rank_step(const nn::ModelConfig& config, std::int64_t batch,
@@ -120,8 +126,17 @@ class RankGroup {
   /// Whether the sum starts during the last micro-batch's backward (overlap): the trainer
   /// then has accumulate_gradients tell gradients_ready, and reduce() finishes the sum.
   virtual bool overlaps() const { return false; }
-  /// During the last micro-batch's backward of this rank's share: model.parameters()[first,
-  /// end) hold their final gradients for the step (nn::GradientsReady).
+  /// Whether the ranks sum after every micro-batch (stage 2): the trainer then has
+  /// accumulate_gradients tell gradients_ready in every backward, not only the last.
+  bool sums_every_micro_batch() const { return zero() == ZeroStage::gradients; }
+  /// Before a step's shares, at stage 2: rank 0's share, the largest, runs `micro_batches`
+  /// micro-batches, and every rank takes part in as many sums (a rank with fewer adds
+  /// zeros in the sums it lacks). Releases the model's gradients (the first step finds
+  /// them allocated), before the step's memory is measured.
+  virtual void start_step(nn::Model& /*model*/, std::int64_t /*micro_batches*/) {}
+  /// During the last micro-batch's backward of this rank's share (every micro-batch's at
+  /// stage 2): model.parameters()[first, end) hold their final gradients for the step
+  /// (for the micro-batch at stage 2; nn::GradientsReady).
   virtual void gradients_ready(nn::Model& /*model*/, std::size_t /*first*/, std::size_t /*end*/) {}
   /// The seconds spent in gradients_ready since the last call: the communication a step
   /// paid inside its backward (copying buckets, starting and moving their sums).
@@ -130,6 +145,11 @@ class RankGroup {
 
 /// R ranks in one process: share r's gradient is kept in buffer r, and the buffers are
 /// added in rank order. Costs R gradient copies (MemoryCategory::gradients).
+///
+/// At stage 2 the ranks sum after every micro-batch: round m's sum is the ranks' gradients
+/// of their micro-batch m added in rank order (zeros for a rank with fewer micro-batches),
+/// and the step's gradient is round 0's sum plus round 1's, and so on (kernels' axpy), as
+/// each rank under MPI accumulates its shard: one buffer per round, and the total.
 class SimulatedRanks final : public RankGroup {
  public:
   /// R >= 1 simulated ranks of `model` (whose gradients it copies, on the model's device:
@@ -138,20 +158,27 @@ class SimulatedRanks final : public RankGroup {
   /// boundary measures the R shards as the R ranks do.
   SimulatedRanks(int ranks, const nn::Model& model,
                  ZeroStage zero = ZeroStage::replicated);
-  int ranks() const override { return static_cast<int>(buffers_.size()); }
+  int ranks() const override { return ranks_; }
   std::vector<int> local_ranks() const override;
   void share_done(int rank, nn::Model& model) override;
   float reduce(nn::Model& model, std::span<const float> losses) override;
   ZeroStage zero() const override { return zero_; }
   loss_scaling::GradientPieces boundary_pieces(const nn::Model& model) override;
-  std::vector<nn::NamedParameter> stepped_parameters(const nn::Model& model) const override {
-    return model.parameters();
-  }
+  std::vector<nn::NamedParameter> stepped_parameters(const nn::Model& model) const override;
   void gather_parameters(nn::Model&) override {}
+  /// Stage 2: adds the micro-batch's gradients to the round's sum and releases them.
+  void gradients_ready(nn::Model& model, std::size_t first, std::size_t end) override;
 
  private:
-  std::vector<std::vector<Tensor>> buffers_;  // [rank][parameter]
+  int ranks_;
+  std::vector<std::vector<Tensor>> buffers_;  // [rank][parameter], stages 0 and 1
   ZeroStage zero_;
+  // Stage 2.
+  std::vector<std::vector<Tensor>> round_sums_;  // [micro-batch][parameter]
+  std::vector<Tensor> totals_;                   // [parameter]: the step's gradients
+  int rank_ = 0;                 // the rank whose share runs now
+  std::size_t round_ = 0;        // its micro-batches done
+  std::size_t rounds_ = 0;       // rank 0's, this step's
 };
 
 /// This process as one rank of a run under MPI: reduces with the communicator, host
@@ -170,8 +197,13 @@ class CommunicatorRanks final : public RankGroup {
  public:
   /// With bucket_bytes > 0, the first step's backward makes the buckets' communicators
   /// (dist::BucketedSum, a collective), after the ranks have compared their settings.
+  /// Stage 2 sums in every backward without buckets (bucket_bytes must be 0).
   CommunicatorRanks(dist::Communicator& communicator, dist::Reduction reduction,
                     ZeroStage zero = ZeroStage::replicated, std::size_t bucket_bytes = 0);
+  /// Stage 2, before stepped_parameters: releases `model`'s gradients, then allocates this
+  /// rank's shard of each (MemoryCategory::gradients, on its device), where the sums
+  /// accumulate: the whole gradients and the shards are never live together.
+  void hold_gradient_shards(nn::Model& model);
   int ranks() const override { return communicator_.size(); }
   std::vector<int> local_ranks() const override { return {communicator_.rank()}; }
   void share_done(int, nn::Model&) override {}
@@ -180,8 +212,10 @@ class CommunicatorRanks final : public RankGroup {
   float reduce(nn::Model& model, std::span<const float> losses) override;
   bool overlaps() const override { return bucket_bytes_ > 0; }
   /// Adds the gradients to the open bucket, starts its sum when it holds bucket_bytes,
-  /// and lets the engine move the started sums on.
+  /// and lets the engine move the started sums on. Stage 2: reduce-scatters them at once,
+  /// adds this rank's shard of the sum to its own (round 0 copies it) and releases them.
   void gradients_ready(nn::Model& model, std::size_t first, std::size_t end) override;
+  void start_step(nn::Model& model, std::int64_t micro_batches) override;
   double take_seconds_in_backward() override;
   ZeroStage zero() const override { return zero_; }
   /// Stage 1: this rank's shards, combined over the ranks (an all-gather of each rank's
@@ -206,6 +240,9 @@ class CommunicatorRanks final : public RankGroup {
   void sum_gradient(const Tensor& gradient);
   /// Every rank's shard of t (f32, or a 16-bit working copy) to every rank, in place.
   void gather_shares(const Tensor& t);
+  /// Stage 2: reduce-scatters gradients[first, end) (parameters()' order) and adds this
+  /// rank's shard of each sum to its own.
+  void sum_round(const std::vector<Tensor>& gradients, std::size_t first, std::size_t end);
 
   dist::Communicator& communicator_;
   dist::Reduction reduction_;
@@ -217,6 +254,10 @@ class CommunicatorRanks final : public RankGroup {
   std::size_t open_bytes_ = 0;
   std::size_t gradients_sent_ = 0;  // this step's, to check that every one was
   double seconds_in_backward_ = 0;
+  // Stage 2.
+  std::vector<Tensor> shard_gradients_;  // this rank's shard of every gradient
+  std::vector<std::pair<std::size_t, std::size_t>> groups_;  // as a backward tells them
+  std::int64_t rounds_ = 0, rounds_done_ = 0;                // this step's
 };
 
 /// The sum of per-rank losses in rank order, as both groups report it.

@@ -244,24 +244,36 @@ bb::Json on_modelled_cluster(bb::SelfCheck& report) {
 
 /// Section (e)'s table: rank 0's step of scripts/data-parallel-bench.sh's run (Fashion-MNIST
 /// shapes, depth 4, width 512, batch 1024 in micro-batches of 256, AdamW, fp32), predicted
-/// by the memory model for R = 1, 2, 4 at stages 0 and 1. The bench measures R = 2.
+/// by the memory model for R = 1, 2, 4 at stages 0, 1 and 2. The bench measures R = 2.
 void report_rank_memory(bb::SelfCheck& report) {
   const bb::nn::ModelConfig model{.inputs = 784, .hidden = 512, .expansion = 4, .classes = 10,
                                   .depth = 4, .seed = 0};
   const bb::AdamWOptions adamw;
   const auto state = static_cast<std::size_t>(bb::MemoryCategory::optimizer_state);
+  const auto gradients = static_cast<std::size_t>(bb::MemoryCategory::gradients);
   const auto mib = [](std::size_t bytes) { return number(static_cast<double>(bytes) / (1 << 20), "%.2f"); };
   report.note("rank 0's step of scripts/data-parallel-bench.sh's run (depth 4, width 512, "
-              "batch 1024 in micro-batches of 256, AdamW), by the memory model, in MiB:");
-  std::printf("   %-8s %-6s %16s %12s\n", "ranks", "stage", "optimizer state", "step peak");
-  std::size_t replicated_state = 0, sharded_state = 0;
+              "batch 1024 in micro-batches of 256, AdamW), by the memory model, in MiB "
+              "(gradients: between steps, and at the step's peak):");
+  std::printf("   %-8s %-6s %16s %22s %12s\n", "ranks", "stage", "optimizer state",
+              "gradients (at peak)", "step peak");
+  std::size_t replicated_state = 0, sharded_state = 0, shard_gradients = 0, peak_gradients = 0;
   for (const int ranks : {1, 2, 4}) {
-    for (const dp::ZeroStage zero : {dp::ZeroStage::replicated, dp::ZeroStage::optimizer_state}) {
+    for (const dp::ZeroStage zero : {dp::ZeroStage::replicated, dp::ZeroStage::optimizer_state,
+                                     dp::ZeroStage::gradients}) {
       const bb::MemoryStats rank0 =
           dp::predict_rank_step(model, 1024, 256, adamw, ranks, 0, zero).stats;
-      std::printf("   %-8d %-6s %16s %12s\n", ranks, dp::setting_text(zero).c_str(),
-                  mib(rank0.live[state]).c_str(), mib(rank0.peak_total).c_str());
-      if (ranks == 4) (zero == dp::ZeroStage::replicated ? replicated_state : sharded_state) = rank0.live[state];
+      std::printf("   %-8d %-6s %16s %22s %12s\n", ranks, dp::setting_text(zero).c_str(),
+                  mib(rank0.live[state]).c_str(),
+                  (mib(rank0.live[gradients]) + " (" + mib(rank0.at_peak[gradients]) + ")").c_str(),
+                  mib(rank0.peak_total).c_str());
+      if (ranks != 4) continue;
+      if (zero == dp::ZeroStage::replicated) replicated_state = rank0.live[state];
+      if (zero == dp::ZeroStage::optimizer_state) sharded_state = rank0.live[state];
+      if (zero == dp::ZeroStage::gradients) {
+        shard_gradients = rank0.live[gradients];
+        peak_gradients = rank0.at_peak[gradients];
+      }
     }
   }
   // Rank 0's share of a tensor of n elements is ceil(n / 4): 4 ceil(n / 4) - n <= 3 elements
@@ -272,6 +284,16 @@ void report_rank_memory(bb::SelfCheck& report) {
                "at 4 ranks stage 1 keeps a quarter of the optimizer state on rank 0 (its "
                "shares round up by at most 3 elements per tensor of the whole): " + mib(sharded_state) +
                " of " + mib(replicated_state) + " MiB; the parameters and gradients stay whole");
+  // Stage 2: between steps the gradient shards, 4 bytes per element of the optimizer's
+  // shard; at the peak also the largest group a backward allocates, a block's (ln 2H, fc1
+  // and fc2 E H^2 + E H and E H^2 + H), larger than the stem's (784 H + H) here.
+  const std::size_t h = 512, e = 4 * h;
+  const std::size_t block = 4 * (2 * h + (e * h + e) + (h * e + h));
+  report.check(shard_gradients == sharded_state / 2 && peak_gradients == shard_gradients + block,
+               "at 4 ranks stage 2 keeps rank 0's shard of the gradients between steps (" +
+                   mib(shard_gradients) + " MiB, half its AdamW state), and at the step's peak "
+                   "one block's gradients more, allocated by its backward and released after "
+                   "their sum (" + mib(peak_gradients) + " MiB)");
 }
 
 }  // namespace

@@ -28,12 +28,15 @@ RankPlans plan_share(planning::PlanRequest request, const planning::CostModel& c
   plans.share = dist::share_of(request.batch, ranks, 0).size;
   request.batch = plans.share;
   request.state_elements = optimizer_state_elements(request.model, ranks, 0, zero);
+  if (zero == ZeroStage::gradients) request.gradient_elements = request.state_elements;
   plans.result = planning::make_plan(request, cost);
   return plans;
 }
 
 RankPlans plan_ranks(planning::PlanRequest request, const planning::CostModel& cost, int ranks,
                      ZeroStage zero, const Cluster& cluster) {
+  BIGBATCH_CHECK(zero != ZeroStage::gradients, "plan_ranks: stage 2 sums after every "
+                 "micro-batch, which the cluster's cost model does not price yet");
   RankPlans plans = plan_share(request, cost, ranks, zero);
   nn::ModelConfig fp32 = request.model, half = request.model;
   fp32.precision = nn::Precision::fp32;

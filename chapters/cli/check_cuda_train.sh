@@ -3,7 +3,8 @@
 # `bigbatch train --device cuda` end to end, in fp32, in fp16 with dynamic loss scaling and
 # in bf16: exit 0, one log line per step with a finite loss, a test accuracy. Then chapter
 # 07 on the GPU: one rank of --data-parallel, its gradients summed by NCCL (both
-# reductions, ZeRO stages 0 and 1), saves the single-process run's bytes. Exits 77
+# reductions, ZeRO stages 0 and 1; stage 2 with one micro-batch per step), saves the
+# single-process run's bytes. Exits 77
 # (CTest's skip) with the reason when this machine has no usable GPU.
 set -u
 bigbatch=$1
@@ -36,4 +37,15 @@ for ranks in "--reduction deterministic" "--reduction engine" "--zero 1" "--zero
   cmp -s single.st rank.st || { echo "FAIL: --data-parallel $ranks on one GPU did not save the single run's bytes"; exit 1; }
   echo "--data-parallel $ranks on one GPU (NCCL): the single run's bytes"
 done
+# ZeRO stage 2 sums after every micro-batch, so with one micro-batch per step it is the
+# single run (more micro-batches change the order of the additions).
+whole="--device cuda --data synthetic --samples 2000 --depth 2 --hidden 32 --batch 64 \
+  --steps 5 --dropout 0.1 --precision fp16 --loss-scale dynamic"
+# shellcheck disable=SC2086 # the run's words
+"$bigbatch" train $whole --save single-whole.st > single.txt 2>&1 || { cat single.txt; echo "FAIL: the single run of one micro-batch"; exit 1; }
+# shellcheck disable=SC2086
+"$bigbatch" train $whole --data-parallel --zero 2 --save rank.st > rank.txt 2>&1 ||
+  { cat rank.txt; echo "FAIL (--data-parallel --zero 2): exit code $?"; exit 1; }
+cmp -s single-whole.st rank.st || { echo "FAIL: --data-parallel --zero 2 on one GPU did not save the single run's bytes"; exit 1; }
+echo "--data-parallel --zero 2 on one GPU (NCCL), one micro-batch per step: the single run's bytes"
 echo ok

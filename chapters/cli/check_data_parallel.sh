@@ -13,9 +13,12 @@
 #     stage 0 without it, the engine's reduce-scatter the deterministic one at R = 2, the
 #     inf on one rank skips the step on all, rank 0 holds a third of 3 ranks' state;
 #     snapshots hold the shards gathered (the simulation's files) and resume bit for bit.
+#     ZeRO stage 2 (--zero 2): MPI equals the simulation (fp32, fp16 with checkpointing,
+#     uneven micro-batch counts), stage 1 with one micro-batch per rank; rank 0 holds fewer
+#     gradient bytes at the peak than at stage 0; a snapshot resumes bit for bit.
 #  4. Bad input, on every rank alike: more ranks than samples in a batch, --norm batch,
 #     --reduction without --data-parallel, --zero without ranks, ranks started with
-#     different settings, CUDA ranks simulated or overlapped: exit code 2 and one line
+#     different settings, CUDA ranks simulated or overlapped, buckets at stage 2: exit code 2 and one line
 #     naming the cause, no rank left running.
 #  5. A rank killed with SIGKILL mid-run: mpirun ends the others and exits non-zero within
 #     30 s (no rank waits for ever in a collective); --resume from rank 0's last snapshot
@@ -155,7 +158,47 @@ refused "stage 0 resuming stage 1's snapshot" "was written with --zero 1, a sett
   mpirun -np 3 "$bigbatch" train $zero1_base --data-parallel --resume zero1-part
 echo "ZeRO stage 1 snapshots: the simulation's bytes; resumed from step 4, the uninterrupted run's bytes"
 
+# 3b. ZeRO stage 2 (--zero 2: each rank also holds its shard of the gradients, summed after
+# every micro-batch): mpirun -np R saves --simulate-ranks R --zero 2's bytes (fp32 with
+# dropout and clipping; fp16 dynamic with SGD and checkpointing); shares of 15, 14 and 14
+# in micro-batches of 7 (3, 2 and 2: ranks 1 and 2 add zeros to the third sum); with one
+# micro-batch per rank, stage 1's bytes (one sum per step, the same additions); rank 0's
+# gradients at the step's peak are fewer than stage 0's; a snapshot resumed at stage 2
+# saves the uninterrupted run's bytes.
+for ranks in 2 3 4; do
+  same "$ranks" "zero2-fp32-$ranks" --dropout 0.2 --clip-grad-norm 0.5 --zero 2
+  same "$ranks" "zero2-fp16-$ranks" --precision fp16 --loss-scale dynamic --clip-grad-norm 0.5 \
+    --optimizer sgd --momentum 0.9 --checkpoint every:2 --zero 2
+done
+grep -q '(3 micro-batches per rank), gradients summed after every micro-batch (deterministic); ZeRO stage 2: each rank holds the optimizer state and the gradient of its shard' mpi-zero2-fp32-3.txt ||
+  fail "the header does not say stage 2: $(grep '^data parallel' mpi-zero2-fp32-3.txt)"
+uneven="--data synthetic --samples 2000 --depth 3 --hidden 32 --steps 4 --batch 43 --micro-batch 7 --dropout 0.2 --zero 2"
+mpirun -np 3 "$bigbatch" train $uneven --data-parallel --save zero2-uneven.st > zero2-uneven.txt 2>&1 ||
+  fail "stage 2 with 3, 2 and 2 micro-batches: $(tail -n 3 zero2-uneven.txt)"
+"$bigbatch" train $uneven --simulate-ranks 3 --save zero2-uneven-sim.st > zero2-uneven-sim.txt 2>&1 &&
+  cmp -s zero2-uneven.st zero2-uneven-sim.st ||
+  fail "stage 2 with 3, 2 and 2 micro-batches: MPI and the simulation differ"
+whole_share="--data synthetic --samples 2000 --depth 3 --hidden 32 --steps 4 --batch 50 --micro-batch 25 --clip-grad-norm 0.5"
+mpirun -np 2 "$bigbatch" train $whole_share --data-parallel --zero 2 --save zero2-one.st > zero2-one.txt 2>&1 &&
+  mpirun -np 2 "$bigbatch" train $whole_share --data-parallel --zero 1 --save zero1-one.st > zero1-one.txt 2>&1 &&
+  cmp -s zero2-one.st zero1-one.st || fail "stage 2 with one micro-batch per rank did not save stage 1's bytes"
+grads() { sed -n 's/^  gradients  *\([0-9.]*\) KiB.*/\1/p' "$1"; }
+awk -v two="$(grads mpi-zero2-fp32-3.txt)" -v all="$(grads mpi-fp32-3.txt)" \
+  'BEGIN { exit !(two > 0 && two < all) }' ||
+  fail "rank 0's gradients under stage 2 are $(grads mpi-zero2-fp32-3.txt) KiB at the peak, stage 0's $(grads mpi-fp32-3.txt)"
+zero2="$zero1_base --zero 2"
+rm -rf zero2-mpi zero2-part
+mpirun -np 3 "$bigbatch" train $zero2 --data-parallel --snapshot-dir zero2-mpi --snapshot-every 2 \
+  --save zero2-whole.st > zero2-whole.txt 2>&1 || fail "stage 2 with snapshots: $(tail -n 3 zero2-whole.txt)"
+mkdir zero2-part && cp zero2-mpi/step-00000004.safetensors zero2-part/
+mpirun -np 3 "$bigbatch" train $zero2 --data-parallel --resume zero2-part --save zero2-resumed.st \
+  > zero2-resumed.txt 2>&1 && cmp -s zero2-resumed.st zero2-whole.st ||
+  fail "stage 2 resumed from step 4 did not save the uninterrupted run's bytes: $(tail -n 3 zero2-resumed.txt)"
+echo "ZeRO stage 2: MPI and simulated ranks saved the same bytes (uneven micro-batches too); stage 1's with one micro-batch per rank; rank 0's gradients at the peak $(grads mpi-zero2-fp32-3.txt) of $(grads mpi-fp32-3.txt) KiB; resumed from step 4, the uninterrupted run's bytes"
+
 # 4. Bad input: exit code 2 and one line on stderr naming the cause.
+refused "--bucket-size with --zero 2" "stage 2 sums each group of gradients as every backward finishes it" \
+  mpirun -np 2 "$bigbatch" train $small --data-parallel --zero 2 --bucket-size 1KiB
 refused "4 ranks, batch 3" "4 ranks need a sample each in every batch: --batch is 3" \
   mpirun -np 4 "$bigbatch" train --data synthetic --samples 2000 --steps 1 --batch 3 --data-parallel
 refused "3 simulated ranks, a last batch of 2" "each epoch's last batch has 2" \
@@ -168,8 +211,8 @@ refused "--reduction alone" "--reduction sums the ranks of --data-parallel" \
   "$bigbatch" train --data synthetic --samples 2000 --steps 1 --reduction engine
 refused "--zero alone" "--zero shards the ranks' state: give --data-parallel or --simulate-ranks" \
   "$bigbatch" train --data synthetic --samples 2000 --steps 1 --zero 1
-refused "--zero 2" "expected 0 or 1, got '2'" \
-  "$bigbatch" train --data synthetic --samples 2000 --steps 1 --simulate-ranks 2 --zero 2
+refused "--zero 3" "expected 0, 1 or 2, got '3'" \
+  "$bigbatch" train --data synthetic --samples 2000 --steps 1 --simulate-ranks 2 --zero 3
 # CUDA ranks sum on NCCL after the backward: named before the device is looked for, so
 # these hold on a machine without a GPU too.
 refused "CUDA simulated ranks" "with --simulate-ranks: the simulation adds its ranks' gradients on the CPU" \

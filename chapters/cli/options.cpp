@@ -36,7 +36,9 @@ const Words<bool> kPlans = {{"auto", true}};
 const Words<dist::Reduction> kReductions = {{"deterministic", dist::Reduction::deterministic},
                                             {"engine", dist::Reduction::engine}};
 const Words<data_parallel::ZeroStage> kZeroStages = {
-    {"0", data_parallel::ZeroStage::replicated}, {"1", data_parallel::ZeroStage::optimizer_state}};
+    {"0", data_parallel::ZeroStage::replicated},
+    {"1", data_parallel::ZeroStage::optimizer_state},
+    {"2", data_parallel::ZeroStage::gradients}};
 const Words<ModelledDevice> kModelledDevices = {{"h200", ModelledDevice::h200}};
 
 template <class E>
@@ -423,7 +425,8 @@ void add_zero_flag(CLI::App& app, TrainOptions& o) {
                   "what the ranks shard (DeepSpeed's ZeRO stages): 0 nothing, every rank "
                   "holds the whole optimizer state; 1 the optimizer state, each rank that of "
                   "its shard of every parameter (a reduce-scatter, the step of the shard, an "
-                  "all-gather of the parameters)");
+                  "all-gather of the parameters); 2 also the gradients, each rank holding "
+                  "its shard's, summed after every micro-batch (no buckets)");
 }
 
 }  // namespace

@@ -57,6 +57,10 @@ RunRanks::RunRanks(const TrainOptions& options) : options_(options.parallel) {
     throw UsageError("--zero shards the ranks' state: give --data-parallel or --simulate-ranks");
   }
   if (!on) return;
+  if (options_.zero == data_parallel::ZeroStage::gradients && options_.bucket_bytes > 0) {
+    throw UsageError("--bucket-size with --zero 2: stage 2 sums each group of gradients as "
+                     "every backward finishes it, without buckets (give --bucket-size 0)");
+  }
   if (!options_.data_parallel && options.was_given("--plan")) {
     throw UsageError("--simulate-ranks does not take --plan: the simulation holds every "
                      "rank's gradients on one device, and the planner plans one rank's step "
@@ -178,13 +182,14 @@ bool RunRanks::any(bool mine) const {
   return false;
 }
 
-data_parallel::RankGroup* RunRanks::group(const nn::Model& model) {
+data_parallel::RankGroup* RunRanks::group(nn::Model& model) {
   if (!enabled()) return nullptr;
   if (!group_) {
     if (communicator_) {
       auto ranks = std::make_unique<data_parallel::CommunicatorRanks>(
           *communicator_, options_.reduction, options_.zero, options_.bucket_bytes);
       if (options_.zero != data_parallel::ZeroStage::replicated) sharded_ = ranks.get();
+      if (options_.zero == data_parallel::ZeroStage::gradients) ranks->hold_gradient_shards(model);
       group_ = std::move(ranks);
     } else {
       group_ = std::make_unique<data_parallel::SimulatedRanks>(count_, model, options_.zero);
@@ -193,12 +198,12 @@ data_parallel::RankGroup* RunRanks::group(const nn::Model& model) {
   return group_.get();
 }
 
-std::vector<nn::NamedParameter> RunRanks::stepped_parameters(const nn::Model& model) {
+std::vector<nn::NamedParameter> RunRanks::stepped_parameters(nn::Model& model) {
   data_parallel::RankGroup* const ranks = group(model);
   return ranks ? ranks->stepped_parameters(model) : model.parameters();
 }
 
-std::unique_ptr<nn::Optimizer> RunRanks::whole_optimizer(const nn::Model& model,
+std::unique_ptr<nn::Optimizer> RunRanks::whole_optimizer(nn::Model& model,
                                                          const nn::Optimizer& optimizer,
                                                          bool gather) {
   group(model);
@@ -227,6 +232,9 @@ checkpointing::StepShape RunRanks::rank_step(checkpointing::StepShape whole) con
   if (!communicator_) return whole;
   whole.state_elements =
       data_parallel::optimizer_state_elements(whole.model, count_, 0, options_.zero);
+  if (options_.zero == data_parallel::ZeroStage::gradients) {
+    whole.gradient_elements = whole.state_elements;
+  }
   whole.batch = dist::share_of(whole.batch, count_, 0).size;
   whole.micro_batch = std::min(whole.micro_batch, whole.batch);
   return whole;
@@ -273,7 +281,9 @@ std::string RunRanks::describe(std::int64_t batch, std::int64_t micro_batch) con
   const std::int64_t micro_batches = (first.size + micro_batch - 1) / micro_batch;
   out << " samples of each batch of " << batch << " (" << micro_batches
       << (micro_batches == 1 ? " micro-batch" : " micro-batches")
-      << " per rank), gradients summed once per optimizer step ("
+      << " per rank), gradients summed "
+      << (options_.zero == data_parallel::ZeroStage::gradients ? "after every micro-batch ("
+                                                                : "once per optimizer step (")
       << (communicator_ ? dist::reduction_name(options_.reduction) : "rank order") << ")";
   if (communicator_ && options_.bucket_bytes > 0) {
     out << ", overlapping the last backward in buckets of " << format_bytes(options_.bucket_bytes);
@@ -281,6 +291,10 @@ std::string RunRanks::describe(std::int64_t batch, std::int64_t micro_batch) con
   if (options_.zero == data_parallel::ZeroStage::optimizer_state) {
     out << "; ZeRO stage 1: each rank holds the optimizer state of its shard of every "
            "parameter, reduce-scatters the gradients and all-gathers the parameters";
+  } else if (options_.zero == data_parallel::ZeroStage::gradients) {
+    out << "; ZeRO stage 2: each rank holds the optimizer state and the gradient of its "
+           "shard of every parameter, reduce-scatters each micro-batch's gradients as its "
+           "backward finishes them, then releases them, and all-gathers the parameters";
   }
   return out.str();
 }

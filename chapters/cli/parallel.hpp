@@ -56,16 +56,17 @@ class RunRanks {
   /// Whether `mine` holds on any rank (a collective under MPI, so that the ranks stop after
   /// the same step when a signal reaches them at different moments); `mine` when alone.
   bool any(bool mine) const;
-  /// The trainer's ranks (null when off), made on the first call.
-  data_parallel::RankGroup* group(const nn::Model& model);
-  /// The parameters this process's optimizer steps: the model's, or under --zero 1 and MPI
-  /// this rank's shard of each.
-  std::vector<nn::NamedParameter> stepped_parameters(const nn::Model& model);
-  /// Under --zero 1 and MPI, an optimizer over every parameter with `optimizer`'s options
+  /// The trainer's ranks (null when off), made on the first call (under --zero 2 and MPI
+  /// the ranks take over the model's gradients: CommunicatorRanks::hold_gradient_shards).
+  data_parallel::RankGroup* group(nn::Model& model);
+  /// The parameters this process's optimizer steps: the model's, or under --zero 1 and 2
+  /// and MPI this rank's shard of each (at stage 2 with the gradient shards it holds).
+  std::vector<nn::NamedParameter> stepped_parameters(nn::Model& model);
+  /// Under --zero 1 or 2 and MPI, an optimizer over every parameter with `optimizer`'s options
   /// (what a snapshot holds); null otherwise (`optimizer` holds the whole state). With
   /// `gather`, it takes every rank's shard of `optimizer`'s state: a collective, every rank
   /// calls it at the same step.
-  std::unique_ptr<nn::Optimizer> whole_optimizer(const nn::Model& model,
+  std::unique_ptr<nn::Optimizer> whole_optimizer(nn::Model& model,
                                                  const nn::Optimizer& optimizer, bool gather);
   /// Resumed into whole_optimizer(..., false): `optimizer` takes this rank's shard.
   void take_shard(const nn::Optimizer& whole, nn::Optimizer& optimizer) const;
@@ -91,7 +92,7 @@ class RunRanks {
   dist::Communicator* communicator_ = nullptr;
   int count_ = 1;
   std::unique_ptr<data_parallel::RankGroup> group_;
-  data_parallel::CommunicatorRanks* sharded_ = nullptr;  // group_ under --zero 1 and MPI
+  data_parallel::CommunicatorRanks* sharded_ = nullptr;  // group_ under --zero 1, 2 and MPI
 };
 
 }  // namespace bigbatch::cli

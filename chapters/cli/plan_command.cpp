@@ -102,6 +102,11 @@ planning::PlanResult plan_for(const TrainOptions& options, const nn::ModelConfig
       throw UsageError("--ranks " + std::to_string(options.plan.ranks) + ": more ranks than "
                        "--batch " + std::to_string(batch) + " has samples, each rank needs one");
     }
+    if (options.parallel.zero == data_parallel::ZeroStage::gradients) {
+      throw UsageError("--zero 2 on the modelled cluster: stage 2 sums after every "
+                       "micro-batch, which its cost model does not price yet (plan --zero "
+                       "1, or plan this machine's ranks with --data-parallel)");
+    }
     ranks = static_cast<int>(options.plan.ranks);  // at most the batch, an int's
     const data_parallel::Cluster cluster = data_parallel::h200_cluster();
     if (ranks > cluster.per_node && ranks % cluster.per_node != 0) {

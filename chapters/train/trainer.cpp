@@ -61,11 +61,15 @@ Trainer::Trainer(nn::Model& model, nn::Optimizer& optimizer, const Dataset& data
 
 StepRecord Trainer::step() {
   const auto start = std::chrono::steady_clock::now();
+  const std::int64_t k = steps_done_;
+  const nn::BatchPosition batch = stream_.position(k);
+  if (ranks_) {  // ZeRO stage 2: how many sums the ranks take, and the model's gradients go
+    const std::int64_t largest = dist::share_of(batch.size, ranks_->ranks(), 0).size;
+    ranks_->start_step(model_, (largest + config_.micro_batch - 1) / config_.micro_batch);
+  }
   TrackingAllocator& allocator = allocator_for(model_.device());
   allocator.reset_peak();  // this step's peak, not the run's
 
-  const std::int64_t k = steps_done_;
-  const nn::BatchPosition batch = stream_.position(k);
   const double lr = nn::lr_at(schedule_, optimizer_steps_);
   optimizer_.set_learning_rate(lr);
   model_.zero_grad();
@@ -88,16 +92,18 @@ StepRecord Trainer::step() {
       nn::ForwardContext share_context = context;
       share_context.first_row += share.begin;  // its samples' own dropout masks
       // With overlap, the sum of each group of gradients starts as the share's last
-      // backward finishes it.
+      // backward finishes it; at ZeRO stage 2, as every backward finishes it.
       nn::GradientsReady on_final;
-      if (ranks_->overlaps()) {
+      if (ranks_->overlaps() || ranks_->sums_every_micro_batch()) {
         on_final = [this](std::size_t first, std::size_t end) {
           ranks_->gradients_ready(model_, first, end);
         };
       }
-      losses.push_back(nn::accumulate_gradients(model_, share.size, share_rows,
-                                                config_.micro_batch, share_context,
-                                                /*global_count=*/batch.size, scale, on_final));
+      losses.push_back(nn::accumulate_gradients(
+          model_, share.size, share_rows, config_.micro_batch, share_context,
+          /*global_count=*/batch.size, scale, on_final,
+          ranks_->sums_every_micro_batch() ? nn::TellGradients::every_micro_batch
+                                           : nn::TellGradients::last_micro_batch));
       ranks_->share_done(r, model_);
     }
     const auto reduce_start = std::chrono::steady_clock::now();

@@ -211,8 +211,9 @@ train::TrainConfig uneven_shares_run(std::int64_t steps) {
 }
 
 // Rank r's step, measured by the tracking allocator, is predict_rank_step's to the byte,
-// category by category at the peak, at stage 0 and stage 1 (where the optimizer state is
-// the rank's shard's: about a third of stage 0's here). Shares of 17, 17 and 16 samples in
+// category by category at the peak, at stage 0, stage 1 (where the optimizer state is
+// the rank's shard's: about a third of stage 0's here) and stage 2 (where the gradients
+// are the rank's shards, and each group's own only from its backward to its sum). Shares of 17, 17 and 16 samples in
 // micro-batches of 7 (7, 7, 3 and 7, 7, 2), AdamW, a loss scale (the boundary's 12 bytes).
 TEST(RankMemory, EveryRanksStepIsPredictedToTheByte) {
   const Dataset data = testing::tiny_data(200);
@@ -220,9 +221,11 @@ TEST(RankMemory, EveryRanksStepIsPredictedToTheByte) {
   const AdamWOptions adamw{.lr = 1e-3};
   const train::TrainConfig run = uneven_shares_run(2);
   for (const data_parallel::ZeroStage zero : {data_parallel::ZeroStage::replicated,
-                                              data_parallel::ZeroStage::optimizer_state}) {
+                                              data_parallel::ZeroStage::optimizer_state,
+                                              data_parallel::ZeroStage::gradients}) {
     nn::Model model(config, Device::cpu());
     data_parallel::CommunicatorRanks ranks(world(), dist::Reduction::deterministic, zero);
+    if (zero == data_parallel::ZeroStage::gradients) ranks.hold_gradient_shards(model);
     nn::Optimizer optimizer(ranks.stepped_parameters(model), adamw);
     train::Trainer trainer(model, optimizer, data, run, &ranks);
     const nn::StepPrediction predicted = data_parallel::predict_rank_step(
