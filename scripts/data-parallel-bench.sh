@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Chapter 07's measurement on this machine: the same training step as 1 process with 2
 # threads and as 2 MPI ranks with 1 thread each (each rank bound to a core; the
-# deterministic reduction and the engine's, ZeRO stage 1, and the deterministic sum
+# deterministic reduction and the engine's, ZeRO stages 1 and 2, and the deterministic sum
 # overlapping the last backward in buckets), the time per step, the part of it spent
 # summing the gradients over the ranks (and under ZeRO gathering the parameters; with
 # overlap, the calls inside the backward and the wait after it), and rank 0's peak bytes
-# with its optimizer state. Fashion-MNIST, depth 4, hidden 512, batch 1024 in
+# with its optimizer state and gradients. Fashion-MNIST, depth 4, hidden 512, batch 1024 in
 # micro-batches of 256, AdamW, 12 steps each; medians of steps 3 to 12 from --log. Writes
 # this machine's results folder (scripts/results-folder.sh)/data-parallel.json, which
 # scripts/readme_numbers.py turns into chapter 07's table. About two minutes on 2 cores.
@@ -32,6 +32,9 @@ done
 echo "2 ranks, 1 thread each, deterministic reduction, ZeRO stage 1"
 OMP_NUM_THREADS=1 mpirun -np 2 --bind-to core -x OMP_NUM_THREADS "$bigbatch" train $run \
   --data-parallel --zero 1 --log "$work/zero1.jsonl" > "$work/zero1.txt"
+echo "2 ranks, 1 thread each, deterministic reduction, ZeRO stage 2"
+OMP_NUM_THREADS=1 mpirun -np 2 --bind-to core -x OMP_NUM_THREADS "$bigbatch" train $run \
+  --data-parallel --zero 2 --log "$work/zero2.jsonl" > "$work/zero2.txt"
 echo "2 ranks, 1 thread each, deterministic reduction, overlapped in buckets of $bucket"
 OMP_NUM_THREADS=1 mpirun -np 2 --bind-to core -x OMP_NUM_THREADS "$bigbatch" train $run \
   --data-parallel --bucket-size "$bucket" --log "$work/overlap.jsonl" > "$work/overlap.txt"
@@ -44,11 +47,13 @@ def medians(name):
     step = statistics.median(s["step_time_s"] for s in steps)
     reduce = statistics.median(s.get("reduce_time_s", 0.0) for s in steps)
     # Rank 0's log: its step's peak and, of it, the optimizer state (the largest shard's
-    # under ZeRO stage 1), the highest over the steps measured.
+    # under ZeRO) and the gradients, the highest over the steps measured.
     peak = max(s["peak_bytes_total"] for s in steps)
     state = max(s["peak_bytes"]["optimizer_state"] for s in steps)
+    gradients = max(s["peak_bytes"]["gradients"] for s in steps)
     return {"steps_measured": len(steps), "step_ms": 1e3 * step, "reduce_ms": 1e3 * reduce,
-            "rank0_peak_bytes": peak, "rank0_optimizer_state_bytes": state}
+            "rank0_peak_bytes": peak, "rank0_optimizer_state_bytes": state,
+            "rank0_gradient_bytes": gradients}
 cpu = subprocess.run(["build/chapters/cli/bigbatch", "--version"], capture_output=True,
                      text=True).stdout.splitlines()[-1].removeprefix("CPU: ")
 mpi = subprocess.run(["mpirun", "--version"], capture_output=True, text=True).stdout.splitlines()[0]
@@ -59,6 +64,8 @@ for reduction in ("deterministic", "engine"):
                      reduction=reduction, zero=0, **medians(reduction)))
 rows.append(dict(name="2 ranks, 1 thread each, deterministic, ZeRO stage 1", ranks=2,
                  threads=1, reduction="deterministic", zero=1, **medians("zero1")))
+rows.append(dict(name="2 ranks, 1 thread each, deterministic, ZeRO stage 2", ranks=2,
+                 threads=1, reduction="deterministic", zero=2, **medians("zero2")))
 rows.append(dict(name=f"2 ranks, 1 thread each, deterministic, overlapped in {bucket} buckets",
                  ranks=2, threads=1, reduction="deterministic", zero=0, bucket=bucket,
                  **medians("overlap")))

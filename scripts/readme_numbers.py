@@ -43,14 +43,15 @@ def data_parallel_time():
     path = RESULTS / "data-parallel.json"
     result = json.loads(path.read_text())
     rows = ["| run | ms per step | summing the gradients, ms | share of the step "
-            "| rank 0's peak, MiB | of it optimizer state, MiB |",
-            "|---|---:|---:|---:|---:|---:|"]
+            "| rank 0's peak, MiB | of it optimizer state, MiB | of it gradients, MiB |",
+            "|---|---:|---:|---:|---:|---:|---:|"]
     for row in result["rows"]:
         share = percent(row["reduce_ms"] / row["step_ms"], 1) if row["ranks"] > 1 else "-"
         summing = f"{row['reduce_ms']:.1f}" if row["ranks"] > 1 else "-"
         rows.append(f"| {row['name']} | {row['step_ms']:.1f} | {summing} | {share} "
-                    f"| {mib(row['rank0_peak_bytes'])} | {mib(row['rank0_optimizer_state_bytes'])} |")
-    one, ranked, engine, zero1, overlap = result["rows"]
+                    f"| {mib(row['rank0_peak_bytes'])} | {mib(row['rank0_optimizer_state_bytes'])} "
+                    f"| {mib(row['rank0_gradient_bytes'])} |")
+    one, ranked, engine, zero1, zero2, overlap = result["rows"]
     ratio = ranked["step_ms"] / one["step_ms"]
     verdict = ("take longer than" if ratio > 1.05 else "are as fast as" if ratio >= 0.95
                else "are faster than")
@@ -69,7 +70,12 @@ def data_parallel_time():
              f"{mib(ranked['rank0_peak_bytes'])} to {mib(zero1['rank0_peak_bytes'])} MiB: "
              f"section (e)'s prediction) for a step of {zero1['step_ms']:.1f} ms, its "
              f"reduce-scatter and all-gather taking "
-             f"{percent(zero1['reduce_ms'] / zero1['step_ms'], 1)}."),
+             f"{percent(zero1['reduce_ms'] / zero1['step_ms'], 1)}. ZeRO stage 2 also "
+             f"shards the gradients ({mib(zero1['rank0_gradient_bytes'])} to "
+             f"{mib(zero2['rank0_gradient_bytes'])} MiB at rank 0's peak, which is "
+             f"{mib(zero2['rank0_peak_bytes'])} MiB) and sums after each of the share's "
+             f"micro-batches: a step of {zero2['step_ms']:.1f} ms, its sums taking "
+             f"{percent(zero2['reduce_ms'] / zero2['step_ms'], 1)}."),
         wrap(f"Overlapped with the last micro-batch's backward (buckets of "
              f"{overlap['bucket']}), the deterministic sum still costs the step "
              f"{overlap['reduce_ms']:.1f} ms (the calls made inside the backward and the wait "
@@ -675,14 +681,17 @@ def micro_batch_activations():
     return report("02", r"as micro-batches, step 1 peaks at: activations ([\d.]+) MiB")
 
 
-def rank_memory(column):
-    """Chapter 07's table of rank 0's step (section e), in MiB: stage 0 at R = 1, then
-    stage 1 at R = 2 and 4, of the column "optimizer state" or "step peak"."""
+def rank_memory(column, rows_wanted=((1, 0), (2, 1), (4, 1))):
+    """Chapter 07's table of rank 0's step (section e), in MiB: by default stage 0 at R = 1,
+    then stage 1 at R = 2 and 4, of the column "optimizer state", "gradients" (between
+    steps), "gradients at peak" or "step peak"; rows_wanted names other (R, stage) rows."""
+    columns = ("optimizer state", "gradients", "gradients at peak", "step peak")
     rows = {}
-    for r, stage, state, peak in re.findall(r"^   ([124]) +([01]) +([\d.]+) +([\d.]+)$",
-                                             report_path("07").read_text(), re.M):
-        rows[(int(r), int(stage))] = state if column == "optimizer state" else peak
-    return [rows[(1, 0)], rows[(2, 1)], rows[(4, 1)]]
+    for r, stage, *values in re.findall(
+            r"^   ([124]) +([012]) +([\d.]+) +([\d.]+) \(([\d.]+)\) +([\d.]+)$",
+            report_path("07").read_text(), re.M):
+        rows[(int(r), int(stage))] = values[columns.index(column)]
+    return [rows[row] for row in rows_wanted]
 
 
 CH01 = "chapters/01_large_batch_baseline/README.md"
@@ -703,6 +712,12 @@ SENTENCES = [
                           r"and ([\d.]+)% of a step of 64")),
     (CH07, "falls from {} MiB to {} at R = 2 and {} at R = 4, the step's peak from {} to {} and {} MiB;",
      lambda: rank_memory("optimizer state") + rank_memory("step peak")),
+    (CH07, "2 the gradients between steps fall to {} and {} MiB, at the peak {} and {} (one",
+     lambda: (rank_memory("gradients", ((2, 2), (4, 2))) +
+              rank_memory("gradients at peak", ((2, 2), (4, 2))))),
+    (CH07, "while its sum is taken), the step's peak to {} and {} MiB. One rank at stage 2 "
+           "pays that block on top of whole gradients: {} MiB against {}.",
+     lambda: rank_memory("step peak", ((2, 2), (4, 2), (1, 2), (1, 0)))),
     ("README.md", "summed in a bf16 buffer, 256 micro-batches get {} of the update wrong",
      lambda: [percent(accumulation_error(256), 1)]),
     ("README.md", "(without them, {} of AdamW's updates at lr 1e-4 round away)",
