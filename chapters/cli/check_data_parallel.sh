@@ -30,7 +30,8 @@
 #     and ranks with other bucket sizes are refused.
 #  7. --plan auto on ranks: rank 0's share planned (at stage 1 with its shard of the
 #     state) and trained by every rank, its measured peak the predicted one; a budget that
-#     fits stage 1 and not stage 0; the plan by hand, simulated, saves the job's bytes.
+#     fits stage 1 and not stage 0, and one that fits stage 2 and not stage 1; the plan by
+#     hand, simulated, saves the job's bytes.
 set -u
 bigbatch=$1 mpiexec=$2
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
@@ -328,7 +329,21 @@ mpirun -np 2 "$bigbatch" train $planned --micro-batch 200 --data-parallel --expl
 predicted200=$(sed -n 's/^predicted step peak .* (\([0-9]*\) bytes), at: .*/\1/p' explained.txt)
 [ -n "$predicted200" ] && [ "$(grep -c "\"peak_bytes_total\":$predicted200," explained.jsonl)" -eq 2 ] ||
   fail "--explain on ranks: the measured peaks are not the predicted ${predicted200:-?}: $(grep -o '"peak_bytes_total":[0-9]*' explained.jsonl | tr '\n' ' ')"
-echo "--plan auto on 2 ranks: rank 0's share planned ($chosen), its peak $predicted bytes as measured; stage 0 fits nothing in 4.5 MiB; --explain predicts rank 0's step ($predicted200 bytes)"
+# Stage 2 holds a shard of the gradients: 3.5 MiB fits rank 0's step there, with its
+# measured peaks the plan's, and none at stage 1 (3.63 MiB at least).
+mpirun -np 2 "$bigbatch" train $planned --device-memory 3.5MiB --plan auto --zero 2 --data-parallel \
+  --explain --log planned2.jsonl > planned2.txt 2>&1 ||
+  fail "--plan auto on 2 ranks at stage 2 under 3.5 MiB: exit code $? ($(tail -n 3 planned2.txt))"
+predicted2=$(sed -n 's/^predicted step peak .* (\([0-9]*\) bytes), at: .*/\1/p' planned2.txt)
+[ -n "$predicted2" ] && [ "$predicted2" -le 3670016 ] &&
+  [ "$(grep -c "\"peak_bytes_total\":$predicted2," planned2.jsonl)" -eq 2 ] ||
+  fail "stage 2's plan under 3.5 MiB: predicted ${predicted2:-?}, measured $(grep -o '"peak_bytes_total":[0-9]*' planned2.jsonl | tr '\n' ' ')"
+code=0
+mpirun -np 2 "$bigbatch" train $planned --device-memory 3.5MiB --plan auto --zero 1 --data-parallel \
+  > planned1.txt 2> planned1.err || code=$?
+[ $code -eq 3 ] && grep -q 'no plan fits the step in 3.50 MiB: the smallest predicted peak is 3.63 MiB' planned1.err ||
+  fail "--plan auto at stage 1 under 3.5 MiB: exit code $code, $(head -n 1 planned1.err)"
+echo "--plan auto on 2 ranks: rank 0's share planned ($chosen), its peak $predicted bytes as measured; stage 0 fits nothing in 4.5 MiB; --explain predicts rank 0's step ($predicted200 bytes); stage 2 fits 3.5 MiB ($predicted2 bytes, as measured), stage 1 does not"
 refused "--plan with --simulate-ranks" "--simulate-ranks does not take --plan" \
   "$bigbatch" train $planned --device-memory 4.5MiB --plan auto --simulate-ranks 2
 echo "ok"
