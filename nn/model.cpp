@@ -285,18 +285,23 @@ void Model::release_gradients(std::size_t first, std::size_t end) {
   std::size_t index = 0;
   for (const StateEntry& entry : entries) {
     if (entry.grad == nullptr) continue;  // a buffer
-    if (index >= first && index < end) *entry.grad = Tensor();
+    if (index >= first && index < end && entry.grad->defined()) {
+      *entry.grad = Tensor();
+      ++released_gradients_;
+    }
     ++index;
   }
 }
 
 void Model::allocate_released_gradients(std::size_t first, std::size_t end) {
+  if (released_gradients_ == 0) return;  // every backward asks; most runs release none
   std::size_t index = 0;
   for (const StateEntry& entry : state_entries(stem_, blocks_, head_, head_ln_)) {
     if (entry.grad == nullptr) continue;
     if (index >= first && index < end && !entry.grad->defined()) {
       *entry.grad = Tensor::zeros(entry.value->shape(), DType::f32, device_,
                                   MemoryCategory::gradients);
+      --released_gradients_;
     }
     ++index;
   }

@@ -363,6 +363,7 @@ class Model {
   SavedActivations saved_;
   std::shared_ptr<BlockRunner> runner_;  // null: every block's activations are kept
   GradientsReady gradients_ready_;       // empty: nobody is told
+  std::size_t released_gradients_ = 0;   // gradient tensors released and not yet back
 };
 
 std::string norm_name(Norm norm);              ///< "layer", "batch"

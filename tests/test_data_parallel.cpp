@@ -427,7 +427,8 @@ TEST(CommunicationModel, TheClusterSumIsARingInANodeAndHierarchicalBeyond) {
 }
 
 // A rank's plans are chapter 06's plans of its share, the sum added to every step time:
-// at stage 0 the same peaks; at stage 1 lower by the optimizer state of the other shards.
+// at stage 0 the same peaks; at stage 1 lower by the optimizer state of the other shards;
+// at stage 2 lower still, and each plan's sum grows with its micro-batches.
 TEST(RankPlans, AreTheSharesPlansWithTheSumInEveryStepTime) {
   nn::ModelConfig model = tiny_model(4, 0.0f);
   model.hidden = 64;
@@ -443,7 +444,9 @@ TEST(RankPlans, AreTheSharesPlansWithTheSumInEveryStepTime) {
   const std::int64_t trainable = data_parallel::optimizer_state_elements(
       model, 8, 0, data_parallel::ZeroStage::replicated);
   for (const data_parallel::ZeroStage zero : {data_parallel::ZeroStage::replicated,
-                                              data_parallel::ZeroStage::optimizer_state}) {
+                                              data_parallel::ZeroStage::optimizer_state,
+                                              data_parallel::ZeroStage::gradients}) {
+    const bool stage2 = zero == data_parallel::ZeroStage::gradients;
     const data_parallel::RankPlans ranked = data_parallel::plan_ranks(request, cost, 8, zero, cluster);
     EXPECT_EQ(ranked.share, 32);
     nn::ModelConfig fp32 = model, bf16 = model;
@@ -452,8 +455,15 @@ TEST(RankPlans, AreTheSharesPlansWithTheSumInEveryStepTime) {
     EXPECT_EQ(ranked.sum_seconds_fp32, data_parallel::step_communication_seconds(fp32, 8, zero, cluster));
     EXPECT_EQ(ranked.sum_seconds_16bit, data_parallel::step_communication_seconds(bf16, 8, zero, cluster));
     ASSERT_EQ(ranked.result.feasible.size(), alone.feasible.size());
-    const std::size_t saved =
-        8 * static_cast<std::size_t>(trainable - data_parallel::optimizer_state_elements(model, 8, 0, zero));
+    EXPECT_EQ(ranked.seconds_per_further_micro_batch,
+              stage2 ? data_parallel::step_communication_seconds(fp32, 8, zero, cluster, 2) -
+                           ranked.sum_seconds_fp32
+                     : 0.0);
+    // The other shards' optimizer state (AdamW: 8 bytes per element), and at stage 2 their
+    // gradients too (4 bytes), less the largest group of gradients a backward holds.
+    const std::size_t others =
+        static_cast<std::size_t>(trainable - data_parallel::optimizer_state_elements(model, 8, 0, zero));
+    const std::size_t saved = 8 * others;
     for (const planning::Plan& plan : ranked.result.feasible) {
       const auto same = std::find_if(alone.feasible.begin(), alone.feasible.end(),
                                      [&](const planning::Plan& p) {
@@ -464,9 +474,21 @@ TEST(RankPlans, AreTheSharesPlansWithTheSumInEveryStepTime) {
       ASSERT_NE(same, alone.feasible.end()) << plan.checkpoint.text();
       const double sum = plan.precision == nn::Precision::fp32 ? ranked.sum_seconds_fp32
                                                                : ranked.sum_seconds_16bit;
-      EXPECT_EQ(plan.seconds, same->seconds + sum);
-      EXPECT_EQ(plan.prediction.peak() + saved, same->prediction.peak())
-          << "stage " << data_parallel::setting_text(zero);
+      const std::int64_t micro_batches = (32 + plan.micro_batch - 1) / plan.micro_batch;
+      // At stage 2 each further micro-batch adds a reduce-scatter of the f32 gradients, the
+      // same in every precision.
+      EXPECT_EQ(plan.seconds,
+                same->seconds + (stage2 ? data_parallel::step_communication_seconds(
+                                              plan.precision == nn::Precision::fp32 ? fp32 : bf16,
+                                              8, zero, cluster, micro_batches)
+                                        : sum));
+      if (stage2) {
+        EXPECT_LT(plan.prediction.peak() + saved, same->prediction.peak())
+            << "stage 2 holds fewer gradients too";
+      } else {
+        EXPECT_EQ(plan.prediction.peak() + saved, same->prediction.peak())
+            << "stage " << data_parallel::setting_text(zero);
+      }
     }
     EXPECT_TRUE(std::is_sorted(ranked.result.feasible.begin(), ranked.result.feasible.end(),
                                planning::faster));
@@ -484,6 +506,12 @@ TEST(RankPlans, AreTheSharesPlansWithTheSumInEveryStepTime) {
   const double copies = static_cast<double>(nn::predict_memory(mixed, 1).master_weights) / 2;
   EXPECT_EQ(data_parallel::step_communication_seconds(mixed, 8, data_parallel::ZeroStage::optimizer_state, cluster),
             0.5 * all_reduce + 0.5 * data_parallel::cluster_all_reduce_seconds(gradients + copies, 8, cluster));
+  // Stage 2: a reduce-scatter after each of the step's micro-batches, one all-gather.
+  EXPECT_EQ(data_parallel::step_communication_seconds(mixed, 8, data_parallel::ZeroStage::gradients, cluster, 4),
+            4 * 0.5 * all_reduce + 0.5 * data_parallel::cluster_all_reduce_seconds(gradients + copies, 8, cluster));
+  EXPECT_EQ(data_parallel::step_communication_seconds(model, 8, data_parallel::ZeroStage::optimizer_state, cluster, 4),
+            data_parallel::step_communication_seconds(model, 8, data_parallel::ZeroStage::optimizer_state, cluster))
+      << "stage 1 sums once, whatever the micro-batches";
   EXPECT_THROW(data_parallel::plan_ranks(request, cost, 257, data_parallel::ZeroStage::replicated, cluster),
                std::invalid_argument);
 }

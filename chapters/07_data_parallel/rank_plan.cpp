@@ -9,14 +9,18 @@
 namespace bigbatch::data_parallel {
 
 double step_communication_seconds(const nn::ModelConfig& config, int ranks, ZeroStage zero,
-                                  const Cluster& cluster) {
+                                  const Cluster& cluster, std::int64_t micro_batches) {
+  BIGBATCH_CHECK(micro_batches >= 1, "step_communication_seconds: ", micro_batches,
+                 " micro-batches");
   const nn::PredictedBytes bytes = nn::predict_memory(config, 1);
   const auto gradients = static_cast<double>(bytes.gradients);
   if (zero == ZeroStage::replicated) return cluster_all_reduce_seconds(gradients, ranks, cluster);
-  // Stage 1 gathers what the optimizer writes: every f32 value (4 bytes per trainable
+  // Stages 1 and 2 gather what the optimizer writes: every f32 value (4 bytes per trainable
   // element, the gradients' bytes) and the 16-bit working copies (half the masters' bytes).
   const double gathered = gradients + static_cast<double>(bytes.master_weights) / 2;
-  return 0.5 * cluster_all_reduce_seconds(gradients, ranks, cluster) +
+  const double reduce_scatters =
+      zero == ZeroStage::gradients ? static_cast<double>(micro_batches) : 1.0;
+  return reduce_scatters * 0.5 * cluster_all_reduce_seconds(gradients, ranks, cluster) +
          0.5 * cluster_all_reduce_seconds(gathered, ranks, cluster);
 }
 
@@ -35,18 +39,18 @@ RankPlans plan_share(planning::PlanRequest request, const planning::CostModel& c
 
 RankPlans plan_ranks(planning::PlanRequest request, const planning::CostModel& cost, int ranks,
                      ZeroStage zero, const Cluster& cluster) {
-  BIGBATCH_CHECK(zero != ZeroStage::gradients, "plan_ranks: stage 2 sums after every "
-                 "micro-batch, which the cluster's cost model does not price yet");
   RankPlans plans = plan_share(request, cost, ranks, zero);
   nn::ModelConfig fp32 = request.model, half = request.model;
   fp32.precision = nn::Precision::fp32;
   half.precision = nn::Precision::bf16;  // fp16 and bf16 move the same bytes
   plans.sum_seconds_fp32 = step_communication_seconds(fp32, ranks, zero, cluster);
   plans.sum_seconds_16bit = step_communication_seconds(half, ranks, zero, cluster);
+  plans.seconds_per_further_micro_batch =
+      step_communication_seconds(fp32, ranks, zero, cluster, 2) - plans.sum_seconds_fp32;
   for (planning::Plan& plan : plans.result.feasible) {
-    const double sum = plan.precision == nn::Precision::fp32 ? plans.sum_seconds_fp32
-                                                             : plans.sum_seconds_16bit;
-    plan.seconds += sum;
+    plan.seconds += step_communication_seconds(
+        plan.precision == nn::Precision::fp32 ? fp32 : half, ranks, zero, cluster,
+        (plans.share + plan.micro_batch - 1) / plan.micro_batch);
   }
   std::stable_sort(plans.result.feasible.begin(), plans.result.feasible.end(),
                    planning::faster);

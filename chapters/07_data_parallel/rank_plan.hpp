@@ -9,7 +9,10 @@
 // the sum's bytes are the gradients' (f32 in every precision), so accumulation over more
 // micro-batches is what makes it a small share of the step. At stage 1 the sum is a
 // reduce-scatter of the gradients and an all-gather of the parameters (the f32 values and,
-// in fp16 or bf16, their working copies), each half an all-reduce of its bytes.
+// in fp16 or bf16, their working copies), each half an all-reduce of its bytes. Stage 2
+// reduce-scatters after every micro-batch: M of them and one all-gather, so there the plan
+// changes the sum, and accumulation no longer makes it a smaller share of the step (each
+// micro-batch brings its own).
 #pragma once
 
 #include <cstdint>
@@ -25,14 +28,19 @@ struct RankPlans {
   planning::PlanResult result;  ///< rank 0's plans, their seconds including the sum
   std::int64_t share = 0;       ///< rank 0's samples of each batch
   /// The modelled gradient sum of each precision's plans (in their seconds): fp32's and
-  /// the 16-bit ones' differ at stage 1, where the working copies are gathered too.
+  /// the 16-bit ones' differ at stages 1 and 2, where the working copies are gathered too.
+  /// At stage 2, that of a step of one micro-batch.
   double sum_seconds_fp32 = 0, sum_seconds_16bit = 0;
+  /// At stage 2, what each further micro-batch of a plan adds to its sum (one
+  /// reduce-scatter of the f32 gradients, in every precision); 0 at stages 0 and 1.
+  double seconds_per_further_micro_batch = 0;
 };
 
 /// The seconds of one step's communication of `config`'s model over `ranks` of `cluster`
-/// at `zero` (above).
+/// at `zero` (above), for a step of `micro_batches` micro-batches (which only stage 2's
+/// sum depends on).
 double step_communication_seconds(const nn::ModelConfig& config, int ranks, ZeroStage zero,
-                                  const Cluster& cluster);
+                                  const Cluster& cluster, std::int64_t micro_batches = 1);
 
 /// Plans rank 0's step of request.batch over `ranks` (>= 1, <= the batch): chapter 06's
 /// plans of its share, with the optimizer state of its shard at `zero`, the sum not priced

@@ -68,7 +68,8 @@ int main(int argc, char** argv) {
                  "stderr) smallest (the plan of smallest peak) and fixed_bytes (what no plan "
                  "can trade away); with --ranks also ranks, zero, share (rank 0's samples, "
                  "which micro_batches split) and sum_seconds_fp32 and sum_seconds_16bit (the "
-                 "modelled gradient sum in every plan's seconds)");
+                 "modelled gradient sum in every plan's seconds; at --zero 2 that of one "
+                 "micro-batch per step, and sum_seconds_per_further_micro_batch)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

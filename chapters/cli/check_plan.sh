@@ -85,17 +85,20 @@ grep -q "the smallest predicted peak is [0-9.]* [KMG]*i*B (micro-batch $m (.*, c
 "$bigbatch" train $run --plan auto --micro-batch 8 --steps 1 > /dev/null 2> refused.err; code=$?
 [ "$code" -eq 2 ] && grep -q 'drop --micro-batch' refused.err || fail "--plan auto took --micro-batch ($code)"
 # --ranks R (chapter 07): rank 0's share of the batch on the modelled cluster, the sum in
-# every step time; refused without --device-model, with more ranks than samples, and with
-# ranks that do not fill the cluster's nodes of 8, and at stage 2 (not priced yet).
+# every step time (at stage 2, growing with the plan's micro-batches); refused without --device-model, with more ranks than samples, and with
+# ranks that do not fill the cluster's nodes of 8.
 "$bigbatch" plan $modelled --ranks 8 --zero 1 > ranks.txt || fail "--ranks 8 failed"
 grep -q '^rank 0 of 8 (ZeRO stage 1): its share of 32 samples of each batch; every step time includes the gradient sum' ranks.txt ||
   fail "--ranks 8: no rank line: $(head -n 3 ranks.txt)"
 grep -q '^train it with: mpirun -np 8 bigbatch train ... --data-parallel --zero 1 --micro-batch ' ranks.txt ||
   fail "--ranks 8: no mpirun line: $(tail -n 1 ranks.txt)"
+# At stage 2 each micro-batch adds a reduce-scatter, priced in each plan's time.
+"$bigbatch" plan $modelled --ranks 8 --zero 2 > ranks2.txt || fail "--ranks 8 --zero 2 failed"
+grep -q "^rank 0 of 8 (ZeRO stage 2): .* with one micro-batch per step, and [0-9.]* ms more for each further micro-batch (stage 2's reduce-scatters)$" ranks2.txt ||
+  fail "--ranks 8 --zero 2: no rank line pricing each micro-batch: $(sed -n 2p ranks2.txt)"
 for refusal in "--ranks 2|--ranks prices the gradient sum on a modelled cluster" \
                "--ranks 300 --device-model h200|--ranks 300: more ranks than --batch 256" \
-               "--ranks 12 --device-model h200|--ranks 12: beyond one node of 8 GPUs" \
-               "--ranks 8 --device-model h200 --zero 2|--zero 2 on the modelled cluster: stage 2 sums after every micro-batch"; do
+               "--ranks 12 --device-model h200|--ranks 12: beyond one node of 8 GPUs"; do
   flags=${refusal%%|*} expected=${refusal#*|}
   "$bigbatch" plan --data synthetic --samples 600 --depth 8 --hidden 64 --batch 256 \
     --device-memory 6MiB $flags > /dev/null 2> ranks.err; code=$?

@@ -102,11 +102,6 @@ planning::PlanResult plan_for(const TrainOptions& options, const nn::ModelConfig
       throw UsageError("--ranks " + std::to_string(options.plan.ranks) + ": more ranks than "
                        "--batch " + std::to_string(batch) + " has samples, each rank needs one");
     }
-    if (options.parallel.zero == data_parallel::ZeroStage::gradients) {
-      throw UsageError("--zero 2 on the modelled cluster: stage 2 sums after every "
-                       "micro-batch, which its cost model does not price yet (plan --zero "
-                       "1, or plan this machine's ranks with --data-parallel)");
-    }
     ranks = static_cast<int>(options.plan.ranks);  // at most the batch, an int's
     const data_parallel::Cluster cluster = data_parallel::h200_cluster();
     if (ranks > cluster.per_node && ranks % cluster.per_node != 0) {
@@ -136,6 +131,10 @@ planning::PlanResult plan_for(const TrainOptions& options, const nn::ModelConfig
       answer["share"] = rank_plans->share;
       answer["sum_seconds_fp32"] = rank_plans->sum_seconds_fp32;
       answer["sum_seconds_16bit"] = rank_plans->sum_seconds_16bit;
+      if (options.parallel.zero == data_parallel::ZeroStage::gradients) {
+        answer["sum_seconds_per_further_micro_batch"] =
+            rank_plans->seconds_per_further_micro_batch;
+      }
     }
     for (const planning::Plan& p : result.feasible) {
       answer["feasible"].push_back(plan_json(p, samples));
@@ -161,12 +160,21 @@ planning::PlanResult plan_for(const TrainOptions& options, const nn::ModelConfig
                   << "not modelled; "
                   << (options.parallel.zero == data_parallel::ZeroStage::replicated
                           ? "the sum is the same for every plan)\n"
-                          : "at stage 1 the 16-bit plans also gather their working copies)\n");
+                      : options.parallel.zero == data_parallel::ZeroStage::optimizer_state
+                          ? "at stage 1 the 16-bit plans also gather their working copies)\n"
+                          : "at stage 2 each micro-batch adds a reduce-scatter, and the 16-bit "
+                            "plans also gather their working copies)\n");
       } else {
         std::cout << "every step time includes the gradient sum modelled on chapter 07's "
                   << "cluster (assumed links, not measured): "
                   << milliseconds(rank_plans->sum_seconds_fp32) << " in fp32, "
-                  << milliseconds(rank_plans->sum_seconds_16bit) << " in fp16 and bf16\n";
+                  << milliseconds(rank_plans->sum_seconds_16bit) << " in fp16 and bf16";
+        if (options.parallel.zero == data_parallel::ZeroStage::gradients) {
+          std::cout << " with one micro-batch per step, and "
+                    << milliseconds(rank_plans->seconds_per_further_micro_batch)
+                    << " more for each further micro-batch (stage 2's reduce-scatters)";
+        }
+        std::cout << "\n";
       }
     }
   }
