@@ -228,9 +228,9 @@ CommunicatorRanks::CommunicatorRanks(dist::Communicator& communicator,
                  "without buckets");
 }
 
-void CommunicatorRanks::hold_gradient_shards(nn::Model& model) {
-  BIGBATCH_CHECK(zero_ == ZeroStage::gradients && shard_gradients_.empty(),
-                 "CommunicatorRanks: gradient shards are held once, at stage 2");
+void CommunicatorRanks::take_model(nn::Model& model) {
+  if (zero_ != ZeroStage::gradients) return;
+  BIGBATCH_CHECK(shard_gradients_.empty(), "CommunicatorRanks: takes one model");
   model.release_gradients(0, model.parameters().size());
   for (const nn::NamedParameter& p : model.parameters()) {
     shard_gradients_.push_back(Tensor::zeros(
@@ -253,7 +253,7 @@ void CommunicatorRanks::sum_round(const std::vector<Tensor>& gradients, std::siz
   BIGBATCH_CHECK(first <= end && end <= gradients.size() &&
                      gradients.size() == shard_gradients_.size(),
                  "CommunicatorRanks: gradients [", first, ", ", end, ") of ", gradients.size(),
-                 ", ", shard_gradients_.size(), " shards held (hold_gradient_shards)");
+                 ", ", shard_gradients_.size(), " shards held (take_model)");
   for (std::size_t i = first; i < end; ++i) {
     sum_gradient(gradients[i]);  // a reduce-scatter: this rank's shard holds the sum
     const Tensor sum = shard_view(gradients[i], ranks(), communicator_.rank());
@@ -401,7 +401,7 @@ std::vector<nn::NamedParameter> CommunicatorRanks::stepped_parameters(
       parameter_shards(model.parameters(), ranks(), communicator_.rank());
   if (zero_ == ZeroStage::gradients) {
     BIGBATCH_CHECK(shard_gradients_.size() == shards.size(), "CommunicatorRanks: stage 2 ",
-                   "steps the gradient shards it holds: call hold_gradient_shards first");
+                   "steps the gradient shards it holds: call take_model first");
     for (std::size_t i = 0; i < shards.size(); ++i) shards[i].grad = shard_gradients_[i];
   }
   return shards;

@@ -112,6 +112,10 @@ class RankGroup {
 
   /// What the ranks shard.
   virtual ZeroStage zero() const = 0;
+  /// The model the trainer trains with this group, once, before its optimizer is made
+  /// from stepped_parameters: at stage 2 under MPI the group takes over its gradients
+  /// (CommunicatorRanks::take_model); nothing to do otherwise.
+  virtual void take_model(nn::Model& /*model*/) {}
   /// After reduce(): the gradients the optimizer boundary measures, a piece per local rank
   /// (stage 0: one, every gradient; stage 1: each local rank's shard), and how the pieces'
   /// measurements become the one of all the gradients.
@@ -200,10 +204,10 @@ class CommunicatorRanks final : public RankGroup {
   /// Stage 2 sums in every backward without buckets (bucket_bytes must be 0).
   CommunicatorRanks(dist::Communicator& communicator, dist::Reduction reduction,
                     ZeroStage zero = ZeroStage::replicated, std::size_t bucket_bytes = 0);
-  /// Stage 2, before stepped_parameters: releases `model`'s gradients, then allocates this
-  /// rank's shard of each (MemoryCategory::gradients, on its device), where the sums
-  /// accumulate: the whole gradients and the shards are never live together.
-  void hold_gradient_shards(nn::Model& model);
+  /// Stage 2: releases `model`'s gradients, then allocates this rank's shard of each
+  /// (MemoryCategory::gradients, on its device), where the sums accumulate: the whole
+  /// gradients and the shards are never live together. Nothing at stages 0 and 1.
+  void take_model(nn::Model& model) override;
   int ranks() const override { return communicator_.size(); }
   std::vector<int> local_ranks() const override { return {communicator_.rank()}; }
   void share_done(int, nn::Model&) override {}

@@ -68,7 +68,9 @@ bb::train::TrainConfig train_config(const Setting& s) {
 
 Gradients gradients_of(const bb::nn::Model& model) {
   Gradients all;
-  for (const auto& p : model.parameters()) all.push_back(p.grad.to_vector<float>());
+  for (const auto& p : model.parameters()) {
+    if (p.grad.defined()) all.push_back(p.grad.to_vector<float>());  // ZeRO 2 releases them
+  }
   return all;
 }
 
@@ -87,8 +89,14 @@ struct Outcome {
   /// Device bytes live before the run made its model: the demo's other objects, in every
   /// step's total but no part of it.
   std::size_t live_before = 0;
+  /// Of them gradients (the simulations' buffers).
+  std::size_t gradients_before = 0;
   /// The last step's peak without them: what the step itself held at its peak.
   std::size_t step_peak() const { return last_step.peak_total - live_before; }
+  /// The gradients the step itself held at its peak.
+  std::size_t gradients_at_peak() const {
+    return last_step.at_peak_of(bb::MemoryCategory::gradients) - gradients_before;
+  }
 };
 
 const bb::nn::Optimizer::Options kOptimizer = bb::SgdOptions{.lr = 0.05, .momentum = 0.9};
@@ -96,8 +104,11 @@ const bb::nn::Optimizer::Options kOptimizer = bb::SgdOptions{.lr = 0.05, .moment
 Outcome train(const bb::Dataset& data, const bb::nn::ModelConfig& model_config,
               const Setting& s, dp::RankGroup* ranks) {
   Outcome outcome;
-  outcome.live_before = bb::allocator_for(bb::Device::cpu()).stats().live_total;
+  const bb::MemoryStats before = bb::allocator_for(bb::Device::cpu()).stats();
+  outcome.live_before = before.live_total;
+  outcome.gradients_before = before.live_of(bb::MemoryCategory::gradients);
   bb::nn::Model model(model_config, bb::Device::cpu());
+  if (ranks) ranks->take_model(model);  // ZeRO stage 2 under MPI: its gradients' shards
   // Under ZeRO a rank's optimizer steps (and holds state for) its shard alone.
   bb::nn::Optimizer optimizer(ranks ? ranks->stepped_parameters(model) : model.parameters(),
                               kOptimizer);
@@ -416,7 +427,8 @@ int main(int argc, char** argv) {
   }
 
   // ---- (e) -----------------------------------------------------------------------------
-  report.section("(e) ZeRO stage 1: each rank holds the optimizer state of its shard");
+  report.section("(e) ZeRO stages 1 and 2: each rank holds the optimizer state of its shard, "
+                 "then its gradients' too");
   dp::SimulatedRanks sharded(4, bb::nn::Model(model_config, bb::Device::cpu()),
                              dp::ZeroStage::optimizer_state);
   const Outcome zero1 = train(data, model_config, s, &sharded);
@@ -469,6 +481,27 @@ int main(int argc, char** argv) {
                    std::to_string(job1.step_peak()) + " bytes at its peak, " +
                    std::to_string(job1.last_step.live[state]) + " of them optimizer state " +
                    "(stage 0: " + std::to_string(job.last_step.live[state]) + "), as " +
+                   "predict_rank_step predicts to the byte");
+  dp::SimulatedRanks group2(ranks, bb::nn::Model(model_config, bb::Device::cpu()),
+                           dp::ZeroStage::gradients);
+  const Outcome own2 = train(data, model_config, s, &group2);
+  dp::CommunicatorRanks stage2(*world, dist::Reduction::deterministic, dp::ZeroStage::gradients);
+  const Outcome job2 = train(data, model_config, s, &stage2);
+  report.check(bitwise_equal(job2.parameters, own2.parameters),
+               "at ZeRO stage 2 too (every micro-batch's gradients reduce-scattered as its "
+               "backward finishes them, each rank keeping its shard of the sum): the "
+               "simulation's parameters, bit for bit");
+  const bb::MemoryStats predicted2 =
+      dp::predict_rank_step(model_config, s.batch, s.micro_batch, kOptimizer, ranks,
+                            world->rank(), dp::ZeroStage::gradients)
+          .stats;
+  report.check(job2.step_peak() == predicted2.peak_total &&
+                   job2.gradients_at_peak() ==
+                       predicted2.at_peak_of(bb::MemoryCategory::gradients),
+               "rank " + std::to_string(world->rank()) + "'s step at stage 2: " +
+                   std::to_string(job2.step_peak()) + " bytes at its peak, " +
+                   std::to_string(job2.gradients_at_peak()) + " of them gradients " +
+                   "(stage 1: " + std::to_string(job1.gradients_at_peak()) + "), as " +
                    "predict_rank_step predicts to the byte");
   dp::CommunicatorRanks engine(*world, dist::Reduction::engine);
   const Outcome engine_job = train(data, model_config, s, &engine);

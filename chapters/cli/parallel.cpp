@@ -189,11 +189,11 @@ data_parallel::RankGroup* RunRanks::group(nn::Model& model) {
       auto ranks = std::make_unique<data_parallel::CommunicatorRanks>(
           *communicator_, options_.reduction, options_.zero, options_.bucket_bytes);
       if (options_.zero != data_parallel::ZeroStage::replicated) sharded_ = ranks.get();
-      if (options_.zero == data_parallel::ZeroStage::gradients) ranks->hold_gradient_shards(model);
       group_ = std::move(ranks);
     } else {
       group_ = std::make_unique<data_parallel::SimulatedRanks>(count_, model, options_.zero);
     }
+    group_->take_model(model);
   }
   return group_.get();
 }

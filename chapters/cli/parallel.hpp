@@ -57,7 +57,7 @@ class RunRanks {
   /// the same step when a signal reaches them at different moments); `mine` when alone.
   bool any(bool mine) const;
   /// The trainer's ranks (null when off), made on the first call (under --zero 2 and MPI
-  /// the ranks take over the model's gradients: CommunicatorRanks::hold_gradient_shards).
+  /// the ranks take over the model's gradients: RankGroup::take_model).
   data_parallel::RankGroup* group(nn::Model& model);
   /// The parameters this process's optimizer steps: the model's, or under --zero 1 and 2
   /// and MPI this rank's shard of each (at stage 2 with the gradient shards it holds).

@@ -225,7 +225,7 @@ TEST(RankMemory, EveryRanksStepIsPredictedToTheByte) {
                                               data_parallel::ZeroStage::gradients}) {
     nn::Model model(config, Device::cpu());
     data_parallel::CommunicatorRanks ranks(world(), dist::Reduction::deterministic, zero);
-    if (zero == data_parallel::ZeroStage::gradients) ranks.hold_gradient_shards(model);
+    ranks.take_model(model);
     nn::Optimizer optimizer(ranks.stepped_parameters(model), adamw);
     train::Trainer trainer(model, optimizer, data, run, &ranks);
     const nn::StepPrediction predicted = data_parallel::predict_rank_step(
