@@ -24,6 +24,13 @@
 // give the same bits. Against one process on the whole batch the sum's order differs
 // (each rank's share starts its own sum), so the two agree within a rounding bound, not
 // bit for bit; R = 1 is the single process exactly.
+//
+// ZeRO (DeepSpeed's stages) shards what every rank would otherwise hold whole: stage 1 the
+// optimizer state (the sum becomes a reduce-scatter, each rank steps its shard, an
+// all-gather shares the parameters), stage 2 the gradients too. A rank that keeps only its
+// shard of the gradients cannot accumulate micro-batches into a whole buffer, so at stage 2
+// the sum is taken after every micro-batch, group by group as the backward finishes them,
+// and the model's gradients are released in between (nn::Model::release_gradients).
 #pragma once
 
 #include <cstddef>
