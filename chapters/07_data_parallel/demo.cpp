@@ -461,19 +461,28 @@ int main(int argc, char** argv) {
   report.check(bitwise_equal(overlapped_job.parameters, own.parameters),
                "overlapping the sum with the last backward (each group of gradients its own "
                "bucket, started as the backward finishes it): the same bits");
-  dp::SimulatedRanks group1(ranks, bb::nn::Model(model_config, bb::Device::cpu()),
-                           dp::ZeroStage::optimizer_state);
-  const Outcome own1 = train(data, model_config, s, &group1);
-  dp::CommunicatorRanks stage1(*world, dist::Reduction::deterministic,
-                               dp::ZeroStage::optimizer_state);
-  const Outcome job1 = train(data, model_config, s, &stage1);
-  report.check(bitwise_equal(job1.parameters, own1.parameters),
-               "at ZeRO stage 1 too (a reduce-scatter, each rank stepping its shard, an "
-               "all-gather): the simulation's parameters, bit for bit");
-  const bb::MemoryStats predicted1 =
-      dp::predict_rank_step(model_config, s.batch, s.micro_batch, kOptimizer, ranks,
-                            world->rank(), dp::ZeroStage::optimizer_state)
-          .stats;
+  // A ZeRO stage under MPI against this process's simulation of it, bit for bit; the job's
+  // outcome and rank r's step as predict_rank_step predicts it.
+  struct ShardedJob {
+    Outcome job;
+    bb::MemoryStats predicted;
+  };
+  const auto sharded_job = [&](dp::ZeroStage zero, const std::string& how) {
+    dp::SimulatedRanks simulated(ranks, bb::nn::Model(model_config, bb::Device::cpu()), zero);
+    const Outcome own = train(data, model_config, s, &simulated);
+    dp::CommunicatorRanks communicator(*world, dist::Reduction::deterministic, zero);
+    ShardedJob sharded{train(data, model_config, s, &communicator),
+                       dp::predict_rank_step(model_config, s.batch, s.micro_batch, kOptimizer,
+                                             ranks, world->rank(), zero)
+                           .stats};
+    report.check(bitwise_equal(sharded.job.parameters, own.parameters),
+                 "at ZeRO stage " + dp::setting_text(zero) + " too (" + how +
+                     "): the simulation's parameters, bit for bit");
+    return sharded;
+  };
+  const auto [job1, predicted1] =
+      sharded_job(dp::ZeroStage::optimizer_state,
+                  "a reduce-scatter, each rank stepping its shard, an all-gather");
   const auto state = static_cast<std::size_t>(bb::MemoryCategory::optimizer_state);
   report.check(job1.step_peak() == predicted1.peak_total &&
                    job1.last_step.live[state] == predicted1.live[state],
@@ -482,19 +491,10 @@ int main(int argc, char** argv) {
                    std::to_string(job1.last_step.live[state]) + " of them optimizer state " +
                    "(stage 0: " + std::to_string(job.last_step.live[state]) + "), as " +
                    "predict_rank_step predicts to the byte");
-  dp::SimulatedRanks group2(ranks, bb::nn::Model(model_config, bb::Device::cpu()),
-                           dp::ZeroStage::gradients);
-  const Outcome own2 = train(data, model_config, s, &group2);
-  dp::CommunicatorRanks stage2(*world, dist::Reduction::deterministic, dp::ZeroStage::gradients);
-  const Outcome job2 = train(data, model_config, s, &stage2);
-  report.check(bitwise_equal(job2.parameters, own2.parameters),
-               "at ZeRO stage 2 too (every micro-batch's gradients reduce-scattered as its "
-               "backward finishes them, each rank keeping its shard of the sum): the "
-               "simulation's parameters, bit for bit");
-  const bb::MemoryStats predicted2 =
-      dp::predict_rank_step(model_config, s.batch, s.micro_batch, kOptimizer, ranks,
-                            world->rank(), dp::ZeroStage::gradients)
-          .stats;
+  const auto [job2, predicted2] =
+      sharded_job(dp::ZeroStage::gradients,
+                  "every micro-batch's gradients reduce-scattered as its backward finishes "
+                  "them, each rank keeping its shard of the sum");
   report.check(job2.step_peak() == predicted2.peak_total &&
                    job2.gradients_at_peak() ==
                        predicted2.at_peak_of(bb::MemoryCategory::gradients),
