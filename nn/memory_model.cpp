@@ -67,6 +67,10 @@ std::vector<std::int64_t> trainable_sizes(const ModelConfig& config) {
   return tensors.weights;
 }
 
+std::vector<std::int64_t> master_weight_sizes(const ModelConfig& config) {
+  return trainable_tensors(config).weights;
+}
+
 PredictedBytes predict_memory(const ModelConfig& c, std::int64_t rows) {
   BIGBATCH_CHECK(c.norm == Norm::layer, "predict_memory: only LayerNorm models are modelled");
   BIGBATCH_CHECK(rows >= 0, "predict_memory: rows must be >= 0, got ", rows);
@@ -221,8 +225,7 @@ Bytes ModelLedger::block_backward(std::int64_t index, const BlockBytes& saved) {
 
 StepPrediction predict_step(const ModelConfig& c, std::int64_t batch, std::int64_t micro_batch,
                             const Optimizer::Options& optimizer, BlockLedgerRunner* runner,
-                            std::size_t held_workspace, std::int64_t state_elements,
-                            std::int64_t gradient_elements) {
+                            std::size_t held_workspace, const HeldElements& held) {
   BIGBATCH_CHECK(batch > 0 && micro_batch > 0, "predict_step: batch and micro_batch must be "
                  "positive, got ", batch, " and ", micro_batch);
   MemoryLedger ledger;
@@ -234,26 +237,34 @@ StepPrediction predict_step(const ModelConfig& c, std::int64_t batch, std::int64
   const StaticBytes fixed = static_bytes(c);
   const std::string before = "before the step";
   const Bytes parameters = ledger.allocate(MemoryCategory::parameters, fixed.parameters, before);
-  const Bytes masters = ledger.allocate(MemoryCategory::master_weights, fixed.master_weights, before);
   const auto trainable = static_cast<std::int64_t>(fixed.trainable);
-  BIGBATCH_CHECK(state_elements >= -1 && state_elements <= trainable, "predict_step: state for ",
-                 state_elements, " of ", fixed.trainable, " trainable parameter elements");
-  BIGBATCH_CHECK(gradient_elements >= -1 && gradient_elements <= trainable,
-                 "predict_step: gradients of ", gradient_elements, " of ", fixed.trainable,
-                 " trainable parameter elements");
-  const bool released_gradients = gradient_elements >= 0;
+  const auto in_range = [](std::int64_t part, std::int64_t whole) {
+    return part >= -1 && part <= whole;
+  };
+  BIGBATCH_CHECK(in_range(held.optimizer_state, trainable) && in_range(held.gradients, trainable) &&
+                     in_range(held.master_weights, sum(master_weight_sizes(c))),
+                 "predict_step: held optimizer state ", held.optimizer_state, ", gradients ",
+                 held.gradients, " of ", trainable, " trainable elements, master weights ",
+                 held.master_weights, " of ", sum(master_weight_sizes(c)));
+  const std::size_t master_bytes =
+      held.master_weights < 0 || !mixed ? fixed.master_weights : 4 * to_size(held.master_weights);
+  const Bytes masters = ledger.allocate(MemoryCategory::master_weights, master_bytes, before);
+  const bool released_gradients = held.gradients >= 0;
   const Bytes gradients = ledger.allocate(
       MemoryCategory::gradients,
-      released_gradients ? 4 * to_size(gradient_elements) : fixed.gradients, before);
-  const std::size_t stepped = state_elements < 0 ? fixed.trainable : to_size(state_elements);
+      released_gradients ? 4 * to_size(held.gradients) : fixed.gradients, before);
+  const std::size_t stepped =
+      held.optimizer_state < 0 ? fixed.trainable : to_size(held.optimizer_state);
   const Bytes state = ledger.allocate(MemoryCategory::optimizer_state,
                                       stepped * optimizer_state_bytes_per_parameter(optimizer),
                                       before);
   const std::size_t staged = to_size(std::min(batch, micro_batch));
   const Bytes x = ledger.allocate(MemoryCategory::data, 4 * staged * d, before);
   const Bytes labels = ledger.allocate(MemoryCategory::data, 4 * staged, before);
-  Bytes held;
-  if (held_workspace > 0) held = ledger.allocate(MemoryCategory::workspace, held_workspace, before);
+  Bytes boundary;
+  if (held_workspace > 0) {
+    boundary = ledger.allocate(MemoryCategory::workspace, held_workspace, before);
+  }
   ledger.reset_peak(before);
 
   ModelLedger model(c, ledger, released_gradients);

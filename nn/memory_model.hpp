@@ -66,6 +66,9 @@ PredictedBytes predict_memory(const ModelConfig& config, std::int64_t rows);
 /// The element counts of a model's trainable tensors, one per Model::parameters() entry
 /// (in no particular order): what sharding splits tensor by tensor (chapter 07's ZeRO).
 std::vector<std::int64_t> trainable_sizes(const ModelConfig& config);
+/// The element counts of the Linear weights, the tensors with an f32 master under mixed
+/// precision (whatever the config's precision).
+std::vector<std::int64_t> master_weight_sizes(const ModelConfig& config);
 /// Bytes of optimizer state per trainable parameter: AdamW 8 (two moments), SGD with
 /// momentum 4, plain SGD 0.
 std::size_t optimizer_state_bytes_per_parameter(const Optimizer::Options& options);
@@ -189,20 +192,29 @@ struct StepPrediction {
   std::size_t peak() const { return stats.peak_total; }
 };
 
+/// What a step holds only a part of, as element counts: a rank's shards under chapter
+/// 07's ZeRO. -1 is the whole, as one process holds it.
+struct HeldElements {
+  /// The parameter elements the optimizer holds state for (stages 1 and 2).
+  std::int64_t optimizer_state = -1;
+  /// The gradient elements held through the step (stage 2). A part means that the model's
+  /// own gradients live only from each group's backward to its sum over ranks
+  /// (ModelLedger's released gradients).
+  std::int64_t gradients = -1;
+  /// The f32 master elements of the Linear weights held under mixed precision (stages 1
+  /// and 2: the model keeps only the 16-bit working copies whole); fp32 has no masters.
+  std::int64_t master_weights = -1;
+};
+
 /// Replays the step. runner: nullptr for the model's own order (every block's activations
 /// kept), else the replay of the BlockRunner the model runs with. held_workspace: bytes of
 /// MemoryCategory::workspace that the caller keeps on the device through every step, live
 /// before it like the parameters (an optimizer boundary's results, chapter 04: 12 bytes
-/// with a loss scale or clipping). state_elements: the parameter elements the optimizer
-/// holds state for, when it steps a part of them (a rank's shard under chapter 07's ZeRO);
-/// -1, every trainable parameter. gradient_elements: likewise the gradient elements held
-/// through the step: -1, every trainable one, in the model; else a rank's shards of them
-/// (chapter 07's ZeRO stage 2), the model's own gradients living only from each group's
-/// backward to its sum over ranks (ModelLedger's released gradients).
+/// with a loss scale or clipping). held: the optimizer state, gradients and masters the
+/// step holds when a part of them (a rank's shards under ZeRO).
 StepPrediction predict_step(const ModelConfig& config, std::int64_t batch,
                             std::int64_t micro_batch, const Optimizer::Options& optimizer,
                             BlockLedgerRunner* runner = nullptr, std::size_t held_workspace = 0,
-                            std::int64_t state_elements = -1,
-                            std::int64_t gradient_elements = -1);
+                            const HeldElements& held = {});
 
 }  // namespace bigbatch::nn

@@ -256,6 +256,8 @@ std::vector<NamedParameter> Model::parameters() const {
 }
 
 std::vector<std::pair<std::string, Tensor>> Model::state_dict() const {
+  BIGBATCH_CHECK(!masters_released_, "Model: the f32 master weights are released (ZeRO shards ",
+                 "them over ranks): gather them into the model first");
   auto& self = const_cast<Model&>(*this);
   std::vector<std::pair<std::string, Tensor>> result;
   for (const StateEntry& entry : state_entries(self.stem_, self.blocks_, self.head_, self.head_ln_)) {
@@ -266,7 +268,9 @@ std::vector<std::pair<std::string, Tensor>> Model::state_dict() const {
 
 std::int64_t Model::parameter_count() const {
   std::int64_t count = 0;
-  for (const NamedParameter& p : parameters()) count += p.value.numel();
+  for (const NamedParameter& p : parameters()) {
+    count += p.value.defined() ? p.value.numel() : p.half.numel();  // a released master's copy
+  }
   return count;
 }
 
@@ -293,14 +297,33 @@ void Model::release_gradients(std::size_t first, std::size_t end) {
   }
 }
 
+void Model::release_master_weights() {
+  for (const StateEntry& entry : state_entries(stem_, blocks_, head_, head_ln_)) {
+    if (entry.half != nullptr && entry.half->defined()) *entry.value = Tensor();
+  }
+  masters_released_ = is_mixed(config_.precision);
+}
+
+void Model::allocate_master_weights() {
+  if (!masters_released_) return;
+  for (const StateEntry& entry : state_entries(stem_, blocks_, head_, head_ln_)) {
+    if (entry.half != nullptr && entry.half->defined()) {
+      *entry.value = Tensor(entry.half->shape(), DType::f32, device_,
+                            MemoryCategory::master_weights);
+    }
+  }
+  masters_released_ = false;
+}
+
 void Model::allocate_released_gradients(std::size_t first, std::size_t end) {
   if (released_gradients_ == 0) return;  // every backward asks; most runs release none
   std::size_t index = 0;
   for (const StateEntry& entry : state_entries(stem_, blocks_, head_, head_ln_)) {
     if (entry.grad == nullptr) continue;
     if (index >= first && index < end && !entry.grad->defined()) {
-      *entry.grad = Tensor::zeros(entry.value->shape(), DType::f32, device_,
-                                  MemoryCategory::gradients);
+      // Its shape is its value's, or its working copy's when the master is released.
+      const Tensor& like = entry.value->defined() ? *entry.value : *entry.half;
+      *entry.grad = Tensor::zeros(like.shape(), DType::f32, device_, MemoryCategory::gradients);
       --released_gradients_;
     }
     ++index;

@@ -127,6 +127,9 @@ struct NamedParameter {
   Tensor value;  ///< f32: MemoryCategory::parameters, or master_weights when mixed
   Tensor grad;   ///< the same shape, f32, MemoryCategory::gradients, accumulated (+=)
   Tensor half;   ///< the 16-bit working copy the forward reads (mixed Linear weights), or none
+  /// The parameter's shape: its value's, or its working copy's while the model's master is
+  /// released (Model::release_master_weights).
+  const Shape& shape() const { return value.defined() ? value.shape() : half.shape(); }
 };
 
 /// What one forward pass needs to know besides its input.
@@ -293,6 +296,18 @@ class Model {
   /// (chapter 07) keeps only its shard of each gradient, so it releases the model's
   /// gradients as soon as their sum over ranks is taken.
   void release_gradients(std::size_t first, std::size_t end);
+  /// Releases the f32 masters of the Linear weights under mixed precision (fp32 has none):
+  /// parameters() shows their values undefined, and state_dict(), save() and loading
+  /// refuse, until allocate_master_weights() brings them back. The forward and the backward
+  /// read only the 16-bit working copies, so training goes on when whoever steps the
+  /// weights holds their masters: ZeRO stages 1 and 2 (chapter 07) keep each rank's shard
+  /// of every master, and the model the working copies, whole.
+  void release_master_weights();
+  /// Allocates every released master again (MemoryCategory::master_weights), its values
+  /// unset: the caller writes them (chapter 07 gathers the ranks' shards into them).
+  void allocate_master_weights();
+  /// Whether the model holds its f32 masters (always under fp32, which has none).
+  bool holds_master_weights() const { return !masters_released_; }
 
   /// logits [b, C] (MemoryCategory::activations) of x [b, D] f32; in training saves what
   /// backward() needs, replacing what an earlier forward() saved (an inference forward,
@@ -364,6 +379,7 @@ class Model {
   std::shared_ptr<BlockRunner> runner_;  // null: every block's activations are kept
   GradientsReady gradients_ready_;       // empty: nobody is told
   std::size_t released_gradients_ = 0;   // gradient tensors released and not yet back
+  bool masters_released_ = false;        // release_master_weights, until allocated again
 };
 
 std::string norm_name(Norm norm);              ///< "layer", "batch"

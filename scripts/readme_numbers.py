@@ -718,6 +718,9 @@ SENTENCES = [
     (CH07, "while its sum is taken), the step's peak to {} and {} MiB. One rank at stage 2 "
            "pays that block on top of whole gradients: {} MiB against {}.",
      lambda: rank_memory("step peak", ((2, 2), (4, 2), (1, 2), (1, 0)))),
+    (CH07, "shard the f32 master weights too: rank 0 holds {} of their {}",
+     lambda: report("07", r"keep a quarter of the f32 master weights on rank 0 too: ([\d.]+) of "
+                          r"([\d.]+) MiB")),
     ("README.md", "summed in a bf16 buffer, 256 micro-batches get {} of the update wrong",
      lambda: [percent(accumulation_error(256), 1)]),
     ("README.md", "(without them, {} of AdamW's updates at lr 1e-4 round away)",

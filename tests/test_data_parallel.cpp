@@ -441,8 +441,12 @@ TEST(RankPlans, AreTheSharesPlansWithTheSumInEveryStepTime) {
   share.batch = 32;  // 256 over 8 ranks
   const planning::PlanResult alone = planning::make_plan(share, cost);
   ASSERT_FALSE(alone.feasible.empty());
-  const std::int64_t trainable = data_parallel::optimizer_state_elements(
-      model, 8, 0, data_parallel::ZeroStage::replicated);
+  // A held count of -1 is the whole.
+  const auto held_of = [](std::int64_t held, const std::vector<std::int64_t>& sizes) {
+    std::int64_t whole = 0;
+    for (const std::int64_t n : sizes) whole += n;
+    return std::pair{held < 0 ? whole : held, whole};
+  };
   for (const data_parallel::ZeroStage zero : {data_parallel::ZeroStage::replicated,
                                               data_parallel::ZeroStage::optimizer_state,
                                               data_parallel::ZeroStage::gradients}) {
@@ -459,11 +463,14 @@ TEST(RankPlans, AreTheSharesPlansWithTheSumInEveryStepTime) {
               stage2 ? data_parallel::step_communication_seconds(fp32, 8, zero, cluster, 2) -
                            ranked.sum_seconds_fp32
                      : 0.0);
-    // The other shards' optimizer state (AdamW: 8 bytes per element), and at stage 2 their
-    // gradients too (4 bytes), less the largest group of gradients a backward holds.
-    const std::size_t others =
-        static_cast<std::size_t>(trainable - data_parallel::optimizer_state_elements(model, 8, 0, zero));
-    const std::size_t saved = 8 * others;
+    // The other shards' optimizer state (AdamW: 8 bytes per element) and, in 16 bits,
+    // their f32 masters (4 bytes per Linear weight element); at stage 2 their gradients
+    // too (4 bytes), less the largest group of gradients a backward holds.
+    const nn::HeldElements held = data_parallel::held_elements(model, 8, 0, zero);
+    const auto [state, trainable] = held_of(held.optimizer_state, nn::trainable_sizes(model));
+    const auto [masters, weights] = held_of(held.master_weights, nn::master_weight_sizes(model));
+    EXPECT_EQ(state < trainable, zero != data_parallel::ZeroStage::replicated);
+    EXPECT_EQ(masters < weights, zero != data_parallel::ZeroStage::replicated);
     for (const planning::Plan& plan : ranked.result.feasible) {
       const auto same = std::find_if(alone.feasible.begin(), alone.feasible.end(),
                                      [&](const planning::Plan& p) {
@@ -472,6 +479,8 @@ TEST(RankPlans, AreTheSharesPlansWithTheSumInEveryStepTime) {
                                               p.checkpoint.text() == plan.checkpoint.text();
                                      });
       ASSERT_NE(same, alone.feasible.end()) << plan.checkpoint.text();
+      const std::size_t saved = static_cast<std::size_t>(
+          8 * (trainable - state) + (nn::is_mixed(plan.precision) ? 4 * (weights - masters) : 0));
       const double sum = plan.precision == nn::Precision::fp32 ? ranked.sum_seconds_fp32
                                                                : ranked.sum_seconds_16bit;
       const std::int64_t micro_batches = (32 + plan.micro_batch - 1) / plan.micro_batch;
@@ -494,7 +503,8 @@ TEST(RankPlans, AreTheSharesPlansWithTheSumInEveryStepTime) {
                                planning::faster));
   }
   // The sum: an all-reduce of the f32 gradients; at stage 1 a reduce-scatter of them and an
-  // all-gather of what the optimizer writes (f32 values, and 16-bit copies when mixed).
+  // all-gather of what the optimizer writes: the f32 values, but of a Linear weight under
+  // mixed precision only its 16-bit working copy (each rank keeps its shard of the master).
   const double gradients = static_cast<double>(nn::predict_memory(model, 1).gradients);
   const double all_reduce = data_parallel::cluster_all_reduce_seconds(gradients, 8, cluster);
   EXPECT_EQ(data_parallel::step_communication_seconds(model, 8, data_parallel::ZeroStage::replicated, cluster),
@@ -503,12 +513,13 @@ TEST(RankPlans, AreTheSharesPlansWithTheSumInEveryStepTime) {
             0.5 * all_reduce + 0.5 * all_reduce);
   nn::ModelConfig mixed = model;
   mixed.precision = nn::Precision::bf16;
+  // 4 bytes a master element, 2 its copy's: the gather moves half the masters' bytes less.
   const double copies = static_cast<double>(nn::predict_memory(mixed, 1).master_weights) / 2;
   EXPECT_EQ(data_parallel::step_communication_seconds(mixed, 8, data_parallel::ZeroStage::optimizer_state, cluster),
-            0.5 * all_reduce + 0.5 * data_parallel::cluster_all_reduce_seconds(gradients + copies, 8, cluster));
+            0.5 * all_reduce + 0.5 * data_parallel::cluster_all_reduce_seconds(gradients - copies, 8, cluster));
   // Stage 2: a reduce-scatter after each of the step's micro-batches, one all-gather.
   EXPECT_EQ(data_parallel::step_communication_seconds(mixed, 8, data_parallel::ZeroStage::gradients, cluster, 4),
-            4 * 0.5 * all_reduce + 0.5 * data_parallel::cluster_all_reduce_seconds(gradients + copies, 8, cluster));
+            4 * 0.5 * all_reduce + 0.5 * data_parallel::cluster_all_reduce_seconds(gradients - copies, 8, cluster));
   EXPECT_EQ(data_parallel::step_communication_seconds(model, 8, data_parallel::ZeroStage::optimizer_state, cluster, 4),
             data_parallel::step_communication_seconds(model, 8, data_parallel::ZeroStage::optimizer_state, cluster))
       << "stage 1 sums once, whatever the micro-batches";

@@ -132,11 +132,37 @@ TEST(MemoryModel, AnOptimizerOverPartOfTheParametersHoldsThatPartsState) {
   const nn::ModelConfig config = testing::tiny_model(2, 0.0f);
   const AdamWOptions adamw;
   const nn::StepPrediction all = nn::predict_step(config, 20, 8, adamw);
-  const nn::StepPrediction part = nn::predict_step(config, 20, 8, adamw, nullptr, 0, 100);
+  const nn::StepPrediction part =
+      nn::predict_step(config, 20, 8, adamw, nullptr, 0, {.optimizer_state = 100});
   const auto state = static_cast<std::size_t>(MemoryCategory::optimizer_state);
   EXPECT_EQ(part.stats.live[state], 800u) << "AdamW: 8 bytes per element";
   EXPECT_EQ(all.stats.peak_total - part.stats.peak_total, all.stats.live[state] - 800u);
-  EXPECT_THROW(nn::predict_step(config, 20, 8, adamw, nullptr, 0, 1 << 30), std::invalid_argument);
+  EXPECT_THROW(nn::predict_step(config, 20, 8, adamw, nullptr, 0, {.optimizer_state = 1 << 30}),
+               std::invalid_argument);
+}
+
+// A part of the f32 masters (chapter 07's ZeRO under mixed precision): 4 bytes an element
+// held, the rest gone from the peak; fp32 has no masters, whatever is asked.
+TEST(MemoryModel, APartOfTheMastersHoldsThatPartsBytes) {
+  nn::ModelConfig config = testing::tiny_model(2, 0.0f);
+  config.precision = nn::Precision::bf16;
+  const AdamWOptions adamw;
+  const auto masters = static_cast<std::size_t>(MemoryCategory::master_weights);
+  const nn::StepPrediction all = nn::predict_step(config, 20, 8, adamw);
+  const nn::StepPrediction part =
+      nn::predict_step(config, 20, 8, adamw, nullptr, 0, {.master_weights = 100});
+  EXPECT_EQ(part.stats.live[masters], 400u);
+  EXPECT_GT(all.stats.live[masters], 400u);
+  EXPECT_EQ(all.stats.peak_total - part.stats.peak_total, all.stats.live[masters] - 400u);
+  std::int64_t weights = 0;
+  for (const std::int64_t n : nn::master_weight_sizes(config)) weights += n;
+  EXPECT_EQ(all.stats.live[masters], 4 * static_cast<std::size_t>(weights));
+  EXPECT_THROW(nn::predict_step(config, 20, 8, adamw, nullptr, 0, {.master_weights = weights + 1}),
+               std::invalid_argument);
+  config.precision = nn::Precision::fp32;
+  EXPECT_EQ(nn::predict_step(config, 20, 8, adamw, nullptr, 0, {.master_weights = 100})
+                .stats.live[masters],
+            0u);
 }
 
 TEST(MemoryModel, NamesTheMomentThatHoldsThePeak) {

@@ -566,5 +566,55 @@ TEST(ModelMemory, ReleasedGradientsComeBackAsZerosInTheNextBackward) {
                                 {"release_gradients", "[2, 99)"}));
 }
 
+// Under mixed precision the forward and backward read only the 16-bit working copies, so a
+// model whose f32 masters are released (ZeRO's ranks hold shards of them, chapter 07)
+// computes the bits of one that keeps them, its gradients included when they were released
+// too (allocated again in the parameters' shapes). Nothing reads the missing masters:
+// state_dict refuses until they are allocated again.
+TEST(ModelMemory, ReleasedMastersLeaveTheWorkingCopiesToTrainOn) {
+  ModelConfig config = equivalence_config(3, 0.1f);
+  config.precision = nn::Precision::fp16;
+  Model kept(config, Device::cpu()), released(config, Device::cpu());
+  const Batch batch = make_batch(config, 32, 9);
+  const auto& allocator = allocator_for(Device::cpu());
+  const std::size_t before = allocator.stats().live_of(MemoryCategory::master_weights);
+  std::size_t masters = 0;
+  for (const nn::NamedParameter& p : released.parameters()) {
+    if (p.half.defined()) masters += p.value.nbytes();
+  }
+  ASSERT_GT(masters, 0u);
+  const std::int64_t count = released.parameter_count();
+  released.release_master_weights();
+  released.release_gradients(0, released.parameters().size());
+  EXPECT_FALSE(released.holds_master_weights());
+  EXPECT_EQ(before - allocator.stats().live_of(MemoryCategory::master_weights), masters);
+  for (const nn::NamedParameter& p : released.parameters()) {
+    EXPECT_EQ(p.value.defined(), !p.half.defined()) << p.name;
+  }
+  EXPECT_EQ(released.parameter_count(), count);
+  EXPECT_TRUE(testing::mentions(testing::error_of([&] { (void)released.state_dict(); }),
+                                {"master weights are released"}));
+
+  kept.zero_grad();
+  for (Model* model : {&kept, &released}) {
+    const Tensor logits = model->forward(batch.x, ForwardContext{});
+    Tensor dlogits(logits.shape(), DType::f32, Device::cpu(), MemoryCategory::workspace);
+    cross_entropy_backward(logits, batch.labels, dlogits, 32.0f, 1.0f);
+    model->backward(dlogits);
+  }
+  const std::vector<nn::NamedParameter> want = kept.parameters(), got = released.parameters();
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    EXPECT_EQ(got[i].grad.shape(), want[i].shape()) << want[i].name;
+    EXPECT_EQ(got[i].grad.to_vector<float>(), want[i].grad.to_vector<float>()) << want[i].name;
+  }
+  released.allocate_master_weights();
+  EXPECT_TRUE(released.holds_master_weights());
+  EXPECT_EQ(allocator.stats().live_of(MemoryCategory::master_weights), before);
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    EXPECT_EQ(released.parameters()[i].value.shape(), want[i].value.shape()) << want[i].name;
+  }
+  EXPECT_EQ(released.state_dict().size(), kept.state_dict().size());
+}
+
 }  // namespace
 }  // namespace bigbatch

@@ -14,7 +14,7 @@ nn::StepPrediction predict_policy(const StepShape& step, const Policy& policy) {
       policy.needs_runner() ? ScheduledRunner::for_policy(policy, step.model.depth) : nullptr;
   const auto ledger = runner ? runner->ledger() : nullptr;
   return nn::predict_step(step.model, step.batch, step.micro_batch, step.optimizer, ledger.get(),
-                          step.boundary_bytes, step.state_elements, step.gradient_elements);
+                          step.boundary_bytes, step.held);
 }
 
 double recompute_cost(const Policy& policy, std::int64_t depth) {

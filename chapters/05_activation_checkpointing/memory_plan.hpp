@@ -27,12 +27,9 @@ struct StepShape {
   /// What the optimizer boundary keeps on the device through every step (chapter 04's
   /// loss_scaling::boundary_workspace_bytes: 12 with a loss scale or clipping, else 0).
   std::size_t boundary_bytes = 0;
-  /// The parameter elements the optimizer holds state for (-1: all; a rank's shard under
-  /// chapter 07's ZeRO).
-  std::int64_t state_elements = -1;
-  /// The gradient elements held through the step (-1: all, in the model; a rank's shards
-  /// under ZeRO stage 2, nn::predict_step's gradient_elements).
-  std::int64_t gradient_elements = -1;
+  /// What the step holds a part of: a rank's shards under chapter 07's ZeRO (the default,
+  /// all of it).
+  nn::HeldElements held = {};
 };
 
 /// nn::predict_step for a policy (not a budget: std::invalid_argument); none is the model

@@ -248,7 +248,7 @@ PlanResult make_plan(const PlanRequest& request, const CostModel& cost) {
                                                    .clip_grad_norm = request.clip_grad_norm};
       const checkpointing::StepShape step{config, request.batch, micro, request.optimizer,
                                           loss_scaling::boundary_workspace_bytes(boundary),
-                                          request.state_elements, request.gradient_elements};
+                                          request.held};
       std::optional<Plan> chosen;
       for (const auto& [recompute, policy] : policies) {
         if (chosen && recompute > chosen->recompute) break;  // every further one is slower

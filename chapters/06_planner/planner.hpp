@@ -118,12 +118,9 @@ struct PlanRequest {
   /// fp16's loss scale, the optimizer boundary keeps its pass's 12 bytes through every
   /// step, and each plan's peak counts them.
   float clip_grad_norm = 0.0f;
-  /// The parameter elements the optimizer holds state for (-1: all; one rank's shard when
-  /// chapter 07 plans a rank's step under ZeRO).
-  std::int64_t state_elements = -1;
-  /// The gradient elements held through the step (-1: all; one rank's shards under ZeRO
-  /// stage 2).
-  std::int64_t gradient_elements = -1;
+  /// What each plan's step holds a part of: one rank's shards when chapter 07 plans a
+  /// rank's step under ZeRO (the default, all of it).
+  nn::HeldElements held = {};
 };
 
 /// The loss scale a plan of this precision trains with: dynamic for fp16 (whose range

@@ -41,21 +41,27 @@ std::vector<nn::NamedParameter> parameter_shards(const std::vector<nn::NamedPara
                                                  int ranks, int rank) {
   std::vector<nn::NamedParameter> shards;
   for (const nn::NamedParameter& p : parameters) {
-    // A released gradient (ZeRO stage 2 holds its own shards) stays undefined.
-    shards.push_back({p.name, shard_view(p.value, ranks, rank),
+    // A released gradient or master (ZeRO holds its own shards) stays undefined.
+    shards.push_back({p.name, p.value.defined() ? shard_view(p.value, ranks, rank) : Tensor(),
                       p.grad.defined() ? shard_view(p.grad, ranks, rank) : Tensor(),
                       p.half.defined() ? shard_view(p.half, ranks, rank) : Tensor()});
   }
   return shards;
 }
 
-std::int64_t optimizer_state_elements(const nn::ModelConfig& config, int ranks, int rank,
-                                      ZeroStage zero) {
-  std::int64_t elements = 0;
-  for (const std::int64_t n : nn::trainable_sizes(config)) {
-    elements += zero == ZeroStage::replicated ? n : dist::share_of(n, ranks, rank).size;
-  }
-  return elements;
+nn::HeldElements held_elements(const nn::ModelConfig& config, int ranks, int rank,
+                               ZeroStage zero) {
+  if (zero == ZeroStage::replicated) return {};
+  const auto shards = [&](const std::vector<std::int64_t>& sizes) {
+    std::int64_t elements = 0;
+    for (const std::int64_t n : sizes) elements += dist::share_of(n, ranks, rank).size;
+    return elements;
+  };
+  nn::HeldElements held;
+  held.optimizer_state = shards(nn::trainable_sizes(config));
+  held.master_weights = shards(nn::master_weight_sizes(config));
+  if (zero == ZeroStage::gradients) held.gradients = held.optimizer_state;
+  return held;
 }
 
 nn::StepPrediction predict_rank_step(const nn::ModelConfig& config, std::int64_t batch,
@@ -63,10 +69,9 @@ nn::StepPrediction predict_rank_step(const nn::ModelConfig& config, std::int64_t
                                      const nn::Optimizer::Options& optimizer, int ranks,
                                      int rank, ZeroStage zero, nn::BlockLedgerRunner* runner,
                                      std::size_t held_workspace) {
-  const std::int64_t shards = optimizer_state_elements(config, ranks, rank, zero);
   return nn::predict_step(config, dist::share_of(batch, ranks, rank).size, micro_batch,
-                          optimizer, runner, held_workspace, shards,
-                          zero == ZeroStage::gradients ? shards : -1);
+                          optimizer, runner, held_workspace,
+                          held_elements(config, ranks, rank, zero));
 }
 
 Device device_of_rank(Device requested, int local_rank, int local_ranks, int devices) {
@@ -229,10 +234,23 @@ CommunicatorRanks::CommunicatorRanks(dist::Communicator& communicator,
 }
 
 void CommunicatorRanks::take_model(nn::Model& model) {
+  BIGBATCH_CHECK(shard_gradients_.empty() && master_shards_.empty(),
+                 "CommunicatorRanks: takes one model");
+  if (zero_ == ZeroStage::replicated) return;
+  const std::vector<nn::NamedParameter> parameters = model.parameters();
+  if (nn::is_mixed(model.config().precision)) {
+    // This rank's shard of every master, written from the model's at each step's start.
+    master_shards_.resize(parameters.size());
+    for (std::size_t i = 0; i < parameters.size(); ++i) {
+      if (!parameters[i].half.defined()) continue;  // not a Linear weight: no master
+      master_shards_[i] = Tensor(
+          {dist::share_of(parameters[i].half.numel(), ranks(), communicator_.rank()).size},
+          DType::f32, model.device(), MemoryCategory::master_weights);
+    }
+  }
   if (zero_ != ZeroStage::gradients) return;
-  BIGBATCH_CHECK(shard_gradients_.empty(), "CommunicatorRanks: takes one model");
-  model.release_gradients(0, model.parameters().size());
-  for (const nn::NamedParameter& p : model.parameters()) {
+  model.release_gradients(0, parameters.size());
+  for (const nn::NamedParameter& p : parameters) {
     shard_gradients_.push_back(Tensor::zeros(
         {dist::share_of(p.value.numel(), ranks(), communicator_.rank()).size}, DType::f32,
         model.device(), MemoryCategory::gradients));
@@ -240,12 +258,34 @@ void CommunicatorRanks::take_model(nn::Model& model) {
 }
 
 void CommunicatorRanks::start_step(nn::Model& model, std::int64_t micro_batches) {
+  if (!master_shards_.empty() && model.holds_master_weights()) {
+    // The first step, or the first after gather_master_weights or a resume: the model's
+    // masters are the truth; this rank keeps its shard of each, and the model none.
+    const std::vector<nn::NamedParameter> parameters = model.parameters();
+    for (std::size_t i = 0; i < parameters.size(); ++i) {
+      if (master_shards_[i].defined()) {
+        master_shards_[i].copy_from(shard_view(parameters[i].value, ranks(), communicator_.rank()));
+      }
+    }
+    model.release_master_weights();
+  }
   if (zero_ != ZeroStage::gradients) return;
   BIGBATCH_CHECK(micro_batches >= 1, "CommunicatorRanks: ", micro_batches, " micro-batches");
   model.release_gradients(0, model.parameters().size());
   rounds_ = micro_batches;
   rounds_done_ = 0;
   groups_.clear();
+}
+
+void CommunicatorRanks::gather_master_weights(nn::Model& model) {
+  if (master_shards_.empty() || model.holds_master_weights()) return;
+  model.allocate_master_weights();
+  const std::vector<nn::NamedParameter> parameters = model.parameters();
+  for (std::size_t i = 0; i < parameters.size(); ++i) {
+    if (!master_shards_[i].defined()) continue;
+    shard_view(parameters[i].value, ranks(), communicator_.rank()).copy_from(master_shards_[i]);
+    gather_shares(parameters[i].value);
+  }
 }
 
 void CommunicatorRanks::sum_round(const std::vector<Tensor>& gradients, std::size_t first,
@@ -278,8 +318,8 @@ float CommunicatorRanks::reduce(nn::Model& model, std::span<const float> losses)
       for (const auto& [first, end] : groups_) {
         std::vector<Tensor> zeros(parameters.size());
         for (std::size_t i = first; i < end; ++i) {
-          zeros[i] = Tensor::zeros(parameters[i].value.shape(), DType::f32,
-                                   parameters[i].value.device(), MemoryCategory::gradients);
+          zeros[i] = Tensor::zeros(parameters[i].shape(), DType::f32, model.device(),
+                                   MemoryCategory::gradients);
         }
         sum_round(zeros, first, end);
       }
@@ -399,19 +439,24 @@ std::vector<nn::NamedParameter> CommunicatorRanks::stepped_parameters(
   if (zero_ == ZeroStage::replicated) return model.parameters();
   std::vector<nn::NamedParameter> shards =
       parameter_shards(model.parameters(), ranks(), communicator_.rank());
-  if (zero_ == ZeroStage::gradients) {
-    BIGBATCH_CHECK(shard_gradients_.size() == shards.size(), "CommunicatorRanks: stage 2 ",
-                   "steps the gradient shards it holds: call take_model first");
-    for (std::size_t i = 0; i < shards.size(); ++i) shards[i].grad = shard_gradients_[i];
+  BIGBATCH_CHECK(zero_ != ZeroStage::gradients || shard_gradients_.size() == shards.size(),
+                 "CommunicatorRanks: stage 2 steps the gradient shards it holds: call "
+                 "take_model first");
+  for (std::size_t i = 0; i < shards.size(); ++i) {
+    if (zero_ == ZeroStage::gradients) shards[i].grad = shard_gradients_[i];
+    if (!master_shards_.empty() && master_shards_[i].defined()) shards[i].value = master_shards_[i];
   }
   return shards;
 }
 
 void CommunicatorRanks::gather_parameters(nn::Model& model) {
   if (zero_ == ZeroStage::replicated) return;
-  for (const nn::NamedParameter& p : model.parameters()) {
-    gather_shares(p.value);
-    if (p.half.defined()) gather_shares(p.half);
+  const std::vector<nn::NamedParameter> parameters = model.parameters();
+  for (std::size_t i = 0; i < parameters.size(); ++i) {
+    // A sharded master stays with its rank: the forward reads the working copy alone.
+    const bool master_held = !master_shards_.empty() && master_shards_[i].defined();
+    if (!master_held) gather_shares(parameters[i].value);
+    if (parameters[i].half.defined()) gather_shares(parameters[i].half);
   }
 }
 

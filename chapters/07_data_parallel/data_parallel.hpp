@@ -26,8 +26,9 @@
 // bit for bit; R = 1 is the single process exactly.
 //
 // ZeRO (DeepSpeed's stages) shards what every rank would otherwise hold whole: stage 1 the
-// optimizer state (the sum becomes a reduce-scatter, each rank steps its shard, an
-// all-gather shares the parameters), stage 2 the gradients too. A rank that keeps only its
+// optimizer state and, in fp16 or bf16, the f32 masters (the sum becomes a reduce-scatter,
+// each rank steps its shard, an all-gather shares the parameters: of a Linear weight its
+// 16-bit working copy, the only one the forward reads), stage 2 the gradients too. A rank that keeps only its
 // shard of the gradients cannot accumulate micro-batches into a whole buffer, so at stage 2
 // the sum is taken after every micro-batch, group by group as the backward finishes them,
 // and the model's gradients are released in between (nn::Model::release_gradients).
@@ -67,15 +68,15 @@ Tensor shard_view(const Tensor& tensor, int ranks, int rank);
 /// optimizer made over these steps, and allocates state for, the shard alone.
 std::vector<nn::NamedParameter> parameter_shards(const std::vector<nn::NamedParameter>& parameters,
                                                  int ranks, int rank);
-/// The parameter elements whose optimizer state rank `rank` of R holds: every trainable
-/// one at stage 0, its shard of each trainable tensor at stages 1 and 2 (at stage 2 also
-/// the gradient elements it holds through the step).
-std::int64_t optimizer_state_elements(const nn::ModelConfig& config, int ranks, int rank,
-                                      ZeroStage zero);
+/// What rank `rank` of R holds of the model's state (nn::HeldElements): everything at
+/// stage 0; at stages 1 and 2 its shard of every trainable tensor's optimizer state and of
+/// every Linear weight's f32 master (mixed precision: the 16-bit working copies stay
+/// whole); at stage 2 also its shard of every gradient, held through the step.
+nn::HeldElements held_elements(const nn::ModelConfig& config, int ranks, int rank,
+                               ZeroStage zero);
 /// The memory of rank `rank`'s step of a batch of `batch` under MPI (CommunicatorRanks), by
-/// category: nn::predict_step of its share (its micro-batches, its staging buffer), with
-/// the optimizer state of optimizer_state_elements and, at stage 2, only the gradient
-/// shards held through the step (the model's gradients released after each group's sum).
+/// category: nn::predict_step of its share (its micro-batches, its staging buffer), holding
+/// held_elements: at stage 2 the model's gradients are released after each group's sum.
 /// A rank with fewer micro-batches than rank 0 joins the sums it lacks with zeros of one
 /// group at a time after its backward: less than its backward held. The collectives' buffers are host
 /// memory of the engine's and of dist's (not counted by the allocator, as a GPU run's
@@ -120,19 +121,26 @@ class RankGroup {
   /// What the ranks shard.
   virtual ZeroStage zero() const = 0;
   /// The model the trainer trains with this group, once, before its optimizer is made
-  /// from stepped_parameters: at stage 2 under MPI the group takes over its gradients
+  /// from stepped_parameters: at stages 1 and 2 under MPI the group takes over its f32
+  /// masters (mixed precision) and at stage 2 its gradients
   /// (CommunicatorRanks::take_model); nothing to do otherwise.
   virtual void take_model(nn::Model& /*model*/) {}
   /// After reduce(): the gradients the optimizer boundary measures, a piece per local rank
   /// (stage 0: one, every gradient; stage 1: each local rank's shard), and how the pieces'
   /// measurements become the one of all the gradients.
   virtual loss_scaling::GradientPieces boundary_pieces(const nn::Model& model) = 0;
-  /// The parameters this process's optimizer steps: all of them, or (stage 1 under MPI)
-  /// this rank's shard of each (parameter_shards). Clipping scales their gradients.
+  /// The parameters this process's optimizer steps: all of them, or (stages 1 and 2 under
+  /// MPI) this rank's shard of each (parameter_shards; a sharded master the group's own
+  /// shard). Clipping scales their gradients.
   virtual std::vector<nn::NamedParameter> stepped_parameters(const nn::Model& model) const = 0;
   /// After an optimizer step: every rank's updated shard to every rank (stage 1 under MPI;
   /// nothing to do otherwise).
   virtual void gather_parameters(nn::Model& model) = 0;
+  /// Between steps: the model's whole f32 masters again, for whoever reads them (a save, a
+  /// snapshot, a comparison). Under MPI at stages 1 and 2 in fp16 or bf16 each rank holds
+  /// only its shard of every master, and this gathers them (a collective: every rank calls
+  /// it, at the same step); the next step's start shards them again. Nothing otherwise.
+  virtual void gather_master_weights(nn::Model& /*model*/) {}
 
   /// Whether the sum starts during the last micro-batch's backward (overlap): the trainer
   /// then has accumulate_gradients tell gradients_ready, and reduce() finishes the sum.
@@ -143,7 +151,8 @@ class RankGroup {
   /// Before a step's shares, at stage 2: rank 0's share, the largest, runs `micro_batches`
   /// micro-batches, and every rank takes part in as many sums (a rank with fewer adds
   /// zeros in the sums it lacks). Releases the model's gradients (the first step finds
-  /// them allocated), before the step's memory is measured.
+  /// them allocated) and, where the group shards them, its masters (once it holds its
+  /// shards of them), before the step's memory is measured.
   virtual void start_step(nn::Model& /*model*/, std::int64_t /*micro_batches*/) {}
   /// During the last micro-batch's backward of this rank's share (every micro-batch's at
   /// stage 2): model.parameters()[first, end) hold their final gradients for the step
@@ -211,9 +220,14 @@ class CommunicatorRanks final : public RankGroup {
   /// Stage 2 sums in every backward without buckets (bucket_bytes must be 0).
   CommunicatorRanks(dist::Communicator& communicator, dist::Reduction reduction,
                     ZeroStage zero = ZeroStage::replicated, std::size_t bucket_bytes = 0);
+  /// Stages 1 and 2 in fp16 or bf16: allocates this rank's shard of every f32 master
+  /// (MemoryCategory::master_weights), which the optimizer steps; each step's start copies
+  /// the model's masters into them and releases the model's, when it holds them (after the
+  /// model's construction, a resume or gather_master_weights). The model keeps its 16-bit
+  /// working copies whole: after the step, those are what is gathered.
   /// Stage 2: releases `model`'s gradients, then allocates this rank's shard of each
   /// (MemoryCategory::gradients, on its device), where the sums accumulate: the whole
-  /// gradients and the shards are never live together. Nothing at stages 0 and 1.
+  /// gradients and the shards are never live together.
   void take_model(nn::Model& model) override;
   int ranks() const override { return communicator_.size(); }
   std::vector<int> local_ranks() const override { return {communicator_.rank()}; }
@@ -233,7 +247,10 @@ class CommunicatorRanks final : public RankGroup {
   /// found-inf and squared norm, added in rank order).
   loss_scaling::GradientPieces boundary_pieces(const nn::Model& model) override;
   std::vector<nn::NamedParameter> stepped_parameters(const nn::Model& model) const override;
+  /// Every rank's shard of each f32 value to every rank, but of a sharded master only of
+  /// its 16-bit working copy: 2 bytes an element where the master has 4.
   void gather_parameters(nn::Model& model) override;
+  void gather_master_weights(nn::Model& model) override;
   /// Stage 1, for a snapshot: `whole`, an optimizer over every parameter with `mine`'s
   /// options, takes every rank's shard of `mine`'s state (a collective: every rank calls
   /// it, at the same step), so that the snapshot holds stage 0's tensors.
@@ -265,6 +282,9 @@ class CommunicatorRanks final : public RankGroup {
   std::size_t open_bytes_ = 0;
   std::size_t gradients_sent_ = 0;  // this step's, to check that every one was
   double seconds_in_backward_ = 0;
+  // Stages 1 and 2 under mixed precision: this rank's shard of every parameter's master
+  // (undefined for a parameter without one); empty when the masters are not sharded.
+  std::vector<Tensor> master_shards_;
   // Stage 2.
   std::vector<Tensor> shard_gradients_;  // this rank's shard of every gradient
   std::vector<std::pair<std::size_t, std::size_t>> groups_;  // as a backward tells them

@@ -108,7 +108,7 @@ Outcome train(const bb::Dataset& data, const bb::nn::ModelConfig& model_config,
   outcome.live_before = before.live_total;
   outcome.gradients_before = before.live_of(bb::MemoryCategory::gradients);
   bb::nn::Model model(model_config, bb::Device::cpu());
-  if (ranks) ranks->take_model(model);  // ZeRO stage 2 under MPI: its gradients' shards
+  if (ranks) ranks->take_model(model);  // ZeRO under MPI: its masters' and gradients' shards
   // Under ZeRO a rank's optimizer steps (and holds state for) its shard alone.
   bb::nn::Optimizer optimizer(ranks ? ranks->stepped_parameters(model) : model.parameters(),
                               kOptimizer);
@@ -120,6 +120,7 @@ Outcome train(const bb::Dataset& data, const bb::nn::ModelConfig& model_config,
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   outcome.seconds_per_step = seconds / static_cast<double>(std::max<std::int64_t>(1, s.steps - 1));
+  if (ranks) ranks->gather_master_weights(model);  // ZeRO in 16 bits: each rank had a shard
   outcome.parameters = values_of(model);
   return outcome;
 }
@@ -305,6 +306,22 @@ void report_rank_memory(bb::SelfCheck& report) {
                    mib(shard_gradients) + " MiB, half its AdamW state), and at the step's peak "
                    "one block's gradients more, allocated by its backward and released after "
                    "their sum (" + mib(peak_gradients) + " MiB)");
+  // In bf16 the f32 masters of the Linear weights are sharded too (4 bytes an element, the
+  // same rounding per weight tensor); the bf16 working copies stay whole.
+  bb::nn::ModelConfig bf16 = model;
+  bf16.precision = bb::nn::Precision::bf16;
+  const auto masters = static_cast<std::size_t>(bb::MemoryCategory::master_weights);
+  const std::size_t all_masters =
+      dp::predict_rank_step(bf16, 1024, 256, adamw, 4, 0, dp::ZeroStage::replicated).stats.live[masters];
+  const std::size_t shard_masters =
+      dp::predict_rank_step(bf16, 1024, 256, adamw, 4, 0, dp::ZeroStage::optimizer_state).stats.live[masters];
+  const std::size_t master_rounding = 3 * 4 * bb::nn::master_weight_sizes(model).size();
+  report.check(shard_masters * 4 >= all_masters && shard_masters * 4 <= all_masters + master_rounding,
+               "in bf16, at 4 ranks stages 1 and 2 keep a quarter of the f32 master weights "
+               "on rank 0 too: " + mib(shard_masters) + " of " + mib(all_masters) +
+                   " MiB; the bf16 working copies the forward reads stay whole, and the "
+                   "all-gather after the step moves them, 2 bytes an element where the "
+                   "masters have 4");
 }
 
 }  // namespace
@@ -467,13 +484,14 @@ int main(int argc, char** argv) {
     Outcome job;
     bb::MemoryStats predicted;
   };
-  const auto sharded_job = [&](dp::ZeroStage zero, const std::string& how) {
-    dp::SimulatedRanks simulated(ranks, bb::nn::Model(model_config, bb::Device::cpu()), zero);
-    const Outcome own = train(data, model_config, s, &simulated);
+  const auto sharded_job = [&](dp::ZeroStage zero, const std::string& how,
+                               const bb::nn::ModelConfig& config) {
+    dp::SimulatedRanks simulated(ranks, bb::nn::Model(config, bb::Device::cpu()), zero);
+    const Outcome own = train(data, config, s, &simulated);
     dp::CommunicatorRanks communicator(*world, dist::Reduction::deterministic, zero);
-    ShardedJob sharded{train(data, model_config, s, &communicator),
-                       dp::predict_rank_step(model_config, s.batch, s.micro_batch, kOptimizer,
-                                             ranks, world->rank(), zero)
+    ShardedJob sharded{train(data, config, s, &communicator),
+                       dp::predict_rank_step(config, s.batch, s.micro_batch, kOptimizer, ranks,
+                                             world->rank(), zero)
                            .stats};
     report.check(bitwise_equal(sharded.job.parameters, own.parameters),
                  "at ZeRO stage " + dp::setting_text(zero) + " too (" + how +
@@ -482,7 +500,7 @@ int main(int argc, char** argv) {
   };
   const auto [job1, predicted1] =
       sharded_job(dp::ZeroStage::optimizer_state,
-                  "a reduce-scatter, each rank stepping its shard, an all-gather");
+                  "a reduce-scatter, each rank stepping its shard, an all-gather", model_config);
   const auto state = static_cast<std::size_t>(bb::MemoryCategory::optimizer_state);
   report.check(job1.step_peak() == predicted1.peak_total &&
                    job1.last_step.live[state] == predicted1.live[state],
@@ -494,7 +512,8 @@ int main(int argc, char** argv) {
   const auto [job2, predicted2] =
       sharded_job(dp::ZeroStage::gradients,
                   "every micro-batch's gradients reduce-scattered as its backward finishes "
-                  "them, each rank keeping its shard of the sum");
+                  "them, each rank keeping its shard of the sum",
+                  model_config);
   report.check(job2.step_peak() == predicted2.peak_total &&
                    job2.gradients_at_peak() ==
                        predicted2.at_peak_of(bb::MemoryCategory::gradients),
@@ -503,6 +522,20 @@ int main(int argc, char** argv) {
                    std::to_string(job2.gradients_at_peak()) + " of them gradients " +
                    "(stage 1: " + std::to_string(job1.gradients_at_peak()) + "), as " +
                    "predict_rank_step predicts to the byte");
+  bb::nn::ModelConfig bf16_config = model_config;
+  bf16_config.precision = bb::nn::Precision::bf16;
+  const auto [job1_bf16, predicted1_bf16] =
+      sharded_job(dp::ZeroStage::optimizer_state,
+                  "in bf16, each rank stepping its shard of the f32 masters and gathering the "
+                  "bf16 working copies; the masters gathered whole after the run",
+                  bf16_config);
+  const auto masters = bb::MemoryCategory::master_weights;
+  report.check(job1_bf16.step_peak() == predicted1_bf16.peak_total &&
+                   job1_bf16.last_step.at_peak_of(masters) == predicted1_bf16.at_peak_of(masters),
+               "rank " + std::to_string(world->rank()) + "'s step at stage 1 in bf16: " +
+                   std::to_string(job1_bf16.step_peak()) + " bytes at its peak, " +
+                   std::to_string(job1_bf16.last_step.at_peak_of(masters)) + " of them f32 "
+                   "masters (its shard), as predict_rank_step predicts to the byte");
   dp::CommunicatorRanks engine(*world, dist::Reduction::engine);
   const Outcome engine_job = train(data, model_config, s, &engine);
   report.note(std::string("the engine's MPI_Allreduce: ") +

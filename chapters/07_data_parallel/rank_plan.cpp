@@ -16,8 +16,10 @@ double step_communication_seconds(const nn::ModelConfig& config, int ranks, Zero
   const auto gradients = static_cast<double>(bytes.gradients);
   if (zero == ZeroStage::replicated) return cluster_all_reduce_seconds(gradients, ranks, cluster);
   // Stages 1 and 2 gather what the optimizer writes: every f32 value (4 bytes per trainable
-  // element, the gradients' bytes) and the 16-bit working copies (half the masters' bytes).
-  const double gathered = gradients + static_cast<double>(bytes.master_weights) / 2;
+  // element, the gradients' bytes) but, under mixed precision, of a Linear weight only its
+  // 16-bit working copy (2 bytes where its master has 4: each rank keeps its shard of the
+  // masters), half the masters' bytes less.
+  const double gathered = gradients - static_cast<double>(bytes.master_weights) / 2;
   const double reduce_scatters =
       zero == ZeroStage::gradients ? static_cast<double>(micro_batches) : 1.0;
   return reduce_scatters * 0.5 * cluster_all_reduce_seconds(gradients, ranks, cluster) +
@@ -31,8 +33,7 @@ RankPlans plan_share(planning::PlanRequest request, const planning::CostModel& c
   RankPlans plans;
   plans.share = dist::share_of(request.batch, ranks, 0).size;
   request.batch = plans.share;
-  request.state_elements = optimizer_state_elements(request.model, ranks, 0, zero);
-  if (zero == ZeroStage::gradients) request.gradient_elements = request.state_elements;
+  request.held = held_elements(request.model, ranks, 0, zero);
   plans.result = planning::make_plan(request, cost);
   return plans;
 }

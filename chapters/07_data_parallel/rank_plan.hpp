@@ -4,12 +4,14 @@
 // Each rank runs its share of the batch as chapter 06 plans a batch: the micro-batch, the
 // precision and the checkpoint policy that fit its memory, fastest first. Rank 0's share is
 // the largest (dist::share_of), so its plan is the one that must fit; its memory is
-// predict_rank_step's (at ZeRO stage 1 the optimizer state of its shard alone). Every plan's
+// predict_rank_step's (at ZeRO stage 1 the optimizer state and f32 masters of its shard
+// alone). Every plan's
 // step time gains the gradient sum on the cluster (comm_model.hpp), which no plan changes:
 // the sum's bytes are the gradients' (f32 in every precision), so accumulation over more
 // micro-batches is what makes it a small share of the step. At stage 1 the sum is a
-// reduce-scatter of the gradients and an all-gather of the parameters (the f32 values and,
-// in fp16 or bf16, their working copies), each half an all-reduce of its bytes. Stage 2
+// reduce-scatter of the gradients and an all-gather of the parameters (the f32 values but,
+// in fp16 or bf16, of the Linear weights only their 16-bit working copies: each rank keeps
+// its shard of the masters), each half an all-reduce of its bytes. Stage 2
 // reduce-scatters after every micro-batch: M of them and one all-gather, so there the plan
 // changes the sum, and accumulation no longer makes it a smaller share of the step (each
 // micro-batch brings its own).
@@ -28,7 +30,8 @@ struct RankPlans {
   planning::PlanResult result;  ///< rank 0's plans, their seconds including the sum
   std::int64_t share = 0;       ///< rank 0's samples of each batch
   /// The modelled gradient sum of each precision's plans (in their seconds): fp32's and
-  /// the 16-bit ones' differ at stages 1 and 2, where the working copies are gathered too.
+  /// the 16-bit ones' differ at stages 1 and 2, where the Linear weights are gathered as
+  /// their 16-bit working copies.
   /// At stage 2, that of a step of one micro-batch.
   double sum_seconds_fp32 = 0, sum_seconds_16bit = 0;
   /// At stage 2, what each further micro-batch of a plan adds to its sum (one

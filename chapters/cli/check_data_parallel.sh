@@ -164,8 +164,9 @@ echo "ZeRO stage 1 snapshots: the simulation's bytes; resumed from step 4, the u
 # dropout and clipping; fp16 dynamic with SGD and checkpointing); shares of 15, 14 and 14
 # in micro-batches of 7 (3, 2 and 2: ranks 1 and 2 add zeros to the third sum); with one
 # micro-batch per rank, stage 1's bytes (one sum per step, the same additions); rank 0's
-# gradients at the step's peak are fewer than stage 0's; a snapshot resumed at stage 2
-# saves the uninterrupted run's bytes.
+# gradients at the step's peak are fewer than stage 0's, and in fp16 its f32 masters about
+# a third; a snapshot at stage 2 in fp16 is the simulation's, and resumed saves the
+# uninterrupted run's bytes.
 for ranks in 2 3 4; do
   same "$ranks" "zero2-fp32-$ranks" --dropout 0.2 --clip-grad-norm 0.5 --zero 2
   same "$ranks" "zero2-fp16-$ranks" --precision fp16 --loss-scale dynamic --clip-grad-norm 0.5 \
@@ -187,15 +188,27 @@ grads() { sed -n 's/^  gradients  *\([0-9.]*\) KiB.*/\1/p' "$1"; }
 awk -v two="$(grads mpi-zero2-fp32-3.txt)" -v all="$(grads mpi-fp32-3.txt)" \
   'BEGIN { exit !(two > 0 && two < all) }' ||
   fail "rank 0's gradients under stage 2 are $(grads mpi-zero2-fp32-3.txt) KiB at the peak, stage 0's $(grads mpi-fp32-3.txt)"
-zero2="$zero1_base --zero 2"
-rm -rf zero2-mpi zero2-part
+grep -q 'ZeRO stage 2: .* (in fp16, its shard of the f32 masters too, and the working copies are what it gathers)' mpi-zero2-fp16-3.txt ||
+  fail "the header does not say that stage 2 in fp16 shards the masters: $(grep '^data parallel' mpi-zero2-fp16-3.txt)"
+masters() { sed -n 's/^  master_weights  *\([0-9.]*\) KiB.*/\1/p' "$1"; }
+awk -v two="$(masters mpi-zero2-fp16-3.txt)" -v all="$(masters mpi-fp16-3.txt)" \
+  'BEGIN { exit !(two > 0 && two < all / 3 * 1.01) }' ||
+  fail "rank 0's f32 masters under stage 2 are $(masters mpi-zero2-fp16-3.txt) KiB at the peak, stage 0's $(masters mpi-fp16-3.txt)"
+# In fp16 each rank holds its shard of the f32 masters: a snapshot gathers them whole (the
+# simulation's bytes), and the resumed ranks shard them again.
+zero2="$zero1_base --precision fp16 --loss-scale dynamic --zero 2"
+rm -rf zero2-mpi zero2-sim zero2-part
 mpirun -np 3 "$bigbatch" train $zero2 --data-parallel --snapshot-dir zero2-mpi --snapshot-every 2 \
   --save zero2-whole.st > zero2-whole.txt 2>&1 || fail "stage 2 with snapshots: $(tail -n 3 zero2-whole.txt)"
+"$bigbatch" train $zero2 --simulate-ranks 3 --snapshot-dir zero2-sim --snapshot-every 4 \
+  > zero2-sim.txt 2>&1 || fail "stage 2 simulated with snapshots: $(tail -n 3 zero2-sim.txt)"
+cmp -s zero2-mpi/step-00000004.safetensors zero2-sim/step-00000004.safetensors ||
+  fail "stage 2 in fp16: the snapshot of step 4 is not the simulation's"
 mkdir zero2-part && cp zero2-mpi/step-00000004.safetensors zero2-part/
 mpirun -np 3 "$bigbatch" train $zero2 --data-parallel --resume zero2-part --save zero2-resumed.st \
   > zero2-resumed.txt 2>&1 && cmp -s zero2-resumed.st zero2-whole.st ||
   fail "stage 2 resumed from step 4 did not save the uninterrupted run's bytes: $(tail -n 3 zero2-resumed.txt)"
-echo "ZeRO stage 2: MPI and simulated ranks saved the same bytes (uneven micro-batches too); stage 1's with one micro-batch per rank; rank 0's gradients at the peak $(grads mpi-zero2-fp32-3.txt) of $(grads mpi-fp32-3.txt) KiB; resumed from step 4, the uninterrupted run's bytes"
+echo "ZeRO stage 2: MPI and simulated ranks saved the same bytes (uneven micro-batches too); stage 1's with one micro-batch per rank; rank 0's gradients at the peak $(grads mpi-zero2-fp32-3.txt) of $(grads mpi-fp32-3.txt) KiB, its fp16 run's f32 masters $(masters mpi-zero2-fp16-3.txt) of $(masters mpi-fp16-3.txt) KiB; in fp16 a snapshot is the simulation's, and resumed from step 4 saves the uninterrupted run's bytes"
 
 # 4. Bad input: exit code 2 and one line on stderr naming the cause.
 refused "--bucket-size with --zero 2" "stage 2 sums each group of gradients as every backward finishes it" \

@@ -424,9 +424,10 @@ void add_zero_flag(CLI::App& app, TrainOptions& o) {
   add_word_option(app, "--zero", o.parallel.zero, kZeroStages,
                   "what the ranks shard (DeepSpeed's ZeRO stages): 0 nothing, every rank "
                   "holds the whole optimizer state; 1 the optimizer state, each rank that of "
-                  "its shard of every parameter (a reduce-scatter, the step of the shard, an "
-                  "all-gather of the parameters); 2 also the gradients, each rank holding "
-                  "its shard's, summed after every micro-batch (no buckets)");
+                  "its shard of every parameter, and in fp16 or bf16 the f32 masters too (a "
+                  "reduce-scatter, the step of the shard, an all-gather of the parameters); "
+                  "2 also the gradients, each rank holding its shard's, summed after every "
+                  "micro-batch (no buckets)");
 }
 
 }  // namespace

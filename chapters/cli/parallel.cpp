@@ -198,6 +198,10 @@ data_parallel::RankGroup* RunRanks::group(nn::Model& model) {
   return group_.get();
 }
 
+void RunRanks::gather_master_weights(nn::Model& model) {
+  if (data_parallel::RankGroup* const ranks = group(model)) ranks->gather_master_weights(model);
+}
+
 std::vector<nn::NamedParameter> RunRanks::stepped_parameters(nn::Model& model) {
   data_parallel::RankGroup* const ranks = group(model);
   return ranks ? ranks->stepped_parameters(model) : model.parameters();
@@ -230,11 +234,7 @@ Device RunRanks::device_of_this_rank(Device requested) const {
 
 checkpointing::StepShape RunRanks::rank_step(checkpointing::StepShape whole) const {
   if (!communicator_) return whole;
-  whole.state_elements =
-      data_parallel::optimizer_state_elements(whole.model, count_, 0, options_.zero);
-  if (options_.zero == data_parallel::ZeroStage::gradients) {
-    whole.gradient_elements = whole.state_elements;
-  }
+  whole.held = data_parallel::held_elements(whole.model, count_, 0, options_.zero);
   whole.batch = dist::share_of(whole.batch, count_, 0).size;
   whole.micro_batch = std::min(whole.micro_batch, whole.batch);
   return whole;
@@ -267,7 +267,8 @@ planning::Plan RunRanks::agreed_plan(const std::function<planning::Plan()>& plan
   return chosen;
 }
 
-std::string RunRanks::describe(std::int64_t batch, std::int64_t micro_batch) const {
+std::string RunRanks::describe(std::int64_t batch, std::int64_t micro_batch,
+                               nn::Precision precision) const {
   std::ostringstream out;
   const dist::Share first = dist::share_of(batch, count_, 0);
   const dist::Share last = dist::share_of(batch, count_, count_ - 1);
@@ -295,6 +296,13 @@ std::string RunRanks::describe(std::int64_t batch, std::int64_t micro_batch) con
     out << "; ZeRO stage 2: each rank holds the optimizer state and the gradient of its "
            "shard of every parameter, reduce-scatters each micro-batch's gradients as its "
            "backward finishes them, then releases them, and all-gathers the parameters";
+  }
+  if (options_.zero != data_parallel::ZeroStage::replicated && nn::is_mixed(precision)) {
+    out << (communicator_ ? " (in " + nn::precision_name(precision) +
+                                ", its shard of the f32 masters too, and the working copies "
+                                "are what it gathers)"
+                          : " (the simulation keeps the f32 masters whole: one process "
+                            "holds every rank)");
   }
   return out.str();
 }

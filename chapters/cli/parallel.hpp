@@ -59,6 +59,10 @@ class RunRanks {
   /// The trainer's ranks (null when off), made on the first call (under --zero 2 and MPI
   /// the ranks take over the model's gradients: RankGroup::take_model).
   data_parallel::RankGroup* group(nn::Model& model);
+  /// Between steps, before the model's f32 masters are read (a snapshot, a save, the
+  /// check that the ranks agree): the ranks' shards of them gathered into the model
+  /// (RankGroup::gather_master_weights, a collective under --zero 1 and 2 in fp16 or bf16).
+  void gather_master_weights(nn::Model& model);
   /// The parameters this process's optimizer steps: the model's, or under --zero 1 and 2
   /// and MPI this rank's shard of each (at stage 2 with the gradient shards it holds).
   std::vector<nn::NamedParameter> stepped_parameters(nn::Model& model);
@@ -85,7 +89,8 @@ class RunRanks {
   /// own measurements would differ cannot choose apart. Alone, `plan`'s.
   planning::Plan agreed_plan(const std::function<planning::Plan()>& plan) const;
   /// "data parallel: 2 ranks under MPI, shares of 32 samples ..." for the run's header.
-  std::string describe(std::int64_t batch, std::int64_t micro_batch) const;
+  std::string describe(std::int64_t batch, std::int64_t micro_batch,
+                       nn::Precision precision) const;
 
  private:
   const ParallelOptions& options_;

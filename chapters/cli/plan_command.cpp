@@ -161,9 +161,10 @@ planning::PlanResult plan_for(const TrainOptions& options, const nn::ModelConfig
                   << (options.parallel.zero == data_parallel::ZeroStage::replicated
                           ? "the sum is the same for every plan)\n"
                       : options.parallel.zero == data_parallel::ZeroStage::optimizer_state
-                          ? "at stage 1 the 16-bit plans also gather their working copies)\n"
+                          ? "at stage 1 the 16-bit plans gather their working copies, not "
+                            "the f32 masters)\n"
                           : "at stage 2 each micro-batch adds a reduce-scatter, and the 16-bit "
-                            "plans also gather their working copies)\n");
+                            "plans gather their working copies, not the f32 masters)\n");
       } else {
         std::cout << "every step time includes the gradient sum modelled on chapter 07's "
                   << "cluster (assumed links, not measured): "

@@ -157,7 +157,8 @@ std::string learning_rate_description(const TrainOptions& options,
 /// The folder snapshots go to and, with --resume, where the run starts from. In a
 /// data-parallel run every rank resumes from the folder's newest snapshot and rank 0 alone
 /// (the writer) holds the folder's lock and writes: the ranks' states are the same (under
-/// --zero 1 once their shards of the optimizer state are gathered, RunRanks::whole_optimizer).
+/// --zero 1 and 2 once their shards of the optimizer state and of the f32 masters are
+/// gathered: RunRanks::whole_optimizer, gather_master_weights).
 class SnapshotSetup {
  public:
   SnapshotSetup(const TrainOptions& options, bool writer)
@@ -373,7 +374,7 @@ int run_train(TrainOptions options) {
     std::cout << " (the last micro-batch has " << batch % micro_batch << " samples)";
   }
   std::cout << "\nprecision " << precision_description(model_shape.precision, config) << "\n";
-  if (ranks.enabled()) std::cout << ranks.describe(batch, micro_batch) << "\n";
+  if (ranks.enabled()) std::cout << ranks.describe(batch, micro_batch, model_shape.precision) << "\n";
   if (checkpoint.asked != checkpoint.policy) {
     std::cout << "checkpoint " << checkpoint.asked.text() << ": " << checkpoint.policy.text()
               << ", the policy of fewest recomputations whose predicted step fits\n";
@@ -415,7 +416,8 @@ int run_train(TrainOptions options) {
   double reduce_seconds = 0;  // the steps' gradient sums over ranks
   const auto write_snapshot = [&] {
     if (log.is_open()) log.flush();  // every line up to the snapshot's step is in the file
-    // Under --zero 1 every rank's shard of the state, gathered: stage 0's tensors.
+    // Under --zero 1 and 2 every rank's shard of the state, gathered: stage 0's tensors.
+    ranks.gather_master_weights(model);
     const auto whole = ranks.whole_optimizer(model, optimizer, /*gather=*/true);
     snapshots.write(model, whole ? *whole : optimizer, trainer, settings);
   };
@@ -468,6 +470,7 @@ int run_train(TrainOptions options) {
   }
   std::signal(SIGINT, SIG_DFL);
   std::signal(SIGTERM, SIG_DFL);
+  ranks.gather_master_weights(model);  // the masters whole again: compared and saved
   ranks.check_parameters_agree(model);
   progress.break_line();
   if (snapshots.enabled() && snapshots.last_step() != trainer.steps_done()) write_snapshot();

@@ -217,30 +217,87 @@ train::TrainConfig uneven_shares_run(std::int64_t steps) {
 // micro-batches of 7 (7, 7, 3 and 7, 7, 2), AdamW, a loss scale (the boundary's 12 bytes).
 TEST(RankMemory, EveryRanksStepIsPredictedToTheByte) {
   const Dataset data = testing::tiny_data(200);
-  const nn::ModelConfig config = testing::tiny_model(2, 0.0f);
   const AdamWOptions adamw{.lr = 1e-3};
   const train::TrainConfig run = uneven_shares_run(2);
-  for (const data_parallel::ZeroStage zero : {data_parallel::ZeroStage::replicated,
-                                              data_parallel::ZeroStage::optimizer_state,
-                                              data_parallel::ZeroStage::gradients}) {
-    nn::Model model(config, Device::cpu());
-    data_parallel::CommunicatorRanks ranks(world(), dist::Reduction::deterministic, zero);
-    ranks.take_model(model);
-    nn::Optimizer optimizer(ranks.stepped_parameters(model), adamw);
-    train::Trainer trainer(model, optimizer, data, run, &ranks);
-    const nn::StepPrediction predicted = data_parallel::predict_rank_step(
-        config, run.batch, run.micro_batch, adamw, world().size(), world().rank(), zero,
-        nullptr, trainer.boundary_bytes());
-    for (int step = 1; step <= run.steps; ++step) {
-      const MemoryStats measured = trainer.step().memory;
-      EXPECT_EQ(measured.peak_total, predicted.stats.peak_total)
-          << "stage " << data_parallel::setting_text(zero) << ", rank " << world().rank()
-          << ", step " << step;
-      MemoryStats::PerCategory at_peak = measured.at_peak;
-      at_peak[static_cast<std::size_t>(MemoryCategory::host_data)] = 0;  // the data set: no step's
-      EXPECT_EQ(at_peak, predicted.stats.at_peak)
-          << "stage " << data_parallel::setting_text(zero) << ", rank " << world().rank();
+  // fp16: at stages 1 and 2 each rank holds its shard of the f32 masters alone.
+  for (const nn::Precision precision : {nn::Precision::fp32, nn::Precision::fp16}) {
+    nn::ModelConfig config = testing::tiny_model(2, 0.0f);
+    config.precision = precision;
+    for (const data_parallel::ZeroStage zero : {data_parallel::ZeroStage::replicated,
+                                                data_parallel::ZeroStage::optimizer_state,
+                                                data_parallel::ZeroStage::gradients}) {
+      const std::string at = "stage " + data_parallel::setting_text(zero) + ", " +
+                             nn::precision_name(precision) + ", rank " +
+                             std::to_string(world().rank());
+      nn::Model model(config, Device::cpu());
+      data_parallel::CommunicatorRanks ranks(world(), dist::Reduction::deterministic, zero);
+      ranks.take_model(model);
+      nn::Optimizer optimizer(ranks.stepped_parameters(model), adamw);
+      train::Trainer trainer(model, optimizer, data, run, &ranks);
+      const nn::StepPrediction predicted = data_parallel::predict_rank_step(
+          config, run.batch, run.micro_batch, adamw, world().size(), world().rank(), zero,
+          nullptr, trainer.boundary_bytes());
+      for (int step = 1; step <= run.steps; ++step) {
+        const MemoryStats measured = trainer.step().memory;
+        EXPECT_EQ(measured.peak_total, predicted.stats.peak_total) << at << ", step " << step;
+        MemoryStats::PerCategory at_peak = measured.at_peak;
+        at_peak[static_cast<std::size_t>(MemoryCategory::host_data)] = 0;  // the data set: no step's
+        EXPECT_EQ(at_peak, predicted.stats.at_peak) << at;
+      }
     }
+  }
+}
+
+// Sharded masters (stages 1 and 2 in fp16): the model holds none while it trains, and
+// gathering them gives every rank the whole masters, the same bytes on every rank, which
+// the next step shards again and steps from.
+TEST(ShardedMasters, AreGatheredWholeBetweenStepsAndShardedAgain) {
+  const Dataset data = testing::tiny_data(200);
+  nn::ModelConfig config = testing::tiny_model(2, 0.1f);
+  config.precision = nn::Precision::fp16;
+  const train::TrainConfig run = uneven_shares_run(3);
+  const auto masters = [](const nn::Model& model) {
+    std::vector<float> all;
+    for (const nn::NamedParameter& p : model.parameters()) {
+      if (!p.half.defined()) continue;
+      const std::vector<float> values = p.value.to_vector<float>();
+      all.insert(all.end(), values.begin(), values.end());
+    }
+    return all;
+  };
+  for (const data_parallel::ZeroStage zero : {data_parallel::ZeroStage::optimizer_state,
+                                              data_parallel::ZeroStage::gradients}) {
+    std::vector<std::vector<float>> gathered;
+    for (const bool gather_between : {false, true}) {
+      nn::Model model(config, Device::cpu());
+      data_parallel::CommunicatorRanks ranks(world(), dist::Reduction::deterministic, zero);
+      ranks.take_model(model);
+      nn::Optimizer optimizer(ranks.stepped_parameters(model), AdamWOptions{.lr = 1e-2});
+      train::Trainer trainer(model, optimizer, data, run, &ranks);
+      const std::vector<float> initial = masters(model);
+      for (int step = 1; step <= run.steps; ++step) {
+        trainer.step();
+        EXPECT_FALSE(model.holds_master_weights()) << "the model holds its masters in training";
+        if (gather_between) {
+          ranks.gather_master_weights(model);
+          ASSERT_TRUE(model.holds_master_weights());
+        }
+      }
+      ranks.gather_master_weights(model);
+      ASSERT_TRUE(model.holds_master_weights());
+      const std::vector<float> mine = masters(model);
+      EXPECT_NE(mine, initial) << "the steps changed no master";
+      // Every rank's bytes are rank 0's: the CRC of each rank's masters, gathered.
+      const std::uint32_t crc = dist::fingerprint(
+          {reinterpret_cast<const std::byte*>(mine.data()), mine.size() * sizeof(float)});
+      for (const std::uint64_t other : world().all_gather(std::uint64_t{crc})) {
+        EXPECT_EQ(other, crc) << "stage " << data_parallel::setting_text(zero);
+      }
+      gathered.push_back(mine);
+    }
+    EXPECT_EQ(gathered[1], gathered[0])
+        << "gathering between steps changed the training, stage "
+        << data_parallel::setting_text(zero);
   }
 }
 
