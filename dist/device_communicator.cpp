@@ -29,6 +29,10 @@ void DeviceCommunicator::all_reduce_sum(std::span<float>, Reduction) { refuse();
 void DeviceCommunicator::reduce_scatter_sum(std::span<float>, Reduction) { refuse(); }
 void DeviceCommunicator::all_gather_shares(std::span<float>) { refuse(); }
 void DeviceCommunicator::all_gather_shares(std::span<std::uint16_t>) { refuse(); }
+void DeviceCommunicator::start_beside(std::span<const std::span<float>>, Reduction, bool) {
+  refuse();
+}
+void DeviceCommunicator::join_beside() { refuse(); }
 void add_in_rank_order_on_device(std::span<float>, std::span<const float>) { refuse(); }
 
 #endif

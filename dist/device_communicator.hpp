@@ -18,6 +18,13 @@
 // The calls are queued on the default stream, in order with the kernels that made the
 // gradients and before those that read the sums; none waits for the GPU.
 //
+// Overlap (chapter 07's buckets) runs the sums beside the backward instead: start_beside
+// queues a bucket's sums on a stream of the communicator's own, behind an event recorded
+// on the default stream (they start once the kernels that made the bucket are done, and
+// the backward's next kernels run meanwhile); join_beside makes the default stream wait
+// for every sum started (an event), so the kernels queued after it read the sums. Neither
+// waits on the host. The sums' arithmetic is the same on either stream: the same bits.
+//
 // Memory: NCCL's own buffers and the deterministic sum's pieces (the largest buffer summed
 // so far) are device memory of the engine's, outside the tracking allocator, as the host
 // engine's buffers are outside it on the CPU.
@@ -52,6 +59,14 @@ class DeviceCommunicator final : public Collectives {
   void reduce_scatter_sum(std::span<float> values, Reduction reduction) override;
   void all_gather_shares(std::span<float> values) override;
   void all_gather_shares(std::span<std::uint16_t> values) override;
+
+  /// Queues the sums of `buffers` (an all-reduce of each, or with own_shards a
+  /// reduce-scatter) on the side stream, after the work the default stream holds now.
+  /// The buffers must not be touched until join_beside.
+  void start_beside(std::span<const std::span<float>> buffers, Reduction reduction,
+                    bool own_shards);
+  /// The default stream's next work waits for every sum start_beside queued.
+  void join_beside();
 
  private:
   struct Engine;  // NCCL's communicator and the pieces' buffer (device_communicator.cu)

@@ -2,8 +2,9 @@
 // (dist::DeviceCommunicator). One GPU is one NCCL rank (NCCL refuses two ranks on one
 // device), so on one GPU these tests check what one rank can: the rank-order additions of
 // the deterministic sum on the GPU against the host's, bit for bit; every collective
-// leaving a one-rank buffer as it is; and a data-parallel trainer of one rank on the GPU,
-// stages 0 and 1, against the plain trainer on the GPU, bit for bit. Several ranks on
+// leaving a one-rank buffer as it is; the overlapped sums ordered with the default stream;
+// and a data-parallel trainer of one rank on the GPU, stages 0 and 1, with and without
+// overlap, against the plain trainer on the GPU, bit for bit. Several ranks on
 // NCCL need several GPUs. Skipped, saying why, without a GPU or without NCCL.
 #include <gtest/gtest.h>
 
@@ -16,6 +17,7 @@
 #include "common/cuda_runtime.hpp"
 #include "dist/communicator.hpp"
 #include "dist/device_communicator.hpp"
+#include "kernels/fill.hpp"
 #include "tests/harness.hpp"
 #include "tests/tiny_training.hpp"
 
@@ -105,6 +107,37 @@ TEST(DeviceCommunicator, OneRankLeavesEveryBufferAsItIs) {
   EXPECT_EQ(back, words);
 }
 
+// Overlap's side stream is ordered by events: the sums it starts wait for the default
+// stream's work queued before (here a fill that must land first), and after join_beside
+// the default stream's next work waits for them (a fill that must land last). The
+// deterministic sum of one rank copies its buffer out and writes the sum back, so a sum
+// run out of order would leave the other value. A buffer of 64 Mi floats: long enough
+// that a missing wait would lose the race.
+TEST(DeviceCommunicator, SumsBesideTheDefaultStreamKeepItsOrder) {
+  SKIP_WITHOUT_NCCL();
+  dist::Communicator& world = dist::Communicator::world();
+  if (world.size() != 1) GTEST_SKIP() << "one rank only (this process has " << world.size() << ")";
+  dist::DeviceCommunicator nccl(world);
+  const std::int64_t n = std::int64_t{1} << 26;
+  for (const bool own_shards : {false, true}) {
+    Tensor buffer = Tensor::zeros({n}, DType::f32, Device::cuda());
+    const std::span<float> on_device(buffer.data<float>(), static_cast<std::size_t>(n));
+    const std::span<float> buckets[] = {on_device};
+    fill(buffer, 2.0);  // queued: the sum must wait for it
+    nccl.start_beside(buckets, dist::Reduction::deterministic, own_shards);
+    nccl.join_beside();
+    const std::vector<float> after_sum = buffer.to_vector<float>();
+    EXPECT_EQ(after_sum.front(), 2.0f);
+    EXPECT_EQ(after_sum.back(), 2.0f);
+    nccl.start_beside(buckets, dist::Reduction::deterministic, own_shards);
+    nccl.join_beside();
+    fill(buffer, 3.0);  // queued after the join: it must land after the sum's write
+    const std::vector<float> after_fill = buffer.to_vector<float>();
+    EXPECT_EQ(after_fill.front(), 3.0f);
+    EXPECT_EQ(after_fill.back(), 3.0f);
+  }
+}
+
 std::vector<std::vector<float>> values(const nn::Model& model) {
   std::vector<std::vector<float>> all;
   for (const nn::NamedParameter& p : model.parameters()) all.push_back(p.value.to_vector<float>());
@@ -112,9 +145,11 @@ std::vector<std::vector<float>> values(const nn::Model& model) {
 }
 
 // One rank on the GPU is the single process on the GPU: its sum over one rank leaves the
-// gradients as they are, its stage 1 shard is every element, and its optimizer steps the
-// same tensors (at stage 1 through views of them). fp16 with dynamic scaling, so that the
-// boundary measures the pieces the ranks give it and the f16 working copies are gathered.
+// gradients as they are, its stage 1 shard is every element (the f32 masters' too, held
+// by the group and gathered back at the end), and its optimizer steps the same tensors (at
+// stage 1 through views of them). fp16 with dynamic scaling, so that the boundary measures
+// the pieces the ranks give it and the f16 working copies are gathered; the sums after
+// the backward and overlapping it on NCCL's side stream (every group its own bucket).
 TEST(DeviceCommunicator, OneRankTrainsAsTheSingleProcessOnTheGpuBitForBit) {
   SKIP_WITHOUT_NCCL();
   dist::Communicator& world = dist::Communicator::world();
@@ -130,12 +165,14 @@ TEST(DeviceCommunicator, OneRankTrainsAsTheSingleProcessOnTheGpuBitForBit) {
   model_config.precision = nn::Precision::fp16;
   const auto run = [&](data_parallel::RankGroup* ranks) {
     nn::Model model(model_config, Device::cuda());
+    if (ranks) ranks->take_model(model);
     nn::Optimizer optimizer(ranks ? ranks->stepped_parameters(model) : model.parameters(),
                             AdamWOptions{.lr = 1e-2});
     train::Trainer trainer(model, optimizer, data, config, ranks);
     std::vector<float> losses;
     for (int k = 0; k < config.steps; ++k) losses.push_back(trainer.step().loss);
     EXPECT_GT(optimizer.steps_taken(), 0) << "every step skipped: nothing was compared";
+    if (ranks) ranks->gather_master_weights(model);
     return std::pair{losses, values(model)};
   };
   const auto plain = run(nullptr);
@@ -143,9 +180,12 @@ TEST(DeviceCommunicator, OneRankTrainsAsTheSingleProcessOnTheGpuBitForBit) {
                           data_parallel::ZeroStage::optimizer_state}) {
     for (const dist::Reduction reduction :
          {dist::Reduction::deterministic, dist::Reduction::engine}) {
-      data_parallel::CommunicatorRanks ranks(world, reduction, zero);
-      EXPECT_EQ(run(&ranks), plain) << "stage " << data_parallel::setting_text(zero) << ", "
-                                    << dist::reduction_name(reduction);
+      for (const std::size_t bucket_bytes : {std::size_t{0}, std::size_t{1}}) {
+        data_parallel::CommunicatorRanks ranks(world, reduction, zero, bucket_bytes);
+        EXPECT_EQ(run(&ranks), plain) << "stage " << data_parallel::setting_text(zero) << ", "
+                                      << dist::reduction_name(reduction) << ", buckets of "
+                                      << bucket_bytes << " bytes";
+      }
     }
   }
 }

@@ -330,7 +330,11 @@ float CommunicatorRanks::reduce(nn::Model& model, std::span<const float> losses)
                    gradients_sent_ + open_bucket_.size(), " of ", parameters.size(),
                    " gradients");
     if (!open_bucket_.empty()) start_open_bucket();
-    buckets_->finish();
+    if (buckets_) {
+      buckets_->finish();
+    } else {
+      on_device_->join_beside();  // the boundary's kernels, queued next, read the sums
+    }
     gradients_sent_ = 0;
   } else {
     for (const nn::NamedParameter& p : parameters) sum_gradient(p.grad);
@@ -354,7 +358,12 @@ void CommunicatorRanks::gradients_ready(nn::Model& model, std::size_t first, std
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     return;
   }
-  if (!buckets_) {
+  const std::vector<nn::NamedParameter> parameters = model.parameters();
+  BIGBATCH_CHECK(first <= end && end <= parameters.size(), "CommunicatorRanks: gradients [",
+                 first, ", ", end, ") of ", parameters.size());
+  // Host gradients sum in dist::BucketedSum on MPI; CUDA gradients on NCCL's side stream.
+  const bool on_host = model.device().is_cpu();
+  if (on_host && !buckets_) {
     // Made in the first step, a collective every rank reaches only once the ranks have
     // agreed on their settings (a rank with another bucket size is refused before it).
     buckets_ = std::make_unique<dist::BucketedSum>(
@@ -362,18 +371,12 @@ void CommunicatorRanks::gradients_ready(nn::Model& model, std::size_t first, std
         zero_ == ZeroStage::replicated ? dist::BucketedSum::Result::every_rank
                                        : dist::BucketedSum::Result::own_shards);
   }
-  const std::vector<nn::NamedParameter> parameters = model.parameters();
-  BIGBATCH_CHECK(first <= end && end <= parameters.size(), "CommunicatorRanks: gradients [",
-                 first, ", ", end, ") of ", parameters.size());
   for (std::size_t i = first; i < end; ++i) {
-    BIGBATCH_CHECK(parameters[i].grad.device().is_cpu(), "CommunicatorRanks: the buckets sum "
-                   "host gradients on MPI; ", parameters[i].name, " is on ",
-                   parameters[i].grad.device().name(), " (overlap on NCCL is not built)");
     open_bucket_.push_back(elements(parameters[i].grad));
     open_bytes_ += parameters[i].grad.nbytes();
   }
   if (open_bytes_ >= bucket_bytes_) start_open_bucket();
-  buckets_->progress();
+  if (buckets_) buckets_->progress();  // NCCL moves its sums on its own
   seconds_in_backward_ +=
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
@@ -408,7 +411,13 @@ void CommunicatorRanks::gather_shares(const Tensor& t) {
 }
 
 void CommunicatorRanks::start_open_bucket() {
-  buckets_->start(open_bucket_);
+  if (buckets_) {
+    buckets_->start(open_bucket_);
+  } else {
+    // CUDA gradients: the first sum of device memory makes NCCL's communicator.
+    if (!on_device_) on_device_ = std::make_unique<dist::DeviceCommunicator>(communicator_);
+    on_device_->start_beside(open_bucket_, reduction_, zero_ != ZeroStage::replicated);
+  }
   gradients_sent_ += open_bucket_.size();
   open_bucket_.clear();
   open_bytes_ = 0;

@@ -209,14 +209,16 @@ class SimulatedRanks final : public RankGroup {
 /// With bucket_bytes > 0 the sum overlaps the last micro-batch's backward: the gradients
 /// are gathered, in the order the backward finishes them (the head, the last block, ...,
 /// the stem), into buckets of at least bucket_bytes (the last one what remains), and each
-/// bucket's sum starts as soon as it is full (dist::BucketedSum); reduce() waits for the
-/// rest. Under the deterministic reduction every element is the same rank-order sum as
+/// bucket's sum starts as soon as it is full (dist::BucketedSum on MPI; for CUDA
+/// gradients, NCCL's side stream, DeviceCommunicator::start_beside); reduce() waits for the
+/// rest (on the GPU, has the default stream wait). Under the deterministic reduction every element is the same rank-order sum as
 /// without buckets, so the bits are those of bucket_bytes = 0 (one sum per tensor after
 /// the backward) and of the simulation.
 class CommunicatorRanks final : public RankGroup {
  public:
   /// With bucket_bytes > 0, the first step's backward makes the buckets' communicators
-  /// (dist::BucketedSum, a collective), after the ranks have compared their settings.
+  /// (dist::BucketedSum for host gradients, NCCL's for CUDA ones: collectives), after the
+  /// ranks have compared their settings.
   /// Stage 2 sums in every backward without buckets (bucket_bytes must be 0).
   CommunicatorRanks(dist::Communicator& communicator, dist::Reduction reduction,
                     ZeroStage zero = ZeroStage::replicated, std::size_t bucket_bytes = 0);
@@ -277,7 +279,8 @@ class CommunicatorRanks final : public RankGroup {
   ZeroStage zero_;
   std::size_t bucket_bytes_ = 0;
   std::unique_ptr<dist::DeviceCommunicator> on_device_;  // made at the first CUDA sum
-  std::unique_ptr<dist::BucketedSum> buckets_;  // made in the first overlapped backward
+  std::unique_ptr<dist::BucketedSum> buckets_;  // host gradients: made in the first
+                                                // overlapped backward
   std::vector<std::span<float>> open_bucket_;   // final gradients not yet sent
   std::size_t open_bytes_ = 0;
   std::size_t gradients_sent_ = 0;  // this step's, to check that every one was

@@ -3,8 +3,8 @@
 # `bigbatch train --device cuda` end to end, in fp32, in fp16 with dynamic loss scaling and
 # in bf16: exit 0, one log line per step with a finite loss, a test accuracy. Then chapter
 # 07 on the GPU: one rank of --data-parallel, its gradients summed by NCCL (both
-# reductions, ZeRO stages 0 and 1; stage 2 with one micro-batch per step), saves the
-# single-process run's bytes. Exits 77
+# reductions, ZeRO stages 0 and 1, summed after the backward or overlapping it on NCCL's
+# own stream; stage 2 with one micro-batch per step), saves the single-process run's bytes. Exits 77
 # (CTest's skip) with the reason when this machine has no usable GPU.
 set -u
 bigbatch=$1
@@ -29,7 +29,8 @@ run="--device cuda --data synthetic --samples 2000 --depth 2 --hidden 32 --batch
   --micro-batch 24 --steps 5 --dropout 0.1 --precision fp16 --loss-scale dynamic"
 # shellcheck disable=SC2086 # the run's words
 "$bigbatch" train $run --save single.st > single.txt 2>&1 || { cat single.txt; echo "FAIL: the single run"; exit 1; }
-for ranks in "--reduction deterministic" "--reduction engine" "--zero 1" "--zero 1 --reduction engine"; do
+for ranks in "--reduction deterministic" "--reduction engine" "--zero 1" "--zero 1 --reduction engine" \
+  "--bucket-size 1" "--zero 1 --bucket-size 2KiB --reduction engine"; do
   # shellcheck disable=SC2086
   "$bigbatch" train $run --data-parallel $ranks --save rank.st > rank.txt 2>&1
   code=$?

@@ -99,11 +99,6 @@ void RunRanks::check_run(const TrainOptions& options, const nn::ModelConfig& mod
       throw UsageError(device + " with --simulate-ranks: the simulation adds its ranks' "
                        "gradients on the CPU; use --device cpu, or --data-parallel (NCCL)");
     }
-    if (options_.bucket_bytes > 0) {
-      throw UsageError(device + " with --bucket-size: the sum overlaps the backward on the "
-                       "CPU's ranks only (on NCCL it needs a stream of its own, not built); "
-                       "the CUDA ranks sum after the backward (--bucket-size 0)");
-    }
     if (!dist::DeviceCommunicator::compiled()) {
       throw UsageError(device + " with " + ranks + ": the ranks sum CUDA gradients on NCCL, "
                        "and this bigbatch was built without it (nccl.h and libnccl beside the "
