@@ -252,8 +252,8 @@ void CommunicatorRanks::take_model(nn::Model& model) {
   model.release_gradients(0, parameters.size());
   for (const nn::NamedParameter& p : parameters) {
     shard_gradients_.push_back(Tensor::zeros(
-        {dist::share_of(p.value.numel(), ranks(), communicator_.rank()).size}, DType::f32,
-        model.device(), MemoryCategory::gradients));
+        {dist::share_of(shape_numel(p.shape()), ranks(), communicator_.rank()).size},
+        DType::f32, model.device(), MemoryCategory::gradients));
   }
 }
 
@@ -362,8 +362,7 @@ void CommunicatorRanks::gradients_ready(nn::Model& model, std::size_t first, std
   BIGBATCH_CHECK(first <= end && end <= parameters.size(), "CommunicatorRanks: gradients [",
                  first, ", ", end, ") of ", parameters.size());
   // Host gradients sum in dist::BucketedSum on MPI; CUDA gradients on NCCL's side stream.
-  const bool on_host = model.device().is_cpu();
-  if (on_host && !buckets_) {
+  if (model.device().is_cpu() && !buckets_) {
     // Made in the first step, a collective every rank reaches only once the ranks have
     // agreed on their settings (a rank with another bucket size is refused before it).
     buckets_ = std::make_unique<dist::BucketedSum>(
@@ -463,8 +462,8 @@ void CommunicatorRanks::gather_parameters(nn::Model& model) {
   const std::vector<nn::NamedParameter> parameters = model.parameters();
   for (std::size_t i = 0; i < parameters.size(); ++i) {
     // A sharded master stays with its rank: the forward reads the working copy alone.
-    const bool master_held = !master_shards_.empty() && master_shards_[i].defined();
-    if (!master_held) gather_shares(parameters[i].value);
+    const bool master_sharded = !master_shards_.empty() && master_shards_[i].defined();
+    if (!master_sharded) gather_shares(parameters[i].value);
     if (parameters[i].half.defined()) gather_shares(parameters[i].half);
   }
 }
