@@ -142,12 +142,25 @@ void MemoryLedger::reset_peak(const std::string& moment) {
 // ---- the model ----------------------------------------------------------------------------
 
 ModelLedger::ModelLedger(const ModelConfig& config, MemoryLedger& ledger,
-                         bool released_gradients)
-    : config_(config), ledger_(ledger), released_gradients_(released_gradients) {}
+                         bool released_gradients, std::size_t bucket_bytes)
+    : config_(config), ledger_(ledger), released_gradients_(released_gradients),
+      bucket_bytes_(bucket_bytes) {}
 
 Bytes ModelLedger::gradients(std::int64_t elements, const std::string& what) {
   if (!released_gradients_) return nullptr;
   return ledger_.allocate(MemoryCategory::gradients, 4 * to_size(elements), moment(what));
+}
+
+void ModelLedger::gradients_done(Bytes gradients, bool last) {
+  if (!released_gradients_ || bucket_bytes_ == 0) return;  // released as the handle goes
+  open_bytes_ += gradients ? gradients->bytes : 0;
+  open_.push_back(std::move(gradients));
+  if (open_bytes_ >= bucket_bytes_ || last) {
+    // The bucket in flight is waited for and released; the open one starts its sum.
+    in_flight_ = std::exchange(open_, {});
+    open_bytes_ = 0;
+  }
+  if (last) in_flight_.clear();  // the backward's end waits for every sum
 }
 
 void ModelLedger::start_micro_batch(std::int64_t rows, std::string label) {
@@ -200,7 +213,7 @@ Bytes ModelLedger::block_backward(std::int64_t index, const BlockBytes& saved) {
   const std::size_t state = hidden_state_bytes(), inner = state * to_size(config_.expansion);
   const std::int64_t h = config_.hidden, e = config_.expansion * config_.hidden;
   // ln's weight and bias, fc1's and fc2's weight and bias.
-  const Bytes gradients_of_block =
+  Bytes gradients_of_block =
       gradients(2 * h + (e * h + e) + (h * e + h), block + "the block's gradients");
   const Bytes d_hidden = workspace(inner, block + "fc2's input gradient");
   Bytes hidden = saved.hidden;
@@ -218,6 +231,7 @@ Bytes ModelLedger::block_backward(std::int64_t index, const BlockBytes& saved) {
   if (config_.norm == Norm::batch) {  // kernels/batchnorm: the batch means of dy, dy xhat
     workspace(8 * to_size(config_.hidden), block + "BatchNorm's batch means");
   }
+  gradients_done(std::move(gradients_of_block), /*last=*/false);
   return d_input;
 }
 
@@ -267,7 +281,10 @@ StepPrediction predict_step(const ModelConfig& c, std::int64_t batch, std::int64
   }
   ledger.reset_peak(before);
 
-  ModelLedger model(c, ledger, released_gradients);
+  BIGBATCH_CHECK(held.gradient_bucket_bytes == 0 || released_gradients,
+                 "predict_step: gradient buckets of ", held.gradient_bucket_bytes,
+                 " bytes for gradients held whole");
+  ModelLedger model(c, ledger, released_gradients, held.gradient_bucket_bytes);
   Bytes loss = ledger.allocate(MemoryCategory::workspace, 4, "the loss");
   std::int64_t micro_batches = 0;
   for (std::int64_t begin = 0; begin < batch; begin += micro_batch) {
@@ -314,7 +331,7 @@ StepPrediction predict_step(const ModelConfig& c, std::int64_t batch, std::int64
       dh = model.workspace(hidden_state, "backward: the head's input gradient");
       if (c.norm == Norm::batch) model.workspace(8 * h, "backward: head.ln's batch means");
     }
-    head_gradients = nullptr;  // summed over ranks and released, under released gradients
+    model.gradients_done(std::move(head_gradients), /*last=*/false);  // summed over ranks
     head_input = head_normed = head_mean = head_rstd = nullptr;
     // The blocks, last first.
     if (runner) {
@@ -327,7 +344,9 @@ StepPrediction predict_step(const ModelConfig& c, std::int64_t batch, std::int64
     }
     // The stem's backward works in place and allocates nothing but its gradients, when
     // they were released; the rest goes here.
-    model.gradients(c.inputs * c.hidden + c.hidden, "backward: the stem's gradients");
+    model.gradients_done(model.gradients(c.inputs * c.hidden + c.hidden,
+                                         "backward: the stem's gradients"),
+                         /*last=*/true);
   }
   loss = nullptr;  // read back and released as accumulate_gradients returns
   StepPrediction p;

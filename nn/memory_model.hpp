@@ -128,8 +128,10 @@ class ModelLedger {
   /// A model of `config` replayed on `ledger`, which must outlive it. released_gradients:
   /// the model's gradients are released after every backward (Model::release_gradients,
   /// ZeRO stage 2), so each group's backward allocates its gradients again, live until the
-  /// group is done; otherwise they live through the step and are not replayed here.
-  ModelLedger(const ModelConfig& config, MemoryLedger& ledger, bool released_gradients = false);
+  /// group is done (gradients_done); otherwise they live through the step and are not
+  /// replayed here. bucket_bytes: HeldElements::gradient_bucket_bytes.
+  ModelLedger(const ModelConfig& config, MemoryLedger& ledger, bool released_gradients = false,
+              std::size_t bucket_bytes = 0);
   /// Sets the rows of the following allocations and the label that prefixes their moments.
   void start_micro_batch(std::int64_t rows, std::string label);
 
@@ -143,6 +145,10 @@ class ModelLedger {
   /// Under released gradients, `elements` f32 of MemoryCategory::gradients that a
   /// backward allocates for a group of parameters (`what` names it); else nothing (null).
   MemoryLedger::Bytes gradients(std::int64_t elements, const std::string& what);
+  /// The backward has finished a group's `gradients` (from gradients()): released now or,
+  /// with buckets, once the bucket after its own is full or the backward ends (`last`: the
+  /// stem's group, the backward's last).
+  void gradients_done(MemoryLedger::Bytes gradients, bool last);
   /// A copy of a hidden state h_i into MemoryCategory::checkpoints.
   MemoryLedger::Bytes checkpoint(std::int64_t state);
 
@@ -162,6 +168,9 @@ class ModelLedger {
   ModelConfig config_;
   MemoryLedger& ledger_;
   bool released_gradients_ = false;
+  std::size_t bucket_bytes_ = 0;
+  std::vector<MemoryLedger::Bytes> open_, in_flight_;  // with buckets: groups not released
+  std::size_t open_bytes_ = 0;
   std::int64_t rows_ = 0;
   std::string label_;
 };
@@ -204,6 +213,12 @@ struct HeldElements {
   /// The f32 master elements of the Linear weights held under mixed precision (stages 1
   /// and 2: the model keeps only the 16-bit working copies whole); fp32 has no masters.
   std::int64_t master_weights = -1;
+  /// With gradients held in part (stage 2): 0, each group of the model's gradients is
+  /// released as soon as the backward finishes it (its sum taken at once); else the groups
+  /// are summed in buckets of at least this many bytes, overlapping the backward, and a
+  /// bucket's groups are released when the next bucket is full (its sum having run
+  /// meanwhile) or the backward ends.
+  std::size_t gradient_bucket_bytes = 0;
 };
 
 /// Replays the step. runner: nullptr for the model's own order (every block's activations

@@ -50,7 +50,7 @@ std::vector<nn::NamedParameter> parameter_shards(const std::vector<nn::NamedPara
 }
 
 nn::HeldElements held_elements(const nn::ModelConfig& config, int ranks, int rank,
-                               ZeroStage zero) {
+                               ZeroStage zero, std::size_t bucket_bytes) {
   if (zero == ZeroStage::replicated) return {};
   const auto shards = [&](const std::vector<std::int64_t>& sizes) {
     std::int64_t elements = 0;
@@ -60,7 +60,10 @@ nn::HeldElements held_elements(const nn::ModelConfig& config, int ranks, int ran
   nn::HeldElements held;
   held.optimizer_state = shards(nn::trainable_sizes(config));
   held.master_weights = shards(nn::master_weight_sizes(config));
-  if (zero == ZeroStage::gradients) held.gradients = held.optimizer_state;
+  if (zero == ZeroStage::gradients) {
+    held.gradients = held.optimizer_state;
+    held.gradient_bucket_bytes = bucket_bytes;
+  }
   return held;
 }
 
@@ -68,10 +71,10 @@ nn::StepPrediction predict_rank_step(const nn::ModelConfig& config, std::int64_t
                                      std::int64_t micro_batch,
                                      const nn::Optimizer::Options& optimizer, int ranks,
                                      int rank, ZeroStage zero, nn::BlockLedgerRunner* runner,
-                                     std::size_t held_workspace) {
+                                     std::size_t held_workspace, std::size_t bucket_bytes) {
   return nn::predict_step(config, dist::share_of(batch, ranks, rank).size, micro_batch,
                           optimizer, runner, held_workspace,
-                          held_elements(config, ranks, rank, zero));
+                          held_elements(config, ranks, rank, zero, bucket_bytes));
 }
 
 Device device_of_rank(Device requested, int local_rank, int local_ranks, int devices) {
@@ -227,11 +230,7 @@ CommunicatorRanks::CommunicatorRanks(dist::Communicator& communicator,
                                      dist::Reduction reduction, ZeroStage zero,
                                      std::size_t bucket_bytes)
     : communicator_(communicator), reduction_(reduction), zero_(zero),
-      bucket_bytes_(bucket_bytes) {
-  BIGBATCH_CHECK(zero_ != ZeroStage::gradients || bucket_bytes_ == 0, "CommunicatorRanks: ",
-                 "stage 2 sums every micro-batch's gradients as the backward finishes them, "
-                 "without buckets");
-}
+      bucket_bytes_(bucket_bytes) {}
 
 void CommunicatorRanks::take_model(nn::Model& model) {
   BIGBATCH_CHECK(shard_gradients_.empty() && master_shards_.empty(),
@@ -288,21 +287,76 @@ void CommunicatorRanks::gather_master_weights(nn::Model& model) {
   }
 }
 
+void CommunicatorRanks::add_to_shard(std::size_t i, const Tensor& summed) {
+  const Tensor sum = shard_view(summed, ranks(), communicator_.rank());
+  if (rounds_done_ == 0) {
+    shard_gradients_[i].copy_from(sum);
+  } else {
+    axpy(1.0f, sum, shard_gradients_[i]);
+  }
+}
+
 void CommunicatorRanks::sum_round(const std::vector<Tensor>& gradients, std::size_t first,
                                   std::size_t end) {
   BIGBATCH_CHECK(first <= end && end <= gradients.size() &&
                      gradients.size() == shard_gradients_.size(),
                  "CommunicatorRanks: gradients [", first, ", ", end, ") of ", gradients.size(),
                  ", ", shard_gradients_.size(), " shards held (take_model)");
+  if (bucket_bytes_ > 0) {
+    add_to_round_bucket(gradients, first, end);
+    return;
+  }
   for (std::size_t i = first; i < end; ++i) {
     sum_gradient(gradients[i]);  // a reduce-scatter: this rank's shard holds the sum
-    const Tensor sum = shard_view(gradients[i], ranks(), communicator_.rank());
-    if (rounds_done_ == 0) {
-      shard_gradients_[i].copy_from(sum);
-    } else {
-      axpy(1.0f, sum, shard_gradients_[i]);
-    }
+    add_to_shard(i, gradients[i]);
   }
+}
+
+void CommunicatorRanks::add_to_round_bucket(const std::vector<Tensor>& gradients,
+                                            std::size_t first, std::size_t end) {
+  for (std::size_t i = first; i < end; ++i) {
+    open_round_.gradients.emplace_back(i, gradients[i]);
+    open_round_.bytes += gradients[i].nbytes();
+  }
+  const bool last = first == 0;  // the stem's group: a backward's last
+  if (open_round_.bytes >= bucket_bytes_ || last) {
+    finish_round_bucket();  // the bucket in flight: its sums were moving meanwhile
+    std::vector<std::span<float>> buffers;
+    for (const auto& [i, gradient] : open_round_.gradients) buffers.push_back(elements(gradient));
+    start_bucket(buffers, open_round_.gradients.front().second.device());
+    summing_round_ = std::exchange(open_round_, {});
+  }
+  if (last) finish_round_bucket();
+}
+
+void CommunicatorRanks::finish_round_bucket() {
+  if (summing_round_.gradients.empty()) return;
+  wait_for_buckets();
+  for (const auto& [i, gradient] : summing_round_.gradients) add_to_shard(i, gradient);
+  summing_round_ = {};  // the gradients' bytes go
+}
+
+void CommunicatorRanks::start_bucket(std::span<const std::span<float>> buffers, Device device) {
+  if (device.is_cpu()) {
+    // Made in the first step, a collective every rank reaches only once the ranks have
+    // agreed on their settings (a rank with another bucket size is refused before it).
+    if (!buckets_) {
+      buckets_ = std::make_unique<dist::BucketedSum>(
+          communicator_, reduction_,
+          zero_ == ZeroStage::replicated ? dist::BucketedSum::Result::every_rank
+                                         : dist::BucketedSum::Result::own_shards);
+    }
+    buckets_->start(buffers);
+  } else {
+    // CUDA gradients: the first sum of device memory makes NCCL's communicator.
+    if (!on_device_) on_device_ = std::make_unique<dist::DeviceCommunicator>(communicator_);
+    on_device_->start_beside(buffers, reduction_, zero_ != ZeroStage::replicated);
+  }
+}
+
+void CommunicatorRanks::wait_for_buckets() {
+  if (buckets_) buckets_->finish();
+  if (on_device_) on_device_->join_beside();  // the kernels queued next read the sums
 }
 
 float CommunicatorRanks::reduce(nn::Model& model, std::span<const float> losses) {
@@ -329,12 +383,8 @@ float CommunicatorRanks::reduce(nn::Model& model, std::span<const float> losses)
                    "CommunicatorRanks: the backward finished ",
                    gradients_sent_ + open_bucket_.size(), " of ", parameters.size(),
                    " gradients");
-    if (!open_bucket_.empty()) start_open_bucket();
-    if (buckets_) {
-      buckets_->finish();
-    } else {
-      on_device_->join_beside();  // the boundary's kernels, queued next, read the sums
-    }
+    if (!open_bucket_.empty()) start_open_bucket(model.device());
+    wait_for_buckets();
     gradients_sent_ = 0;
   } else {
     for (const nn::NamedParameter& p : parameters) sum_gradient(p.grad);
@@ -351,7 +401,9 @@ void CommunicatorRanks::gradients_ready(nn::Model& model, std::size_t first, std
     for (const nn::NamedParameter& p : model.parameters()) gradients.push_back(p.grad);
     sum_round(gradients, first, end);
     gradients.clear();
-    model.release_gradients(first, end);  // their bytes go: the shard holds the sum
+    // Their bytes go: the shard holds the sum (with buckets, once the bucket's sum is in).
+    model.release_gradients(first, end);
+    if (buckets_) buckets_->progress();
     if (rounds_done_ == 0) groups_.emplace_back(first, end);
     if (first == 0) ++rounds_done_;  // the stem's gradients are the last a backward tells
     seconds_in_backward_ +=
@@ -361,20 +413,11 @@ void CommunicatorRanks::gradients_ready(nn::Model& model, std::size_t first, std
   const std::vector<nn::NamedParameter> parameters = model.parameters();
   BIGBATCH_CHECK(first <= end && end <= parameters.size(), "CommunicatorRanks: gradients [",
                  first, ", ", end, ") of ", parameters.size());
-  // Host gradients sum in dist::BucketedSum on MPI; CUDA gradients on NCCL's side stream.
-  if (model.device().is_cpu() && !buckets_) {
-    // Made in the first step, a collective every rank reaches only once the ranks have
-    // agreed on their settings (a rank with another bucket size is refused before it).
-    buckets_ = std::make_unique<dist::BucketedSum>(
-        communicator_, reduction_,
-        zero_ == ZeroStage::replicated ? dist::BucketedSum::Result::every_rank
-                                       : dist::BucketedSum::Result::own_shards);
-  }
   for (std::size_t i = first; i < end; ++i) {
     open_bucket_.push_back(elements(parameters[i].grad));
     open_bytes_ += parameters[i].grad.nbytes();
   }
-  if (open_bytes_ >= bucket_bytes_) start_open_bucket();
+  if (open_bytes_ >= bucket_bytes_) start_open_bucket(model.device());
   if (buckets_) buckets_->progress();  // NCCL moves its sums on its own
   seconds_in_backward_ +=
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -409,14 +452,8 @@ void CommunicatorRanks::gather_shares(const Tensor& t) {
       static_cast<std::uint16_t*>(t.raw_data()), static_cast<std::size_t>(t.numel())));
 }
 
-void CommunicatorRanks::start_open_bucket() {
-  if (buckets_) {
-    buckets_->start(open_bucket_);
-  } else {
-    // CUDA gradients: the first sum of device memory makes NCCL's communicator.
-    if (!on_device_) on_device_ = std::make_unique<dist::DeviceCommunicator>(communicator_);
-    on_device_->start_beside(open_bucket_, reduction_, zero_ != ZeroStage::replicated);
-  }
+void CommunicatorRanks::start_open_bucket(Device device) {
+  start_bucket(open_bucket_, device);
   gradients_sent_ += open_bucket_.size();
   open_bucket_.clear();
   open_bytes_ = 0;

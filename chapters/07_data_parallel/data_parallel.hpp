@@ -72,11 +72,14 @@ std::vector<nn::NamedParameter> parameter_shards(const std::vector<nn::NamedPara
 /// stage 0; at stages 1 and 2 its shard of every trainable tensor's optimizer state and of
 /// every Linear weight's f32 master (mixed precision: the 16-bit working copies stay
 /// whole); at stage 2 also its shard of every gradient, held through the step.
+/// At stage 2 with bucket_bytes > 0 the gradients are summed in buckets of at least that
+/// many bytes, overlapping the backward (HeldElements::gradient_bucket_bytes).
 nn::HeldElements held_elements(const nn::ModelConfig& config, int ranks, int rank,
-                               ZeroStage zero);
+                               ZeroStage zero, std::size_t bucket_bytes = 0);
 /// The memory of rank `rank`'s step of a batch of `batch` under MPI (CommunicatorRanks), by
 /// category: nn::predict_step of its share (its micro-batches, its staging buffer), holding
-/// held_elements: at stage 2 the model's gradients are released after each group's sum.
+/// held_elements: at stage 2 the model's gradients are released after each group's sum
+/// (with bucket_bytes > 0, after its bucket's).
 /// A rank with fewer micro-batches than rank 0 joins the sums it lacks with zeros of one
 /// group at a time after its backward: less than its backward held. The collectives' buffers are host
 /// memory of the engine's and of dist's (not counted by the allocator, as a GPU run's
@@ -86,7 +89,8 @@ nn::StepPrediction predict_rank_step(const nn::ModelConfig& config, std::int64_t
                                      const nn::Optimizer::Options& optimizer, int ranks,
                                      int rank, ZeroStage zero,
                                      nn::BlockLedgerRunner* runner = nullptr,
-                                     std::size_t held_workspace = 0);
+                                     std::size_t held_workspace = 0,
+                                     std::size_t bucket_bytes = 0);
 
 /// The device of a rank that is local rank `local_rank` of `local_ranks` ranks on a machine
 /// with `devices` GPUs, asked for `requested` (every rank is started with the same
@@ -211,15 +215,19 @@ class SimulatedRanks final : public RankGroup {
 /// the stem), into buckets of at least bucket_bytes (the last one what remains), and each
 /// bucket's sum starts as soon as it is full (dist::BucketedSum on MPI; for CUDA
 /// gradients, NCCL's side stream, DeviceCommunicator::start_beside); reduce() waits for the
-/// rest (on the GPU, has the default stream wait). Under the deterministic reduction every element is the same rank-order sum as
-/// without buckets, so the bits are those of bucket_bytes = 0 (one sum per tensor after
-/// the backward) and of the simulation.
+/// rest (on the GPU, has the default stream wait). At stage 2 every backward's groups go
+/// into buckets the same way, and a bucket's reduce-scatters move while the backward
+/// computes the next one: when that one is full (or the backward ends) the bucket in flight
+/// is waited for, its sums added to the shards and its gradients released, so a rank holds
+/// at most two buckets of the model's gradients besides the group being computed. Under the
+/// deterministic reduction every element is the same rank-order sum as without buckets, so
+/// the bits are those of bucket_bytes = 0 (one sum per tensor after the backward) and of
+/// the simulation.
 class CommunicatorRanks final : public RankGroup {
  public:
   /// With bucket_bytes > 0, the first step's backward makes the buckets' communicators
   /// (dist::BucketedSum for host gradients, NCCL's for CUDA ones: collectives), after the
   /// ranks have compared their settings.
-  /// Stage 2 sums in every backward without buckets (bucket_bytes must be 0).
   CommunicatorRanks(dist::Communicator& communicator, dist::Reduction reduction,
                     ZeroStage zero = ZeroStage::replicated, std::size_t bucket_bytes = 0);
   /// Stages 1 and 2 in fp16 or bf16: allocates this rank's shard of every f32 master
@@ -240,7 +248,8 @@ class CommunicatorRanks final : public RankGroup {
   bool overlaps() const override { return bucket_bytes_ > 0; }
   /// Adds the gradients to the open bucket, starts its sum when it holds bucket_bytes,
   /// and lets the engine move the started sums on. Stage 2: reduce-scatters them at once,
-  /// adds this rank's shard of the sum to its own (round 0 copies it) and releases them.
+  /// adds this rank's shard of the sum to its own (round 0 copies it) and releases them;
+  /// with buckets, in buckets (above).
   void gradients_ready(nn::Model& model, std::size_t first, std::size_t end) override;
   void start_step(nn::Model& model, std::int64_t micro_batches) override;
   double take_seconds_in_backward() override;
@@ -262,7 +271,12 @@ class CommunicatorRanks final : public RankGroup {
 
  private:
   /// Starts the open bucket's sum and empties it.
-  void start_open_bucket();
+  void start_open_bucket(Device device);
+  /// Starts the sums of a bucket of buffers on `device`'s engine: dist::BucketedSum for
+  /// host memory (made on the first call, a collective), NCCL's side stream for CUDA.
+  void start_bucket(std::span<const std::span<float>> buffers, Device device);
+  /// Waits for every bucket started (on the GPU, has the default stream wait).
+  void wait_for_buckets();
   /// The collectives of t's memory: the communicator for host tensors, NCCL's for CUDA
   /// tensors (made on the first call).
   dist::Collectives& collectives_of(const Tensor& t);
@@ -273,6 +287,17 @@ class CommunicatorRanks final : public RankGroup {
   /// Stage 2: reduce-scatters gradients[first, end) (parameters()' order) and adds this
   /// rank's shard of each sum to its own.
   void sum_round(const std::vector<Tensor>& gradients, std::size_t first, std::size_t end);
+  /// Stage 2: adds the summed gradient `summed` of parameter i (this rank's shard of it
+  /// holds the sum) to the shard held; the step's first round copies it.
+  void add_to_shard(std::size_t i, const Tensor& summed);
+  /// Stage 2 with buckets: adds gradients[first, end) to the open bucket; when it holds
+  /// bucket_bytes, or the group is the backward's last (the stem's), waits for the bucket
+  /// in flight (adding its sums to the shards, releasing its gradients) and starts the open
+  /// one's reduce-scatters; after the last group, waits for that one too.
+  void add_to_round_bucket(const std::vector<Tensor>& gradients, std::size_t first,
+                           std::size_t end);
+  /// Stage 2 with buckets: waits for the bucket in flight and adds its sums to the shards.
+  void finish_round_bucket();
 
   dist::Communicator& communicator_;
   dist::Reduction reduction_;
@@ -291,6 +316,13 @@ class CommunicatorRanks final : public RankGroup {
   // Stage 2.
   std::vector<Tensor> shard_gradients_;  // this rank's shard of every gradient
   std::vector<std::pair<std::size_t, std::size_t>> groups_;  // as a backward tells them
+  // Stage 2 with buckets: the gradients (parameter index, tensor) of the bucket filling and
+  // of the one whose sums are in flight, held here after the model releases them.
+  struct RoundBucket {
+    std::vector<std::pair<std::size_t, Tensor>> gradients;
+    std::size_t bytes = 0;
+  };
+  RoundBucket open_round_, summing_round_;
   std::int64_t rounds_ = 0, rounds_done_ = 0;                // this step's
 };
 

@@ -4,7 +4,8 @@
 # in bf16: exit 0, one log line per step with a finite loss, a test accuracy. Then chapter
 # 07 on the GPU: one rank of --data-parallel, its gradients summed by NCCL (both
 # reductions, ZeRO stages 0 and 1, summed after the backward or overlapping it on NCCL's
-# own stream; stage 2 with one micro-batch per step), saves the single-process run's bytes. Exits 77
+# own stream; stage 2 with one micro-batch per step, with and without buckets), saves the
+# single-process run's bytes. Exits 77
 # (CTest's skip) with the reason when this machine has no usable GPU.
 set -u
 bigbatch=$1
@@ -44,9 +45,12 @@ whole="--device cuda --data synthetic --samples 2000 --depth 2 --hidden 32 --bat
   --steps 5 --dropout 0.1 --precision fp16 --loss-scale dynamic"
 # shellcheck disable=SC2086 # the run's words
 "$bigbatch" train $whole --save single-whole.st > single.txt 2>&1 || { cat single.txt; echo "FAIL: the single run of one micro-batch"; exit 1; }
-# shellcheck disable=SC2086
-"$bigbatch" train $whole --data-parallel --zero 2 --save rank.st > rank.txt 2>&1 ||
-  { cat rank.txt; echo "FAIL (--data-parallel --zero 2): exit code $?"; exit 1; }
-cmp -s single-whole.st rank.st || { echo "FAIL: --data-parallel --zero 2 on one GPU did not save the single run's bytes"; exit 1; }
-echo "--data-parallel --zero 2 on one GPU (NCCL), one micro-batch per step: the single run's bytes"
+for buckets in 0 1; do
+  # shellcheck disable=SC2086
+  "$bigbatch" train $whole --data-parallel --zero 2 --bucket-size $buckets --save rank.st > rank.txt 2>&1 ||
+    { cat rank.txt; echo "FAIL (--data-parallel --zero 2 --bucket-size $buckets): exit code $?"; exit 1; }
+  cmp -s single-whole.st rank.st ||
+    { echo "FAIL: --data-parallel --zero 2 --bucket-size $buckets on one GPU did not save the single run's bytes"; exit 1; }
+  echo "--data-parallel --zero 2 --bucket-size $buckets on one GPU (NCCL), one micro-batch per step: the single run's bytes"
+done
 echo ok

@@ -427,7 +427,7 @@ void add_zero_flag(CLI::App& app, TrainOptions& o) {
                   "its shard of every parameter, and in fp16 or bf16 the f32 masters too (a "
                   "reduce-scatter, the step of the shard, an all-gather of the parameters); "
                   "2 also the gradients, each rank holding its shard's, summed after every "
-                  "micro-batch (no buckets)");
+                  "micro-batch (with --bucket-size, in buckets during each backward)");
 }
 
 }  // namespace
@@ -452,8 +452,9 @@ void add_data_parallel_flags(CLI::App& train, TrainOptions& o) {
                   "library's order)");
   add_read_option(
       train, "--bucket-size",
-      "overlap --data-parallel's sum with the last micro-batch's backward: the gradients "
-      "the backward has finished start their sums in buckets of this size (e.g. 4MiB; "
+      "overlap --data-parallel's sum with the last micro-batch's backward (every "
+      "micro-batch's under --zero 2): the gradients the backward has finished start their "
+      "sums in buckets of this size (e.g. 4MiB; "
       "PyTorch DDP's default is 25MiB); 0, the default here, sums after the backward (on a "
       "CPU the engine moves the bytes with the cores that compute: chapter 07's README)",
       [](const std::string& text) { return refusal_of([&] { parse_bytes(text); }); },

@@ -57,10 +57,6 @@ RunRanks::RunRanks(const TrainOptions& options) : options_(options.parallel) {
     throw UsageError("--zero shards the ranks' state: give --data-parallel or --simulate-ranks");
   }
   if (!on) return;
-  if (options_.zero == data_parallel::ZeroStage::gradients && options_.bucket_bytes > 0) {
-    throw UsageError("--bucket-size with --zero 2: stage 2 sums each group of gradients as "
-                     "every backward finishes it, without buckets (give --bucket-size 0)");
-  }
   if (!options_.data_parallel && options.was_given("--plan")) {
     throw UsageError("--simulate-ranks does not take --plan: the simulation holds every "
                      "rank's gradients on one device, and the planner plans one rank's step "
@@ -229,7 +225,8 @@ Device RunRanks::device_of_this_rank(Device requested) const {
 
 checkpointing::StepShape RunRanks::rank_step(checkpointing::StepShape whole) const {
   if (!communicator_) return whole;
-  whole.held = data_parallel::held_elements(whole.model, count_, 0, options_.zero);
+  whole.held =
+      data_parallel::held_elements(whole.model, count_, 0, options_.zero, options_.bucket_bytes);
   whole.batch = dist::share_of(whole.batch, count_, 0).size;
   whole.micro_batch = std::min(whole.micro_batch, whole.batch);
   return whole;
@@ -282,7 +279,10 @@ std::string RunRanks::describe(std::int64_t batch, std::int64_t micro_batch,
                                                                 : "once per optimizer step (")
       << (communicator_ ? dist::reduction_name(options_.reduction) : "rank order") << ")";
   if (communicator_ && options_.bucket_bytes > 0) {
-    out << ", overlapping the last backward in buckets of " << format_bytes(options_.bucket_bytes);
+    out << (options_.zero == data_parallel::ZeroStage::gradients
+                ? ", overlapping every backward in buckets of "
+                : ", overlapping the last backward in buckets of ")
+        << format_bytes(options_.bucket_bytes);
   }
   if (options_.zero == data_parallel::ZeroStage::optimizer_state) {
     out << "; ZeRO stage 1: each rank holds the optimizer state of its shard of every "

@@ -213,7 +213,9 @@ train::TrainConfig uneven_shares_run(std::int64_t steps) {
 // Rank r's step, measured by the tracking allocator, is predict_rank_step's to the byte,
 // category by category at the peak, at stage 0, stage 1 (where the optimizer state is
 // the rank's shard's: about a third of stage 0's here) and stage 2 (where the gradients
-// are the rank's shards, and each group's own only from its backward to its sum). Shares of 17, 17 and 16 samples in
+// are the rank's shards, and each group's own only from its backward to its sum; with
+// buckets, to its bucket's sum, waited for when the next bucket is full or the backward
+// ends). fp32 and fp16 (whose f32 masters stages 1 and 2 shard). Shares of 17, 17 and 16 samples in
 // micro-batches of 7 (7, 7, 3 and 7, 7, 2), AdamW, a loss scale (the boundary's 12 bytes).
 TEST(RankMemory, EveryRanksStepIsPredictedToTheByte) {
   const Dataset data = testing::tiny_data(200);
@@ -223,20 +225,29 @@ TEST(RankMemory, EveryRanksStepIsPredictedToTheByte) {
   for (const nn::Precision precision : {nn::Precision::fp32, nn::Precision::fp16}) {
     nn::ModelConfig config = testing::tiny_model(2, 0.0f);
     config.precision = precision;
-    for (const data_parallel::ZeroStage zero : {data_parallel::ZeroStage::replicated,
-                                                data_parallel::ZeroStage::optimizer_state,
-                                                data_parallel::ZeroStage::gradients}) {
-      const std::string at = "stage " + data_parallel::setting_text(zero) + ", " +
+    // Stage 2 also in buckets: every group its own (two groups in flight at most), a
+    // middle size, and one bucket of everything (the whole gradients at the backward's end).
+    const std::pair<data_parallel::ZeroStage, std::size_t> stages[] = {
+        {data_parallel::ZeroStage::replicated, 0},
+        {data_parallel::ZeroStage::optimizer_state, 0},
+        {data_parallel::ZeroStage::gradients, 0},
+        {data_parallel::ZeroStage::gradients, 1},
+        {data_parallel::ZeroStage::gradients, 3000},
+        {data_parallel::ZeroStage::gradients, std::size_t{1} << 30}};
+    for (const auto& [zero, bucket_bytes] : stages) {
+      const std::string at = "stage " + data_parallel::setting_text(zero) + ", buckets of " +
+                             std::to_string(bucket_bytes) + " bytes, " +
                              nn::precision_name(precision) + ", rank " +
                              std::to_string(world().rank());
       nn::Model model(config, Device::cpu());
-      data_parallel::CommunicatorRanks ranks(world(), dist::Reduction::deterministic, zero);
+      data_parallel::CommunicatorRanks ranks(world(), dist::Reduction::deterministic, zero,
+                                             bucket_bytes);
       ranks.take_model(model);
       nn::Optimizer optimizer(ranks.stepped_parameters(model), adamw);
       train::Trainer trainer(model, optimizer, data, run, &ranks);
       const nn::StepPrediction predicted = data_parallel::predict_rank_step(
           config, run.batch, run.micro_batch, adamw, world().size(), world().rank(), zero,
-          nullptr, trainer.boundary_bytes());
+          nullptr, trainer.boundary_bytes(), bucket_bytes);
       for (int step = 1; step <= run.steps; ++step) {
         const MemoryStats measured = trainer.step().memory;
         EXPECT_EQ(measured.peak_total, predicted.stats.peak_total) << at << ", step " << step;
@@ -303,21 +314,23 @@ TEST(ShardedMasters, AreGatheredWholeBetweenStepsAndShardedAgain) {
 
 // Overlap: the trainer's ranks summing in buckets during the last micro-batch's backward
 // (every group of gradients its own bucket, and one bucket of everything started at the
-// end) save the bytes of the ranks that sum after the backward, at stage 0 and stage 1,
-// with dropout and a dynamic loss scale; and the trainer counts the time spent in the
-// backward's calls as the sum's.
+// end) save the bytes of the ranks that sum after the backward, at stages 0, 1 and 2 (2:
+// during every backward, uneven micro-batch counts joining with zeros), with dropout;
+// and the trainer counts the time spent in the backward's calls as the sum's.
 TEST(Overlap, BucketsDuringTheLastBackwardGiveTheBitsOfOneSumAfterIt) {
   const Dataset data = testing::tiny_data(200);
   const nn::ModelConfig config = testing::tiny_model(3, 0.1f);
   const train::TrainConfig run = uneven_shares_run(3);
   for (const data_parallel::ZeroStage zero : {data_parallel::ZeroStage::replicated,
-                                              data_parallel::ZeroStage::optimizer_state}) {
+                                              data_parallel::ZeroStage::optimizer_state,
+                                              data_parallel::ZeroStage::gradients}) {
     std::vector<std::vector<float>> saved;
     for (const std::size_t bucket_bytes : {std::size_t{0}, std::size_t{1}, std::size_t{1} << 30}) {
       nn::Model model(config, Device::cpu());
       data_parallel::CommunicatorRanks ranks(world(), dist::Reduction::deterministic, zero,
                                              bucket_bytes);
       EXPECT_EQ(ranks.overlaps(), bucket_bytes > 0);
+      ranks.take_model(model);
       nn::Optimizer optimizer(ranks.stepped_parameters(model), AdamWOptions{.lr = 1e-2});
       train::Trainer trainer(model, optimizer, data, run, &ranks);
       trainer.run([](const train::StepRecord& record) { EXPECT_GT(record.reduce_seconds, 0.0); });
