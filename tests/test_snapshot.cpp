@@ -192,6 +192,30 @@ TEST(Snapshot, AChangedSettingIsRefusedByName) {
   EXPECT_EQ(other.trainer.steps_done(), 0);
 }
 
+// A setting the caller allows to change (the CLI's ranks) resumes with another value and
+// is returned with the snapshot's, for the caller to report; missing on one side, it is
+// still refused.
+TEST(Snapshot, ASettingAllowedToChangeIsReturnedNotRefused) {
+  const testing::TemporaryDirectory folder;
+  const std::string path = snapshot_after_one_step(folder);
+  TinyRun other;
+  RunConfig changed = kConfig;
+  changed["batch"] = "64";
+  const RunConfig returned =
+      train::restore_snapshot(path, other.model, other.optimizer, other.trainer, changed, {"batch"});
+  EXPECT_EQ(returned, (RunConfig{{"batch", kConfig.at("batch")}}));
+  EXPECT_EQ(other.trainer.steps_done(), 1);
+  EXPECT_TRUE(train::restore_snapshot(path, other.model, other.optimizer, other.trainer, kConfig,
+                                      {"batch"})
+                  .empty())
+      << "nothing changed, nothing returned";
+  RunConfig fewer = kConfig;
+  fewer.erase("batch");
+  EXPECT_THROW(train::restore_snapshot(path, other.model, other.optimizer, other.trainer, fewer,
+                                       {"batch"}),
+               train::SnapshotMismatchError);
+}
+
 TEST(Snapshot, TheFolderKeepsTheNewestAndForgetsPartialWrites) {
   const testing::TemporaryDirectory folder;
   const Snapshots snapshots(folder.str(), 2);

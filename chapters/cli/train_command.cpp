@@ -9,6 +9,7 @@
 #include <iostream>
 #include <memory>
 #include <optional>
+#include <set>
 #include <sstream>
 #include <string>
 #include <variant>
@@ -204,7 +205,20 @@ class SnapshotSetup {
       throw UsageError("--resume " + from + ": no snapshot (step-*.safetensors) in it");
     }
     try {
-      train::restore_snapshot(files.back().path, model, optimizer, trainer, settings);
+      // Another R continues the same batches from the same state (the snapshot holds whole
+      // tensors, so ZeRO's ranks take their shards of it at the new R); the ranks' sums
+      // add in another order, so the bits from here are not the old R's.
+      const train::RunConfig changed = train::restore_snapshot(
+          files.back().path, model, optimizer, trainer, settings,
+          settings.count("ranks") != 0 ? std::set<std::string>{"ranks"}
+                                       : std::set<std::string>{});
+      if (changed.count("ranks") != 0) {
+        note_ = "the snapshot was written by " + changed.at("ranks") + " ranks, this run has " +
+                settings.at("ranks") + ": the same batches and state go on, their shares " +
+                "re-split (and under ZeRO the state re-sharded), but the sums over ranks add in " +
+                "another order, so the steps from here are not the bits " +
+                changed.at("ranks") + " ranks would give";
+      }
     } catch (const train::SnapshotMismatchError& e) {  // a changed setting
       // Every recorded setting is a flag but the ranks (mpirun -np R, or --simulate-ranks R).
       std::string message = e.what();
@@ -232,6 +246,8 @@ class SnapshotSetup {
   const std::string& dir() const { return dir_; }
   /// The newest snapshot written or resumed from ("" when none).
   const std::string& last() const { return last_; }
+  /// What a resume changed that the reader should know ("" when nothing): another R.
+  const std::string& resume_note() const { return note_; }
   std::int64_t last_step() const { return last_step_; }
 
   void write(const nn::Model& model, const nn::Optimizer& optimizer,
@@ -248,6 +264,7 @@ class SnapshotSetup {
   std::optional<train::Snapshots> snapshots_;  // the writer's
   std::string last_;
   std::int64_t last_step_ = 0;
+  std::string note_;
 };
 
 }  // namespace
@@ -398,6 +415,7 @@ int run_train(TrainOptions options) {
   if (resumed_at > 0) {
     std::cout << "resumed from " << snapshots.last() << " after step " << resumed_at << " of "
               << trainer.total_steps() << "\n";
+    if (!snapshots.resume_note().empty()) std::cout << snapshots.resume_note() << "\n";
   }
   std::cout << std::flush;
 

@@ -202,8 +202,9 @@ std::string Snapshots::write(const nn::Model& model, const nn::Optimizer& optimi
   return path;
 }
 
-void restore_snapshot(const std::string& path, nn::Model& model, nn::Optimizer& optimizer,
-                      Trainer& trainer, const RunConfig& config) {
+RunConfig restore_snapshot(const std::string& path, nn::Model& model, nn::Optimizer& optimizer,
+                           Trainer& trainer, const RunConfig& config,
+                           const std::set<std::string>& may_change) {
   const std::map<std::string, std::string> metadata = load_safetensors_metadata(path);
   const auto format = metadata.find("format");
   if (format == metadata.end() || format->second != kFormat) {
@@ -211,13 +212,16 @@ void restore_snapshot(const std::string& path, nn::Model& model, nn::Optimizer& 
                              std::string(kFormat) + "\")");
   }
   // The configuration first: a mismatch is the user's to fix, and names the setting.
+  RunConfig changed;
   for (const auto& [key, value] : config) {
     const auto saved = metadata.find("config." + key);
     if (saved == metadata.end()) {
       throw SnapshotMismatchError(path + " was written without a value for --" + key +
                                   "; this run has --" + key + " " + value);
     }
-    if (saved->second != value) {
+    if (saved->second != value && may_change.count(key) != 0) {
+      changed[key] = saved->second;
+    } else if (saved->second != value) {
       throw SnapshotMismatchError(path + " was written with --" + key + " " + saved->second +
                                   ", this run has --" + key + " " + value +
                                   ": resume with the same setting");
@@ -282,6 +286,7 @@ void restore_snapshot(const std::string& path, nn::Model& model, nn::Optimizer& 
     Tensor target = tensor;
     target.copy_from(optimizer_tensors.at(name));
   }
+  return changed;
 }
 
 }  // namespace bigbatch::train

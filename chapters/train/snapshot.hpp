@@ -29,6 +29,7 @@
 #include <cstdint>
 #include <map>
 #include <optional>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -109,7 +110,10 @@ class Snapshots {
 /// either side), then loads the model's and optimizer's tensors and the trainer's
 /// counters. Throws std::runtime_error naming the file for a damaged (a tensor whose
 /// checksum differs names it) or foreign file; nothing is changed unless everything checks.
-void restore_snapshot(const std::string& path, nn::Model& model, nn::Optimizer& optimizer,
-                      Trainer& trainer, const RunConfig& config);
+/// The settings named in `may_change` may hold another value (both sides must have
+/// them): returned, with the snapshot's values, those that do.
+RunConfig restore_snapshot(const std::string& path, nn::Model& model, nn::Optimizer& optimizer,
+                           Trainer& trainer, const RunConfig& config,
+                           const std::set<std::string>& may_change = {});
 
 }  // namespace bigbatch::train
