@@ -539,7 +539,7 @@ void Model::backward(const Tensor& dlogits) {
   gradients_final(0, kStemParameters);
 }
 
-void Model::save(const std::string& path) const {
+void Model::save(const std::string& path, const std::map<std::string, Tensor>& masters) const {
   const std::map<std::string, std::string> metadata = {
       {"format", "bigbatch residual MLP"},
       {"inputs", std::to_string(config_.inputs)},
@@ -550,7 +550,24 @@ void Model::save(const std::string& path) const {
       {"norm", norm_name(config_.norm)},
       {"activation", activation_name(config_.activation)},
   };
-  save_safetensors(path, state_dict(), metadata);
+  if (!masters_released_) {
+    save_safetensors(path, state_dict(), metadata);
+    return;
+  }
+  auto& self = const_cast<Model&>(*this);  // the entries point into members; nothing is changed
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  for (const StateEntry& entry : state_entries(self.stem_, self.blocks_, self.head_, self.head_ln_)) {
+    if (entry.value->defined()) {
+      tensors.emplace_back(entry.name, *entry.value);
+      continue;
+    }
+    const auto master = masters.find(entry.name);
+    BIGBATCH_CHECK(master != masters.end() && master->second.same_shape(*entry.half),
+                   "Model::save: the f32 master of ", entry.name, " is released and not given "
+                   "whole (gather the ranks' shards first)");
+    tensors.emplace_back(entry.name, master->second);
+  }
+  save_safetensors(path, tensors, metadata);
 }
 
 void Model::load(const std::string& path) { load_state_dict(load_safetensors(path), path); }

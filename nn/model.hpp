@@ -342,8 +342,10 @@ class Model {
   /// True between a forward() and the backward() that releases its activations.
   bool has_saved_activations() const { return saved_.input.defined() && saved_.context.training; }
 
-  /// Writes state_dict() to a safetensors file (metadata: the config).
-  void save(const std::string& path) const;
+  /// Writes state_dict() to a safetensors file (metadata: the config). With its f32
+  /// masters released, each comes from `masters` (name to a whole tensor, e.g. gathered
+  /// from the ranks' shards into host memory); one missing there is refused.
+  void save(const std::string& path, const std::map<std::string, Tensor>& masters = {}) const;
   /// Reads a file written by save() (or by PyTorch's safetensors.torch.save_file on the
   /// equivalent module, without num_batches_tracked) into this model's tensors. Throws
   /// std::runtime_error when a name is missing or extra or a shape differs.

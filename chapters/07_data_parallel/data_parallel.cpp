@@ -238,7 +238,10 @@ void CommunicatorRanks::take_model(nn::Model& model) {
   if (zero_ == ZeroStage::replicated) return;
   const std::vector<nn::NamedParameter> parameters = model.parameters();
   if (nn::is_mixed(model.config().precision)) {
-    // This rank's shard of every master, written from the model's at each step's start.
+    // This rank's shard of every master, taken now, and again at a step's start whenever
+    // the model holds its masters (a resume, gather_master_weights). The model's go at
+    // once: before the optimizer's state is allocated, so that a device that fits the
+    // step (its prediction holds the shards) does not also have to fit the whole masters.
     master_shards_.resize(parameters.size());
     for (std::size_t i = 0; i < parameters.size(); ++i) {
       if (!parameters[i].half.defined()) continue;  // not a Linear weight: no master
@@ -246,6 +249,7 @@ void CommunicatorRanks::take_model(nn::Model& model) {
           {dist::share_of(parameters[i].half.numel(), ranks(), communicator_.rank()).size},
           DType::f32, model.device(), MemoryCategory::master_weights);
     }
+    take_master_shards(model);
   }
   if (zero_ != ZeroStage::gradients) return;
   model.release_gradients(0, parameters.size());
@@ -256,18 +260,21 @@ void CommunicatorRanks::take_model(nn::Model& model) {
   }
 }
 
-void CommunicatorRanks::start_step(nn::Model& model, std::int64_t micro_batches) {
-  if (!master_shards_.empty() && model.holds_master_weights()) {
-    // The first step, or the first after gather_master_weights or a resume: the model's
-    // masters are the truth; this rank keeps its shard of each, and the model none.
-    const std::vector<nn::NamedParameter> parameters = model.parameters();
-    for (std::size_t i = 0; i < parameters.size(); ++i) {
-      if (master_shards_[i].defined()) {
-        master_shards_[i].copy_from(shard_view(parameters[i].value, ranks(), communicator_.rank()));
-      }
+void CommunicatorRanks::take_master_shards(nn::Model& model) {
+  if (master_shards_.empty() || !model.holds_master_weights()) return;
+  // The model's masters are the truth (just built or loaded, or gathered): this rank keeps
+  // its shard of each, and the model none.
+  const std::vector<nn::NamedParameter> parameters = model.parameters();
+  for (std::size_t i = 0; i < parameters.size(); ++i) {
+    if (master_shards_[i].defined()) {
+      master_shards_[i].copy_from(shard_view(parameters[i].value, ranks(), communicator_.rank()));
     }
-    model.release_master_weights();
   }
+  model.release_master_weights();
+}
+
+void CommunicatorRanks::start_step(nn::Model& model, std::int64_t micro_batches) {
+  take_master_shards(model);  // after a resume or gather_master_weights
   if (zero_ != ZeroStage::gradients) return;
   BIGBATCH_CHECK(micro_batches >= 1, "CommunicatorRanks: ", micro_batches, " micro-batches");
   model.release_gradients(0, model.parameters().size());
@@ -294,6 +301,21 @@ void CommunicatorRanks::add_to_shard(std::size_t i, const Tensor& summed) {
   } else {
     axpy(1.0f, sum, shard_gradients_[i]);
   }
+}
+
+std::map<std::string, Tensor> CommunicatorRanks::gathered_masters(const nn::Model& model) {
+  std::map<std::string, Tensor> whole;
+  if (master_shards_.empty() || model.holds_master_weights()) return whole;
+  const std::vector<nn::NamedParameter> parameters = model.parameters();
+  for (std::size_t i = 0; i < parameters.size(); ++i) {
+    if (!master_shards_[i].defined()) continue;
+    // On the host whatever the device: the engine's all-gather of host memory (MPI).
+    Tensor master(parameters[i].shape(), DType::f32, Device::cpu(), MemoryCategory::host_data);
+    shard_view(master, ranks(), communicator_.rank()).copy_from(master_shards_[i]);
+    communicator_.all_gather_shares(elements(master));
+    whole.emplace(parameters[i].name, std::move(master));
+  }
+  return whole;
 }
 
 void CommunicatorRanks::sum_round(const std::vector<Tensor>& gradients, std::size_t first,

@@ -36,6 +36,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <span>
 #include <string>
@@ -145,6 +146,12 @@ class RankGroup {
   /// only its shard of every master, and this gathers them (a collective: every rank calls
   /// it, at the same step); the next step's start shards them again. Nothing otherwise.
   virtual void gather_master_weights(nn::Model& /*model*/) {}
+  /// The same masters gathered into host memory instead (MemoryCategory::host_data: not on
+  /// the device, whose room the steps fill), by name, for nn::Model::save; empty when the
+  /// model holds its masters. A collective like gather_master_weights.
+  virtual std::map<std::string, Tensor> gathered_masters(const nn::Model& /*model*/) {
+    return {};
+  }
 
   /// Whether the sum starts during the last micro-batch's backward (overlap): the trainer
   /// then has accumulate_gradients tell gradients_ready, and reduce() finishes the sum.
@@ -231,10 +238,11 @@ class CommunicatorRanks final : public RankGroup {
   CommunicatorRanks(dist::Communicator& communicator, dist::Reduction reduction,
                     ZeroStage zero = ZeroStage::replicated, std::size_t bucket_bytes = 0);
   /// Stages 1 and 2 in fp16 or bf16: allocates this rank's shard of every f32 master
-  /// (MemoryCategory::master_weights), which the optimizer steps; each step's start copies
-  /// the model's masters into them and releases the model's, when it holds them (after the
-  /// model's construction, a resume or gather_master_weights). The model keeps its 16-bit
-  /// working copies whole: after the step, those are what is gathered.
+  /// (MemoryCategory::master_weights), which the optimizer steps, copies the model's
+  /// masters into them and releases the model's; each step's start does so again when the
+  /// model holds its masters (after a resume or gather_master_weights, which a resume
+  /// needs first: loading writes whole masters). The model keeps its 16-bit working copies
+  /// whole: after the step, those are what is gathered.
   /// Stage 2: releases `model`'s gradients, then allocates this rank's shard of each
   /// (MemoryCategory::gradients, on its device), where the sums accumulate: the whole
   /// gradients and the shards are never live together.
@@ -262,6 +270,7 @@ class CommunicatorRanks final : public RankGroup {
   /// its 16-bit working copy: 2 bytes an element where the master has 4.
   void gather_parameters(nn::Model& model) override;
   void gather_master_weights(nn::Model& model) override;
+  std::map<std::string, Tensor> gathered_masters(const nn::Model& model) override;
   /// Stage 1, for a snapshot: `whole`, an optimizer over every parameter with `mine`'s
   /// options, takes every rank's shard of `mine`'s state (a collective: every rank calls
   /// it, at the same step), so that the snapshot holds stage 0's tensors.
@@ -287,6 +296,9 @@ class CommunicatorRanks final : public RankGroup {
   /// Stage 2: reduce-scatters gradients[first, end) (parameters()' order) and adds this
   /// rank's shard of each sum to its own.
   void sum_round(const std::vector<Tensor>& gradients, std::size_t first, std::size_t end);
+  /// Stages 1 and 2 in 16 bits, when the model holds its masters: copies this rank's shard
+  /// of each into master_shards_ and releases the model's.
+  void take_master_shards(nn::Model& model);
   /// Stage 2: adds the summed gradient `summed` of parameter i (this rank's shard of it
   /// holds the sum) to the shard held; the step's first round copies it.
   void add_to_shard(std::size_t i, const Tensor& summed);

@@ -193,6 +193,11 @@ void RunRanks::gather_master_weights(nn::Model& model) {
   if (data_parallel::RankGroup* const ranks = group(model)) ranks->gather_master_weights(model);
 }
 
+std::map<std::string, Tensor> RunRanks::gathered_masters(nn::Model& model) {
+  data_parallel::RankGroup* const ranks = group(model);
+  return ranks ? ranks->gathered_masters(model) : std::map<std::string, Tensor>{};
+}
+
 std::vector<nn::NamedParameter> RunRanks::stepped_parameters(nn::Model& model) {
   data_parallel::RankGroup* const ranks = group(model);
   return ranks ? ranks->stepped_parameters(model) : model.parameters();

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -50,8 +51,9 @@ class RunRanks {
   void check_agreement(const train::RunConfig& settings, const nn::Model& model,
                        const nn::Optimizer& optimizer, std::int64_t steps_done) const;
   /// Under MPI, after training: every rank's parameters are still rank 0's (they see the
-  /// same summed gradients, so only a bug parts them); otherwise every rank throws
-  /// std::runtime_error.
+  /// same summed gradients, so only a bug parts them): those the model holds, so under
+  /// ZeRO in 16 bits the working copies and not the masters' shards, unless gathered;
+  /// otherwise every rank throws std::runtime_error.
   void check_parameters_agree(const nn::Model& model) const;
   /// Whether `mine` holds on any rank (a collective under MPI, so that the ranks stop after
   /// the same step when a signal reaches them at different moments); `mine` when alone.
@@ -63,6 +65,10 @@ class RunRanks {
   /// check that the ranks agree): the ranks' shards of them gathered into the model
   /// (RankGroup::gather_master_weights, a collective under --zero 1 and 2 in fp16 or bf16).
   void gather_master_weights(nn::Model& model);
+  /// The same into host memory, by name, for nn::Model::save (RankGroup::gathered_masters;
+  /// empty when the model holds its masters). A collective.
+  std::map<std::string, Tensor> gathered_masters(nn::Model& model);
+
   /// The parameters this process's optimizer steps: the model's, or under --zero 1 and 2
   /// and MPI this rank's shard of each (at stage 2 with the gradient shards it holds).
   std::vector<nn::NamedParameter> stepped_parameters(nn::Model& model);

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <memory>
 #include <optional>
 #include <set>
@@ -346,6 +347,9 @@ int run_train(TrainOptions options) {
   // Under --zero 1 a snapshot holds the whole optimizer state: resumed into a whole
   // optimizer, of which this rank keeps its shard.
   std::int64_t resumed_at = 0;
+  // Loading writes whole f32 masters: under ZeRO in 16 bits the ranks hold shards of them
+  // (the first step shards the loaded ones again).
+  if (!output.resume.empty()) ranks.gather_master_weights(model);
   auto whole = output.resume.empty() ? nullptr
                                      : ranks.whole_optimizer(model, optimizer, /*gather=*/false);
   if (whole) {
@@ -488,7 +492,13 @@ int run_train(TrainOptions options) {
   }
   std::signal(SIGINT, SIG_DFL);
   std::signal(SIGTERM, SIG_DFL);
-  ranks.gather_master_weights(model);  // the masters whole again: compared and saved
+  // Under ZeRO in 16 bits the ranks hold shards of the f32 masters: --save writes them
+  // gathered into host memory (every rank was given the flag; rank 0 writes), not on the
+  // device, which the steps may fill. The comparison reads what every rank holds whole
+  // (the working copies, the f32 parameters).
+  const std::map<std::string, Tensor> masters =
+      options.was_given("--save") ? ranks.gathered_masters(model)
+                                  : std::map<std::string, Tensor>{};
   ranks.check_parameters_agree(model);
   progress.break_line();
   if (snapshots.enabled() && snapshots.last_step() != trainer.steps_done()) write_snapshot();
@@ -516,7 +526,7 @@ int run_train(TrainOptions options) {
                 static_cast<long long>(trainer.total_steps()));
   }
   if (!output.save.empty()) {  // before the evaluation: nothing trained is lost after this
-    model.save(output.save);
+    model.save(output.save, masters);
     std::cout << "saved the parameters to " << output.save << "\n";
   }
   if (splits.test && ranks.writes()) {

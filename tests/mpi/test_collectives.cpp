@@ -259,7 +259,8 @@ TEST(RankMemory, EveryRanksStepIsPredictedToTheByte) {
   }
 }
 
-// Sharded masters (stages 1 and 2 in fp16): the model holds none while it trains, and
+// Sharded masters (stages 1 and 2 in fp16): the model holds none from the moment the
+// ranks take it (before the optimizer's state is made) and while it trains, and
 // gathering them gives every rank the whole masters, the same bytes on every rank, which
 // the next step shards again and steps from.
 TEST(ShardedMasters, AreGatheredWholeBetweenStepsAndShardedAgain) {
@@ -281,11 +282,13 @@ TEST(ShardedMasters, AreGatheredWholeBetweenStepsAndShardedAgain) {
     std::vector<std::vector<float>> gathered;
     for (const bool gather_between : {false, true}) {
       nn::Model model(config, Device::cpu());
+      const std::vector<float> initial = masters(model);
       data_parallel::CommunicatorRanks ranks(world(), dist::Reduction::deterministic, zero);
       ranks.take_model(model);
+      EXPECT_FALSE(model.holds_master_weights())
+          << "the masters are released before the optimizer's state is made";
       nn::Optimizer optimizer(ranks.stepped_parameters(model), AdamWOptions{.lr = 1e-2});
       train::Trainer trainer(model, optimizer, data, run, &ranks);
-      const std::vector<float> initial = masters(model);
       for (int step = 1; step <= run.steps; ++step) {
         trainer.step();
         EXPECT_FALSE(model.holds_master_weights()) << "the model holds its masters in training";
