@@ -236,6 +236,9 @@ void CommunicatorRanks::take_model(nn::Model& model) {
   BIGBATCH_CHECK(shard_gradients_.empty() && master_shards_.empty(),
                  "CommunicatorRanks: takes one model");
   if (zero_ == ZeroStage::replicated) return;
+  // Stage 2: the model's gradients go first, so that they are never live beside the
+  // masters' shards or the gradients' own (and before `parameters` holds them).
+  if (zero_ == ZeroStage::gradients) model.release_gradients(0, model.parameters().size());
   const std::vector<nn::NamedParameter> parameters = model.parameters();
   if (nn::is_mixed(model.config().precision)) {
     // This rank's shard of every master, taken now, and again at a step's start whenever
@@ -252,7 +255,6 @@ void CommunicatorRanks::take_model(nn::Model& model) {
     take_master_shards(model);
   }
   if (zero_ != ZeroStage::gradients) return;
-  model.release_gradients(0, parameters.size());
   for (const nn::NamedParameter& p : parameters) {
     shard_gradients_.push_back(Tensor::zeros(
         {dist::share_of(shape_numel(p.shape()), ranks(), communicator_.rank()).size},
