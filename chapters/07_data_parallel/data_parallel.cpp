@@ -290,10 +290,13 @@ void CommunicatorRanks::gather_master_weights(nn::Model& model) {
   model.allocate_master_weights();
   const std::vector<nn::NamedParameter> parameters = model.parameters();
   for (std::size_t i = 0; i < parameters.size(); ++i) {
-    if (!master_shards_[i].defined()) continue;
-    shard_view(parameters[i].value, ranks(), communicator_.rank()).copy_from(master_shards_[i]);
-    gather_shares(parameters[i].value);
+    if (master_shards_[i].defined()) gather_master(i, parameters[i].value);
   }
+}
+
+void CommunicatorRanks::gather_master(std::size_t i, const Tensor& whole) {
+  shard_view(whole, ranks(), communicator_.rank()).copy_from(master_shards_[i]);
+  gather_shares(whole);
 }
 
 void CommunicatorRanks::add_to_shard(std::size_t i, const Tensor& summed) {
@@ -313,8 +316,7 @@ std::map<std::string, Tensor> CommunicatorRanks::gathered_masters(const nn::Mode
     if (!master_shards_[i].defined()) continue;
     // On the host whatever the device: the engine's all-gather of host memory (MPI).
     Tensor master(parameters[i].shape(), DType::f32, Device::cpu(), MemoryCategory::host_data);
-    shard_view(master, ranks(), communicator_.rank()).copy_from(master_shards_[i]);
-    communicator_.all_gather_shares(elements(master));
+    gather_master(i, master);
     whole.emplace(parameters[i].name, std::move(master));
   }
   return whole;
@@ -372,9 +374,7 @@ void CommunicatorRanks::start_bucket(std::span<const std::span<float>> buffers, 
     }
     buckets_->start(buffers);
   } else {
-    // CUDA gradients: the first sum of device memory makes NCCL's communicator.
-    if (!on_device_) on_device_ = std::make_unique<dist::DeviceCommunicator>(communicator_);
-    on_device_->start_beside(buffers, reduction_, zero_ != ZeroStage::replicated);
+    device_communicator().start_beside(buffers, reduction_, zero_ != ZeroStage::replicated);
   }
 }
 
@@ -453,6 +453,10 @@ double CommunicatorRanks::take_seconds_in_backward() {
 
 dist::Collectives& CommunicatorRanks::collectives_of(const Tensor& t) {
   if (t.device().is_cpu()) return communicator_;
+  return device_communicator();
+}
+
+dist::DeviceCommunicator& CommunicatorRanks::device_communicator() {
   if (!on_device_) on_device_ = std::make_unique<dist::DeviceCommunicator>(communicator_);
   return *on_device_;
 }

@@ -289,6 +289,11 @@ class CommunicatorRanks final : public RankGroup {
   /// The collectives of t's memory: the communicator for host tensors, NCCL's for CUDA
   /// tensors (made on the first call).
   dist::Collectives& collectives_of(const Tensor& t);
+  /// NCCL's communicator, made on the first call (a collective).
+  dist::DeviceCommunicator& device_communicator();
+  /// Master i whole in `whole` (the model's, or a host copy): this rank's shard written
+  /// in, every rank's gathered.
+  void gather_master(std::size_t i, const Tensor& whole);
   /// The sum over ranks of a gradient: all of it (stage 0) or this rank's shard (stage 1).
   void sum_gradient(const Tensor& gradient);
   /// Every rank's shard of t (f32, or a 16-bit working copy) to every rank, in place.
