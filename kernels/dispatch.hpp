@@ -7,9 +7,11 @@
 // Tensors are handles: an op writes through the `const Tensor&` of an output.
 #pragma once
 
+#include <functional>
 #include <initializer_list>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 #include "common/check.hpp"
 #include "common/tensor.hpp"
@@ -57,6 +59,26 @@ inline void check_shape(const char* op, const char* name, const Tensor& t, const
 inline void check_rank(const char* op, const char* name, const Tensor& t, int rank) {
   BIGBATCH_CHECK(t.rank() == rank, op, ": ", name, " must have rank ", rank, ", got ",
                  t.describe());
+}
+
+/// True when the byte ranges of a and b intersect (an empty tensor shares nothing).
+inline bool overlaps(const Tensor& a, const Tensor& b) {
+  if (a.nbytes() == 0 || b.nbytes() == 0) return false;
+  const auto* a_begin = static_cast<const char*>(a.raw_data());
+  const auto* b_begin = static_cast<const char*>(b.raw_data());
+  return std::less<>()(a_begin, b_begin + b.nbytes()) &&
+         std::less<>()(b_begin, a_begin + a.nbytes());
+}
+
+/// A tensor and the name an error message gives it.
+using NamedTensor = std::pair<const char*, const Tensor*>;
+
+/// Throws std::invalid_argument, naming `op` and both tensors, when a and b share memory;
+/// `allowed` tells the caller what would be accepted.
+inline void refuse_overlap(const char* op, const NamedTensor& a, const NamedTensor& b,
+                           const char* allowed) {
+  BIGBATCH_CHECK(!overlaps(*a.second, *b.second), op, ": ", a.first, " ", a.second->describe(),
+                 " shares memory with ", b.first, " ", b.second->describe(), "; ", allowed);
 }
 
 }  // namespace bigbatch::detail

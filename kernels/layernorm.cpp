@@ -1,7 +1,6 @@
 #include "kernels/layernorm.hpp"
 
 #include <algorithm>
-#include <functional>
 #include <utility>
 
 #include "common/half.hpp"
@@ -47,26 +46,9 @@ void check_like_x(const char* op, const char* name, const Tensor& t, const Tenso
   detail::check_shape(op, name, t, x.shape());
 }
 
-/// True when the byte ranges of a and b intersect (an empty tensor shares nothing).
-bool overlaps(const Tensor& a, const Tensor& b) {
-  if (a.nbytes() == 0 || b.nbytes() == 0) return false;
-  const auto* a_begin = static_cast<const char*>(a.raw_data());
-  const auto* b_begin = static_cast<const char*>(b.raw_data());
-  return std::less<>()(a_begin, b_begin + b.nbytes()) &&
-         std::less<>()(b_begin, a_begin + a.nbytes());
-}
-
 /// True when a and b are the same memory: the same first byte and the same length.
 bool same_memory(const Tensor& a, const Tensor& b) {
   return a.raw_data() == b.raw_data() && a.nbytes() == b.nbytes();
-}
-
-using NamedTensor = std::pair<const char*, const Tensor*>;
-
-void refuse_overlap(const char* op, const NamedTensor& a, const NamedTensor& b,
-                    const char* allowed) {
-  BIGBATCH_CHECK(!overlaps(*a.second, *b.second), op, ": ", a.first, " ", a.second->describe(),
-                 " shares memory with ", b.first, " ", b.second->describe(), "; ", allowed);
 }
 
 }  // namespace
@@ -76,23 +58,23 @@ void detail::check_normalization_backward_aliasing(const char* op, const Tensor&
                                                    const Tensor& rstd, const Tensor& dy,
                                                    const Tensor& dx, const Tensor& dweight,
                                                    const Tensor& dbias) {
-  const NamedTensor x_{"x", &x}, weight_{"weight", &weight}, mean_{"mean", &mean},
+  const detail::NamedTensor x_{"x", &x}, weight_{"weight", &weight}, mean_{"mean", &mean},
       rstd_{"rstd", &rstd}, dy_{"dy", &dy}, dx_{"dx", &dx}, dweight_{"dweight", &dweight},
       dbias_{"dbias", &dbias};
   // dx: written once per element after that element's last read; the same memory as x or
   // dy is safe, a partial overlap is not.
-  for (const NamedTensor& input : {x_, dy_}) {
+  for (const detail::NamedTensor& input : {x_, dy_}) {
     if (same_memory(dx, *input.second)) continue;
-    refuse_overlap(op, dx_, input, "dx may be that tensor itself, or apart from it");
+    detail::refuse_overlap(op, dx_, input, "dx may be that tensor itself, or apart from it");
   }
-  for (const NamedTensor& other : {weight_, mean_, rstd_, dweight_, dbias_}) {
-    refuse_overlap(op, dx_, other, "they must be apart");
+  for (const detail::NamedTensor& other : {weight_, mean_, rstd_, dweight_, dbias_}) {
+    detail::refuse_overlap(op, dx_, other, "they must be apart");
   }
   // dweight and dbias: read, added to and written while every input is still being read.
-  refuse_overlap(op, dweight_, dbias_, "they must be apart");
-  for (const NamedTensor& accumulated : {dweight_, dbias_}) {
-    for (const NamedTensor& input : {x_, weight_, mean_, rstd_, dy_}) {
-      refuse_overlap(op, accumulated, input, "they must be apart");
+  detail::refuse_overlap(op, dweight_, dbias_, "they must be apart");
+  for (const detail::NamedTensor& accumulated : {dweight_, dbias_}) {
+    for (const detail::NamedTensor& input : {x_, weight_, mean_, rstd_, dy_}) {
+      detail::refuse_overlap(op, accumulated, input, "they must be apart");
     }
   }
 }
