@@ -1,0 +1,361 @@
+// Causal self-attention: the forward and the backward against a float64 oracle that carries
+// the kernel's rounding bound (running_error.hpp) in every dtype, with and without dropout;
+// the float64 backward against finite differences of the float64 forward; the causal mask;
+// micro-batches of sequences against the batch, bit for bit; scores past fp16's range; the
+// argument checks; and CUDA against the CPU, bit for bit (skipped, saying why, without a GPU).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+#include <vector>
+
+#include "common/rng.hpp"
+#include "kernels/attention.hpp"
+#include "tests/finite_difference.hpp"
+#include "tests/harness.hpp"
+#include "tests/running_error.hpp"
+
+namespace bigbatch {
+namespace {
+
+using testing::Bounded;
+using testing::RoundingModel;
+
+// ---- the problem ------------------------------------------------------------------------
+
+struct Problem {
+  std::int64_t B, T, heads, D;
+  DType dtype;
+  DropoutSpec dropout;
+  std::vector<double> qkv;  // [B, T, 3C], exactly the values the kernel sees
+  std::vector<double> dy;   // [B, T, C]
+  std::int64_t C() const { return heads * D; }
+};
+
+/// Entries uniform in [-spread, spread) rounded to the dtype.
+Problem make_problem(std::int64_t B, std::int64_t T, std::int64_t heads, std::int64_t D,
+                     DType dtype, std::uint64_t seed, float p = 0.0f, double spread = 1.0) {
+  Problem problem{B, T, heads, D, dtype, DropoutSpec{p, seed + 7, 3, 0}, {}, {}};
+  const auto rounded = [&](std::int64_t n, std::uint64_t s) {
+    return testing::to_doubles(testing::make_tensor(testing::random_values(n, s, -spread, spread),
+                                                    {n}, dtype, Device::cpu()));
+  };
+  problem.qkv = rounded(B * T * 3 * heads * D, seed);
+  problem.dy = rounded(B * T * heads * D, seed + 1);
+  return problem;
+}
+
+Tensor qkv_tensor(const Problem& p, Device device) {
+  return testing::make_tensor(p.qkv, {p.B, p.T, 3 * p.C()}, p.dtype, device);
+}
+Tensor dy_tensor(const Problem& p, Device device) {
+  return testing::make_tensor(p.dy, {p.B, p.T, p.C()}, p.dtype, device);
+}
+
+/// The forward's and the backward's outputs, from fresh poisoned tensors.
+struct Outputs {
+  Tensor y, probabilities, dqkv;
+};
+
+Outputs run(const Problem& p, Device device, bool backward = true) {
+  const Tensor qkv = qkv_tensor(p, device);
+  Outputs out{Tensor({p.B, p.T, p.C()}, p.dtype, device),
+              Tensor({p.B, p.heads, p.T, p.T}, p.dtype, device),
+              Tensor({p.B, p.T, 3 * p.C()}, p.dtype, device)};
+  testing::poison(out.y);
+  testing::poison(out.probabilities);
+  testing::poison(out.dqkv);
+  causal_attention_forward(qkv, out.y, out.probabilities, p.heads, p.dropout);
+  if (backward) {
+    causal_attention_backward(qkv, out.probabilities, dy_tensor(p, device), out.dqkv, p.heads,
+                              p.dropout);
+  }
+  return out;
+}
+
+// ---- the oracle ----------------------------------------------------------------------------
+//
+// The header's operations in the header's order, in double, each with the bound of a kernel
+// that rounds it once in its compute type (f32, or f64 for f64 data); 16-bit results are
+// rounded once more where they are stored (P, y, dqkv). The exponential: exp_nonpositive is
+// within 1.25 ulp (2.5 u) of e^y, and may flush results below 2^-126 (activation_math.hpp);
+// glibc's exp, the f64 path, is within 1 ulp. The scale 1/sqrt(D) is rounded twice in float
+// (sqrt, then the division): relative error at most 2^-23 + 2^-48.
+
+RoundingModel model_for(DType dtype) {
+  const DType compute = dtype == DType::f64 ? DType::f64 : DType::f32;
+  const double u = testing::unit_roundoff(compute);
+  return {u, 2.5 * u, compute == DType::f32 ? 0x1p-126 : 0.0};
+}
+
+/// Rounding on store: 16-bit outputs only (f32 and f64 results are stored as computed).
+double store_roundoff(DType dtype) {
+  return dtype == DType::f16 || dtype == DType::bf16 ? testing::unit_roundoff(dtype) : 0.0;
+}
+
+/// m_ij as the header defines it: the global index, Philox's uniform, the kept scale.
+double mask_factor(const Problem& p, std::int64_t b, std::int64_t h, std::int64_t i,
+                   std::int64_t j) {
+  const float keep = p.dropout.p < 1.0f ? 1.0f / (1.0f - p.dropout.p) : 0.0f;
+  if (p.dropout.p == 0.0f) return 1.0;
+  const auto index =
+      static_cast<std::uint64_t>((((p.dropout.first_row + b) * p.heads + h) * p.T + i) * p.T + j);
+  return random_uniform(p.dropout.seed, p.dropout.stream, index) >= p.dropout.p ? keep : 0.0;
+}
+
+struct Oracle {
+  std::vector<Bounded> y, probabilities, dqkv;  // the kernel's shapes
+};
+
+Oracle oracle(const Problem& p) {
+  const RoundingModel m = model_for(p.dtype);
+  const double s = store_roundoff(p.dtype);
+  const std::int64_t T = p.T, C = p.C(), D = p.D, H = p.heads;
+  const double exact_scale = 1.0 / std::sqrt(static_cast<double>(D));
+  const Bounded scale{exact_scale, (0x1p-23 + 0x1p-48) * exact_scale};
+  const auto q = [&](std::int64_t b, std::int64_t t, std::int64_t h, std::int64_t d) {
+    return Bounded{p.qkv[(b * T + t) * 3 * C + h * D + d], 0};
+  };
+  const auto k = [&](std::int64_t b, std::int64_t t, std::int64_t h, std::int64_t d) {
+    return Bounded{p.qkv[(b * T + t) * 3 * C + C + h * D + d], 0};
+  };
+  const auto v = [&](std::int64_t b, std::int64_t t, std::int64_t h, std::int64_t d) {
+    return Bounded{p.qkv[(b * T + t) * 3 * C + 2 * C + h * D + d], 0};
+  };
+  const auto dy = [&](std::int64_t b, std::int64_t t, std::int64_t h, std::int64_t d) {
+    return Bounded{p.dy[(b * T + t) * C + h * D + d], 0};
+  };
+  Oracle o{std::vector<Bounded>(p.B * T * C), std::vector<Bounded>(p.B * H * T * T),
+           std::vector<Bounded>(p.B * T * 3 * C)};
+  for (std::int64_t b = 0; b < p.B; ++b) {
+    for (std::int64_t h = 0; h < H; ++h) {
+      std::vector<Bounded> dk(T * D), dv(T * D);
+      for (std::int64_t i = 0; i < T; ++i) {
+        std::vector<Bounded> score(i + 1), P(i + 1), dropped(i + 1), dP(i + 1);
+        Bounded max{-INFINITY, 0};
+        for (std::int64_t j = 0; j <= i; ++j) {
+          Bounded dot;
+          for (std::int64_t d = 0; d < D; ++d)
+            dot = m.add(dot, m.mul(q(b, i, h, d), k(b, j, h, d)));
+          score[j] = m.mul(dot, scale);
+          max = RoundingModel::max(max, score[j]);
+        }
+        Bounded sum;
+        for (std::int64_t j = 0; j <= i; ++j) {
+          score[j] = m.exp(m.sub(score[j], max));
+          sum = m.add(sum, score[j]);
+        }
+        for (std::int64_t j = 0; j < T; ++j) {
+          Bounded& out = o.probabilities[((b * H + h) * T + i) * T + j];
+          out = j <= i ? RoundingModel::store(m.div(score[j], sum), s) : Bounded{0, 0};
+          if (j <= i) {
+            P[j] = out;
+            dropped[j] = m.mul(P[j], {mask_factor(p, b, h, i, j), 0});
+          }
+        }
+        for (std::int64_t d = 0; d < D; ++d) {
+          Bounded acc;
+          for (std::int64_t j = 0; j <= i; ++j) acc = m.add(acc, m.mul(dropped[j], v(b, j, h, d)));
+          o.y[(b * T + i) * C + h * D + d] = RoundingModel::store(acc, s);
+        }
+        // The backward of row i.
+        Bounded r;
+        for (std::int64_t j = 0; j <= i; ++j) {
+          Bounded dot;
+          for (std::int64_t d = 0; d < D; ++d)
+            dot = m.add(dot, m.mul(dy(b, i, h, d), v(b, j, h, d)));
+          dP[j] = m.mul(dot, {mask_factor(p, b, h, i, j), 0});
+          r = m.add(r, m.mul(P[j], dP[j]));
+        }
+        std::vector<Bounded> g(i + 1);
+        for (std::int64_t j = 0; j <= i; ++j) g[j] = m.mul(m.mul(P[j], m.sub(dP[j], r)), scale);
+        for (std::int64_t d = 0; d < D; ++d) {
+          Bounded acc;
+          for (std::int64_t j = 0; j <= i; ++j) acc = m.add(acc, m.mul(g[j], k(b, j, h, d)));
+          o.dqkv[(b * T + i) * 3 * C + h * D + d] = RoundingModel::store(acc, s);
+          for (std::int64_t j = 0; j <= i; ++j) {
+            dk[j * D + d] = m.add(dk[j * D + d], m.mul(g[j], q(b, i, h, d)));
+            dv[j * D + d] = m.add(dv[j * D + d], m.mul(dropped[j], dy(b, i, h, d)));
+          }
+        }
+      }
+      for (std::int64_t t = 0; t < T; ++t) {
+        for (std::int64_t d = 0; d < D; ++d) {
+          o.dqkv[(b * T + t) * 3 * C + C + h * D + d] = RoundingModel::store(dk[t * D + d], s);
+          o.dqkv[(b * T + t) * 3 * C + 2 * C + h * D + d] = RoundingModel::store(dv[t * D + d], s);
+        }
+      }
+    }
+  }
+  return o;
+}
+
+::testing::AssertionResult within_bounds(const char* what, const Tensor& got,
+                                         const std::vector<Bounded>& want,
+                                         const RoundingModel& model) {
+  std::vector<double> exact, bound;
+  for (const Bounded& b : want) {
+    exact.push_back(b.v);
+    bound.push_back(testing::tolerance(b, model));
+  }
+  return testing::all_close(testing::to_doubles(got), exact,
+                            [&](std::size_t i) { return bound[i]; })
+         << " (" << what << ")";
+}
+
+// ---- against the oracle ---------------------------------------------------------------------
+
+using testing::DeviceTest;
+
+class AttentionOracle : public DeviceTest {};
+
+TEST_P(AttentionOracle, ForwardAndBackwardWithinTheRoundingBoundOfEveryDtype) {
+  for (const DType dtype : {DType::f64, DType::f32, DType::f16, DType::bf16}) {
+    if (dtype == DType::f64 && device().is_cuda()) continue;  // f64 exists on the CPU only
+    for (const float p : {0.0f, 0.25f}) {
+      SCOPED_TRACE(std::string(dtype_name(dtype)) + (p > 0 ? ", dropout 0.25" : ", no dropout"));
+      // Odd sizes: 3 heads of 5 channels, 9 positions, 2 sequences.
+      const Problem problem = make_problem(2, 9, 3, 5, dtype, 11, p);
+      const Outputs out = run(problem, device());
+      const Oracle want = oracle(problem);
+      const RoundingModel model = model_for(dtype);
+      EXPECT_TRUE(within_bounds("probabilities", out.probabilities, want.probabilities, model));
+      EXPECT_TRUE(within_bounds("y", out.y, want.y, model));
+      EXPECT_TRUE(within_bounds("dqkv", out.dqkv, want.dqkv, model));
+    }
+  }
+}
+
+// q . k = 64 * 40 * 40 = 102400 is past fp16's largest finite value (65504): a 16-bit GEMM
+// that stored q k^T before the scale would make it inf, and the row NaN. The kernel keeps the
+// product in float and scales it there (to 12800), so P and y are finite and right.
+TEST_P(AttentionOracle, ScoresPastFp16RangeStayFiniteInFp16) {
+  Problem problem = make_problem(1, 4, 1, 64, DType::f16, 5);
+  for (std::int64_t t = 0; t < problem.T; ++t) {
+    for (std::int64_t d = 0; d < 2 * problem.D; ++d) problem.qkv[t * 3 * problem.D + d] = 40.0;
+  }
+  const Outputs out = run(problem, device());
+  const Oracle want = oracle(problem);
+  EXPECT_TRUE(
+      within_bounds("probabilities", out.probabilities, want.probabilities, model_for(DType::f16)));
+  EXPECT_TRUE(within_bounds("y", out.y, want.y, model_for(DType::f16)));
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, AttentionOracle, ::testing::ValuesIn(testing::all_devices()),
+                         testing::device_test_name);
+
+// ---- finite differences --------------------------------------------------------------------
+//
+// The f64 backward against Richardson-extrapolated central differences of L = sum(G * y), the
+// f64 forward, by every element of qkv (dropout 0.3: the mask is a fixed function of the
+// index, so L stays smooth). The inputs are O(1) and the scores O(sqrt(D)) at most, so the
+// step and fifth-derivative bound of NormalizationFiniteDifference with sigma = 1 apply: L is
+// a composition of products, exponentials and one division by a sum >= 1, whose derivatives
+// stay far below 1e6 at this size; the evaluation error is the oracle's bound on L.
+TEST(AttentionFiniteDifferences, BackwardIsTheDerivativeOfTheForward) {
+  Problem problem = make_problem(2, 5, 2, 3, DType::f64, 21, 0.3f);
+  const Outputs out = run(problem, Device::cpu());
+  const std::vector<double> analytic = testing::to_doubles(out.dqkv);
+  const auto loss = [&] {
+    const Problem& p = problem;
+    const Outputs forward = run(p, Device::cpu(), false);
+    const std::vector<double> y = testing::to_doubles(forward.y);
+    double total = 0;
+    for (std::size_t n = 0; n < y.size(); ++n) total += p.dy[n] * y[n];
+    return total;
+  };
+  double evaluation_error = 0;
+  const Oracle bound = oracle(problem);
+  for (std::size_t n = 0; n < bound.y.size(); ++n) {
+    evaluation_error += std::abs(problem.dy[n]) * (bound.y[n].e + 0x1p-52 * std::abs(bound.y[n].v));
+  }
+  evaluation_error *= 1 + testing::gamma(static_cast<std::int64_t>(bound.y.size()), DType::f64);
+  const testing::NormalizationFiniteDifference fd(1.0);
+  fd.expect_gradient("dqkv", analytic, problem.qkv, loss, evaluation_error);
+}
+
+// ---- what the contract promises beyond the values ------------------------------------------
+
+TEST(AttentionCausality, LaterPositionsChangeNothingBefore) {
+  const Problem problem = make_problem(1, 8, 2, 4, DType::f32, 31);
+  Problem changed = problem;
+  const std::int64_t cut = 5;  // positions >= 5 get other queries, keys and values
+  for (std::int64_t n = cut * 3 * problem.C(); n < static_cast<std::int64_t>(changed.qkv.size());
+       ++n) {
+    changed.qkv[n] = -changed.qkv[n] + 0.5;
+  }
+  const Outputs a = run(problem, Device::cpu(), false), b = run(changed, Device::cpu(), false);
+  EXPECT_TRUE(testing::bitwise_equal(a.y.rows(0, 1).reshaped({8, problem.C()}).rows(0, cut),
+                                     b.y.rows(0, 1).reshaped({8, problem.C()}).rows(0, cut)));
+  // Every probability above the diagonal is exactly 0, and every row sums to 1 within
+  // i + 1 roundings of the division (the oracle test bounds each term).
+  const std::vector<double> P = testing::to_doubles(a.probabilities);
+  for (std::int64_t h = 0; h < problem.heads; ++h) {
+    for (std::int64_t i = 0; i < problem.T; ++i) {
+      for (std::int64_t j = i + 1; j < problem.T; ++j) {
+        EXPECT_EQ(P[(h * problem.T + i) * problem.T + j], 0.0)
+            << "h " << h << " i " << i << " j " << j;
+      }
+    }
+  }
+}
+
+TEST(AttentionBatchInvariance, MicroBatchesOfSequencesGiveTheBatchBitsForBit) {
+  for (const DType dtype : {DType::f32, DType::bf16}) {
+    SCOPED_TRACE(dtype_name(dtype));
+    const Problem batch = make_problem(5, 7, 2, 4, dtype, 41, 0.2f);
+    const Outputs whole = run(batch, Device::cpu());
+    std::int64_t first = 0;
+    for (const std::int64_t size : {1, 3, 1}) {
+      Problem micro = batch;
+      micro.B = size;
+      micro.dropout.first_row = first;
+      const std::int64_t per_sequence_qkv = batch.T * 3 * batch.C(),
+                         per_sequence_y = batch.T * batch.C();
+      micro.qkv.assign(batch.qkv.begin() + first * per_sequence_qkv,
+                       batch.qkv.begin() + (first + size) * per_sequence_qkv);
+      micro.dy.assign(batch.dy.begin() + first * per_sequence_y,
+                      batch.dy.begin() + (first + size) * per_sequence_y);
+      const Outputs part = run(micro, Device::cpu());
+      EXPECT_TRUE(testing::bitwise_equal(part.y, whole.y.rows(first, first + size))) << first;
+      EXPECT_TRUE(
+          testing::bitwise_equal(part.probabilities, whole.probabilities.rows(first, first + size)))
+          << first;
+      EXPECT_TRUE(testing::bitwise_equal(part.dqkv, whole.dqkv.rows(first, first + size))) << first;
+      first += size;
+    }
+  }
+}
+
+TEST(AttentionBackends, CudaComputesTheCpuBits) {
+  BIGBATCH_SKIP_WITHOUT_DEVICE(Device::cuda());
+  for (const DType dtype : {DType::f32, DType::f16, DType::bf16}) {
+    SCOPED_TRACE(dtype_name(dtype));
+    // 300 positions: more keys than a block has threads, so the strided loops wrap.
+    const Problem problem = make_problem(2, 300, 3, 24, dtype, 51, 0.1f);
+    const Outputs cpu = run(problem, Device::cpu()), gpu = run(problem, Device::cuda());
+    EXPECT_TRUE(testing::bitwise_equal(gpu.probabilities.to(Device::cpu()), cpu.probabilities));
+    EXPECT_TRUE(testing::bitwise_equal(gpu.y.to(Device::cpu()), cpu.y));
+    EXPECT_TRUE(testing::bitwise_equal(gpu.dqkv.to(Device::cpu()), cpu.dqkv));
+  }
+}
+
+TEST(AttentionArguments, AreCheckedWithReadableErrors) {
+  const Tensor qkv({2, 4, 18}, DType::f32);  // C = 6
+  const Tensor y({2, 4, 6}, DType::f32), P({2, 3, 4, 4}, DType::f32);
+  EXPECT_NO_THROW(causal_attention_forward(qkv, y, P, 3));
+  EXPECT_THROW(causal_attention_forward(qkv, y, P, 4), std::invalid_argument);  // 6 % 4 != 0
+  EXPECT_THROW(causal_attention_forward(qkv, y, Tensor({2, 2, 4, 4}, DType::f32), 3),
+               std::invalid_argument);
+  EXPECT_THROW(causal_attention_forward(qkv, Tensor({2, 4, 6}, DType::bf16), P, 3),
+               std::invalid_argument);
+  EXPECT_THROW(causal_attention_forward(qkv, y, P, 3, DropoutSpec{1.5f}), std::invalid_argument);
+  EXPECT_THROW(
+      causal_attention_forward(qkv, qkv.reshaped({48, 3}).rows(0, 16).reshaped({2, 4, 6}), P, 3),
+      std::invalid_argument);  // y inside qkv
+  const Tensor dy({2, 4, 6}, DType::f32);
+  EXPECT_THROW(causal_attention_backward(qkv, P, dy, qkv, 3), std::invalid_argument);  // in place
+}
+
+}  // namespace
+}  // namespace bigbatch
