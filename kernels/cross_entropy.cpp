@@ -29,11 +29,12 @@ void check_logits_and_labels(const char* op, const Tensor& logits, const Tensor&
   detail::check_shape(op, "labels", labels, {logits.dim(0)});
 }
 
-/// Every label in [0, C) for CPU tensors (check_labels). CUDA labels are not copied back to
-/// be checked (that would wait for the device in every step): they were checked where they
-/// were placed on the device, and the kernels turn a label outside [0, C) into NaN.
+/// Every label in [0, C) or kIgnoredLabel, for CPU tensors (check_labels). CUDA labels are
+/// not copied back to be checked (that would wait for the device in every step): they were
+/// checked where they were placed on the device, and the kernels turn a label outside
+/// [0, C), other than kIgnoredLabel, into NaN.
 void check_label_values(const char* op, const Tensor& labels, std::int64_t classes) {
-  if (labels.device().is_cpu()) check_labels(labels, classes, op);
+  if (labels.device().is_cpu()) check_labels(labels, classes, op, IgnoredLabels::allowed);
 }
 
 void check_count_and_scale(const char* op, float global_count, float scale) {
@@ -120,6 +121,10 @@ void forward_typed(const Tensor& logits, const Tensor& labels, const Tensor& los
   A* row_loss = row_losses.data<A>();  // [M]
   parallel_for(M, rows_per_chunk(C), [&](std::int64_t begin, std::int64_t end) {
     for (std::int64_t i = begin; i < end; ++i) {
+      if (label[i] == kIgnoredLabel) {  // no target: no loss (adding 0 changes no total)
+        row_loss[i] = 0;
+        continue;
+      }
       const T* row = z + i * C;
       const A max = row_max(row, C);
       A sum_exp = 0;
@@ -147,6 +152,10 @@ void backward_typed(const Tensor& logits, const Tensor& labels, const Tensor& dl
     for (std::int64_t i = begin; i < end; ++i) {
       const T* row = z + i * C;
       A* out = dz + i * C;  // holds exp(z - max) until it becomes the gradient
+      if (label[i] == kIgnoredLabel) {  // no target: no gradient
+        std::fill(out, out + C, A(0));
+        continue;
+      }
       const A max = row_max(row, C);
       A sum_exp = 0;
       for (std::int64_t c = 0; c < C; ++c) {

@@ -7,7 +7,8 @@
 // partials and accumulates into the loss. Deterministic; the CPU adds the rows in order,
 // so the two differ by rounding (as do the row losses: tree reductions, expf/logf).
 // The labels are not checked here (cross_entropy.hpp): a label outside [0, C) makes its
-// row's loss and gradient NaN, and nothing is read outside the row.
+// row's loss and gradient NaN, and nothing is read outside the row; the ignored label
+// (kIgnoredLabel) makes them 0.
 #include "kernels/cross_entropy.hpp"
 #include "kernels/cuda_common.cuh"
 
@@ -46,9 +47,10 @@ __global__ void row_loss_kernel(const T* logits, const std::int32_t* labels, flo
     row_softmax_statistics(row, C, &max, &sum_exp);
     if (threadIdx.x == 0) {
       const std::int32_t label = labels[i];
-      row_loss[i] = label_in_range(label, C) ? detail::cross_entropy_row_loss(
-                                                   max, to_float(row[label]), logf(sum_exp))
-                                             : NAN;
+      row_loss[i] = label == kIgnoredLabel      ? 0.0f
+                    : label_in_range(label, C) ? detail::cross_entropy_row_loss(
+                                                     max, to_float(row[label]), logf(sum_exp))
+                                               : NAN;
     }
   }
 }
@@ -82,9 +84,10 @@ __global__ void gradient_kernel(const T* logits, const std::int32_t* labels, flo
     const std::int32_t label = labels[i];
     const bool valid = label_in_range(label, C);
     for (std::int64_t c = threadIdx.x; c < C; c += blockDim.x) {
-      dlogits[i * C + c] = valid ? detail::cross_entropy_gradient(expf(to_float(row[c]) - max),
-                                                                  sum_exp, c == label, factor)
-                                 : NAN;
+      dlogits[i * C + c] = label == kIgnoredLabel ? 0.0f
+                           : valid ? detail::cross_entropy_gradient(expf(to_float(row[c]) - max),
+                                                                    sum_exp, c == label, factor)
+                                   : NAN;
     }
   }
 }

@@ -3,7 +3,8 @@
 //
 //   cross_entropy_forward(logits, labels, loss, global_count, scale)
 //     logits: [M, C] f32/f16/bf16 (f64: CPU)       one row of class scores per sample
-//     labels: [M]    i32, each in [0, C)           the class of each sample
+//     labels: [M]    i32, each in [0, C), or kIgnoredLabel (-100): the class of each sample,
+//                    or none (the row is padding: no loss, no gradient)
 //     loss:   [1]    f32 (f64 for f64 logits)      loss += scale * sum_i loss_i / global_count (+=)
 //   with loss_i = -log softmax(logits_i)[label_i] = logsumexp(logits_i) - logits_i[label_i].
 //
@@ -11,7 +12,8 @@
 //     dlogits: [M, C] f32 (f64 for f64 logits)
 //       dlogits[i][c] = (softmax(logits_i)[c] - [c == label_i]) * (scale / global_count)  (=)
 //
-//   count_correct(logits, labels) -> the number of rows whose argmax is the label, on the host.
+//   count_correct(logits, labels) -> the number of rows whose argmax is the label, on the host
+//     (a row with the ignored label is never correct).
 //     Argmax as torch.argmax: the lowest index among equal maxima; a NaN counts as the maximum
 //     (so a row with a NaN is correct only if its first NaN sits at the label).
 //
@@ -44,24 +46,33 @@
 //   micro-batches are bit-identical to those rows of the big batch's gradient. The loss is
 //   a sum of per-micro-batch totals and so matches the big batch's to rounding only.
 //
-// Labels. An out-of-range label is an error, never a silent wrong read. On the CPU the
-// dispatcher checks every label before anything is written (check_labels, in
-// common/data/dataset.hpp). CUDA labels are checked once, where they are placed on the
+// Ignored rows. A row labelled kIgnoredLabel (PyTorch's default ignore_index; defined in
+// common/data/dataset.hpp) contributes 0 to the loss and writes a row of zeros into dlogits,
+// whatever its logits (a NaN there does not show). global_count is then the number of rows
+// that do have a label, counted over the whole optimizer step: a GPT's padded sequences pass
+// the step's count of real target tokens to every micro-batch, so the loss is the mean over
+// tokens of the batch, not a mean of per-micro-batch means (chapter 08).
+//
+// Labels. An out-of-range label (other than kIgnoredLabel) is an error, never a silent wrong
+// read. On the CPU the dispatcher checks every label before anything is written
+// (check_labels, in common/data/dataset.hpp). CUDA labels are checked once, where they are placed on the
 // device (gather_rows, or the caller's own check_labels): checking them here would copy them
 // back and wait for the device in every step. The CUDA kernels still never read outside a
-// row: a label outside [0, C) makes that row's loss and gradient NaN (which the overflow
+// row: a label outside [0, C), other than kIgnoredLabel, makes that row's loss and gradient NaN (which the overflow
 // check of dynamic loss scaling then sees), and count_correct counts the row as wrong.
 #pragma once
 
 #include <cstdint>
 
+#include "common/data/dataset.hpp"
 #include "common/host_device.hpp"
 #include "common/tensor.hpp"
 
 namespace bigbatch {
 
 /// loss += scale * sum_i loss_i / global_count (accumulates); logits: [M, C], labels:
-/// i32 [M], loss: [1]. Throws for a label outside [0, C) on the CPU (NaN on CUDA).
+/// i32 [M] (kIgnoredLabel: no loss), loss: [1]. Throws for a label outside [0, C) that is not
+/// kIgnoredLabel on the CPU (NaN on CUDA).
 void cross_entropy_forward(const Tensor& logits, const Tensor& labels, const Tensor& loss,
                            float global_count, float scale = 1.0f);
 /// dlogits = (softmax(logits) - one_hot(labels)) * (scale / global_count) (=);

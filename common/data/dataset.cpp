@@ -9,14 +9,17 @@ Dataset slice(const Dataset& dataset, std::int64_t begin, std::int64_t end) {
           dataset.name};
 }
 
-void check_labels(const Tensor& labels, std::int64_t num_classes, const std::string& what) {
+void check_labels(const Tensor& labels, std::int64_t num_classes, const std::string& what,
+                  IgnoredLabels ignored) {
   BIGBATCH_CHECK(labels.dtype() == DType::i32, what, ": labels must be i32, got ",
                  labels.describe());
   const Tensor host = labels.device().is_cpu() ? labels : labels.to(Device::cpu());
   const std::int32_t* values = host.data<std::int32_t>();
   for (std::int64_t i = 0; i < host.numel(); ++i) {
-    BIGBATCH_CHECK(0 <= values[i] && values[i] < num_classes, what, ": label ", values[i],
-                   " of row ", i, " is outside [0, ", num_classes, ")");
+    const bool skipped = ignored == IgnoredLabels::allowed && values[i] == kIgnoredLabel;
+    BIGBATCH_CHECK(skipped || (0 <= values[i] && values[i] < num_classes), what, ": label ",
+                   values[i], " of row ", i, " is outside [0, ", num_classes, ")",
+                   ignored == IgnoredLabels::allowed ? " and is not the ignored label -100" : "");
   }
 }
 

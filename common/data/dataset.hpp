@@ -91,11 +91,21 @@ Dataset make_synthetic(const SyntheticOptions& options = {});
 /// Samples [begin, end) as views of `dataset` (no copy).
 Dataset slice(const Dataset& dataset, std::int64_t begin, std::int64_t end);
 
+/// The label of a row that has no target: PyTorch's default ignore_index. Token data marks
+/// its padding with it; softmax cross-entropy gives such a row no loss and no gradient.
+inline constexpr std::int32_t kIgnoredLabel = -100;
+
+/// Whether check_labels lets kIgnoredLabel through: classification data sets have a class for
+/// every sample (refused); token targets mark padding with it (allowed).
+enum class IgnoredLabels { refused, allowed };
+
 /// Throws std::invalid_argument, naming `what`, the row and the label, unless every label of
-/// `labels` (i32 [N], any device) lies in [0, num_classes). A CUDA tensor is copied to the
+/// `labels` (i32 [N], any device) lies in [0, num_classes), or is kIgnoredLabel where `ignored`
+/// allows it. A CUDA tensor is copied to the
 /// host first, which waits for the device: check labels once, where they are placed on the
 /// device (gather_rows does), not in every step.
-void check_labels(const Tensor& labels, std::int64_t num_classes, const std::string& what);
+void check_labels(const Tensor& labels, std::int64_t num_classes, const std::string& what,
+                  IgnoredLabels ignored = IgnoredLabels::refused);
 
 /// Copies the samples at `indices` (in that order, repeats allowed) into
 /// features_out f32 [B, D] and labels_out i32 [B], B = indices.size(), on any device:
