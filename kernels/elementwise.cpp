@@ -91,10 +91,13 @@ void scale(const Tensor& x, float s) {
 
 void axpy(float alpha, const Tensor& x, const Tensor& y) {
   const Device device = detail::common_device("axpy", {&x, &y});
-  BIGBATCH_CHECK(is_f32_or_half(x.dtype()), "axpy: x must be f32, f16 or bf16, got ",
+  const bool f64 = x.dtype() == DType::f64 && y.dtype() == DType::f64 && device.is_cpu();
+  BIGBATCH_CHECK(is_f32_or_half(x.dtype()) || f64, "axpy: x must be f32, f16 or bf16, got ",
                  x.describe());
-  BIGBATCH_CHECK(y.dtype() == DType::f32 || (is_half_width(y.dtype()) && x.dtype() == y.dtype()),
-                 "axpy: y must be f32, or f16 or bf16 with an x of its dtype; got y ",
+  BIGBATCH_CHECK(f64 || y.dtype() == DType::f32 ||
+                     (is_half_width(y.dtype()) && x.dtype() == y.dtype()),
+                 "axpy: y must be f32, or f16 or bf16 with an x of its dtype (or both f64 on "
+                 "the CPU); got y ",
                  y.describe(), " and x ", x.describe());
   detail::check_shape("axpy", "y", y, x.shape());
   detail::check_same_or_disjoint("axpy", "y", y, "x", x);
@@ -227,7 +230,7 @@ void axpy_typed(float alpha, const Tensor& x, const Tensor& y) {
   parallel_for(x.numel(), kElementwiseGrain, [&](std::int64_t begin, std::int64_t end) {
     run_vectorized([&] {
       for (std::int64_t i = begin; i < end; ++i) {
-        const float product = alpha * load(in + i);
+        const auto product = static_cast<scalar_math::ComputeType<X>>(alpha) * load(in + i);
         store(out + i, load(out + i) + product);  // a 16-bit y: rounded once more, on store
       }
     });
@@ -311,7 +314,7 @@ void scale(const Tensor& x, float s) {
 void axpy(float alpha, const Tensor& x, const Tensor& y) {
   with_float_type("axpy", x.dtype(), [&]<class X>(X) {
     if (y.dtype() == DType::f32) return axpy_typed<X, float>(alpha, x, y);
-    axpy_typed<X, X>(alpha, x, y);  // y has x's 16-bit type (checked)
+    axpy_typed<X, X>(alpha, x, y);  // y has x's 16-bit type, or both are f64 (checked)
   });
 }
 

@@ -3,7 +3,7 @@
 //   cast(src, dst)          src, dst: same shape; each f32, f16 or bf16   dst = src
 //   scale(x, s)             x: any shape, f32, f16 or bf16                x = x * s
 //   axpy(alpha, x, y)       y: f32, x f32, f16 or bf16; or y, x both      y += alpha * x
-//                           f16 or both bf16
+//                           f16 or both bf16 (both f64 on the CPU)
 //   unscale_and_check_finite(tensors, inv_scale, found_inf)
 //                           tensors: f32, any shapes, one device          g = g * inv_scale
 //                           found_inf: f32 [1], the same device           found_inf = 1 if any g
@@ -69,7 +69,8 @@ namespace bigbatch {
 void cast(const Tensor& src, const Tensor& dst);
 /// x = x * s in place; x: f32, f16 or bf16.
 void scale(const Tensor& x, float s);
-/// y += alpha * x; y f32 with x f32, f16 or bf16, or both f16, or both bf16.
+/// y += alpha * x; y f32 with x f32, f16 or bf16, or both f16, or both bf16 (or both f64 on
+/// the CPU, for float64 reference models).
 void axpy(float alpha, const Tensor& x, const Tensor& y);
 /// g = g * inv_scale for every element of every tensor (f32); found_inf (f32 [1]) = 1
 /// if any g was inf or NaN, else left as it was.

@@ -30,10 +30,13 @@ GemmSizes check_gemm_arguments(const char* op, const Tensor& a, bool trans_a, co
   const bool f32 = ta == DType::f32 && tb == DType::f32 && tc == DType::f32;
   // 16-bit operands (both f16 or both bf16) with an f32 C or a C of their dtype.
   const bool half = is_half_width(ta) && tb == ta && (tc == DType::f32 || tc == ta);
-  BIGBATCH_CHECK(f32 || half, op, ": unsupported dtypes: A ", a.describe(), ", B ",
+  // f64 everywhere, on the CPU only: the oracles' float64 runs of whole models.
+  const bool f64 = ta == DType::f64 && tb == DType::f64 && tc == DType::f64 &&
+                   a.device().is_cpu() && b.device().is_cpu() && c.device().is_cpu();
+  BIGBATCH_CHECK(f32 || half || f64, op, ": unsupported dtypes: A ", a.describe(), ", B ",
                  b.describe(), ", C ", c.describe(),
                  "; supported are A, B f32 with C f32, or A, B both f16 or both bf16 with C "
-                 "f32 or of their dtype");
+                 "f32 or of their dtype (and A, B, C f64 on the CPU)");
 
   GemmSizes sizes;
   sizes.m = a.dim(trans_a ? 1 : 0);
@@ -776,6 +779,29 @@ void scale_c(const Problem& p, const IsaKernels& isa) {
   }
 }
 
+/// The f64 path (CPU only, for float64 oracles): the header's chain in double, element by
+/// element, with std::fma in double; no packing, no vectors, parallel over rows.
+void gemm_float64(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c,
+                  const gemm_detail::GemmSizes& sizes, float alpha, float beta) {
+  const double* as = a.data<double>();
+  const double* bs = b.data<double>();
+  double* cs = c.data<double>();
+  const std::int64_t lda = a.dim(1), ldb = b.dim(1), n = sizes.n, k_end = sizes.k;
+  parallel_for(sizes.m, 1, [&](std::int64_t begin, std::int64_t end) {
+    for (std::int64_t i = begin; i < end; ++i) {
+      for (std::int64_t j = 0; j < n; ++j) {
+        double acc = beta == 0.0f ? 0.0 : double{beta} * cs[i * n + j];
+        for (std::int64_t k = 0; k < k_end; ++k) {
+          const double a_ik = trans_a ? as[k * lda + i] : as[i * lda + k];
+          const double b_kj = trans_b ? bs[j * ldb + k] : bs[k * ldb + j];
+          acc = std::fma(alpha == 1.0f ? a_ik : double{alpha} * a_ik, b_kj, acc);
+        }
+        cs[i * n + j] = acc;
+      }
+    }
+  });
+}
+
 }  // namespace
 
 void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c,
@@ -785,6 +811,10 @@ void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Te
                  "cpu::gemm: all tensors must be on the CPU, got A ", a.describe(), ", B ",
                  b.describe(), ", C ", c.describe());
   if (sizes.m == 0 || sizes.n == 0) return;
+  if (a.dtype() == DType::f64) {
+    gemm_float64(a, trans_a, b, trans_b, c, sizes, alpha, beta);
+    return;
+  }
   const Problem p{sizes.m,
                   sizes.n,
                   sizes.k,

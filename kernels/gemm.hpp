@@ -9,7 +9,9 @@
 //                     in it does not propagate (as in BLAS); accumulated (+=, scaled
 //                     by beta) otherwise.
 //   dtypes: A, B f32 with C f32; or A, B both f16 (or both bf16) with C f32 or of their
-//   dtype (products and sums in fp32, one rounding to the 16-bit type when C is stored).
+//   dtype (products and sums in fp32, one rounding to the 16-bit type when C is stored);
+//   or, on the CPU only, A, B and C f64 (the same chain in double, for the float64 runs of
+//   whole models that the tests take finite differences of; simple loops, not fast).
 //   All tensors rank 2, contiguous, on one device. M, N or K may be 0; K == 0 gives
 //   C = beta * C (0 when beta == 0).
 //

@@ -636,6 +636,43 @@ TEST(GemmCpu, ThreadCountDoesNotChangeTheBits) {
 #endif
 }
 
+// The f64 path (CPU only, for the float64 runs of whole models) is the header's chain in
+// double: acc = beta * c, then acc = fma(alpha * a_ik, b_kj, acc) for k in order. Written out
+// here element by element, it must give the same bits, for every transpose and beta; and a
+// CUDA f64 GEMM is refused (f64 exists only on the CPU).
+TEST(GemmCpu, Float64RunsTheHeadersChainInDouble) {
+  const std::int64_t m = 5, n = 7, k = 9;
+  for (const bool trans_a : {false, true}) {
+    for (const bool trans_b : {false, true}) {
+      for (const float beta : {0.0f, 1.0f, 0.5f}) {
+        const auto a = testing::random_values(m * k, 1), b = testing::random_values(k * n, 2);
+        const auto c0 = testing::random_values(m * n, 3);
+        const Tensor c = testing::make_tensor(c0, {m, n}, DType::f64, Device::cpu());
+        gemm(testing::make_tensor(a, trans_a ? Shape{k, m} : Shape{m, k}, DType::f64, Device::cpu()),
+             trans_a,
+             testing::make_tensor(b, trans_b ? Shape{n, k} : Shape{k, n}, DType::f64, Device::cpu()),
+             trans_b, c, 0.75f, beta);
+        std::vector<double> want(m * n);
+        for (std::int64_t i = 0; i < m; ++i) {
+          for (std::int64_t j = 0; j < n; ++j) {
+            double acc = beta == 0.0f ? 0.0 : double{beta} * c0[i * n + j];
+            for (std::int64_t q = 0; q < k; ++q) {
+              const double a_iq = trans_a ? a[q * m + i] : a[i * k + q];
+              const double b_qj = trans_b ? b[j * k + q] : b[q * n + j];
+              acc = std::fma(0.75 * a_iq, b_qj, acc);
+            }
+            want[i * n + j] = acc;
+          }
+        }
+        EXPECT_EQ(testing::to_doubles(c), want) << trans_a << trans_b << " beta " << beta;
+      }
+    }
+  }
+  EXPECT_THROW(gemm(Tensor({2, 2}, DType::f64), false, Tensor({2, 2}, DType::f32), false,
+                    Tensor({2, 2}, DType::f64)),
+               std::invalid_argument);
+}
+
 TEST(GemmCpu, ScopedPathForcesAndRestoresThePath) {
   const cpu::GemmPath fastest = cpu::gemm_paths_supported().back();
   EXPECT_EQ(cpu::gemm_path(), fastest);
