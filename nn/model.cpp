@@ -18,6 +18,7 @@
 #include "kernels/gemm.hpp"
 #include "kernels/gemm_epilogue.hpp"
 #include "kernels/layernorm.hpp"
+#include "nn/layers.hpp"
 
 namespace bigbatch::nn {
 namespace {
@@ -31,57 +32,6 @@ constexpr std::size_t kStemParameters = 2;
 constexpr std::size_t kBlockParameters = 6;
 constexpr std::size_t kHeadParameters = 4;
 
-/// One entry of the state_dict: a parameter (with its gradient and, under mixed precision,
-/// its 16-bit working copy) or a buffer (grad null).
-struct StateEntry {
-  std::string name;
-  Tensor* value;
-  Tensor* grad;
-  Tensor* half = nullptr;
-};
-
-Tensor parameter_tensor(Shape shape, Device device) {
-  return Tensor(std::move(shape), DType::f32, device, MemoryCategory::parameters);
-}
-
-/// Under mixed precision the f32 weight is the optimizer's master copy and the forward reads
-/// a 16-bit working copy (written by refresh_half_copies and by every optimizer step).
-Linear make_linear(std::int64_t in, std::int64_t out, Device device, Precision precision) {
-  const bool mixed = is_mixed(precision);
-  Linear layer{Tensor({out, in}, DType::f32, device,
-                      mixed ? MemoryCategory::master_weights : MemoryCategory::parameters),
-               parameter_tensor({out}, device),
-               Tensor::zeros({out, in}, DType::f32, device, MemoryCategory::gradients),
-               Tensor::zeros({out}, DType::f32, device, MemoryCategory::gradients),
-               {}};
-  if (mixed) {
-    layer.weight_half =
-        Tensor({out, in}, working_dtype(precision), device, MemoryCategory::parameters);
-  }
-  return layer;
-}
-
-/// The weight a Linear's forward and backward multiply by.
-const Tensor& working_weight(const Linear& layer) {
-  return layer.weight_half.defined() ? layer.weight_half : layer.weight;
-}
-
-NormLayer make_norm(Norm kind, std::int64_t features, Device device) {
-  NormLayer layer{parameter_tensor({features}, device), parameter_tensor({features}, device),
-                  Tensor::zeros({features}, DType::f32, device, MemoryCategory::gradients),
-                  Tensor::zeros({features}, DType::f32, device, MemoryCategory::gradients),
-                  {}, {}};
-  fill(layer.weight, 1.0);
-  fill(layer.bias, 0.0);
-  if (kind == Norm::batch) {
-    layer.running_mean = parameter_tensor({features}, device);
-    layer.running_var = parameter_tensor({features}, device);
-    fill(layer.running_mean, 0.0);
-    fill(layer.running_var, 1.0);
-  }
-  return layer;
-}
-
 /// PyTorch's default Linear init, U(-1/sqrt(in), 1/sqrt(in)) for weight and bias, from
 /// the counter-based RNG: element k of parameter `stream` is (2u - 1) / sqrt(in).
 void init_uniform(Tensor t, std::int64_t fan_in, std::uint64_t seed, std::uint64_t stream) {
@@ -92,20 +42,6 @@ void init_uniform(Tensor t, std::int64_t fan_in, std::uint64_t seed, std::uint64
     values[k] = static_cast<float>((2.0 * u - 1.0) * bound);
   }
   t.copy_from(Tensor::from_vector(values, t.shape()));
-}
-
-void append_linear(std::vector<StateEntry>& entries, const std::string& prefix, Linear& layer) {
-  entries.push_back({prefix + "weight", &layer.weight, &layer.weight_grad, &layer.weight_half});
-  entries.push_back({prefix + "bias", &layer.bias, &layer.bias_grad});
-}
-
-void append_norm(std::vector<StateEntry>& entries, const std::string& prefix, NormLayer& layer) {
-  entries.push_back({prefix + "weight", &layer.weight, &layer.weight_grad});
-  entries.push_back({prefix + "bias", &layer.bias, &layer.bias_grad});
-  if (layer.running_mean.defined()) {
-    entries.push_back({prefix + "running_mean", &layer.running_mean, nullptr});
-    entries.push_back({prefix + "running_var", &layer.running_var, nullptr});
-  }
 }
 
 /// The state_dict of the equivalent PyTorch module, in its order: a module's own
@@ -123,30 +59,6 @@ std::vector<StateEntry> state_entries(Linear& stem, std::vector<Block>& blocks,
   append_linear(entries, "head.", head);
   append_norm(entries, "head.ln.", head_ln);
   return entries;
-}
-
-// y = x W^T + b.   x: [b, in], y: [b, out] (a 16-bit x: a y of its dtype or f32)
-void linear_forward(const Linear& layer, const Tensor& x, const Tensor& y) {
-  gemm(x, false, working_weight(layer), true, y);
-  add_bias(y, layer.bias);
-}
-
-// dW += dy^T x (f32, whatever x's and dy's dtype) and db += sum of dy's rows.
-//   x: [b, in], dy: [b, out]
-void linear_backward_parameters(const Linear& layer, const Tensor& x, const Tensor& dy) {
-  gemm(dy, true, x, false, layer.weight_grad, 1.0f, 1.0f);
-  bias_backward(dy, layer.bias_grad);
-}
-
-// dx = dy W.   dy: [b, out], dx: [b, in]
-void linear_backward_input(const Linear& layer, const Tensor& dy, const Tensor& dx) {
-  gemm(dy, false, working_weight(layer), false, dx);
-}
-
-// Both, and dx only when it is defined.
-void linear_backward(const Linear& layer, const Tensor& x, const Tensor& dy, const Tensor& dx) {
-  linear_backward_parameters(layer, x, dy);
-  if (dx.defined()) linear_backward_input(layer, dy, dx);
 }
 
 void activation_forward(Activation kind, const Tensor& x, const Tensor& y) {
@@ -202,11 +114,7 @@ Tensor Model::workspace_tensor(Shape shape) const {
   return Tensor(std::move(shape), activation_dtype(), device_, MemoryCategory::workspace);
 }
 
-void Model::refresh_half_copies() {
-  for (const NamedParameter& p : parameters()) {
-    if (p.half.defined()) cast(p.value, p.half);
-  }
-}
+void Model::refresh_half_copies() { nn::refresh_half_copies(parameters()); }
 
 Model::Model(const ModelConfig& config, Device device) : config_(config), device_(device) {
   BIGBATCH_CHECK(config.inputs > 0 && config.hidden > 0 && config.expansion > 0 &&
@@ -245,40 +153,21 @@ Model::Model(const ModelConfig& config, Device device) : config_(config), device
 
 std::vector<NamedParameter> Model::parameters() const {
   auto& self = const_cast<Model&>(*this);  // the entries point into members; nothing is changed
-  std::vector<NamedParameter> result;
-  for (const StateEntry& entry : state_entries(self.stem_, self.blocks_, self.head_, self.head_ln_)) {
-    if (entry.grad != nullptr) {
-      result.push_back({entry.name, *entry.value, *entry.grad,
-                        entry.half != nullptr ? *entry.half : Tensor()});
-    }
-  }
-  return result;
+  return named_parameters(state_entries(self.stem_, self.blocks_, self.head_, self.head_ln_));
 }
 
 std::vector<std::pair<std::string, Tensor>> Model::state_dict() const {
   BIGBATCH_CHECK(!masters_released_, "Model: the f32 master weights are released (ZeRO shards ",
                  "them over ranks): gather them into the model first");
   auto& self = const_cast<Model&>(*this);
-  std::vector<std::pair<std::string, Tensor>> result;
-  for (const StateEntry& entry : state_entries(self.stem_, self.blocks_, self.head_, self.head_ln_)) {
-    result.emplace_back(entry.name, *entry.value);
-  }
-  return result;
+  return state_tensors(state_entries(self.stem_, self.blocks_, self.head_, self.head_ln_));
 }
 
 std::int64_t Model::parameter_count() const {
-  std::int64_t count = 0;
-  for (const NamedParameter& p : parameters()) {
-    count += p.value.defined() ? p.value.numel() : p.half.numel();  // a released master's copy
-  }
-  return count;
+  return count_parameters(parameters());
 }
 
-void Model::zero_grad() {
-  for (const NamedParameter& p : parameters()) {
-    if (p.grad.defined()) fill(p.grad, 0.0);
-  }
-}
+void Model::zero_grad() { zero_gradients(parameters()); }
 
 void Model::release_gradients(std::size_t first, std::size_t end) {
   const std::vector<StateEntry> entries = state_entries(stem_, blocks_, head_, head_ln_);
@@ -573,24 +462,7 @@ void Model::save(const std::string& path, const std::map<std::string, Tensor>& m
 void Model::load(const std::string& path) { load_state_dict(load_safetensors(path), path); }
 
 void Model::load_state_dict(const std::map<std::string, Tensor>& loaded, const std::string& source) {
-  // Check every tensor before changing any, so a bad set leaves the model as it was.
-  const auto state = state_dict();
-  for (const auto& [name, tensor] : state) {
-    const auto found = loaded.find(name);
-    if (found == loaded.end()) throw std::runtime_error(source + ": no tensor named " + name);
-    if (found->second.dtype() != DType::f32 || !found->second.same_shape(tensor)) {
-      throw std::runtime_error(source + ": " + name + " is " + found->second.describe() +
-                               ", the model needs f32" + shape_string(tensor.shape()));
-    }
-  }
-  if (loaded.size() != state.size()) {
-    for (const auto& [name, tensor] : loaded) {
-      bool known = false;
-      for (const auto& entry : state) known = known || entry.first == name;
-      if (!known) throw std::runtime_error(source + ": tensor " + name + " is not part of this model");
-    }
-  }
-  for (auto [name, tensor] : state) tensor.copy_from(loaded.at(name));
+  load_state(state_dict(), loaded, source);
   refresh_half_copies();
 }
 
