@@ -1,0 +1,172 @@
+// gpt.hpp: chapter 08's model, the one readers actually train: a GPT-2-style decoder
+// (nanoGPT's GPT, with biases) on the same kernels as the residual MLP of chapters 00-07.
+//
+//   x = dropout(wte[tokens] + wpe[positions])               embeddings       [b*T, C]
+//   N times:                                                 transformer.h.i
+//     x = x + dropout(attn.c_proj(attention(attn.c_attn(ln_1(x)))))
+//     x = x + dropout(mlp.c_proj(gelu(mlp.c_fc(ln_2(x)))))   c_fc: C -> 4C, c_proj: 4C -> C
+//   logits = ln_f(x) wte^T                                   the head, tied to wte [b*T, V]
+//
+// attention is kernels/attention.hpp's causal multi-head self-attention (dropout on its
+// probabilities); every dropout has probability GptConfig::dropout. The parameter names and
+// their order are nanoGPT's named_parameters() (transformer.wte.weight, transformer.h.0.ln_1
+// .weight, ..., transformer.ln_f.bias); lm_head.weight is wte itself and is not listed, as
+// named_parameters() does not list a tied tensor twice. Initialisation as nanoGPT's: every
+// Linear weight and both tables normal(0, 0.02), the two c_proj weights of each block
+// normal(0, 0.02 / sqrt(2 N)), biases 0, LayerNorm weight 1 and bias 0; drawn from the
+// counter-based RNG (stream = the parameter's index in parameters()), so the same on every
+// device. docs/model.md writes the PyTorch module out.
+//
+// Rows. The b sequences of T tokens are b*T rows of the residual stream, position-major
+// within a sequence: row s*T + t is token t of sequence s. ForwardContext::first_row is the
+// global index of sequence 0 (in sequences, not rows), so a sequence draws the same dropout
+// masks in a batch and in a micro-batch: the row-wise dropouts key a row by its global row
+// (first_row * T + row), the attention's by its global sequence (attention.hpp).
+//
+// The accumulation contract is the MLP's: backward() adds (+=) into the parameter gradients,
+// activation gradients are overwritten, and on the CPU in fp32 (and bf16) micro-batches of
+// sequences give the batch's gradients bit for bit. The tied head needs one more step for
+// that: the head's share of wte's gradient (d_logits^T ln_f(x), a GEMM chained over rows)
+// and the embedding's share (a scatter-add over positions) would interleave differently in
+// micro-batches than in one batch, so the head's share accumulates in a buffer of its own
+// (MemoryCategory::gradients, [V, C]) and complete_gradients() adds it into wte's gradient
+// once per optimizer step, after the last micro-batch's backward. (PyTorch's autograd adds
+// both into .grad as it goes, which is why its tied gradients do not promise bits.)
+//
+// Precision: as the MLP's table (model.hpp), with the two tables beside the Linear weights:
+// under mixed precision wte and wpe have f32 masters and 16-bit working copies that the
+// embedding and the head read. The logits are f32; d_logits are rounded to the working type
+// where they enter the head's backward. Gpt::float64() builds a CPU twin with every tensor
+// f64: the tests take finite differences of it.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "nn/model.hpp"
+
+namespace bigbatch::nn {
+
+struct StateEntry;  // layers.hpp
+
+/// The transformer's sizes and choices.
+struct GptConfig {
+  std::int64_t vocabulary = 256;  ///< V, token ids in [0, V) (256: bytes)
+  std::int64_t context = 0;       ///< the longest sequence, nanoGPT's block_size (wpe's rows)
+  std::int64_t layers = 0;        ///< N, transformer blocks
+  std::int64_t width = 0;         ///< C, the residual stream (n_embd)
+  std::int64_t heads = 1;         ///< attention heads, dividing C
+  float dropout = 0.0f;           ///< p of every dropout
+  std::uint64_t seed = 0;         ///< initialisation seed
+  Precision precision = Precision::fp32;  ///< fp16, bf16: mixed precision
+};
+
+/// An embedding table (wte or wpe): the f32 value (the master when mixed), its gradient, and
+/// its 16-bit working copy when mixed.
+struct EmbeddingTable {
+  Tensor weight;       ///< [rows, C], f32 (f64 for the float64 twin)
+  Tensor weight_grad;  ///< the same shape and dtype, accumulated (+=)
+  Tensor weight_half;  ///< the working copy under mixed precision, else undefined
+};
+
+/// One transformer block's parameters (nanoGPT's Block).
+struct GptBlock {
+  NormLayer ln_1;       ///< LayerNorm before the attention
+  Linear c_attn;        ///< attn.c_attn, C -> 3C (q, k, v side by side)
+  Linear attn_proj;     ///< attn.c_proj, C -> C
+  NormLayer ln_2;       ///< LayerNorm before the MLP
+  Linear c_fc;          ///< mlp.c_fc, C -> 4C
+  Linear mlp_proj;      ///< mlp.c_proj, 4C -> C
+};
+
+/// What one block's forward saves for its backward: b sequences of T positions, n = b*T rows.
+struct GptBlockActivations {
+  Tensor input;                       ///< x entering the block, ln_1's input [b, T, C]
+  Tensor ln_1_out;                    ///< ln_1(x), c_attn's input                [n, C]
+  Tensor ln_1_mean;                   ///< ln_1's row means                 [n] f32 (f64)
+  Tensor ln_1_rstd;                   ///< ln_1's 1 / sqrt(var + eps)        [n] f32 (f64)
+  Tensor qkv;                         ///< c_attn's output, attention's input [b, T, 3C]
+  Tensor probabilities;               ///< the attention's P                 [b, heads, T, T]
+  Tensor attention;                   ///< the heads' output, c_proj's input  [b, T, C]
+  Tensor middle;                      ///< x after the attention's residual   [b, T, C]
+  Tensor ln_2_out;                    ///< ln_2(middle), c_fc's input             [n, C]
+  Tensor ln_2_mean;                   ///< ln_2's row means                 [n] f32 (f64)
+  Tensor ln_2_rstd;                   ///< ln_2's 1 / sqrt(var + eps)        [n] f32 (f64)
+  Tensor fc;                          ///< c_fc's output, GELU's input          [n, 4C]
+  Tensor gelu;                        ///< GELU's output, mlp.c_proj's input    [n, 4C]
+};
+
+/// The decoder described above, its parameters, gradients and saved activations on one device.
+class Gpt {
+ public:
+  /// Parameters initialised as nanoGPT's (above); gradients zero. Throws
+  /// std::invalid_argument for sizes that do not fit (heads not dividing the width, ...).
+  Gpt(const GptConfig& config, Device device);
+  /// The same model on the CPU with every tensor f64 (config.precision must be fp32): the
+  /// float64 twin the tests take finite differences of.
+  static Gpt float64(const GptConfig& config);
+
+  /// The configuration the model was built with.
+  const GptConfig& config() const { return config_; }
+  /// The device that holds every tensor.
+  Device device() const { return device_; }
+  /// The dtype of activations and their gradients (f64 for the float64 twin).
+  DType activation_dtype() const { return activation_dtype_; }
+
+  /// The trainable tensors in nanoGPT's named_parameters() order.
+  std::vector<NamedParameter> parameters() const;
+  /// Every parameter by name, in the same order (a GPT has no buffers).
+  std::vector<std::pair<std::string, Tensor>> state_dict() const;
+  /// The number of trainable elements.
+  std::int64_t parameter_count() const;
+  /// Sets every parameter gradient, and the head's share of wte's, to 0.
+  void zero_grad();
+
+  /// logits [b*T, V] (f32; f64 for the twin; MemoryCategory::activations) of tokens [b, T]
+  /// i32 in [0, V), 1 <= T <= context; in training saves what backward() needs.
+  Tensor forward(const Tensor& tokens, const ForwardContext& context);
+  /// Adds (+=) the gradients of the loss given d_logits [b*T, V] (the logits' dtype) of the
+  /// last forward(); the head's share of wte's gradient goes to its own buffer (above).
+  void backward(const Tensor& d_logits);
+  /// Adds the head's share into wte's gradient and zeroes it: once per optimizer step, after
+  /// the last micro-batch's backward.
+  void complete_gradients();
+
+  /// One block's forward on x [b, T, C]: returns the block's output and fills `saved`.
+  Tensor block_forward(std::size_t index, const Tensor& x, const ForwardContext& context,
+                       GptBlockActivations& saved);
+  /// One block's backward: adds its parameter gradients (+=), returns dL/dx (=).
+  Tensor block_backward(std::size_t index, const GptBlockActivations& saved,
+                        const Tensor& d_output, const ForwardContext& context);
+
+  /// Writes state_dict() to a safetensors file (metadata: the config).
+  void save(const std::string& path) const;
+  /// Reads a file written by save() into this model (names, dtypes and shapes checked first).
+  void load(const std::string& path);
+
+ private:
+  Gpt(const GptConfig& config, Device device, DType parameter_dtype);
+  std::vector<StateEntry> state_entries();
+  Tensor activation_tensor(Shape shape) const;
+  Tensor workspace_tensor(Shape shape) const;
+  const Tensor& working(const EmbeddingTable& table) const;
+
+  GptConfig config_;
+  Device device_;
+  DType parameter_dtype_, activation_dtype_;
+  EmbeddingTable wte_, wpe_;
+  std::vector<GptBlock> blocks_;
+  NormLayer ln_f_;
+  Tensor head_grad_;  // the head's share of wte's gradient, until complete_gradients()
+
+  // What the last training forward saved.
+  ForwardContext context_;
+  Tensor tokens_;
+  std::vector<GptBlockActivations> saved_blocks_;
+  Tensor final_input_, final_out_, final_mean_, final_rstd_;
+};
+
+}  // namespace bigbatch::nn

@@ -1,0 +1,272 @@
+// The GPT of chapter 08 (nn/gpt.hpp): nanoGPT's names, shapes, count and initialisation; the
+// float64 twin's gradients against finite differences of its loss (padding included); micro-
+// batches of sequences of uneven lengths against the batch, bit for bit, with the tied head;
+// causality through the whole model; save and load.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "common/data/dataset.hpp"
+#include "kernels/cross_entropy.hpp"
+#include "nn/gpt.hpp"
+#include "tests/finite_difference.hpp"
+#include "tests/harness.hpp"
+#include "tests/temp_files.hpp"
+
+namespace bigbatch {
+namespace {
+
+using nn::ForwardContext;
+using nn::Gpt;
+using nn::GptConfig;
+
+/// Token sequences and their next-token targets; a sequence of `length` real tokens is
+/// padded to T, its padding's targets ignored.
+struct Sequences {
+  std::int64_t b = 0, T = 0;
+  std::vector<std::int32_t> tokens, targets;  // [b, T]
+  std::int64_t real_targets() const {
+    std::int64_t count = 0;
+    for (const std::int32_t t : targets) count += t != kIgnoredLabel ? 1 : 0;
+    return count;
+  }
+  Sequences slice(std::int64_t first, std::int64_t count) const {
+    Sequences s{count, T, {}, {}};
+    s.tokens.assign(tokens.begin() + first * T, tokens.begin() + (first + count) * T);
+    s.targets.assign(targets.begin() + first * T, targets.begin() + (first + count) * T);
+    return s;
+  }
+};
+
+Sequences make_sequences(const std::vector<std::int64_t>& lengths, std::int64_t T,
+                         std::int64_t vocabulary, std::uint64_t seed) {
+  Sequences s{static_cast<std::int64_t>(lengths.size()), T, {}, {}};
+  const auto u = testing::random_values(s.b * (T + 1), seed, 0, 1);
+  for (std::int64_t i = 0; i < s.b; ++i) {
+    for (std::int64_t t = 0; t < T; ++t) {
+      const bool real = t < lengths[i];
+      s.tokens.push_back(real ? static_cast<std::int32_t>(u[i * (T + 1) + t] * vocabulary) : 0);
+      // The target of position t is token t + 1; the last real position's comes from the
+      // document's continuation, which the draw at t + 1 stands for.
+      s.targets.push_back(real ? static_cast<std::int32_t>(u[i * (T + 1) + t + 1] * vocabulary)
+                               : kIgnoredLabel);
+    }
+  }
+  return s;
+}
+
+/// One micro-batch's forward, loss and backward with the step's global target count;
+/// returns the loss it added.
+double forward_backward(Gpt& model, const Sequences& s, std::int64_t first_sequence,
+                        float global_count, std::uint64_t dropout_seed) {
+  const Device device = model.device();
+  const Tensor tokens = Tensor::from_vector(s.tokens, {s.b, s.T}, device);
+  const Tensor targets = Tensor::from_vector(s.targets, {s.b * s.T}, device);
+  ForwardContext context;
+  context.dropout_seed = dropout_seed;
+  context.first_row = first_sequence;
+  const Tensor logits = model.forward(tokens, context);
+  const Tensor loss = Tensor::zeros({1}, logits.dtype(), device);
+  cross_entropy_forward(logits, targets, loss, global_count);
+  const Tensor d_logits(logits.shape(), logits.dtype(), device, MemoryCategory::workspace);
+  cross_entropy_backward(logits, targets, d_logits, global_count);
+  model.backward(d_logits);
+  return testing::to_doubles(loss)[0];
+}
+
+// ---- names, shapes, count, initialisation --------------------------------------------
+
+// nanoGPT's shakespeare-char shape with bytes (V = 256) and biases: each block holds ln_1,
+// c_attn (C x 3C + 3C), c_proj (C x C + C), ln_2, c_fc (C x 4C + 4C) and c_proj (4C x C + C):
+// 12 C^2 + 13 C; then wte and wpe, and ln_f.
+TEST(GptParameters, NamesShapesAndCountAreNanoGpts) {
+  const GptConfig config{256, 256, 6, 384, 6, 0.0f, 1, nn::Precision::fp32};
+  const Gpt model(config, Device::cpu());
+  const auto parameters = model.parameters();
+  ASSERT_EQ(parameters.size(), 2 + 6 * 12 + 2u);
+  const std::vector<std::pair<std::string, Shape>> first = {
+      {"transformer.wte.weight", {256, 384}},
+      {"transformer.wpe.weight", {256, 384}},
+      {"transformer.h.0.ln_1.weight", {384}},
+      {"transformer.h.0.ln_1.bias", {384}},
+      {"transformer.h.0.attn.c_attn.weight", {1152, 384}},
+      {"transformer.h.0.attn.c_attn.bias", {1152}},
+      {"transformer.h.0.attn.c_proj.weight", {384, 384}},
+      {"transformer.h.0.attn.c_proj.bias", {384}},
+      {"transformer.h.0.ln_2.weight", {384}},
+      {"transformer.h.0.ln_2.bias", {384}},
+      {"transformer.h.0.mlp.c_fc.weight", {1536, 384}},
+      {"transformer.h.0.mlp.c_fc.bias", {1536}},
+      {"transformer.h.0.mlp.c_proj.weight", {384, 1536}},
+      {"transformer.h.0.mlp.c_proj.bias", {384}}};
+  for (std::size_t k = 0; k < first.size(); ++k) {
+    EXPECT_EQ(parameters[k].name, first[k].first);
+    EXPECT_EQ(parameters[k].shape(), first[k].second) << first[k].first;
+  }
+  EXPECT_EQ(parameters[2 + 5 * 12].name, "transformer.h.5.ln_1.weight");
+  EXPECT_EQ(parameters[parameters.size() - 2].name, "transformer.ln_f.weight");
+  EXPECT_EQ(parameters.back().name, "transformer.ln_f.bias");
+  const std::int64_t C = 384;
+  EXPECT_EQ(model.parameter_count(), 6 * (12 * C * C + 13 * C) + (256 + 256) * C + 2 * C);
+}
+
+/// The mean and standard deviation of a parameter's elements.
+std::pair<double, double> moments(const Tensor& t) {
+  const auto v = testing::to_doubles(t);
+  double sum = 0, squares = 0;
+  for (const double x : v) sum += x;
+  const double mean = sum / static_cast<double>(v.size());
+  for (const double x : v) squares += (x - mean) * (x - mean);
+  return {mean, std::sqrt(squares / static_cast<double>(v.size()))};
+}
+
+// Weights and tables normal(0, 0.02), the residual projections 0.02 / sqrt(2 N), biases 0,
+// LayerNorm 1 and 0. A sample of n normal values has a standard deviation within about
+// 1/sqrt(2n) of the true one (relative) and a mean within std/sqrt(n): with n >= 98304 the 3%
+// and 0.02-std bounds below are more than ten of those spreads.
+TEST(GptParameters, InitialisationIsNanoGpts) {
+  const GptConfig config{256, 256, 6, 384, 6, 0.0f, 1, nn::Precision::fp32};
+  const Gpt model(config, Device::cpu());
+  for (const nn::NamedParameter& p : model.parameters()) {
+    const auto [mean, std] = moments(p.value);
+    if (p.name.find(".ln_") != std::string::npos) {
+      EXPECT_EQ(mean, p.name.ends_with("weight") ? 1.0 : 0.0) << p.name;
+      EXPECT_EQ(std, 0.0) << p.name;
+    } else if (p.name.ends_with(".bias")) {
+      EXPECT_EQ(std::abs(mean) + std, 0.0) << p.name;
+    } else {
+      const double want = p.name.ends_with("c_proj.weight") ? 0.02 / std::sqrt(12.0) : 0.02;
+      EXPECT_NEAR(std, want, 0.03 * want) << p.name;
+      EXPECT_NEAR(mean, 0.0, 0.02 * want) << p.name;
+    }
+  }
+}
+
+// ---- gradients ------------------------------------------------------------------------------
+//
+// The float64 twin's gradients (backward, then complete_gradients for the tied head) against
+// Richardson-extrapolated central differences of its loss, by every parameter element, with
+// dropout on (the masks are fixed functions of the indices) and a padded sequence. The step
+// and bound are NormalizationFiniteDifference's for sigma = 1: the inputs of every LayerNorm
+// are O(1) vectors of 8 channels whose spread stays far above the step. The loss is O(1) and a
+// few thousand f64 operations deep, each rounding at most 2^-53 relative on values O(10) at
+// most: 1e-12 bounds its evaluation error with room to spare.
+TEST(GptGradients, Float64BackwardIsTheDerivativeOfTheLoss) {
+  const GptConfig config{7, 6, 2, 8, 2, 0.2f, 3, nn::Precision::fp32};
+  Gpt model = Gpt::float64(config);
+  const Sequences s = make_sequences({5, 3}, 5, config.vocabulary, 9);
+  const float count = static_cast<float>(s.real_targets());
+  model.zero_grad();
+  forward_backward(model, s, 4, count, 17);
+  model.complete_gradients();
+  const testing::NormalizationFiniteDifference fd(1.0);
+  const auto loss = [&] {
+    const Tensor tokens = Tensor::from_vector(s.tokens, {s.b, s.T});
+    const Tensor targets = Tensor::from_vector(s.targets, {s.b * s.T});
+    ForwardContext context;
+    context.dropout_seed = 17;
+    context.first_row = 4;
+    const Tensor logits = model.forward(tokens, context);
+    const Tensor total = Tensor::zeros({1}, DType::f64);
+    cross_entropy_forward(logits, targets, total, count);
+    return testing::to_doubles(total)[0];
+  };
+  std::int64_t checked = 0;
+  for (const nn::NamedParameter& p : model.parameters()) {
+    const std::vector<double> analytic = testing::to_doubles(p.grad);
+    double* values = p.value.data<double>();
+    for (std::int64_t k = 0; k < p.value.numel(); ++k) {
+      const double numeric = fd.derivative(loss, values[k]);
+      EXPECT_NEAR(analytic[k], numeric, fd.tolerance(1e-12, analytic[k])) << p.name << " " << k;
+      ++checked;
+    }
+  }
+  EXPECT_EQ(checked, model.parameter_count());
+}
+
+// Five sequences of uneven lengths (padding ignored), run as one batch and as micro-batches
+// of 2, 1 and 2 sequences with the step's global target count: every gradient, the tied
+// wte's included, is the batch's bit for bit, in fp32 and in bf16, dropout on.
+TEST(GptAccumulation, MicroBatchesOfSequencesGiveTheBatchGradientsBitForBit) {
+  for (const nn::Precision precision : {nn::Precision::fp32, nn::Precision::bf16}) {
+    SCOPED_TRACE(nn::precision_name(precision));
+    const GptConfig config{11, 8, 2, 12, 3, 0.1f, 5, precision};
+    const Sequences s = make_sequences({8, 3, 6, 1, 7}, 8, config.vocabulary, 21);
+    const float count = static_cast<float>(s.real_targets());
+    Gpt batch(config, Device::cpu()), micro(config, Device::cpu());
+    batch.zero_grad();
+    forward_backward(batch, s, 0, count, 33);
+    batch.complete_gradients();
+    micro.zero_grad();
+    std::int64_t first = 0;
+    for (const std::int64_t size : {2, 1, 2}) {
+      forward_backward(micro, s.slice(first, size), first, count, 33);
+      first += size;
+    }
+    micro.complete_gradients();
+    const auto want = batch.parameters(), got = micro.parameters();
+    for (std::size_t k = 0; k < want.size(); ++k) {
+      EXPECT_TRUE(testing::bitwise_equal(got[k].grad, want[k].grad)) << want[k].name;
+    }
+  }
+}
+
+// Changing the token at position t changes no logit before t, bit for bit, through every
+// layer of the model (the attention's mask, and nothing else mixing positions).
+TEST(GptModel, ForwardIsCausal) {
+  const GptConfig config{13, 9, 2, 8, 2, 0.0f, 7, nn::Precision::fp32};
+  Gpt model(config, Device::cpu());
+  Sequences s = make_sequences({9}, 9, config.vocabulary, 41);
+  ForwardContext inference;
+  inference.training = false;
+  const auto logits = [&] {
+    return testing::to_doubles(
+        model.forward(Tensor::from_vector(s.tokens, {1, 9}), inference));
+  };
+  const std::vector<double> before = logits();
+  s.tokens[6] = (s.tokens[6] + 1) % 13;
+  const std::vector<double> after = logits();
+  for (std::size_t k = 0; k < before.size(); ++k) {
+    const std::size_t position = k / 13;
+    if (position < 6) {
+      EXPECT_EQ(after[k], before[k]) << "position " << position;
+    }
+  }
+  EXPECT_NE(std::vector<double>(after.begin() + 6 * 13, after.begin() + 7 * 13),
+            std::vector<double>(before.begin() + 6 * 13, before.begin() + 7 * 13));
+}
+
+TEST(GptModel, SaveAndLoadRoundTripEveryParameter) {
+  const GptConfig config{13, 9, 1, 8, 2, 0.0f, 7, nn::Precision::bf16};
+  const Gpt saved(config, Device::cpu());
+  const testing::TemporaryPath file("gpt.safetensors");
+  saved.save(file.str());
+  GptConfig other = config;
+  other.seed = 8;
+  Gpt loaded(other, Device::cpu());
+  loaded.load(file.str());
+  const auto want = saved.parameters(), got = loaded.parameters();
+  for (std::size_t k = 0; k < want.size(); ++k) {
+    EXPECT_TRUE(testing::bitwise_equal(got[k].value, want[k].value)) << want[k].name;
+    if (want[k].half.defined()) {
+      EXPECT_TRUE(testing::bitwise_equal(got[k].half, want[k].half)) << want[k].name;
+    }
+  }
+}
+
+TEST(GptModel, RefusesWhatDoesNotFit) {
+  EXPECT_THROW(Gpt(GptConfig{13, 9, 1, 8, 3, 0.0f, 7, nn::Precision::fp32}, Device::cpu()),
+               std::invalid_argument);  // 3 heads do not divide 8 channels
+  Gpt model(GptConfig{13, 9, 1, 8, 2, 0.0f, 7, nn::Precision::fp32}, Device::cpu());
+  EXPECT_THROW(model.forward(Tensor::zeros({1, 10}, DType::i32), ForwardContext{}),
+               std::invalid_argument);  // longer than the context
+  EXPECT_THROW(model.forward(Tensor::from_vector(std::vector<std::int32_t>{13}, {1, 1}),
+                             ForwardContext{}),
+               std::invalid_argument);  // token outside the vocabulary
+  EXPECT_THROW(model.backward(Tensor::zeros({1, 13}, DType::f32)), std::invalid_argument);
+}
+
+}  // namespace
+}  // namespace bigbatch
