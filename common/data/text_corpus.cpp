@@ -1,0 +1,122 @@
+#include "common/data/text_corpus.hpp"
+
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
+
+#include "common/check.hpp"
+#include "common/data/dataset.hpp"
+#include "common/rng.hpp"
+
+namespace bigbatch {
+namespace {
+
+/// The lines of `text`, each with its newline (the last one may lack it).
+std::vector<std::string> lines_of(const std::string& text) {
+  std::vector<std::string> lines;
+  std::size_t begin = 0;
+  while (begin < text.size()) {
+    const std::size_t newline = text.find('\n', begin);
+    const std::size_t end = newline == std::string::npos ? text.size() : newline + 1;
+    lines.push_back(text.substr(begin, end - begin));
+    begin = end;
+  }
+  return lines;
+}
+
+/// A line holding only `marker` (and its newline).
+bool is_line(const std::string& line, const std::string& marker) {
+  return line == marker || line == marker + "\n";
+}
+
+}  // namespace
+
+std::int64_t TokenSequences::real_targets(std::int64_t first, std::int64_t end) const {
+  if (end < 0) end = count();
+  std::int64_t real = 0;
+  for (std::int64_t k = first * length; k < end * length; ++k) {
+    real += targets[static_cast<std::size_t>(k)] != kIgnoredLabel ? 1 : 0;
+  }
+  return real;
+}
+
+double TokenSequences::padding_fraction() const {
+  if (targets.empty()) return 0.0;
+  return 1.0 - static_cast<double>(real_targets()) / static_cast<double>(targets.size());
+}
+
+std::vector<std::string> split_documents(const std::string& text) {
+  const std::vector<std::string> lines = lines_of(text);
+  bool fortune_format = false;
+  for (const std::string& line : lines) fortune_format = fortune_format || is_line(line, "%");
+  std::vector<std::string> documents(1);
+  for (const std::string& line : lines) {
+    const bool separator = fortune_format ? is_line(line, "%") : is_line(line, "");
+    if (separator) {
+      documents.emplace_back();
+    } else {
+      documents.back() += line;
+    }
+  }
+  std::vector<std::string> kept;
+  for (std::string& document : documents) {
+    if (document.size() >= 2) kept.push_back(std::move(document));
+  }
+  return kept;
+}
+
+std::vector<std::string> read_documents(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw std::runtime_error(path + ": cannot open the text file");
+  std::ostringstream text;
+  text << in.rdbuf();
+  std::vector<std::string> documents = split_documents(text.str());
+  if (documents.empty()) {
+    throw std::runtime_error(path + ": holds no document of two bytes or more");
+  }
+  return documents;
+}
+
+TokenSequences make_sequences(const std::vector<std::string>& documents, std::int64_t length) {
+  BIGBATCH_CHECK(length >= 1, "make_sequences: sequences need at least one position, got ",
+                 length);
+  TokenSequences s;
+  s.length = length;
+  for (const std::string& document : documents) {
+    const auto size = static_cast<std::int64_t>(document.size());
+    // Pieces of up to length + 1 bytes starting every `length` bytes: piece p covers bytes
+    // [p T, min(p T + T, L - 1)] and its targets are the bytes after each.
+    for (std::int64_t start = 0; start + 1 < size; start += length) {
+      for (std::int64_t t = 0; t < length; ++t) {
+        const bool real = start + t + 1 < size;
+        const auto byte = [&](std::int64_t k) {
+          return static_cast<std::int32_t>(static_cast<unsigned char>(document[k]));
+        };
+        s.tokens.push_back(real ? byte(start + t) : 0);
+        s.targets.push_back(real ? byte(start + t + 1) : kIgnoredLabel);
+      }
+    }
+  }
+  return s;
+}
+
+std::vector<std::string> synthetic_documents(std::int64_t count, std::int64_t min_length,
+                                             std::int64_t max_length, std::uint64_t seed) {
+  BIGBATCH_CHECK(count >= 0 && 0 <= min_length && min_length <= max_length,
+                 "synthetic_documents: need count >= 0 and 0 <= min_length <= max_length");
+  std::vector<std::string> documents;
+  std::uint64_t index = 0;
+  for (std::int64_t d = 0; d < count; ++d) {
+    const auto span = static_cast<double>(max_length - min_length + 1);
+    const std::int64_t size =
+        min_length + static_cast<std::int64_t>(random_uniform(seed, 0, index++) * span);
+    std::string document;
+    for (std::int64_t k = 0; k < size; ++k) {
+      document.push_back(static_cast<char>(random_bits(seed, 1, index++) & 0xffu));
+    }
+    documents.push_back(std::move(document));
+  }
+  return documents;
+}
+
+}  // namespace bigbatch

@@ -1,0 +1,65 @@
+// text_corpus.hpp: byte-level token data for chapter 08's GPT. A token is a byte
+// (vocabulary 256), so text needs no tokenizer to install, and a document is a piece of text
+// between separators.
+//
+// Documents. read_documents(path) splits a text file in fortune(6)'s format: documents
+// separated by lines that hold only "%", as in Debian's `fortunes` package
+// (/usr/share/games/fortunes/*, BSD licence: /usr/share/doc/fortunes/copyright). A file
+// without such a line is split at blank lines instead (paragraphs). Leading and trailing
+// newlines of a document are kept as they are; documents of fewer than two bytes (no
+// next-byte target) are dropped.
+//
+// Sequences. make_sequences(documents, T) turns each document into padded sequences of T
+// positions: position t holds byte t and its target is byte t + 1. A document of L bytes
+// has L - 1 targets; one longer than T + 1 bytes is cut into pieces of at most T + 1 bytes
+// that share their boundary byte, so every pair of consecutive bytes is a target exactly
+// once. A piece of n bytes fills n - 1 positions; the rest is padding: token 0 and target
+// kIgnoredLabel (dataset.hpp), which the cross-entropy counts for nothing.
+//
+// Why padded and not packed (nanoGPT packs random windows of one long stream): a padded
+// sequence is one document, so the causal mask alone keeps documents apart (packing needs a
+// block-diagonal document mask), and each sequence brings its own number of real targets,
+// which is what chapter 08's lesson is about: the loss of a step is the sum over its target
+// tokens divided by their count over the whole step, not a mean of per-micro-batch means.
+// The price is the padding's compute, reported by padding_fraction().
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace bigbatch {
+
+/// Padded sequences of byte tokens: N sequences of `length` positions, row-major.
+struct TokenSequences {
+  std::int64_t length = 0;            ///< T, positions per sequence
+  std::vector<std::int32_t> tokens;   ///< [N, T] bytes, 0 on padding
+  std::vector<std::int32_t> targets;  ///< [N, T] the next byte, kIgnoredLabel on padding
+
+  /// N, the number of sequences.
+  std::int64_t count() const {
+    return length == 0 ? 0 : static_cast<std::int64_t>(tokens.size()) / length;
+  }
+  /// The targets that are not padding, over all sequences or over sequences [first, end).
+  std::int64_t real_targets(std::int64_t first = 0, std::int64_t end = -1) const;
+  /// The share of positions that are padding.
+  double padding_fraction() const;
+};
+
+/// The documents of a text file (the format above). Throws std::runtime_error naming the
+/// path when it cannot be read or holds no document of two bytes or more.
+std::vector<std::string> read_documents(const std::string& path);
+
+/// Splits text (the format above) into documents.
+std::vector<std::string> split_documents(const std::string& text);
+
+/// Every document as padded sequences of `length` positions (above), in document order.
+/// Throws std::invalid_argument for a length below 1.
+TokenSequences make_sequences(const std::vector<std::string>& documents, std::int64_t length);
+
+/// `count` documents of random bytes, each of a length drawn uniformly from [min_length,
+/// max_length], from the counter-based RNG: test data with uneven lengths.
+std::vector<std::string> synthetic_documents(std::int64_t count, std::int64_t min_length,
+                                             std::int64_t max_length, std::uint64_t seed);
+
+}  // namespace bigbatch
