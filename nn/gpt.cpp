@@ -78,6 +78,20 @@ bool dropout_active(const GptConfig& config, const ForwardContext& context) {
 
 }  // namespace
 
+GptSavedBytes gpt_saved_bytes(const GptConfig& config, std::int64_t sequences,
+                              std::int64_t length) {
+  const auto W = static_cast<std::size_t>(dtype_size(working_dtype(config.precision)));
+  const auto n = static_cast<std::size_t>(sequences * length);
+  const auto C = static_cast<std::size_t>(config.width);
+  const auto scores = static_cast<std::size_t>(sequences * config.heads * length * length);
+  constexpr std::size_t f32 = 4;
+  GptSavedBytes bytes;
+  bytes.embeddings = W * n * C;
+  bytes.per_block = 16 * W * n * C + W * scores + 4 * f32 * n;
+  bytes.head = W * n * C + 2 * f32 * n + f32 * n * static_cast<std::size_t>(config.vocabulary);
+  return bytes;
+}
+
 Gpt::Gpt(const GptConfig& config, Device device) : Gpt(config, device, DType::f32) {}
 
 Gpt Gpt::float64(const GptConfig& config) {

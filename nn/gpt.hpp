@@ -99,6 +99,34 @@ struct GptBlockActivations {
   Tensor gelu;                        ///< GELU's output, mlp.c_proj's input    [n, 4C]
 };
 
+/// The bytes a training forward() keeps for backward() (MemoryCategory::activations) for b
+/// sequences of T positions, n = b T rows, W bytes per element of the working dtype, f32
+/// statistics and logits:
+///   embeddings: the blocks' input x0                                       W n C
+///   per block:  ln_1(x), qkv (3), the heads' output, middle, ln_2(middle), c_fc's output (4),
+///               GELU's output (4) and the block's output, the next one's input: 16 W n C;
+///               the attention's P: W b heads T^2; four LayerNorm statistics: 16 n
+///   head:       ln_f(x) W n C, its two statistics 8 n, the logits 4 n V
+/// No dropout mask is kept (the counter-based RNG draws each again in the backward), nor the
+/// dropped probabilities (recomputed from P): in 16 bits a block keeps 32 n C + 2 b heads T^2
+/// bytes where Korthikanti et al. (2022) count 34 n C + 5 b heads T^2 (they keep three masks,
+/// one byte an element: n C for each residual branch and b heads T^2 for the attention's,
+/// and the 2 b heads T^2 of the attention dropout's output), plus its 16 n bytes of
+/// statistics, which they leave out.
+struct GptSavedBytes {
+  std::size_t embeddings = 0;  ///< x0
+  std::size_t per_block = 0;   ///< one block's
+  std::size_t head = 0;        ///< ln_f's output and statistics, and the logits
+  /// All of a model of `layers` blocks.
+  std::size_t total(std::int64_t layers) const {
+    return embeddings + static_cast<std::size_t>(layers) * per_block + head;
+  }
+};
+
+/// GptSavedBytes for `config` (its precision's working dtype) and b sequences of T positions.
+GptSavedBytes gpt_saved_bytes(const GptConfig& config, std::int64_t sequences,
+                              std::int64_t length);
+
 /// The decoder described above, its parameters, gradients and saved activations on one device.
 class Gpt {
  public:

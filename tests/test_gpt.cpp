@@ -9,6 +9,8 @@
 #include <vector>
 
 #include "common/data/dataset.hpp"
+#include "common/data/text_corpus.hpp"
+#include "common/memory.hpp"
 #include "kernels/cross_entropy.hpp"
 #include "nn/gpt.hpp"
 #include "tests/finite_difference.hpp"
@@ -40,7 +42,7 @@ struct Sequences {
   }
 };
 
-Sequences make_sequences(const std::vector<std::int64_t>& lengths, std::int64_t T,
+Sequences random_sequences(const std::vector<std::int64_t>& lengths, std::int64_t T,
                          std::int64_t vocabulary, std::uint64_t seed) {
   Sequences s{static_cast<std::int64_t>(lengths.size()), T, {}, {}};
   const auto u = testing::random_values(s.b * (T + 1), seed, 0, 1);
@@ -156,7 +158,7 @@ TEST(GptParameters, InitialisationIsNanoGpts) {
 TEST(GptGradients, Float64BackwardIsTheDerivativeOfTheLoss) {
   const GptConfig config{7, 6, 2, 8, 2, 0.2f, 3, nn::Precision::fp32};
   Gpt model = Gpt::float64(config);
-  const Sequences s = make_sequences({5, 3}, 5, config.vocabulary, 9);
+  const Sequences s = random_sequences({5, 3}, 5, config.vocabulary, 9);
   const float count = static_cast<float>(s.real_targets());
   model.zero_grad();
   forward_backward(model, s, 4, count, 17);
@@ -193,7 +195,7 @@ TEST(GptAccumulation, MicroBatchesOfSequencesGiveTheBatchGradientsBitForBit) {
   for (const nn::Precision precision : {nn::Precision::fp32, nn::Precision::bf16}) {
     SCOPED_TRACE(nn::precision_name(precision));
     const GptConfig config{11, 8, 2, 12, 3, 0.1f, 5, precision};
-    const Sequences s = make_sequences({8, 3, 6, 1, 7}, 8, config.vocabulary, 21);
+    const Sequences s = random_sequences({8, 3, 6, 1, 7}, 8, config.vocabulary, 21);
     const float count = static_cast<float>(s.real_targets());
     Gpt batch(config, Device::cpu()), micro(config, Device::cpu());
     batch.zero_grad();
@@ -213,12 +215,77 @@ TEST(GptAccumulation, MicroBatchesOfSequencesGiveTheBatchGradientsBitForBit) {
   }
 }
 
+// The accumulation bug of 2024 (Hugging Face transformers, PR #34191): each micro-batch's loss
+// divided by its own count of target tokens n_m (and by the M micro-batches), instead of
+// every target by the step's count N. Cross-entropy's gradient is linear in 1/count, so that
+// run gives sum_m w_m g_m with w_m = N / (M n_m), where g_m is micro-batch m's gradient with
+// the global count: micro-batches with few tokens weigh more than their tokens. Checked on
+// the float64 twin, where both identities hold to rounding (a few thousand f64 operations,
+// relative 1e-12 with room to spare), and the error is far from rounding (over 5% here).
+TEST(GptAccumulation, PerMicroBatchMeansMisweightUnevenTokenCounts) {
+  const GptConfig config{256, 16, 1, 8, 2, 0.0f, 11, nn::Precision::fp32};
+  const TokenSequences data = bigbatch::make_sequences(synthetic_documents(6, 2, 17, 5), 16);
+  ASSERT_EQ(data.count(), 6);
+  const std::int64_t M = 3, per = 2, N = data.real_targets();
+  const auto slice = [&](std::int64_t m) {
+    Sequences s{per, data.length, {}, {}};
+    const auto first = data.tokens.begin() + m * per * data.length;
+    s.tokens.assign(first, first + per * data.length);
+    const auto target = data.targets.begin() + m * per * data.length;
+    s.targets.assign(target, target + per * data.length);
+    return s;
+  };
+  const auto gradients = [&](Gpt& model) {
+    model.complete_gradients();
+    std::vector<double> all;
+    for (const nn::NamedParameter& p : model.parameters()) {
+      const auto g = testing::to_doubles(p.grad);
+      all.insert(all.end(), g.begin(), g.end());
+    }
+    model.zero_grad();
+    return all;
+  };
+  Gpt model = Gpt::float64(config);
+  model.zero_grad();
+  std::vector<std::vector<double>> parts;  // g_m: micro-batch m alone, global count
+  std::vector<double> weights;             // w_m = N / (M n_m)
+  for (std::int64_t m = 0; m < M; ++m) {
+    forward_backward(model, slice(m), m * per, static_cast<float>(N), 1);
+    parts.push_back(gradients(model));
+    weights.push_back(static_cast<double>(N) /
+                      static_cast<double>(M * data.real_targets(m * per, (m + 1) * per)));
+  }
+  for (std::int64_t m = 0; m < M; ++m) {
+    forward_backward(model, slice(m), m * per, static_cast<float>(N), 1);
+  }
+  const std::vector<double> right = gradients(model);
+  for (std::int64_t m = 0; m < M; ++m) {
+    const std::int64_t own = data.real_targets(m * per, (m + 1) * per);
+    forward_backward(model, slice(m), m * per, static_cast<float>(M * own), 1);
+  }
+  const std::vector<double> wrong = gradients(model);
+  double error = 0, norm = 0, magnitude = 0;
+  for (std::size_t k = 0; k < right.size(); ++k) {
+    double sum = 0, weighted = 0;
+    for (std::int64_t m = 0; m < M; ++m) {
+      sum += parts[m][k];
+      weighted += weights[m] * parts[m][k];
+      magnitude = std::max(magnitude, weights[m] * std::abs(parts[m][k]));
+    }
+    EXPECT_NEAR(right[k], sum, 1e-12 * (magnitude + 1e-300)) << k;
+    EXPECT_NEAR(wrong[k], weighted, 1e-12 * (magnitude + 1e-300)) << k;
+    error += (wrong[k] - right[k]) * (wrong[k] - right[k]);
+    norm += right[k] * right[k];
+  }
+  EXPECT_GT(std::sqrt(error / norm), 0.05) << "the per-micro-batch mean should be visibly wrong";
+}
+
 // Changing the token at position t changes no logit before t, bit for bit, through every
 // layer of the model (the attention's mask, and nothing else mixing positions).
 TEST(GptModel, ForwardIsCausal) {
   const GptConfig config{13, 9, 2, 8, 2, 0.0f, 7, nn::Precision::fp32};
   Gpt model(config, Device::cpu());
-  Sequences s = make_sequences({9}, 9, config.vocabulary, 41);
+  Sequences s = random_sequences({9}, 9, config.vocabulary, 41);
   ForwardContext inference;
   inference.training = false;
   const auto logits = [&] {
@@ -236,6 +303,47 @@ TEST(GptModel, ForwardIsCausal) {
   }
   EXPECT_NE(std::vector<double>(after.begin() + 6 * 13, after.begin() + 7 * 13),
             std::vector<double>(before.begin() + 6 * 13, before.begin() + 7 * 13));
+}
+
+// ---- memory ---------------------------------------------------------------------------------
+
+// A training forward keeps exactly gpt_saved_bytes' activations, to the byte, in fp32, fp16
+// and bf16, with and without dropout (no mask is kept), and an inference forward only its
+// logits.
+TEST(GptMemory, ForwardKeepsThePredictedBytes) {
+  for (const nn::Precision precision :
+       {nn::Precision::fp32, nn::Precision::fp16, nn::Precision::bf16}) {
+    for (const float dropout : {0.0f, 0.1f}) {
+      SCOPED_TRACE(nn::precision_name(precision) + (dropout > 0 ? " with dropout" : ""));
+      const GptConfig config{256, 12, 3, 16, 4, dropout, 2, precision};
+      Gpt model(config, Device::cpu());
+      const Sequences s = random_sequences({12, 7, 12}, 12, 256, 3);
+      const Tensor tokens = Tensor::from_vector(s.tokens, {3, 12});
+      const auto live = [] {
+        return allocator_for(Device::cpu()).stats().live_of(MemoryCategory::activations);
+      };
+      const std::size_t before = live();
+      Tensor logits = model.forward(tokens, ForwardContext{});
+      EXPECT_EQ(live() - before, nn::gpt_saved_bytes(config, 3, 12).total(config.layers));
+      ForwardContext inference;
+      inference.training = false;
+      logits = model.forward(tokens, inference);  // replaces what training saved
+      EXPECT_EQ(live() - before, logits.nbytes());
+    }
+  }
+}
+
+// Per block in 16 bits, against Korthikanti et al.'s 34 s b h + 5 a s^2 b (s = T, h = C,
+// a = heads): ours is that less their three dropout masks (one byte an element: both
+// residual branches' s b h and the attention's a s^2 b) and the dropped probabilities
+// (2 a s^2 b), plus our four LayerNorm statistics (16 s b).
+TEST(GptMemory, ABlockKeepsKorthikantisCountLessWhatTheCounterRngRecomputes) {
+  const std::int64_t s = 256, b = 4, h = 384, a = 6;
+  const GptConfig config{256, s, 6, h, a, 0.1f, 1, nn::Precision::bf16};
+  const std::int64_t korthikanti = 34 * s * b * h + 5 * a * s * s * b;
+  const std::int64_t masks = 2 * s * b * h + a * s * s * b, dropped = 2 * a * s * s * b;
+  EXPECT_EQ(static_cast<std::int64_t>(nn::gpt_saved_bytes(config, b, s).per_block),
+            korthikanti - masks - dropped + 16 * s * b);
 }
 
 TEST(GptModel, SaveAndLoadRoundTripEveryParameter) {
