@@ -147,7 +147,7 @@ Gpt::Gpt(const GptConfig& config, Device device, DType parameter_dtype)
     }
     ++index;
   }
-  refresh_half_copies(parameters());
+  refresh_half_copies(parameters());  // the working copies from the masters just drawn
 }
 
 std::vector<StateEntry> Gpt::state_entries() {
