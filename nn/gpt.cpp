@@ -195,6 +195,20 @@ const Tensor& Gpt::working(const EmbeddingTable& table) const {
   return table.weight_half.defined() ? table.weight_half : table.weight;
 }
 
+void Gpt::check_data(const Dataset& data) const {
+  BIGBATCH_CHECK(data.holds_tokens() && data.features.dtype() == DType::i32 &&
+                     data.features.rank() == 2 && data.labels.shape() == data.features.shape(),
+                 "the GPT trains on token sequences (i32 [N, T], a target per token); the data "
+                 "set '", data.name, "' holds ", data.features.describe(), " and labels ",
+                 data.labels.describe());
+  BIGBATCH_CHECK(data.feature_dim() >= 1 && data.feature_dim() <= config_.context,
+                 "the data set '", data.name, "' has sequences of ", data.feature_dim(),
+                 " tokens, the model's context is ", config_.context);
+  BIGBATCH_CHECK(data.num_classes <= config_.vocabulary, "the data set '", data.name,
+                 "' has a vocabulary of ", data.num_classes, " tokens, the model's is ",
+                 config_.vocabulary);
+}
+
 Tensor Gpt::forward(const Tensor& tokens, const ForwardContext& context) {
   constexpr const char* op = "Gpt::forward";
   detail::check_rank(op, "tokens", tokens, 2);

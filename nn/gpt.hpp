@@ -128,7 +128,7 @@ GptSavedBytes gpt_saved_bytes(const GptConfig& config, std::int64_t sequences,
                               std::int64_t length);
 
 /// The decoder described above, its parameters, gradients and saved activations on one device.
-class Gpt {
+class Gpt : public Network {
  public:
   /// Parameters initialised as nanoGPT's (above); gradients zero. Throws
   /// std::invalid_argument for sizes that do not fit (heads not dividing the width, ...).
@@ -140,28 +140,31 @@ class Gpt {
   /// The configuration the model was built with.
   const GptConfig& config() const { return config_; }
   /// The device that holds every tensor.
-  Device device() const { return device_; }
+  Device device() const override { return device_; }
   /// The dtype of activations and their gradients (f64 for the float64 twin).
   DType activation_dtype() const { return activation_dtype_; }
 
   /// The trainable tensors in nanoGPT's named_parameters() order.
-  std::vector<NamedParameter> parameters() const;
+  std::vector<NamedParameter> parameters() const override;
   /// Every parameter by name, in the same order (a GPT has no buffers).
   std::vector<std::pair<std::string, Tensor>> state_dict() const;
   /// The number of trainable elements.
-  std::int64_t parameter_count() const;
+  std::int64_t parameter_count() const override;
   /// Sets every parameter gradient, and the head's share of wte's, to 0.
-  void zero_grad();
+  void zero_grad() override;
 
   /// logits [b*T, V] (f32; f64 for the twin; MemoryCategory::activations) of tokens [b, T]
   /// i32 in [0, V), 1 <= T <= context; in training saves what backward() needs.
-  Tensor forward(const Tensor& tokens, const ForwardContext& context);
+  Tensor forward(const Tensor& tokens, const ForwardContext& context) override;
   /// Adds (+=) the gradients of the loss given d_logits [b*T, V] (the logits' dtype) of the
   /// last forward(); the head's share of wte's gradient goes to its own buffer (above).
-  void backward(const Tensor& d_logits);
+  void backward(const Tensor& d_logits) override;
   /// Adds the head's share into wte's gradient and zeroes it: once per optimizer step, after
   /// the last micro-batch's backward.
-  void complete_gradients();
+  void complete_gradients() override;
+  /// Refuses (std::invalid_argument) a data set that is not token sequences (i32 [N, T],
+  /// 1 <= T <= the context, targets [N, T]) of at most config().vocabulary tokens.
+  void check_data(const Dataset& data) const override;
 
   /// One block's forward on x [b, T, C]: returns the block's output and fills `saved`.
   Tensor block_forward(std::size_t index, const Tensor& x, const ForwardContext& context,

@@ -340,6 +340,18 @@ Tensor Model::block_backward(std::size_t index, const BlockActivations& saved,
   return d_input;
 }
 
+void Model::check_data(const Dataset& data) const {
+  BIGBATCH_CHECK(!data.holds_tokens() && data.features.dtype() == DType::f32 &&
+                     data.features.rank() == 2,
+                 "the residual MLP trains on rows of f32 features with a label each; the data "
+                 "set '", data.name, "' holds ", data.features.describe(), " and labels ",
+                 data.labels.describe());
+  BIGBATCH_CHECK(data.feature_dim() == config_.inputs, "the data set '", data.name, "' has ",
+                 data.feature_dim(), " features per sample, the model takes ", config_.inputs);
+  BIGBATCH_CHECK(data.num_classes <= config_.classes, "the data set '", data.name, "' has ",
+                 data.num_classes, " classes, the model's head has ", config_.classes);
+}
+
 Tensor Model::forward(const Tensor& x, const ForwardContext& context) {
   BIGBATCH_CHECK(x.dtype() == DType::f32 && x.rank() == 2 && x.dim(1) == config_.inputs,
                  "Model::forward: x must be f32 [b, ", config_.inputs, "], got ", x.describe());

@@ -65,6 +65,7 @@
 #include "common/device.hpp"
 #include "common/settings.hpp"
 #include "common/tensor.hpp"
+#include "nn/network.hpp"
 
 namespace bigbatch::nn {
 
@@ -119,29 +120,6 @@ constexpr void visit_settings(Self& c, Visit&& visit) {
   visit("precision", c.precision, SettingRole::trajectory);
 }
 static_assert(every_field_visited<ModelConfig>(), "classify ModelConfig's new field above");
-
-/// A trainable tensor, named as in PyTorch's state_dict, and its gradient buffer.
-struct NamedParameter {
-  /// The state_dict name, e.g. "blocks.0.fc1.weight".
-  std::string name;
-  Tensor value;  ///< f32: MemoryCategory::parameters, or master_weights when mixed
-  Tensor grad;   ///< the same shape, f32, MemoryCategory::gradients, accumulated (+=)
-  Tensor half;   ///< the 16-bit working copy the forward reads (mixed Linear weights), or none
-  /// The parameter's shape: its value's, or its working copy's while the model's master is
-  /// released (Model::release_master_weights).
-  const Shape& shape() const { return value.defined() ? value.shape() : half.shape(); }
-};
-
-/// What one forward pass needs to know besides its input.
-struct ForwardContext {
-  bool training = true;            ///< dropout on, BatchNorm with batch statistics
-  std::uint64_t dropout_seed = 0;  ///< the seed of every dropout mask (vary it per step)
-  std::int64_t first_row = 0;      ///< global index of the input's row 0 in the batch
-  /// A recomputation of blocks already run in this step (activation checkpointing):
-  /// everything is computed as before (dropout masks come from the counter RNG, so they
-  /// are the same), but BatchNorm does not update its running statistics a second time.
-  bool recompute = false;
-};
 
 /// nn.Linear(in, out): y = x W^T + b.
 struct Linear {
@@ -264,7 +242,7 @@ class BlockRunner {
 
 /// The pre-norm residual MLP described above, its parameters, gradients and saved
 /// activations on one device.
-class Model {
+class Model : public Network {
  public:
   /// Parameters initialised as PyTorch initialises them (Linear: weight and bias uniform
   /// in [-1/sqrt(in), 1/sqrt(in)]; norm weight 1, bias 0, running mean 0, var 1), drawn
@@ -275,20 +253,20 @@ class Model {
   /// The configuration the model was built with.
   const ModelConfig& config() const { return config_; }
   /// The device that holds every tensor of the model.
-  Device device() const { return device_; }
+  Device device() const override { return device_; }
   /// The dtype of activations and their gradients: working_dtype(config().precision).
   DType activation_dtype() const;
 
   /// The trainable tensors in PyTorch's named_parameters() order.
-  std::vector<NamedParameter> parameters() const;
+  std::vector<NamedParameter> parameters() const override;
   /// Parameters and buffers (BatchNorm's running statistics) in state_dict() order.
   std::vector<std::pair<std::string, Tensor>> state_dict() const;
   /// The number of trainable elements: the sum of numel() over parameters().
-  std::int64_t parameter_count() const;
+  std::int64_t parameter_count() const override;
 
   /// Sets every parameter gradient to 0 (a released one is left released: it is 0 when a
   /// backward allocates it again).
-  void zero_grad();
+  void zero_grad() override;
   /// Releases the gradient buffers of parameters()[first, end): their bytes go back to the
   /// allocator and parameters() shows them undefined, until a backward() needs them and
   /// allocates them again, as zeros, just before it adds into them (the head's as the
@@ -313,10 +291,13 @@ class Model {
   /// backward() needs, replacing what an earlier forward() saved (an inference forward,
   /// context.training false, keeps no block's activations and allows no backward).
   /// BatchNorm in training updates its running statistics and needs b >= 2.
-  Tensor forward(const Tensor& x, const ForwardContext& context);
+  Tensor forward(const Tensor& x, const ForwardContext& context) override;
   /// Adds (+=) the gradients of the loss with respect to every parameter, given dlogits
   /// [b, C] f32 of the last forward(); releases the saved activations as it goes.
-  void backward(const Tensor& dlogits);
+  void backward(const Tensor& dlogits) override;
+  /// Refuses (std::invalid_argument) a data set that is not f32 [N, inputs] with labels [N]
+  /// of at most config().classes classes.
+  void check_data(const Dataset& data) const override;
 
   /// The building blocks of forward() and backward() for one residual block, for
   /// activation checkpointing: block_forward returns the block's output [b, H] and

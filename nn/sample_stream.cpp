@@ -114,6 +114,11 @@ MicroBatchBuffer::MicroBatchBuffer(std::int64_t rows, std::int64_t features, Dev
     : x_({rows, features}, DType::f32, device, MemoryCategory::data),
       labels_({rows}, DType::i32, device, MemoryCategory::data) {}
 
+MicroBatchBuffer::MicroBatchBuffer(std::int64_t rows, const Dataset& like, Device device)
+    : x_({rows, like.feature_dim()}, like.features.dtype(), device, MemoryCategory::data),
+      labels_(like.holds_tokens() ? Shape{rows, like.targets_per_sample()} : Shape{rows},
+              DType::i32, device, MemoryCategory::data) {}
+
 std::pair<Tensor, Tensor> MicroBatchBuffer::first(std::int64_t rows) const {
   BIGBATCH_CHECK(rows > 0 && rows <= x_.dim(0), "MicroBatchBuffer: a micro-batch of ", rows,
                  " rows does not fit a buffer of ", x_.dim(0));
@@ -128,6 +133,13 @@ BatchRows MicroBatchBuffer::rows_of(const SampleStream& stream, std::int64_t ste
   };
 }
 
+std::pair<Tensor, Tensor> MicroBatchBuffer::gather(const Dataset& data,
+                                                   const std::vector<std::int64_t>& indices) {
+  auto [x, labels] = first(static_cast<std::int64_t>(indices.size()));
+  gather_rows(data, indices, x, labels);
+  return {x, labels};
+}
+
 BatchRows MicroBatchBuffer::rows_of(const Tensor& x, const Tensor& labels) {
   return [this, x, labels](std::int64_t begin, std::int64_t end) {
     auto [x_micro, labels_micro] = first(end - begin);
@@ -137,28 +149,35 @@ BatchRows MicroBatchBuffer::rows_of(const Tensor& x, const Tensor& labels) {
   };
 }
 
-EvaluationResult evaluate(Model& model, const Dataset& data, std::int64_t batch) {
+EvaluationResult evaluate(Network& model, const Dataset& data, std::int64_t batch) {
   BIGBATCH_CHECK(batch > 0, "evaluate: batch must be positive, got ", batch);
   BIGBATCH_CHECK(data.size() > 0, "evaluate: the data set '", data.name, "' is empty");
+  model.check_data(data);
   const std::int64_t n = data.size();
+  std::vector<std::int64_t> every(static_cast<std::size_t>(n));
+  std::iota(every.begin(), every.end(), 0);
+  const std::int64_t targets = count_targets(data, every);
+  BIGBATCH_CHECK(targets > 0, "evaluate: the data set '", data.name, "' has no target that is "
+                 "not ignored");
   const Device device = model.device();
-  // Every batch adds its share of the mean (global count N) into one float.
+  // Every batch adds its share of the mean (global count: the targets) into one float.
   const Tensor loss = Tensor::zeros({1}, DType::f32, device, MemoryCategory::workspace);
+  MicroBatchBuffer buffer(std::min(batch, n), data, device);
   EvaluationResult result;
   result.samples = n;
+  result.targets = targets;
   for (std::int64_t begin = 0; begin < n; begin += batch) {
     const std::int64_t rows = std::min(batch, n - begin);
     std::vector<std::int64_t> indices(static_cast<std::size_t>(rows));
     std::iota(indices.begin(), indices.end(), begin);
-    const Tensor x({rows, data.feature_dim()}, DType::f32, device, MemoryCategory::data);
-    const Tensor labels({rows}, DType::i32, device, MemoryCategory::data);
-    gather_rows(data, indices, x, labels);
+    const auto [x, labels] = buffer.gather(data, indices);
     const Tensor logits = model.forward(x, ForwardContext{false, 0, begin});
-    cross_entropy_forward(logits, labels, loss, static_cast<float>(n));
-    result.correct += count_correct(logits, labels);
+    const Tensor flat = targets_of(labels);
+    cross_entropy_forward(logits, flat, loss, static_cast<float>(targets));
+    result.correct += count_correct(logits, flat);
   }
   result.loss = loss.to_vector<float>()[0];
-  result.accuracy = static_cast<double>(result.correct) / static_cast<double>(n);
+  result.accuracy = static_cast<double>(result.correct) / static_cast<double>(targets);
   return result;
 }
 

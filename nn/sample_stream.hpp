@@ -89,6 +89,9 @@ class MicroBatchBuffer {
  public:
   /// Room for `rows` samples of `features` each on `device`.
   MicroBatchBuffer(std::int64_t rows, std::int64_t features, Device device);
+  /// Room for `rows` samples of the kind `like` holds (f32 rows and a label each, or token
+  /// sequences and their targets) on `device`.
+  MicroBatchBuffer(std::int64_t rows, const Dataset& like, Device device);
   /// The rows it holds at most.
   std::int64_t rows() const { return x_.dim(0); }
   /// Micro-batch rows [begin, end) of step k's batch in `stream`, copied in; returns
@@ -98,6 +101,9 @@ class MicroBatchBuffer {
   /// The same for a batch held elsewhere (the host): rows [begin, end) of x [B, D] f32 and
   /// labels [B] i32 copied in (the source shares x and labels, and refers to this buffer).
   BatchRows rows_of(const Tensor& x, const Tensor& labels);
+  /// The samples of `data` at `indices` copied into the buffer's first indices.size() rows
+  /// (gather_rows), returned as views of them.
+  std::pair<Tensor, Tensor> gather(const Dataset& data, const std::vector<std::int64_t>& indices);
 
  private:
   /// The buffers' first `rows` rows, checked against the capacity.
@@ -107,15 +113,19 @@ class MicroBatchBuffer {
 
 /// What evaluate() measured over a data set.
 struct EvaluationResult {
-  double loss = 0;               ///< mean cross-entropy over the data set
-  double accuracy = 0;           ///< correct / samples
-  std::int64_t correct = 0;      ///< samples whose argmax is the label
+  double loss = 0;               ///< mean cross-entropy over the data set's targets
+  double accuracy = 0;           ///< correct / targets
+  std::int64_t correct = 0;      ///< targets whose argmax is the label
   /// N, the samples evaluated.
   std::int64_t samples = 0;
+  /// The targets the means are over: N for classification, the tokens' that are not
+  /// ignored (padding) for token sequences.
+  std::int64_t targets = 0;
 };
 
-/// The model's mean loss and accuracy on `data`, in inference mode (no dropout,
-/// BatchNorm with running statistics), in consecutive batches of `batch` samples.
-EvaluationResult evaluate(Model& model, const Dataset& data, std::int64_t batch);
+/// The model's mean loss and accuracy over the targets of `data` (Network::check_data
+/// first), in inference mode (no dropout, BatchNorm with running statistics), in
+/// consecutive batches of `batch` samples.
+EvaluationResult evaluate(Network& model, const Dataset& data, std::int64_t batch);
 
 }  // namespace bigbatch::nn

@@ -27,25 +27,17 @@ class TellingFinalGradients {
 
 }  // namespace
 
-float accumulate_gradients(Model& model, const Tensor& x, const Tensor& labels,
-                           std::int64_t micro_batch, const ForwardContext& context,
-                           std::int64_t global_count, float loss_scale) {
-  const std::int64_t rows = x.rank() == 2 ? x.dim(0) : -1;
-  BIGBATCH_CHECK(rows > 0 && labels.dtype() == DType::i32 && (labels.shape() == Shape{rows}),
-                 "accumulate_gradients: x must be [B, D] with B > 0 and labels i32 [B], got ",
-                 x.describe(), " and ", labels.describe());
-  // The batch is on the device already: each micro-batch is a view of its rows.
-  const BatchRows views = [&](std::int64_t begin, std::int64_t end) {
-    return std::pair{x.rows(begin, end), labels.rows(begin, end)};
-  };
-  return accumulate_gradients(model, rows, views, micro_batch, context, global_count,
-                              loss_scale);
+Tensor targets_of(const Tensor& labels) {
+  return labels.rank() == 2 ? labels.reshaped({labels.numel()}) : labels;
 }
 
-float accumulate_gradients(Model& model, std::int64_t rows, const BatchRows& rows_of,
-                           std::int64_t micro_batch, const ForwardContext& context,
-                           std::int64_t global_count, float loss_scale,
-                           const GradientsReady& on_final, TellGradients tell) {
+namespace {
+
+/// The accumulation of every overload; `on_final` and `tell` need the MLP (`telling`).
+float accumulate(Network& model, std::int64_t rows, const BatchRows& rows_of,
+                 std::int64_t micro_batch, const ForwardContext& context,
+                 std::int64_t global_count, float loss_scale, Model* telling,
+                 const GradientsReady& on_final, TellGradients tell) {
   BIGBATCH_CHECK(rows > 0, "accumulate_gradients: the batch must have rows, got ", rows);
   BIGBATCH_CHECK(micro_batch > 0, "accumulate_gradients: micro_batch must be positive, got ",
                  micro_batch);
@@ -55,19 +47,67 @@ float accumulate_gradients(Model& model, std::int64_t rows, const BatchRows& row
   for (std::int64_t begin = 0; begin < rows; begin += micro_batch) {
     const std::int64_t end = std::min(rows, begin + micro_batch);
     const auto [x_micro, labels_micro] = rows_of(begin, end);
+    BIGBATCH_CHECK(global_count > 0 || labels_micro.rank() == 1,
+                   "accumulate_gradients: token targets ", labels_micro.describe(),
+                   " need the step's count of targets (global_count), which the batch's "
+                   "micro-batches alone do not tell before the first backward");
     ForwardContext micro_context = context;
     micro_context.first_row = context.first_row + begin;
     const Tensor logits = model.forward(x_micro, micro_context);
-    cross_entropy_forward(logits, labels_micro, loss, count);
+    const Tensor targets = targets_of(labels_micro);
+    cross_entropy_forward(logits, targets, loss, count);
     const Tensor dlogits(logits.shape(), DType::f32, model.device(), MemoryCategory::workspace);
-    cross_entropy_backward(logits, labels_micro, dlogits, count, loss_scale);
-    std::optional<TellingFinalGradients> telling;  // by default the last backward only
+    cross_entropy_backward(logits, targets, dlogits, count, loss_scale);
+    std::optional<TellingFinalGradients> told;  // by default the last backward only
     if (on_final && (end == rows || tell == TellGradients::every_micro_batch)) {
-      telling.emplace(model, on_final);
+      told.emplace(*telling, on_final);
     }
     model.backward(dlogits);
   }
+  model.complete_gradients();
   return loss.to_vector<float>()[0];
+}
+
+}  // namespace
+
+float accumulate_gradients(Network& model, const Tensor& x, const Tensor& labels,
+                           std::int64_t micro_batch, const ForwardContext& context,
+                           std::int64_t global_count, float loss_scale) {
+  const std::int64_t rows = x.rank() == 2 ? x.dim(0) : -1;
+  const bool labels_fit = labels.dtype() == DType::i32 && labels.rank() >= 1 &&
+                          labels.dim(0) == rows &&
+                          (labels.rank() == 1 || labels.shape() == x.shape());
+  BIGBATCH_CHECK(rows > 0 && labels_fit,
+                 "accumulate_gradients: x must be [B, D] with B > 0 and labels i32 [B] (or "
+                 "[B, T] for tokens [B, T]), got ", x.describe(), " and ", labels.describe());
+  if (global_count <= 0 && labels.rank() == 1) global_count = rows;  // a label per row
+  if (global_count <= 0) {  // the token batch's own targets, counted on the host
+    const std::vector<std::int32_t> values = labels.to_vector<std::int32_t>();
+    global_count = std::count_if(values.begin(), values.end(),
+                                 [](std::int32_t label) { return label != kIgnoredLabel; });
+    BIGBATCH_CHECK(global_count > 0, "accumulate_gradients: every target is ignored");
+  }
+  // The batch is on the device already: each micro-batch is a view of its rows.
+  const BatchRows views = [&](std::int64_t begin, std::int64_t end) {
+    return std::pair{x.rows(begin, end), labels.rows(begin, end)};
+  };
+  return accumulate(model, rows, views, micro_batch, context, global_count, loss_scale,
+                    nullptr, {}, TellGradients::last_micro_batch);
+}
+
+float accumulate_gradients(Network& model, std::int64_t rows, const BatchRows& rows_of,
+                           std::int64_t micro_batch, const ForwardContext& context,
+                           std::int64_t global_count, float loss_scale) {
+  return accumulate(model, rows, rows_of, micro_batch, context, global_count, loss_scale,
+                    nullptr, {}, TellGradients::last_micro_batch);
+}
+
+float accumulate_gradients(Model& model, std::int64_t rows, const BatchRows& rows_of,
+                           std::int64_t micro_batch, const ForwardContext& context,
+                           std::int64_t global_count, float loss_scale,
+                           const GradientsReady& on_final, TellGradients tell) {
+  return accumulate(model, rows, rows_of, micro_batch, context, global_count, loss_scale,
+                    &model, on_final, tell);
 }
 
 Optimizer::Optimizer(std::vector<NamedParameter> parameters, Options options)

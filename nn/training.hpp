@@ -5,11 +5,12 @@
 //   const float loss = accumulate_gradients(model, x, labels, micro_batch, context);
 //   optimizer.step();
 //
-// accumulate_gradients runs the micro-batches of rows [0, m), [m, 2m), ... of the batch
+// accumulate_gradients runs the micro-batches of samples [0, m), [m, 2m), ... of the batch
 // in order (the last one may be shorter: 1000 = 15 x 64 + 40), each a forward, the
-// cross-entropy with the batch's global count (so every micro-batch contributes exactly
-// its share of the batch mean, with no rescaling) and a backward that ADDS into the
-// parameter gradients. It does not zero them: that is the caller's (once per batch).
+// cross-entropy with the batch's global count of targets (so every micro-batch contributes
+// exactly its share of the batch mean, with no rescaling) and a backward that ADDS into the
+// parameter gradients. It does not zero them: that is the caller's (once per batch). It
+// runs any model (nn::Network: the MLP, the GPT), a sample being a row or a sequence.
 #pragma once
 
 #include <cstdint>
@@ -20,25 +21,34 @@
 #include <vector>
 
 #include "nn/model.hpp"
+#include "nn/network.hpp"
 #include "kernels/optimizer.hpp"
 
 namespace bigbatch::nn {
 
-/// Accumulates (+=) into the model's gradients the gradient of the mean cross-entropy
-/// over `global_count` samples (default, <= 0: the rows of x), of which these are the
-/// rows of x [B, D] f32 with labels [B] i32, in micro-batches of `micro_batch` rows.
-/// context.first_row is the global index of x's row 0; micro-batch k starts at
-/// context.first_row + k * micro_batch. Returns these rows' share of the mean loss
-/// (the whole batch's mean loss when global_count is B).
+/// The labels of a micro-batch as one target per logits row: labels [b] as they are, a token
+/// batch's targets [b, T] as the view [b*T] (position-major, as the GPT's logits rows are).
+Tensor targets_of(const Tensor& labels);
+
+/// Accumulates (+=) into the model's gradients the gradient of the mean cross-entropy over
+/// `global_count` targets (default, <= 0: the targets of these labels that are not
+/// kIgnoredLabel; for classification, the rows of x), of which these are the samples of x
+/// ([B, D] f32 rows, or [B, T] i32 token sequences) with labels [B] (or [B, T]) i32, in
+/// micro-batches of `micro_batch` samples; then Network::complete_gradients().
+/// context.first_row is the global index of x's sample 0; micro-batch k starts at
+/// context.first_row + k * micro_batch. Returns these samples' share of the mean loss
+/// (the whole batch's mean loss when global_count counts this batch's targets).
 /// loss_scale S multiplies dlogits (and so every gradient) and not the returned loss: the
 /// loss scale of mixed precision enters here, once (1 leaves the gradients as they are).
-float accumulate_gradients(Model& model, const Tensor& x, const Tensor& labels,
+/// Dividing each target's loss by the count of the whole step, not of its micro-batch, is
+/// what makes micro-batches of uneven target counts (padded sequences) add up to the batch.
+float accumulate_gradients(Network& model, const Tensor& x, const Tensor& labels,
                            std::int64_t micro_batch, const ForwardContext& context,
                            std::int64_t global_count = 0, float loss_scale = 1.0f);
 
-/// Where accumulate_gradients finds micro-batch rows [begin, end) of a batch: x
-/// [end - begin, D] f32 and labels [end - begin] i32 on the model's device, valid until the
-/// next call (nn::MicroBatchBuffer copies them in from the host, one micro-batch at a time).
+/// Where accumulate_gradients finds micro-batch samples [begin, end) of a batch: x and labels
+/// of end - begin samples on the model's device, valid until the next call
+/// (nn::MicroBatchBuffer copies them in from the host, one micro-batch at a time).
 using BatchRows = std::function<std::pair<Tensor, Tensor>(std::int64_t begin, std::int64_t end)>;
 
 /// Which backwards of a batch tell accumulate_gradients' `on_final`.
@@ -50,14 +60,21 @@ enum class TellGradients {
 };
 
 /// The same accumulation over a batch of `rows` samples that is not on the device: each
-/// micro-batch is fetched from `rows_of` just before its forward pass. `on_final`, when
-/// given, is told during the last micro-batch's backward as each group of gradients becomes
-/// final for the batch (Model::set_gradients_ready; chapter 07 starts their sum over ranks
-/// there); the earlier micro-batches' backwards tell nobody, unless `tell` says every one.
+/// micro-batch is fetched from `rows_of` just before its forward pass. global_count <= 0
+/// counts the rows, which only classification labels allow (the targets of token
+/// sequences are not known before they are fetched: pass their count).
+float accumulate_gradients(Network& model, std::int64_t rows, const BatchRows& rows_of,
+                           std::int64_t micro_batch, const ForwardContext& context,
+                           std::int64_t global_count = 0, float loss_scale = 1.0f);
+
+/// The same for the residual MLP, with `on_final` told during the last micro-batch's
+/// backward as each group of gradients becomes final for the batch
+/// (Model::set_gradients_ready; chapter 07 starts their sum over ranks there); the earlier
+/// micro-batches' backwards tell nobody, unless `tell` says every one.
 float accumulate_gradients(Model& model, std::int64_t rows, const BatchRows& rows_of,
                            std::int64_t micro_batch, const ForwardContext& context,
-                           std::int64_t global_count = 0, float loss_scale = 1.0f,
-                           const GradientsReady& on_final = {},
+                           std::int64_t global_count, float loss_scale,
+                           const GradientsReady& on_final,
                            TellGradients tell = TellGradients::last_micro_batch);
 
 /// SGD (with momentum) or AdamW over all of a model's parameters, with PyTorch's rules

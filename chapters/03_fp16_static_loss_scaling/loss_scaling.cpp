@@ -11,13 +11,13 @@
 
 namespace bigbatch::loss_scaling {
 
-std::vector<Tensor> gradient_tensors(const nn::Model& model) {
+std::vector<Tensor> gradient_tensors(const nn::Network& model) {
   std::vector<Tensor> gradients;
   for (const nn::NamedParameter& p : model.parameters()) gradients.push_back(p.grad);
   return gradients;
 }
 
-bool unscale_gradients(const nn::Model& model, float scale, const Tensor& found_inf,
+bool unscale_gradients(const nn::Network& model, float scale, const Tensor& found_inf,
                        const Tensor* squared_norm) {
   return unscale_gradients(gradient_tensors(model), scale, found_inf, squared_norm);
 }
@@ -55,12 +55,12 @@ void UnscalePass::allocate(Device device, bool with_norm) {
   }
 }
 
-bool UnscalePass::unscale(const nn::Model& model, float scale) {
+bool UnscalePass::unscale(const nn::Network& model, float scale) {
   allocate(model.device(), /*with_norm=*/false);
   return unscale_gradients(model, scale, found_inf_);
 }
 
-GradientStats UnscalePass::unscale_and_measure(const nn::Model& model, float scale) {
+GradientStats UnscalePass::unscale_and_measure(const nn::Network& model, float scale) {
   return unscale_and_measure(gradient_tensors(model), model.device(), scale);
 }
 
@@ -78,7 +78,7 @@ StaticLossScaler::StaticLossScaler(float scale) : scale_(scale) {
                  "StaticLossScaler: the scale must be finite and positive, got ", scale);
 }
 
-bool StaticLossScaler::unscale_and_check(const nn::Model& model) {
+bool StaticLossScaler::unscale_and_check(const nn::Network& model) {
   const bool overflow = pass_.unscale(model, scale_);
   if (overflow) ++skipped_;
   return !overflow;

@@ -26,7 +26,7 @@
 namespace bigbatch::loss_scaling {
 
 /// The model's f32 parameter gradients, in parameters() order (they share its storage).
-std::vector<Tensor> gradient_tensors(const nn::Model& model);
+std::vector<Tensor> gradient_tensors(const nn::Network& model);
 
 /// g = g * (1 / scale) for every parameter gradient of the model, in one pass per tensor
 /// (kernels/elementwise.hpp's unscale_and_check_finite); returns true when any gradient
@@ -35,7 +35,7 @@ std::vector<Tensor> gradient_tensors(const nn::Model& model);
 /// the model's device, reused across steps. With squared_norm (f64 [1], the same device),
 /// the same pass also writes the sum of the unscaled gradients' squares there (gradient
 /// clipping's norm, chapter 04).
-bool unscale_gradients(const nn::Model& model, float scale, const Tensor& found_inf,
+bool unscale_gradients(const nn::Network& model, float scale, const Tensor& found_inf,
                        const Tensor* squared_norm = nullptr);
 /// The same pass over these f32 gradients (a part of a model's: data parallel under ZeRO,
 /// chapter 07, where each rank unscales and measures the shard it steps).
@@ -64,10 +64,10 @@ class UnscalePass {
  public:
   /// g = g * (1 / scale) for every parameter gradient; returns whether any was inf or NaN.
   /// One float comes back from the device.
-  bool unscale(const nn::Model& model, float scale);
+  bool unscale(const nn::Network& model, float scale);
   /// The same pass, also measuring the unscaled gradients' global L2 norm (scale 1: it
   /// only measures). Two values come back from the device.
-  GradientStats unscale_and_measure(const nn::Model& model, float scale);
+  GradientStats unscale_and_measure(const nn::Network& model, float scale);
   /// The same over these gradients (a part of a model's, on `device`).
   GradientStats unscale_and_measure(const std::vector<Tensor>& gradients, Device device,
                                     float scale);
@@ -91,7 +91,7 @@ class StaticLossScaler {
   /// At the optimizer boundary, after the last micro-batch's backward: unscales the
   /// gradients and returns whether the step may be taken (false on an overflow: the
   /// caller skips the optimizer step and zeroes the gradients).
-  bool unscale_and_check(const nn::Model& model);
+  bool unscale_and_check(const nn::Network& model);
 
   /// Optimizer steps skipped so far because of an overflow.
   std::int64_t skipped_steps() const { return skipped_; }

@@ -74,7 +74,7 @@ ScaleUpdate DynamicLossScaler::update(bool overflow) {
   return result;
 }
 
-ScaleUpdate DynamicLossScaler::unscale_and_update(const nn::Model& model) {
+ScaleUpdate DynamicLossScaler::unscale_and_update(const nn::Network& model) {
   return update(pass_.unscale(model, scale_));
 }
 

@@ -81,7 +81,7 @@ class DynamicLossScaler {
 
   /// At the boundary: unscales the model's gradients with scale(), checks them, and
   /// applies update(). The caller takes the optimizer step unless result.overflow.
-  ScaleUpdate unscale_and_update(const nn::Model& model);
+  ScaleUpdate unscale_and_update(const nn::Network& model);
 
   std::int64_t clean_steps_in_a_row() const { return clean_run_; }
   std::int64_t overflows_in_a_row() const { return overflow_run_; }

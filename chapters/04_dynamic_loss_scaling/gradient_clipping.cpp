@@ -17,7 +17,7 @@ float clip_factor(float norm, float max_norm) {
   return std::min(1.0f, max_norm / (norm + 1e-6f));
 }
 
-float clip_gradients(const nn::Model& model, float norm, float max_norm) {
+float clip_gradients(const nn::Network& model, float norm, float max_norm) {
   return clip_gradients(loss_scaling::gradient_tensors(model), norm, max_norm);
 }
 
@@ -62,7 +62,7 @@ float accumulate_clipping_each_micro_batch(nn::Model& model, std::int64_t rows,
   return loss;
 }
 
-Gradients gradients_of(const nn::Model& model) {
+Gradients gradients_of(const nn::Network& model) {
   Gradients g;
   for (const nn::NamedParameter& p : model.parameters()) {
     const std::vector<float> values = p.grad.to_vector<float>();

@@ -41,7 +41,7 @@ float clip_factor(float norm, float max_norm);
 
 /// Step 4: multiplies every parameter gradient by clip_factor(norm, max_norm) (nothing is
 /// written when it is 1); returns the factor.
-float clip_gradients(const nn::Model& model, float norm, float max_norm);
+float clip_gradients(const nn::Network& model, float norm, float max_norm);
 /// The same over these gradients (the part of a model's one rank steps under ZeRO).
 float clip_gradients(const std::vector<Tensor>& gradients, float norm, float max_norm);
 
@@ -65,7 +65,7 @@ float accumulate_clipping_each_micro_batch(nn::Model& model, std::int64_t rows,
 
 /// Every parameter gradient of a model, widened to float64, in model.parameters() order.
 using Gradients = std::vector<std::vector<double>>;
-Gradients gradients_of(const nn::Model& model);
+Gradients gradients_of(const nn::Network& model);
 double norm_of(const Gradients& g);
 
 /// What accumulate_clipping_each_micro_batch should produce, replayed exactly in float64

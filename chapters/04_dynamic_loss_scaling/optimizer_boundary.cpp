@@ -68,7 +68,7 @@ float OptimizerBoundary::current_scale() const {
   return 1.0f;
 }
 
-const GradientStats& OptimizerBoundary::unscale(const nn::Model& model) {
+const GradientStats& OptimizerBoundary::unscale(const nn::Network& model) {
   require(Stage::ready, "unscale()");
   stats_ = pass_.unscale_and_measure(model, current_scale());
   stage_ = Stage::unscaled;
@@ -88,7 +88,7 @@ const GradientStats& OptimizerBoundary::unscale(const GradientPieces& gradients,
   return stats_;
 }
 
-BoundaryOutcome OptimizerBoundary::step(const nn::Model& model, nn::Optimizer& optimizer) {
+BoundaryOutcome OptimizerBoundary::step(const nn::Network& model, nn::Optimizer& optimizer) {
   return step(gradient_tensors(model), optimizer);
 }
 

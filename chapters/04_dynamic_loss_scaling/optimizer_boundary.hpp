@@ -101,12 +101,12 @@ class OptimizerBoundary {
   std::size_t workspace_bytes() const { return boundary_workspace_bytes(options_); }
 
   /// The fused pass: ready -> unscaled. Returns what it found.
-  const GradientStats& unscale(const nn::Model& model);
+  const GradientStats& unscale(const nn::Network& model);
   /// The same pass over each part of `gradients` (on `device`), their statistics combined.
   const GradientStats& unscale(const GradientPieces& gradients, Device device);
   /// unscaled (or ready, when the pass is not needed) -> stepped: skips on an overflow,
   /// else clips (when asked) and takes the optimizer step.
-  BoundaryOutcome step(const nn::Model& model, nn::Optimizer& optimizer);
+  BoundaryOutcome step(const nn::Network& model, nn::Optimizer& optimizer);
   /// The same, clipping `gradients`: those the optimizer reads (a rank's shards under ZeRO).
   BoundaryOutcome step(const std::vector<Tensor>& gradients, nn::Optimizer& optimizer);
   /// stepped -> ready: the dynamic rule moves S (LossScaleUnderflowError at its minimum).

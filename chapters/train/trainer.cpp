@@ -17,9 +17,18 @@ loss_scaling::BoundaryOptions boundary_options(const TrainConfig& config) {
           config.clip_grad_norm};
 }
 
+Trainer::Trainer(nn::Network& model, nn::Optimizer& optimizer, const Dataset& data,
+                 TrainConfig config)
+    : Trainer(model, nullptr, optimizer, data, config, nullptr) {}
+
 Trainer::Trainer(nn::Model& model, nn::Optimizer& optimizer, const Dataset& data,
                  TrainConfig config, data_parallel::RankGroup* ranks)
+    : Trainer(model, &model, optimizer, data, config, ranks) {}
+
+Trainer::Trainer(nn::Network& model, nn::Model* mlp, nn::Optimizer& optimizer,
+                 const Dataset& data, TrainConfig config, data_parallel::RankGroup* ranks)
     : model_(model),
+      mlp_(mlp),
       optimizer_(optimizer),
       config_(config),
       stream_(data, config.batch, config.shuffle, config.seed,
@@ -30,9 +39,7 @@ Trainer::Trainer(nn::Model& model, nn::Optimizer& optimizer, const Dataset& data
                  "Trainer: micro_batch must lie in [0, batch = ", config_.batch, "], got ",
                  config_.micro_batch);
   if (config_.micro_batch == 0) config_.micro_batch = config_.batch;
-  BIGBATCH_CHECK(data.feature_dim() == model_.config().inputs, "Trainer: the data set has ",
-                 data.feature_dim(), " features per sample, the model takes ",
-                 model_.config().inputs);
+  model_.check_data(data);
   BIGBATCH_CHECK(config_.steps > 0 || config_.epochs > 0,
                  "Trainer: give a positive number of steps or epochs");
   BIGBATCH_CHECK(config_.warmup_steps >= 0, "Trainer: warmup_steps must be >= 0, got ",
@@ -56,7 +63,7 @@ Trainer::Trainer(nn::Model& model, nn::Optimizer& optimizer, const Dataset& data
     staged_rows = std::min(staged_rows, dist::share_of(config_.batch, ranks_->ranks(),
                                                        ranks_->local_ranks().front()).size);
   }
-  staging_.emplace(staged_rows, data.feature_dim(), model_.device());
+  staging_.emplace(staged_rows, data, model_.device());
 }
 
 StepRecord Trainer::step() {
@@ -65,7 +72,7 @@ StepRecord Trainer::step() {
   const nn::BatchPosition batch = stream_.position(k);
   if (ranks_) {  // ZeRO stage 2: how many sums the ranks take, and the model's gradients go
     const std::int64_t largest = dist::share_of(batch.size, ranks_->ranks(), 0).size;
-    ranks_->start_step(model_, (largest + config_.micro_batch - 1) / config_.micro_batch);
+    ranks_->start_step(*mlp_, (largest + config_.micro_batch - 1) / config_.micro_batch);
   }
   TrackingAllocator& allocator = allocator_for(model_.device());
   allocator.reset_peak();  // this step's peak, not the run's
@@ -77,11 +84,14 @@ StepRecord Trainer::step() {
   const float scale = boundary_.scale();
   const nn::ForwardContext context{true, dropout_seed_, batch.first_row};
   const nn::BatchRows rows = staging_->rows_of(stream_, k);
+  // The loss of every target is divided by the count of the whole step's targets (the MLP:
+  // its samples; the GPT: its tokens that are not padding), whatever the micro-batches.
+  const std::int64_t targets = count_targets(stream_.data(), stream_.batch_indices(k));
   float loss = 0;
   double reduce_seconds = 0;
   if (!ranks_) {
     loss = nn::accumulate_gradients(model_, batch.size, rows, config_.micro_batch, context,
-                                    /*global_count=*/batch.size, scale);
+                                    /*global_count=*/targets, scale);
   } else {  // chapter 07: each rank its share, with no communication; one sum at the end
     std::vector<float> losses;
     for (const int r : ranks_->local_ranks()) {
@@ -96,18 +106,18 @@ StepRecord Trainer::step() {
       nn::GradientsReady on_final;
       if (ranks_->overlaps() || ranks_->sums_every_micro_batch()) {
         on_final = [this](std::size_t first, std::size_t end) {
-          ranks_->gradients_ready(model_, first, end);
+          ranks_->gradients_ready(*mlp_, first, end);
         };
       }
       losses.push_back(nn::accumulate_gradients(
-          model_, share.size, share_rows, config_.micro_batch, share_context,
-          /*global_count=*/batch.size, scale, on_final,
+          *mlp_, share.size, share_rows, config_.micro_batch, share_context,
+          /*global_count=*/targets, scale, on_final,
           ranks_->sums_every_micro_batch() ? nn::TellGradients::every_micro_batch
                                            : nn::TellGradients::last_micro_batch));
-      ranks_->share_done(r, model_);
+      ranks_->share_done(r, *mlp_);
     }
     const auto reduce_start = std::chrono::steady_clock::now();
-    loss = ranks_->reduce(model_, losses);
+    loss = ranks_->reduce(*mlp_, losses);
     reduce_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() -
                                                    reduce_start).count() +
                      ranks_->take_seconds_in_backward();
@@ -126,7 +136,7 @@ StepRecord Trainer::step() {
   if (boundary_.measures()) {
     // 1, 3 (data parallel: over the parts the ranks hold, e.g. their shards under ZeRO)
     const loss_scaling::GradientStats& gradients =
-        ranks_ ? boundary_.unscale(ranks_->boundary_pieces(model_), model_.device())
+        ranks_ ? boundary_.unscale(ranks_->boundary_pieces(*mlp_), model_.device())
                : boundary_.unscale(model_);
     if (gradients.overflow && !scaling) {
       throw NonFiniteGradientError("step " + std::to_string(k + 1) +
@@ -143,11 +153,11 @@ StepRecord Trainer::step() {
     outcome = boundary_.step(model_, optimizer_);
   } else {  // clipping the gradients this process's optimizer reads, then sharing the result
     std::vector<Tensor> stepped;
-    for (const nn::NamedParameter& p : ranks_->stepped_parameters(model_)) stepped.push_back(p.grad);
+    for (const nn::NamedParameter& p : ranks_->stepped_parameters(*mlp_)) stepped.push_back(p.grad);
     outcome = boundary_.step(stepped, optimizer_);
     if (!outcome.skipped) {
       const auto gather_start = std::chrono::steady_clock::now();
-      ranks_->gather_parameters(model_);  // ZeRO: the all-reduce's second half, after the step
+      ranks_->gather_parameters(*mlp_);  // ZeRO: the all-reduce's second half, after the step
       reduce_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() -
                                                       gather_start).count();
     }
@@ -162,6 +172,7 @@ StepRecord Trainer::step() {
   record.step = steps_done_;
   record.loss = loss;
   record.batch_samples = batch.size;
+  record.batch_targets = targets;
   record.samples = samples_done_;
   record.epoch = static_cast<double>(batch.epoch) +
                  static_cast<double>(batch.index + 1) /

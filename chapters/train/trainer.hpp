@@ -10,7 +10,9 @@
 //   optimizer.set_learning_rate(lr_at(schedule, steps taken))
 //   model.zero_grad()
 //   loss = nn::accumulate_gradients(model, b, the batch's micro-batches, micro_batch,
-//                                   {training, dropout_seed, first_row}, global count b,
+//                                   {training, dropout_seed, first_row},
+//                                   global count: the batch's targets (b for the MLP, the
+//                                   tokens that are not padding for the GPT),
 //                                   loss scale S: 1, the static S, or the dynamic one's)
 //          each micro-batch copied to the device just before its forward pass, into one
 //          nn::MicroBatchBuffer of micro_batch rows (MemoryCategory::data, allocated once,
@@ -21,7 +23,9 @@
 //     overflow skips the step (no clip, no optimizer step, the schedule stays) and,
 //     dynamic, backs S off; otherwise clip to the norm limit, then optimizer.step(), and
 //     the dynamic scale's growth counter counts the step
-// Data parallel (chapter 07, a RankGroup given): the batch is split into the ranks'
+// The model is any nn::Network: the residual MLP on rows of features, or chapter 08's GPT on
+// token sequences (a sample is a sequence; its targets are its tokens' next tokens).
+// Data parallel (chapter 07, a RankGroup given, the MLP): the batch is split into the ranks'
 // shares (dist::share_of), each share accumulated as above with the global count b and
 // its samples' global rows, and the ranks' gradients summed once, before the boundary;
 // the boundary then runs on every rank on the same sum (with overlap, the sum of each
@@ -135,6 +139,9 @@ struct StepRecord {
   std::int64_t step = 0;           ///< 1 for the first step
   float loss = 0;                  ///< the batch's mean loss
   std::int64_t batch_samples = 0;  ///< samples in this step's batch
+  /// The targets its loss is the mean over: batch_samples for the MLP, the real (not
+  /// padding) target tokens of its sequences for the GPT.
+  std::int64_t batch_targets = 0;
   std::int64_t samples = 0;        ///< samples seen so far, this step's included
   double epoch = 0;                ///< epochs done: e + (j + 1) / batches per epoch
   double learning_rate = 0;        ///< the rate this step used
@@ -158,11 +165,14 @@ struct StepRecord {
 class Trainer {
  public:
   /// Checks the configuration (batch > 0, 0 <= micro_batch <= batch, steps or epochs
-  /// positive, warmup_steps >= 0, a non-empty data set whose features fit the model, no
-  /// more ranks than samples in a batch) and allocates the batch tensors on the model's
-  /// device. With `ranks`, every step is data parallel over them (kept by reference).
+  /// positive, warmup_steps >= 0, a non-empty data set whose samples fit the model:
+  /// nn::Network::check_data) and allocates one micro-batch's buffers on the model's device.
+  Trainer(nn::Network& model, nn::Optimizer& optimizer, const Dataset& data,
+          TrainConfig config);
+  /// The same for the residual MLP, with every step data parallel over `ranks` (kept by
+  /// reference; nullptr: one process), which may not outnumber the samples of a batch.
   Trainer(nn::Model& model, nn::Optimizer& optimizer, const Dataset& data, TrainConfig config,
-          data_parallel::RankGroup* ranks = nullptr);
+          data_parallel::RankGroup* ranks);
 
   std::int64_t total_steps() const { return total_steps_; }
   std::int64_t steps_done() const { return steps_done_; }
@@ -195,7 +205,11 @@ class Trainer {
   std::size_t boundary_bytes() const { return boundary_.workspace_bytes(); }
 
  private:
-  nn::Model& model_;
+  Trainer(nn::Network& model, nn::Model* mlp, nn::Optimizer& optimizer, const Dataset& data,
+          TrainConfig config, data_parallel::RankGroup* ranks);
+
+  nn::Network& model_;
+  nn::Model* mlp_ = nullptr;  // the same model when it is the MLP (data parallel needs it)
   nn::Optimizer& optimizer_;
   TrainConfig config_;
   nn::SampleStream stream_;

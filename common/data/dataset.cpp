@@ -1,6 +1,7 @@
 #include "common/data/dataset.hpp"
 
 #include <algorithm>
+#include <cstddef>
 
 namespace bigbatch {
 
@@ -23,6 +24,20 @@ void check_labels(const Tensor& labels, std::int64_t num_classes, const std::str
   }
 }
 
+std::int64_t count_targets(const Dataset& dataset, const std::vector<std::int64_t>& indices) {
+  if (!dataset.holds_tokens()) return static_cast<std::int64_t>(indices.size());
+  const std::int64_t width = dataset.targets_per_sample();
+  const std::int32_t* labels = dataset.labels.data<std::int32_t>();
+  std::int64_t count = 0;
+  for (const std::int64_t row : indices) {
+    BIGBATCH_CHECK(0 <= row && row < dataset.size(), "count_targets: index ", row,
+                   " out of range for ", dataset.name, " with ", dataset.size(), " samples");
+    count += std::count_if(labels + row * width, labels + (row + 1) * width,
+                           [](std::int32_t label) { return label != kIgnoredLabel; });
+  }
+  return count;
+}
+
 void gather_rows(const Dataset& dataset, const std::vector<std::int64_t>& indices,
                  const Tensor& features_out, const Tensor& labels_out) {
   BIGBATCH_CHECK(dataset.features.device().is_cpu() && dataset.labels.device().is_cpu(),
@@ -31,30 +46,36 @@ void gather_rows(const Dataset& dataset, const std::vector<std::int64_t>& indice
   BIGBATCH_CHECK(dataset.labels.dim(0) == dataset.size(), "gather_rows: ", dataset.name, " has ",
                  dataset.size(), " samples but ", dataset.labels.dim(0), " labels");
   const auto batch = static_cast<std::int64_t>(indices.size());
-  const std::int64_t width = dataset.feature_dim();
-  const Shape features_shape = {batch, width}, labels_shape = {batch};
-  BIGBATCH_CHECK(features_out.dtype() == DType::f32 && features_out.shape() == features_shape,
-                 "gather_rows: features_out must be f32", shape_string(features_shape), ", got ",
-                 features_out.describe());
+  const std::int64_t width = dataset.feature_dim(), targets = dataset.targets_per_sample();
+  const DType dtype = dataset.features.dtype();
+  const Shape features_shape = {batch, width};
+  const Shape labels_shape = dataset.holds_tokens() ? Shape{batch, targets} : Shape{batch};
+  BIGBATCH_CHECK(features_out.dtype() == dtype && features_out.shape() == features_shape,
+                 "gather_rows: features_out must be ", dtype_name(dtype),
+                 shape_string(features_shape), ", got ", features_out.describe());
   BIGBATCH_CHECK(labels_out.dtype() == DType::i32 && labels_out.shape() == labels_shape,
                  "gather_rows: labels_out must be i32", shape_string(labels_shape), ", got ",
                  labels_out.describe());
   const bool on_host = features_out.device().is_cpu() && labels_out.device().is_cpu();
-  const Tensor features = on_host ? features_out : Tensor(features_shape, DType::f32);
+  const Tensor features = on_host ? features_out : Tensor(features_shape, dtype);
   const Tensor labels = on_host ? labels_out : Tensor(labels_shape, DType::i32);
-  const float* source_features = dataset.features.data<float>();
+  // A row is copied as bytes: f32 features and i32 tokens alike.
+  const std::size_t row_bytes = static_cast<std::size_t>(width) * dtype_size(dtype);
+  const auto* source_features = static_cast<const std::byte*>(dataset.features.raw_data());
   const std::int32_t* source_labels = dataset.labels.data<std::int32_t>();
-  float* gathered_features = features.data<float>();
+  auto* gathered_features = static_cast<std::byte*>(features.raw_data());
   std::int32_t* gathered_labels = labels.data<std::int32_t>();
   for (std::int64_t b = 0; b < batch; ++b) {
     const std::int64_t row = indices[static_cast<std::size_t>(b)];
     BIGBATCH_CHECK(0 <= row && row < dataset.size(), "gather_rows: index ", row,
                    " out of range for ", dataset.name, " with ", dataset.size(), " samples");
-    std::copy_n(source_features + row * width, width, gathered_features + b * width);
-    gathered_labels[b] = source_labels[row];
+    std::copy_n(source_features + static_cast<std::size_t>(row) * row_bytes, row_bytes,
+                gathered_features + static_cast<std::size_t>(b) * row_bytes);
+    std::copy_n(source_labels + row * targets, targets, gathered_labels + b * targets);
   }
   if (!on_host) {  // a Tensor copy shares storage: copying into it writes the output
-    check_labels(labels, dataset.num_classes, "gather_rows (" + dataset.name + ")");
+    check_labels(labels, dataset.num_classes, "gather_rows (" + dataset.name + ")",
+                 dataset.holds_tokens() ? IgnoredLabels::allowed : IgnoredLabels::refused);
     Tensor(features_out).copy_from(features);
     Tensor(labels_out).copy_from(labels);
   }

@@ -1,8 +1,14 @@
 // dataset.hpp: the data sources every chapter trains on.
 //
-// A Dataset is a classification data set held on the host: features f32 [N, D] and
-// labels i32 [N] in 0..num_classes-1, both in MemoryCategory::host_data (outside the
-// device totals: common/memory.hpp). Three sources:
+// A Dataset is N samples held on the host, in MemoryCategory::host_data (outside the device
+// totals: common/memory.hpp), of one of two kinds:
+//
+//   classification   features f32 [N, D], labels i32 [N] in 0..num_classes-1
+//   tokens           features i32 [N, T] (token ids), labels i32 [N, T]: the target of each
+//                    position (the next token), or kIgnoredLabel where there is none
+//                    (padding); text_corpus.hpp's make_token_dataset builds one
+//
+// Classification sources:
 //
 //   load_fashion_mnist   the Fashion-MNIST idx files of the Debian package
 //                        dataset-fashion-mnist (60000 train / 10000 test images of
@@ -24,15 +30,19 @@
 
 namespace bigbatch {
 
-/// A classification data set on the host: features, labels and the number of classes.
+/// A data set on the host (the two kinds above): its samples and the number of classes.
 struct Dataset {
-  Tensor features;               ///< f32 [N, D] on the CPU, MemoryCategory::host_data
-  Tensor labels;                 ///< i32 [N] on the CPU, MemoryCategory::host_data
-  std::int64_t num_classes = 0;  ///< labels lie in [0, num_classes)
+  Tensor features;  ///< f32 [N, D], or i32 tokens [N, T]; CPU, MemoryCategory::host_data
+  Tensor labels;    ///< i32 [N], or [N, T] for tokens; CPU, MemoryCategory::host_data
+  std::int64_t num_classes = 0;  ///< labels lie in [0, num_classes) (tokens: or are ignored)
   std::string name;              ///< e.g. "fashion-mnist/train"
 
   std::int64_t size() const { return features.dim(0); }         ///< N
-  std::int64_t feature_dim() const { return features.dim(1); }  ///< D
+  std::int64_t feature_dim() const { return features.dim(1); }  ///< D, or T for tokens
+  /// Whether the samples are token sequences (labels [N, T]) rather than classified rows.
+  bool holds_tokens() const { return labels.rank() == 2; }
+  /// The labels of one sample: 1, or T for tokens.
+  std::int64_t targets_per_sample() const { return holds_tokens() ? labels.dim(1) : 1; }
 };
 
 // ---- Fashion-MNIST --------------------------------------------------------------------
@@ -107,10 +117,15 @@ enum class IgnoredLabels { refused, allowed };
 void check_labels(const Tensor& labels, std::int64_t num_classes, const std::string& what,
                   IgnoredLabels ignored = IgnoredLabels::refused);
 
+/// The labels of the samples at `indices` that are not kIgnoredLabel: the targets a loss
+/// over them divides by (for classification data, indices.size()).
+std::int64_t count_targets(const Dataset& dataset, const std::vector<std::int64_t>& indices);
+
 /// Copies the samples at `indices` (in that order, repeats allowed) into
-/// features_out f32 [B, D] and labels_out i32 [B], B = indices.size(), on any device:
+/// features_out [B, D] (the data set's dtype) and labels_out i32 [B] ([B, T] for tokens),
+/// B = indices.size(), on any device:
 ///   features_out[b, :] = dataset.features[indices[b], :]     (overwrite)
-///   labels_out[b]      = dataset.labels[indices[b]]          (overwrite)
+///   labels_out[b]      = dataset.labels[indices[b]]          (overwrite, a row for tokens)
 /// On CUDA the rows are gathered on the host and copied over in one transfer each, and the
 /// labels are checked (check_labels) on the host before they go: the CUDA cross-entropy
 /// does not check them again.

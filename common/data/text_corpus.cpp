@@ -1,5 +1,6 @@
 #include "common/data/text_corpus.hpp"
 
+#include <algorithm>
 #include <fstream>
 #include <sstream>
 #include <stdexcept>
@@ -75,6 +76,20 @@ std::vector<std::string> read_documents(const std::string& path) {
     throw std::runtime_error(path + ": holds no document of two bytes or more");
   }
   return documents;
+}
+
+Dataset make_token_dataset(const TokenSequences& sequences, const std::string& name) {
+  const std::int64_t n = sequences.count(), T = sequences.length;
+  BIGBATCH_CHECK(n > 0, "make_token_dataset: '", name, "' holds no sequence");
+  Dataset data;
+  data.features = Tensor({n, T}, DType::i32, Device::cpu(), MemoryCategory::host_data);
+  data.labels = Tensor({n, T}, DType::i32, Device::cpu(), MemoryCategory::host_data);
+  std::copy(sequences.tokens.begin(), sequences.tokens.end(), data.features.data<std::int32_t>());
+  std::copy(sequences.targets.begin(), sequences.targets.end(),
+            data.labels.data<std::int32_t>());
+  data.num_classes = 256;
+  data.name = name;
+  return data;
 }
 
 TokenSequences make_sequences(const std::vector<std::string>& documents, std::int64_t length) {

@@ -28,6 +28,8 @@
 #include <string>
 #include <vector>
 
+#include "common/data/dataset.hpp"
+
 namespace bigbatch {
 
 /// Padded sequences of byte tokens: N sequences of `length` positions, row-major.
@@ -56,6 +58,11 @@ std::vector<std::string> split_documents(const std::string& text);
 /// Every document as padded sequences of `length` positions (above), in document order.
 /// Throws std::invalid_argument for a length below 1.
 TokenSequences make_sequences(const std::vector<std::string>& documents, std::int64_t length);
+
+/// The sequences as a token Dataset (dataset.hpp): features i32 [N, T] the tokens, labels
+/// i32 [N, T] the targets, num_classes 256 (bytes), in host memory (MemoryCategory::host_data).
+/// Throws std::invalid_argument for an empty `sequences`.
+Dataset make_token_dataset(const TokenSequences& sequences, const std::string& name);
 
 /// `count` documents of random bytes, each of a length drawn uniformly from [min_length,
 /// max_length], from the counter-based RNG: test data with uneven lengths.

@@ -1,0 +1,93 @@
+// network.hpp: what a training loop needs from a model, whichever it is: the residual MLP of
+// chapters 00-07 (nn::Model) or chapter 08's transformer (nn::Gpt).
+//
+//   model.zero_grad();
+//   for each micro-batch:                         nn::accumulate_gradients (training.hpp)
+//     logits = model.forward(inputs, context);    [rows, classes]
+//     loss  += cross_entropy(logits, targets) / the step's target count
+//     model.backward(d_logits);                   adds (+=) into every parameter gradient
+//   model.complete_gradients();                   once, after the step's last backward
+//   optimizer step over model.parameters()
+//
+// A sample is a row of a Dataset (common/data/dataset.hpp): for the MLP, D features and one
+// label, so a micro-batch of b samples has b logit rows; for the GPT, T tokens and T targets
+// (the next token, or kIgnoredLabel on padding), so b sequences have b*T logit rows, position
+// major. Either way the logits have one row per target, in the targets' order, and a loss
+// counts the targets that are not ignored.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/data/dataset.hpp"
+#include "common/device.hpp"
+#include "common/tensor.hpp"
+
+namespace bigbatch::nn {
+
+/// A trainable tensor, named as in PyTorch's state_dict, and its gradient buffer.
+struct NamedParameter {
+  /// The state_dict name, e.g. "blocks.0.fc1.weight".
+  std::string name;
+  Tensor value;  ///< f32: MemoryCategory::parameters, or master_weights when mixed
+  Tensor grad;   ///< the same shape, f32, MemoryCategory::gradients, accumulated (+=)
+  Tensor half;   ///< the 16-bit working copy the forward reads (mixed Linear weights), or none
+  /// The parameter's shape: its value's, or its working copy's while the model's master is
+  /// released (Model::release_master_weights).
+  const Shape& shape() const { return value.defined() ? value.shape() : half.shape(); }
+};
+
+/// What one forward pass needs to know besides its input.
+struct ForwardContext {
+  bool training = true;            ///< dropout on, BatchNorm with batch statistics
+  std::uint64_t dropout_seed = 0;  ///< the seed of every dropout mask (vary it per step)
+  /// The global index of the input's sample 0 in the run (a row for the MLP, a sequence for
+  /// the GPT): dropout masks are keyed by it, so a sample draws the same ones in any batch.
+  std::int64_t first_row = 0;
+  /// A recomputation of blocks already run in this step (activation checkpointing):
+  /// everything is computed as before (dropout masks come from the counter RNG, so they
+  /// are the same), but BatchNorm does not update its running statistics a second time.
+  bool recompute = false;
+};
+
+/// A model a training loop can run: forward, backward (+=), its parameters.
+class Network {
+ public:
+  virtual ~Network() = default;
+
+  /// The device that holds every tensor of the model.
+  virtual Device device() const = 0;
+  /// The trainable tensors in PyTorch's named_parameters() order.
+  virtual std::vector<NamedParameter> parameters() const = 0;
+  /// The number of trainable elements: the sum of numel() over parameters().
+  virtual std::int64_t parameter_count() const = 0;
+  /// Sets every parameter gradient to 0 (once per optimizer step, before its first
+  /// micro-batch).
+  virtual void zero_grad() = 0;
+
+  /// The logits, f32 [rows, classes] with one row per target of `inputs` (above); in
+  /// training it saves what backward() needs.
+  virtual Tensor forward(const Tensor& inputs, const ForwardContext& context) = 0;
+  /// Adds (+=) the gradients of the loss with respect to every parameter, given d_logits
+  /// of the last forward(), and releases what that forward saved.
+  virtual void backward(const Tensor& d_logits) = 0;
+  /// Makes the gradients final for the optimizer step: once, after its last backward().
+  /// A model whose backward() writes every gradient where it belongs does nothing (the
+  /// MLP); the GPT adds its tied head's share into the embedding's gradient here.
+  virtual void complete_gradients() {}
+
+  /// Throws std::invalid_argument, naming the data set, unless its samples fit this model
+  /// (the MLP: f32 [N, inputs] and labels [N]; the GPT: i32 tokens [N, T] with T <= its
+  /// context and targets [N, T]), and its classes fit the model's outputs.
+  virtual void check_data(const Dataset& data) const = 0;
+
+ protected:
+  Network() = default;
+  Network(const Network&) = default;
+  Network(Network&&) = default;
+  Network& operator=(const Network&) = default;
+  Network& operator=(Network&&) = default;
+};
+
+}  // namespace bigbatch::nn

@@ -1,0 +1,266 @@
+// test_gpt_training.cpp: chapter 08's GPT trained by the trainer every chapter uses
+// (chapters/train/trainer.hpp), on token data sets (common/data/text_corpus.hpp):
+//   - a trainer step is the hand-written step: one forward and backward of the whole batch,
+//     the loss of every target divided by the batch's count of real (not padding) targets,
+//     the tied head's share completed, one AdamW step;
+//   - micro-batches of 1, 3 and 5 padded sequences of uneven real lengths give the batch's
+//     parameters bit for bit over several steps, fp32 and bf16, with dropout;
+//   - under fp16 the dynamic loss scaler's boundary skips an overflowing step and leaves the
+//     weights as they were;
+//   - evaluate() means over real targets; the MLP and the GPT refuse each other's data.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <fstream>
+#include <numeric>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "chapters/train/trainer.hpp"
+#include "common/data/dataset.hpp"
+#include "common/data/text_corpus.hpp"
+#include "kernels/cross_entropy.hpp"
+#include "nn/gpt.hpp"
+#include "nn/sample_stream.hpp"
+#include "nn/training.hpp"
+#include "tests/harness.hpp"
+#include "tests/tiny_training.hpp"
+
+namespace bigbatch {
+namespace {
+
+constexpr std::int64_t kLength = 8;  // T
+
+/// Random documents of 2 to 20 bytes in sequences of 8 positions: the longer ones are cut
+/// into pieces, most sequences are padded, and no two hold the same count of real targets
+/// for long.
+Dataset token_data(std::int64_t documents, std::uint64_t seed) {
+  return make_token_dataset(make_sequences(synthetic_documents(documents, 2, 20, seed), kLength),
+                            "synthetic-text");
+}
+
+nn::GptConfig small_gpt(nn::Precision precision = nn::Precision::fp32, float dropout = 0.1f) {
+  return {.vocabulary = 256, .context = kLength, .layers = 2, .width = 16, .heads = 2,
+          .dropout = dropout, .seed = 3, .precision = precision};
+}
+
+std::vector<std::vector<std::uint32_t>> parameter_bits(const nn::Network& model) {
+  std::vector<std::vector<std::uint32_t>> bits;
+  for (const nn::NamedParameter& p : model.parameters()) {
+    const std::vector<float> values = p.value.to_vector<float>();
+    std::vector<std::uint32_t> b(values.size());
+    std::transform(values.begin(), values.end(), b.begin(),
+                   [](float v) { return std::bit_cast<std::uint32_t>(v); });
+    bits.push_back(std::move(b));
+  }
+  return bits;
+}
+
+train::TrainConfig steps_of(std::int64_t batch, std::int64_t micro_batch, std::int64_t steps) {
+  train::TrainConfig config;
+  config.batch = batch;
+  config.micro_batch = micro_batch;
+  config.steps = steps;
+  config.seed = 11;
+  return config;
+}
+
+TEST(GptTokenData, TokenDatasetsGatherRowsAndCountRealTargets) {
+  const TokenSequences sequences = make_sequences({"abcdefghijkl", "xyz"}, 5);
+  const Dataset data = make_token_dataset(sequences, "two");
+  ASSERT_TRUE(data.holds_tokens());
+  EXPECT_EQ(data.features.shape(), (Shape{4, 5}));  // 12 bytes: pieces of 5, 5 and 2 targets
+  EXPECT_EQ(data.targets_per_sample(), 5);
+  EXPECT_EQ(data.num_classes, 256);
+  EXPECT_EQ(count_targets(data, {0, 1, 2, 3}), sequences.real_targets());
+  EXPECT_EQ(count_targets(data, {3, 3}), 2 * sequences.real_targets(3, 4));
+  const Tensor tokens({2, 5}, DType::i32), targets({2, 5}, DType::i32);
+  gather_rows(data, {3, 0}, tokens, targets);
+  const std::vector<std::int32_t> want_tokens = {'x', 'y', 0, 0, 0, 'a', 'b', 'c', 'd', 'e'};
+  const std::vector<std::int32_t> want_targets = {'y', 'z', kIgnoredLabel, kIgnoredLabel,
+                                                  kIgnoredLabel, 'b', 'c', 'd', 'e', 'f'};
+  EXPECT_EQ(tokens.to_vector<std::int32_t>(), want_tokens);
+  EXPECT_EQ(targets.to_vector<std::int32_t>(), want_targets);
+  // A classification data set counts a target per sample.
+  EXPECT_EQ(count_targets(testing::tiny_data(10), {1, 2, 2}), 3);
+}
+
+TEST(GptTrainer, AStepIsTheHandWrittenStepOverTheBatchsRealTargets) {
+  const Dataset data = token_data(20, 5);
+  const std::int64_t B = 6;
+  nn::Gpt trained(small_gpt(), Device::cpu()), by_hand(small_gpt(), Device::cpu());
+  nn::Optimizer optimizer(trained.parameters(), AdamWOptions{.lr = 1e-2});
+  nn::Optimizer hand_optimizer(by_hand.parameters(), AdamWOptions{.lr = 1e-2});
+  train::Trainer trainer(trained, optimizer, data, steps_of(B, 0, 2));
+  const train::StepRecord record = trainer.step();
+
+  // The same step written out: the whole batch at once, the loss over its real targets.
+  const std::vector<std::int64_t> indices = trainer.batch_indices(0);
+  const Tensor tokens({B, kLength}, DType::i32), targets({B, kLength}, DType::i32);
+  gather_rows(data, indices, tokens, targets);
+  const std::vector<std::int32_t> labels = targets.to_vector<std::int32_t>();
+  const auto real = std::count_if(labels.begin(), labels.end(),
+                                  [](std::int32_t t) { return t != kIgnoredLabel; });
+  ASSERT_LT(real, B * kLength) << "the batch should hold padding";
+  by_hand.zero_grad();
+  const Tensor logits =
+      by_hand.forward(tokens, {true, nn::dropout_seed_for_run(11), /*first_row=*/0});
+  const Tensor flat = targets.reshaped({B * kLength});
+  const Tensor loss = Tensor::zeros({1}, DType::f32);
+  cross_entropy_forward(logits, flat, loss, static_cast<float>(real));
+  const Tensor d_logits(logits.shape(), DType::f32);
+  cross_entropy_backward(logits, flat, d_logits, static_cast<float>(real));
+  by_hand.backward(d_logits);
+  by_hand.complete_gradients();
+  hand_optimizer.step();
+
+  EXPECT_EQ(record.batch_samples, B);
+  EXPECT_EQ(record.batch_targets, real);
+  EXPECT_EQ(record.loss, loss.to_vector<float>()[0]);
+  EXPECT_EQ(parameter_bits(trained), parameter_bits(by_hand));
+}
+
+/// The parameters after `steps` trainer steps of batch 12 over 20 documents' sequences,
+/// shuffled, with micro-batches of `micro_batch` sequences.
+std::vector<std::vector<std::uint32_t>> after_steps(nn::Precision precision,
+                                                    std::int64_t micro_batch,
+                                                    std::int64_t steps) {
+  const Dataset data = token_data(20, 9);
+  nn::Gpt model(small_gpt(precision), Device::cpu());
+  nn::Optimizer optimizer(model.parameters(), AdamWOptions{.lr = 1e-2});
+  train::Trainer trainer(model, optimizer, data, steps_of(12, micro_batch, steps));
+  trainer.run();
+  return parameter_bits(model);
+}
+
+TEST(GptTrainer, MicroBatchesOfUnevenSequencesGiveTheBatchBitForBit) {
+  ASSERT_GT(token_data(20, 9).size(), 12) << "the steps should cross an epoch";
+  for (const nn::Precision precision : {nn::Precision::fp32, nn::Precision::bf16}) {
+    SCOPED_TRACE(nn::precision_name(precision));
+    const auto whole = after_steps(precision, 0, 3);
+    for (const std::int64_t micro_batch : {1, 3, 5}) {
+      SCOPED_TRACE("micro-batch " + std::to_string(micro_batch));
+      EXPECT_EQ(after_steps(precision, micro_batch, 3), whole);
+    }
+  }
+}
+
+TEST(GptTrainer, Fp16OverflowSkipsTheStepAndLeavesTheWeights) {
+  const Dataset data = token_data(20, 5);
+  nn::Gpt model(small_gpt(nn::Precision::fp16, 0.0f), Device::cpu());
+  nn::Optimizer optimizer(model.parameters(), AdamWOptions{.lr = 1e-2});
+  train::TrainConfig config = steps_of(6, 2, 3);
+  config.loss_scaling = train::LossScaling::dynamic;
+  // d_logits = S (p - y) / count: at S = 2^24 and about 30 targets, far past fp16's 65504
+  // where they are rounded to the working type.
+  config.dynamic_scaling.initial_scale = 16777216.0f;
+  train::Trainer trainer(model, optimizer, data, config);
+  const auto before = parameter_bits(model);
+  const train::StepRecord first = trainer.step();
+  EXPECT_TRUE(first.skipped);
+  EXPECT_FALSE(std::isfinite(first.grad_norm));
+  EXPECT_EQ(parameter_bits(model), before) << "a skipped step wrote the weights";
+  const train::StepRecord second = trainer.step();
+  EXPECT_EQ(second.loss_scale, first.loss_scale / 2) << "the scale did not back off";
+  // Backed off until the step fits, the run goes on with finite losses.
+  train::StepRecord last = second;
+  while (last.skipped && trainer.steps_done() < trainer.total_steps()) last = trainer.step();
+  EXPECT_TRUE(std::isfinite(last.loss));
+}
+
+TEST(GptTrainer, EvaluateMeansOverRealTargets) {
+  const Dataset data = token_data(10, 5);
+  nn::Gpt model(small_gpt(nn::Precision::fp32, 0.0f), Device::cpu());
+  const nn::EvaluationResult result = nn::evaluate(model, data, 4);
+  std::vector<std::int64_t> every(static_cast<std::size_t>(data.size()));
+  std::iota(every.begin(), every.end(), 0);
+  EXPECT_EQ(result.samples, data.size());
+  EXPECT_EQ(result.targets, count_targets(data, every));
+  // The same mean as the training loss over micro-batches of 4 (no dropout: the same
+  // forward), which divides by the real targets the test counts itself.
+  const float training_loss = nn::accumulate_gradients(model, data.features, data.labels, 4,
+                                                       {true, 0, 0});
+  EXPECT_EQ(static_cast<float>(result.loss), training_loss);
+  EXPECT_GT(result.loss, 0.5 * std::log(256.0)) << "an untrained model guesses bytes";
+  EXPECT_GE(result.accuracy, 0.0);
+  EXPECT_LE(result.correct, result.targets);
+}
+
+TEST(GptTrainer, EachModelRefusesTheOthersData) {
+  const Dataset tokens = token_data(10, 5);
+  const Dataset rows = testing::tiny_data(16);
+  nn::Gpt gpt(small_gpt(), Device::cpu());
+  nn::Model mlp(testing::tiny_model(1, 0.0f), Device::cpu());
+  nn::Optimizer gpt_optimizer(gpt.parameters(), AdamWOptions{});
+  nn::Optimizer mlp_optimizer(mlp.parameters(), AdamWOptions{});
+  const train::TrainConfig config = steps_of(4, 0, 1);
+  try {
+    train::Trainer trainer(gpt, gpt_optimizer, rows, config);
+    ADD_FAILURE() << "the GPT took rows of features";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_TRUE(testing::mentions(e.what(), {"token sequences", rows.name})) << e.what();
+  }
+  try {
+    train::Trainer trainer(mlp, mlp_optimizer, tokens, config, nullptr);
+    ADD_FAILURE() << "the MLP took token sequences";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_TRUE(testing::mentions(e.what(), {"f32 features", "synthetic-text"})) << e.what();
+  }
+  nn::GptConfig short_context = small_gpt();
+  short_context.context = kLength - 1;
+  nn::Gpt short_gpt(short_context, Device::cpu());
+  nn::Optimizer short_optimizer(short_gpt.parameters(), AdamWOptions{});
+  try {
+    train::Trainer trainer(short_gpt, short_optimizer, tokens, config);
+    ADD_FAILURE() << "sequences longer than the context were taken";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_TRUE(testing::mentions(e.what(), {"8 tokens", "context is 7"})) << e.what();
+  }
+  // Token targets without the step's count: the micro-batches cannot tell it in time.
+  nn::MicroBatchBuffer buffer(4, tokens, Device::cpu());
+  const nn::BatchRows rows_of = [&](std::int64_t begin, std::int64_t end) {
+    std::vector<std::int64_t> indices(static_cast<std::size_t>(end - begin));
+    std::iota(indices.begin(), indices.end(), begin);
+    return buffer.gather(tokens, indices);
+  };
+  EXPECT_THROW(nn::accumulate_gradients(gpt, 4, rows_of, 2, {}), std::invalid_argument);
+}
+
+TEST(GptTrainer, AFewStepsOnTheFortunesCorpusLowerTheValidationLoss) {
+  // Debian's fortunes-min (a dependency of fortunes, which scripts/install-deps.sh installs).
+  const std::string path = "/usr/share/games/fortunes/fortunes";
+  if (!std::ifstream(path)) {
+    GTEST_SKIP() << path << " not found: install the Debian package fortunes";
+  }
+  const std::vector<std::string> documents = read_documents(path);
+  ASSERT_GT(documents.size(), 100u);
+  // Every tenth document held out.
+  std::vector<std::string> training, held_out;
+  for (std::size_t i = 0; i < documents.size(); ++i) {
+    (i % 10 == 9 ? held_out : training).push_back(documents[i]);
+  }
+  constexpr std::int64_t T = 32;
+  const Dataset train_data = make_token_dataset(make_sequences(training, T), "fortunes/train");
+  const Dataset validation = make_token_dataset(make_sequences(held_out, T), "fortunes/held-out");
+  nn::GptConfig config = small_gpt(nn::Precision::fp32, 0.0f);
+  config.context = T;
+  config.width = 32;
+  nn::Gpt model(config, Device::cpu());
+  nn::Optimizer optimizer(model.parameters(), AdamWOptions{.lr = 1e-2});
+  const double before = nn::evaluate(model, validation, 64).loss;
+  train::Trainer trainer(model, optimizer, train_data, steps_of(16, 4, 60));
+  trainer.run();
+  const double after = nn::evaluate(model, validation, 64).loss;
+  // Untrained, the model spreads its guesses over 256 bytes (ln 256 = 5.5 nats); the bytes of
+  // English text alone (unigram entropy about 4.4 bits, 3.0 nats) are worth more than a nat,
+  // and 60 steps learn at least that much of them.
+  EXPECT_NEAR(before, std::log(256.0), 0.1);
+  EXPECT_LT(after, before - 1.0) << "before " << before << ", after " << after;
+}
+
+}  // namespace
+}  // namespace bigbatch
