@@ -13,8 +13,8 @@
 # compare_with_pytorch needs; without them that test is reported as skipped.
 set -euo pipefail
 
-tutorial=(build-essential cmake zlib1g-dev dataset-fashion-mnist libcli11-dev nlohmann-json3-dev
-          openmpi-bin libopenmpi-dev)
+tutorial=(build-essential cmake zlib1g-dev dataset-fashion-mnist fortunes libcli11-dev
+          nlohmann-json3-dev openmpi-bin libopenmpi-dev)
 packages=("${tutorial[@]}" googletest libgtest-dev libbenchmark-dev libopenblas-dev doxygen ccache)
 if [ "${1:-}" = "--tutorial" ]; then
   packages=("${tutorial[@]}")
