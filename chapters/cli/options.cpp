@@ -25,6 +25,7 @@ const Words<nn::Activation> kActivations = {{"gelu", nn::Activation::gelu},
 const Words<nn::Precision> kPrecisions = {{"fp32", nn::Precision::fp32},
                                           {"fp16", nn::Precision::fp16},
                                           {"bf16", nn::Precision::bf16}};
+const Words<ModelKind> kModels = {{"mlp", ModelKind::mlp}, {"gpt", ModelKind::gpt}};
 const Words<OptimizerKind> kOptimizers = {{"sgd", OptimizerKind::sgd},
                                           {"adamw", OptimizerKind::adamw}};
 const Words<nn::LrScale> kLrScales = {
@@ -170,8 +171,17 @@ std::string refusal_of(Parse&& parse) {
 }  // namespace
 
 DataSource DataSource::parse(std::string_view text) {
-  if (text == "fashion-mnist") return {DataKind::fashion_mnist, {}, {}};
-  if (text == "synthetic") return {DataKind::synthetic, {}, {}};
+  if (text == "fashion-mnist") return {DataKind::fashion_mnist, {}, {}, {}};
+  if (text == "synthetic") return {DataKind::synthetic, {}, {}, {}};
+  const std::string_view text_prefix = "text:";
+  if (text.substr(0, text_prefix.size()) == text_prefix) {
+    if (text.size() == text_prefix.size()) {
+      throw std::invalid_argument(std::string(text) + ": expected text:FILE");
+    }
+    DataSource source{DataKind::text, {}, {}, {}};
+    source.text_file = std::string(text.substr(text_prefix.size()));
+    return source;
+  }
   const std::string_view prefix = "npy:";
   if (text.substr(0, prefix.size()) == prefix) {
     const std::string_view files = text.substr(prefix.size());
@@ -180,10 +190,10 @@ DataSource DataSource::parse(std::string_view text) {
       throw std::invalid_argument(std::string(text) + ": expected npy:FEATURES.npy,LABELS.npy");
     }
     return {DataKind::npy, std::string(files.substr(0, comma)),
-            std::string(files.substr(comma + 1))};
+            std::string(files.substr(comma + 1)), {}};
   }
-  throw std::invalid_argument("expected fashion-mnist, synthetic or npy:FEATURES.npy,LABELS.npy, "
-                              "got '" + std::string(text) + "'");
+  throw std::invalid_argument("expected fashion-mnist, synthetic, npy:FEATURES.npy,LABELS.npy "
+                              "or text:FILE, got '" + std::string(text) + "'");
 }
 
 std::string DataSource::text() const {
@@ -191,6 +201,7 @@ std::string DataSource::text() const {
     case DataKind::fashion_mnist: return "fashion-mnist";
     case DataKind::synthetic: return "synthetic";
     case DataKind::npy: return "npy:" + features_file + "," + labels_file;
+    case DataKind::text: return "text:" + text_file;
   }
   return "?";
 }
@@ -210,7 +221,9 @@ void add_train_flags(CLI::App& train, TrainOptions& o) {
   add_read_option(
       train, "--data",
       "fashion-mnist (train split; the test split is reported), synthetic (10% held out for "
-      "testing) or npy:FEATURES.npy,LABELS.npy",
+      "testing), npy:FEATURES.npy,LABELS.npy, or for --model gpt text:FILE (byte tokens of the "
+      "documents of a text file: fortune(6)'s %-separated format, else paragraphs; every "
+      "tenth document held out for testing)",
       [](const std::string& text) { return refusal_of([&] { DataSource::parse(text); }); },
       [&o](const std::string& text) { o.source.data = DataSource::parse(text); }, "DATA")
       ->default_str(o.source.data.text());
@@ -237,6 +250,19 @@ void add_train_flags(CLI::App& train, TrainOptions& o) {
                    "rows per forward/backward (gradient accumulation; default: --batch; "
                    "need not divide it)")
       ->check(positive);
+  add_word_option(train, "--model", o.model_kind, kModels,
+                  "mlp (the residual MLP of chapters 00-07) or gpt (chapter 08's decoder: "
+                  "nanoGPT's GPT on byte tokens, its head tied to the token embedding)");
+  train.add_option("--seq-len", o.gpt.context,
+                   "--model gpt: positions per sequence, the model's context (nanoGPT's "
+                   "block_size); longer documents are cut into pieces")
+      ->capture_default_str()->check(positive);
+  train.add_option("--layers", o.gpt.layers, "--model gpt: transformer blocks")
+      ->capture_default_str()->check(positive);
+  train.add_option("--width", o.gpt.width, "--model gpt: the residual stream (n_embd)")
+      ->capture_default_str()->check(positive);
+  train.add_option("--heads", o.gpt.heads, "--model gpt: attention heads, dividing --width")
+      ->capture_default_str()->check(positive);
   train.add_option("--depth", o.model.depth, "residual blocks (with --init: the file's)")
       ->capture_default_str()->check(non_negative);
   train.add_option("--hidden", o.model.hidden,
@@ -313,7 +339,8 @@ void add_train_flags(CLI::App& train, TrainOptions& o) {
                    "time_s (since the start), step_time_s, loss_scale, skipped (an overflow), "
                    "with a loss scaler or --clip-grad-norm grad_norm (before clipping; null "
                    "on an overflow) and clip_factor, with --data-parallel or --simulate-ranks "
-                   "reduce_time_s (the step's gradient sum over the ranks), "
+                   "reduce_time_s (the step's gradient sum over the ranks), with --model gpt targets (the "
+                   "step's target tokens that are not padding), "
                    "peak_bytes_total (the step's own peak on the device) and peak_bytes (its "
                    "breakdown by category)");
   train.add_option("--eval-every", o.output.eval_every,

@@ -21,18 +21,20 @@
 #include "common/settings.hpp"
 #include "dist/communicator.hpp"
 #include "nn/lr_schedule.hpp"
+#include "nn/gpt.hpp"
 #include "nn/model.hpp"
 
 namespace bigbatch::cli {
 
-enum class DataKind { fashion_mnist, synthetic, npy };
+enum class DataKind { fashion_mnist, synthetic, npy, text };
 
-/// --data and --test-data: a data set by name, or a pair of .npy files.
+/// --data and --test-data: a data set by name, a pair of .npy files, or a text file.
 struct DataSource {
   DataKind kind = DataKind::synthetic;
   std::string features_file, labels_file;  ///< of DataKind::npy
+  std::string text_file;                   ///< of DataKind::text (chapter 08's GPT)
 
-  /// "fashion-mnist", "synthetic" or "npy:FEATURES.npy,LABELS.npy"; throws
+  /// "fashion-mnist", "synthetic", "npy:FEATURES.npy,LABELS.npy" or "text:FILE"; throws
   /// std::invalid_argument saying what was expected.
   static DataSource parse(std::string_view text);
   /// The text parse reads back as this source.
@@ -63,6 +65,9 @@ constexpr void visit_settings(Self& s, Visit&& visit) {
 static_assert(every_field_visited<RunSource>(), "classify RunSource's new field above");
 
 enum class OptimizerKind { sgd, adamw };
+
+/// --model: the residual MLP of chapters 00-07, or chapter 08's GPT.
+enum class ModelKind { mlp, gpt };
 
 /// --optimizer and its hyperparameters as given; setup.hpp fills in the defaults (which
 /// depend on the optimizer) and scales the learning rate for the batch.
@@ -117,6 +122,10 @@ struct ParallelOptions {
 struct TrainOptions {
   RunSource source;
   std::optional<DataSource> test_data;
+  ModelKind model_kind = ModelKind::mlp;  ///< --model
+  /// The GPT's shape flags (--seq-len, --layers, --width, --heads); its dropout, precision
+  /// and seed are the shared flags' (model's below).
+  nn::GptConfig gpt{.vocabulary = 256, .context = 64, .layers = 2, .width = 64, .heads = 4};
   /// The shape flags (the data sets inputs and classes, --seed the seed).
   nn::ModelConfig model{.inputs = 0, .hidden = 256, .expansion = 4, .classes = 0, .depth = 2,
                         .dropout = 0.0f, .norm = nn::Norm::layer,

@@ -209,6 +209,10 @@ planning::PlanResult plan_for(const TrainOptions& options, const nn::ModelConfig
 }
 
 int run_plan(const TrainOptions& options) {
+  if (options.model_kind == ModelKind::gpt || options.source.data.kind == DataKind::text) {
+    throw UsageError("bigbatch plan prices the MLP's step; it does not know the GPT's yet "
+                     "(--model gpt, --data text:FILE)");
+  }
   const Splits splits = load_data(options);
   const nn::ModelConfig model = model_config(options, splits);
   const planning::Plan best = plan_for(options, model, available_device(options)).best();

@@ -130,6 +130,18 @@ double Progress::elapsed() const {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
 }
 
+void evaluate_at_step(nn::Network& model, const Splits& splits, std::int64_t eval_every,
+                      std::int64_t micro_batch, const train::StepRecord& record,
+                      const char* accuracy, Progress& progress, Json& line) {
+  if (eval_every <= 0 || !splits.test || record.step % eval_every != 0) return;
+  const nn::EvaluationResult test = nn::evaluate(model, *splits.test, micro_batch);
+  progress.break_line();
+  std::cout << "step " << record.step << ": " << splits.evaluated() << " loss " << test.loss
+            << ", " << accuracy << " " << test.accuracy << "\n";
+  line[std::string(splits.evaluated()) + "_loss"] = test.loss;
+  line[std::string(splits.evaluated()) + "_accuracy"] = test.accuracy;
+}
+
 std::string step_memory_report(Device device, const MemoryStats& step, std::int64_t steps) {
   const TrackingAllocator& allocator = allocator_for(device);
   const MemoryStats now = allocator.stats();

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <string>
 
+#include "chapters/cli/setup.hpp"
 #include "chapters/train/trainer.hpp"
 #include "common/device.hpp"
 #include "common/json.hpp"
@@ -49,6 +50,14 @@ class Progress {
   bool dirty_ = false;
   bool printed_ = false;
 };
+
+/// --eval-every N: after every N-th step, the model's loss and accuracy on the held-out split
+/// (in batches of `micro_batch`, the memory the run was sized for), printed as
+/// "step S: test loss L, <accuracy> A" and added to the step's log line as test_loss and
+/// test_accuracy (validation_... for --validation's split). Nothing at other steps.
+void evaluate_at_step(nn::Network& model, const Splits& splits, std::int64_t eval_every,
+                      std::int64_t micro_batch, const train::StepRecord& record,
+                      const char* accuracy, Progress& progress, Json& line);
 
 /// The memory of the training step with the highest peak, by category at that moment
 /// (the rows add up to the total), beside what is live now; host data in its own row.

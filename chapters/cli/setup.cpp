@@ -3,11 +3,18 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cstdio>
+#include <fstream>
 #include <map>
+#include <sstream>
 #include <stdexcept>
 #include <string>
+#include <utility>
+#include <variant>
+#include <vector>
 
 #include "common/cuda_runtime.hpp"
+#include "common/data/text_corpus.hpp"
 #include "common/io/safetensors.hpp"
 
 namespace bigbatch::cli {
@@ -58,6 +65,27 @@ Splits load_data(const TrainOptions& options) {
       break;
     }
     case DataKind::npy: splits.train = load_npy(options.source.data); break;
+    case DataKind::text: {
+      const std::string& file = options.source.data.text_file;
+      std::vector<std::string> documents;
+      try {
+        documents = read_documents(file);
+      } catch (const std::runtime_error& e) {
+        throw UsageError(std::string("--data: ") + e.what());
+      }
+      // A deterministic hold-out: every tenth document, so both splits span the file.
+      std::vector<std::string> training, held_out;
+      for (std::size_t i = 0; i < documents.size(); ++i) {
+        (i % 10 == 9 ? held_out : training).push_back(std::move(documents[i]));
+      }
+      const std::int64_t length = options.gpt.context;
+      splits.train = make_token_dataset(make_sequences(training, length), "text:" + file);
+      if (!held_out.empty()) {
+        splits.test = make_token_dataset(make_sequences(held_out, length),
+                                         "text:" + file + " (every tenth document)");
+      }
+      break;
+    }
   }
   if (const std::int64_t held_out = options.source.validation; held_out > 0) {
     if (options.test_data) {
@@ -207,6 +235,19 @@ train::TrainConfig train_config(const TrainOptions& options) {
   return config;
 }
 
+std::int64_t checked_micro_batch(const TrainOptions& options, const Dataset& train) {
+  const std::int64_t batch = options.train.batch;
+  if (options.train.micro_batch > batch) {
+    throw UsageError("--micro-batch " + std::to_string(options.train.micro_batch) +
+                     " is larger than --batch " + std::to_string(batch));
+  }
+  if (options.train.drop_last && batch > train.size()) {
+    throw UsageError("--drop-last with --batch " + std::to_string(batch) + " leaves no batch: " +
+                     train.name + " has " + std::to_string(train.size()) + " training samples");
+  }
+  return options.train.micro_batch > 0 ? options.train.micro_batch : batch;
+}
+
 void check_batchnorm_micro_batches(std::int64_t batch, std::int64_t micro_batch,
                                    std::int64_t short_batch) {
   auto leaves_one = [&](std::int64_t rows) {
@@ -246,6 +287,75 @@ void apply_plan(const planning::Plan& plan, TrainOptions& options, nn::ModelConf
   options.model.precision = model.precision = plan.precision;
   options.train.loss_scaling = planning::plan_loss_scale(plan.precision);
   options.checkpoint = plan.checkpoint;
+}
+
+/// Fails early (before any training) when --save could not be written at the end.
+void check_writable(const std::string& path) {
+  const std::string probe = path + ".tmp";
+  std::ofstream out(probe);
+  if (!out) throw UsageError("--save: cannot write " + path);
+  out.close();
+  std::remove(probe.c_str());
+}
+
+/// "fp16 (f32 master weights), loss scale dynamic from 65536 (x2 after 2000 clean ...)"
+std::string precision_description(nn::Precision precision, const train::TrainConfig& c) {
+  std::ostringstream out;
+  out << nn::precision_name(precision)
+      << (nn::is_mixed(precision) ? " (f32 master weights)" : "") << ", loss scale ";
+  switch (c.loss_scaling) {
+    case train::LossScaling::none: out << "none"; break;
+    case train::LossScaling::fixed: out << "static " << c.fixed_scale; break;
+    case train::LossScaling::dynamic: {
+      const auto& d = c.dynamic_scaling;
+      out << "dynamic from " << d.initial_scale << " (x" << d.growth_factor << " after "
+          << d.growth_interval << " clean steps, x" << d.backoff_factor << " after "
+          << d.hysteresis << (d.hysteresis == 1 ? " overflow" : " overflows in a row")
+          << ", within [" << d.min_scale << ", " << d.max_scale << "])";
+      break;
+    }
+  }
+  return out.str();
+}
+
+/// "0.002 = 0.001 x sqrt(1024/256) (cosine after 5 linear warm-up steps from lr/5)"
+std::string learning_rate_description(const TrainOptions& options,
+                                      const nn::LrSchedule& schedule) {
+  std::ostringstream lr;
+  lr << schedule.base_lr;
+  const nn::LrScale scale = options.optimizer.lr_scale;
+  if (scale != nn::LrScale::none) {
+    const std::string ratio = std::to_string(options.train.batch) + "/" +
+                              std::to_string(options.optimizer.lr_reference_batch);
+    lr << " = " << base_learning_rate(options) << " x "
+       << (scale == nn::LrScale::sqrt ? "sqrt(" + ratio + ")" : ratio);
+  }
+  lr << " (" << nn::lr_schedule_name(schedule.kind);
+  if (schedule.warmup_steps > 0) {
+    lr << " after " << schedule.warmup_steps << " linear warm-up steps from lr/"
+       << schedule.warmup_steps;
+  }
+  lr << ")";
+  return lr.str();
+}
+
+std::string optimizer_line(const TrainOptions& options, const nn::LrSchedule& schedule,
+                           const nn::Optimizer::Options& optimizer, std::int64_t micro_batch) {
+  const std::int64_t batch = options.train.batch;
+  const std::int64_t accumulation_steps = (batch + micro_batch - 1) / micro_batch;
+  const double weight_decay =
+      std::visit([](const auto& o) { return o.weight_decay; }, optimizer);
+  std::ostringstream out;
+  out << "optimizer " << (options.optimizer.kind == OptimizerKind::sgd ? "sgd" : "adamw")
+      << ", lr " << learning_rate_description(options, schedule) << ", weight decay "
+      << weight_decay << ", seed " << options.train.seed << ", batch " << batch
+      << ", micro-batch " << micro_batch << ": " << accumulation_steps
+      << (accumulation_steps == 1 ? " accumulation step" : " accumulation steps")
+      << " per optimizer step";
+  if (batch % micro_batch != 0) {
+    out << " (the last micro-batch has " << batch % micro_batch << " samples)";
+  }
+  return out.str();
 }
 
 }  // namespace bigbatch::cli

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <optional>
 #include <stdexcept>
+#include <string>
 
 #include "chapters/06_planner/planner.hpp"
 #include "chapters/cli/options.hpp"
@@ -68,6 +69,10 @@ nn::ModelConfig model_config(const TrainOptions& options, const Splits& splits);
 /// and the dynamic scaler's flags checked against each other.
 train::TrainConfig train_config(const TrainOptions& options);
 
+/// The samples of a forward pass: --micro-batch, or --batch when it is not given. Refuses
+/// a micro-batch larger than the batch, and --drop-last with a batch larger than `train`.
+std::int64_t checked_micro_batch(const TrainOptions& options, const Dataset& train);
+
 /// Refuses a BatchNorm micro-batch of a single sample (its variance is 0: PyTorch refuses
 /// it too), in any batch of the run: the full ones and an epoch's short last one.
 void check_batchnorm_micro_batches(std::int64_t batch, std::int64_t micro_batch,
@@ -86,5 +91,20 @@ void check_plan_flags(const TrainOptions& options);
 /// --plan auto: the plan's micro-batch, precision (fp16 with dynamic loss scaling) and
 /// checkpoint policy, written into the options and the model's configuration.
 void apply_plan(const planning::Plan& plan, TrainOptions& options, nn::ModelConfig& model);
+
+/// Fails early (before any training) when --save could not be written at the end.
+void check_writable(const std::string& path);
+
+/// "fp16 (f32 master weights), loss scale dynamic from 65536 (x2 after 2000 clean ...)"
+std::string precision_description(nn::Precision precision, const train::TrainConfig& c);
+
+/// "0.002 = 0.001 x sqrt(1024/256) (cosine after 5 linear warm-up steps from lr/5)"
+std::string learning_rate_description(const TrainOptions& options,
+                                      const nn::LrSchedule& schedule);
+
+/// The header's second line: "optimizer adamw, lr ..., weight decay ..., seed ..., batch B,
+/// micro-batch m: k accumulation steps per optimizer step (the last micro-batch has ...)".
+std::string optimizer_line(const TrainOptions& options, const nn::LrSchedule& schedule,
+                           const nn::Optimizer::Options& optimizer, std::int64_t micro_batch);
 
 }  // namespace bigbatch::cli

@@ -44,15 +44,6 @@ struct Interrupted {
   int signal;
 };
 
-/// Fails early (before any training) when --save could not be written at the end.
-void check_writable(const std::string& path) {
-  const std::string probe = path + ".tmp";
-  std::ofstream out(probe);
-  if (!out) throw UsageError("--save: cannot write " + path);
-  out.close();
-  std::remove(probe.c_str());
-}
-
 /// Keeps the lines of a --log file up to step `last` (a resumed run appends the rest),
 /// rewriting it atomically; nothing when the file does not exist.
 void truncate_log(const std::string& path, std::int64_t last) {
@@ -113,47 +104,6 @@ Checkpointing checkpointing_for(const TrainOptions& options,
     throw UsageError(std::string("--checkpoint: ") + e.what());
   }
   return c;
-}
-
-/// "fp16 (f32 master weights), loss scale dynamic from 65536 (x2 after 2000 clean ...)"
-std::string precision_description(nn::Precision precision, const train::TrainConfig& c) {
-  std::ostringstream out;
-  out << nn::precision_name(precision)
-      << (nn::is_mixed(precision) ? " (f32 master weights)" : "") << ", loss scale ";
-  switch (c.loss_scaling) {
-    case train::LossScaling::none: out << "none"; break;
-    case train::LossScaling::fixed: out << "static " << c.fixed_scale; break;
-    case train::LossScaling::dynamic: {
-      const auto& d = c.dynamic_scaling;
-      out << "dynamic from " << d.initial_scale << " (x" << d.growth_factor << " after "
-          << d.growth_interval << " clean steps, x" << d.backoff_factor << " after "
-          << d.hysteresis << (d.hysteresis == 1 ? " overflow" : " overflows in a row")
-          << ", within [" << d.min_scale << ", " << d.max_scale << "])";
-      break;
-    }
-  }
-  return out.str();
-}
-
-/// "0.002 = 0.001 x sqrt(1024/256) (cosine after 5 linear warm-up steps from lr/5)"
-std::string learning_rate_description(const TrainOptions& options,
-                                      const nn::LrSchedule& schedule) {
-  std::ostringstream lr;
-  lr << schedule.base_lr;
-  const nn::LrScale scale = options.optimizer.lr_scale;
-  if (scale != nn::LrScale::none) {
-    const std::string ratio = std::to_string(options.train.batch) + "/" +
-                              std::to_string(options.optimizer.lr_reference_batch);
-    lr << " = " << base_learning_rate(options) << " x "
-       << (scale == nn::LrScale::sqrt ? "sqrt(" + ratio + ")" : ratio);
-  }
-  lr << " (" << nn::lr_schedule_name(schedule.kind);
-  if (schedule.warmup_steps > 0) {
-    lr << " after " << schedule.warmup_steps << " linear warm-up steps from lr/"
-       << schedule.warmup_steps;
-  }
-  lr << ")";
-  return lr.str();
 }
 
 /// The folder snapshots go to and, with --resume, where the run starts from. In a
@@ -271,6 +221,17 @@ class SnapshotSetup {
 }  // namespace
 
 int run_train(TrainOptions options) {
+  if (options.model_kind == ModelKind::gpt) return run_train_gpt(options);
+  for (const char* flag : {"--seq-len", "--layers", "--width", "--heads"}) {
+    if (options.was_given(flag)) {
+      throw UsageError(std::string(flag) + " shapes --model gpt; the MLP's shape is --depth, "
+                       "--hidden and --expansion");
+    }
+  }
+  if (options.source.data.kind == DataKind::text) {
+    throw UsageError("--data " + options.source.data.text() + " is token sequences: train it "
+                     "with --model gpt");
+  }
   if (options.plan.automatic) check_plan_flags(options);
   RunRanks ranks(options);  // chapter 07; under MPI, rank 0 alone prints and writes files
   if (!ranks.writes()) {
@@ -297,21 +258,11 @@ int run_train(TrainOptions options) {
     apply_plan(best, options, model_shape);
   }
   const std::int64_t batch = options.train.batch;
-  if (options.train.micro_batch > batch) {
-    throw UsageError("--micro-batch " + std::to_string(options.train.micro_batch) +
-                     " is larger than --batch " + std::to_string(batch));
-  }
   // Rows per forward pass, in training and in evaluation: what the memory was sized for.
-  const std::int64_t micro_batch =
-      options.train.micro_batch > 0 ? options.train.micro_batch : batch;
+  const std::int64_t micro_batch = checked_micro_batch(options, splits.train);
   const std::int64_t samples = splits.train.size();
   const bool batch_norm = model_shape.norm == nn::Norm::batch;
   if (batch_norm) check_batchnorm_micro_batches(batch, micro_batch, 0);
-  if (options.train.drop_last && batch > samples) {
-    throw UsageError("--drop-last with --batch " + std::to_string(batch) +
-                     " leaves no batch: " + splits.train.name + " has " +
-                     std::to_string(samples) + " training samples");
-  }
   if (batch_norm && !options.train.drop_last) {
     check_batchnorm_micro_batches(batch, micro_batch, samples % batch);
   }
@@ -375,26 +326,14 @@ int run_train(TrainOptions options) {
   }
 
   // What is trained, then how: the two header lines.
-  const std::int64_t accumulation_steps = (batch + micro_batch - 1) / micro_batch;
   std::cout << "bigbatch train: " << splits.train.name << " (" << samples << " samples, "
             << splits.train.feature_dim() << " features, " << model_shape.classes
             << " classes), model depth " << model_shape.depth << " hidden "
             << model_shape.hidden << " (" << model.parameter_count() << " parameters), "
             << trainer.total_steps() << (trainer.total_steps() == 1 ? " step" : " steps")
             << " (" << trainer.batches_per_epoch() << " per epoch) on " << device.name() << "\n";
-  const double weight_decay = std::visit([](const auto& o) { return o.weight_decay; },
-                                         optimizer.options());
-  std::cout << "optimizer "
-            << (options.optimizer.kind == OptimizerKind::sgd ? "sgd" : "adamw") << ", lr "
-            << learning_rate_description(options, trainer.lr_schedule()) << ", weight decay "
-            << weight_decay << ", seed " << config.seed << ", batch " << batch
-            << ", micro-batch " << micro_batch << ": " << accumulation_steps
-            << (accumulation_steps == 1 ? " accumulation step" : " accumulation steps")
-            << " per optimizer step";
-  if (batch % micro_batch != 0) {
-    std::cout << " (the last micro-batch has " << batch % micro_batch << " samples)";
-  }
-  std::cout << "\nprecision " << precision_description(model_shape.precision, config) << "\n";
+  std::cout << optimizer_line(options, trainer.lr_schedule(), optimizer.options(), micro_batch)
+            << "\nprecision " << precision_description(model_shape.precision, config) << "\n";
   if (ranks.enabled()) std::cout << ranks.describe(batch, micro_batch, model_shape.precision) << "\n";
   if (checkpoint.asked != checkpoint.policy) {
     std::cout << "checkpoint " << checkpoint.asked.text() << ": " << checkpoint.policy.text()
@@ -454,14 +393,8 @@ int run_train(TrainOptions options) {
       progress.update(record);
       Json line = log_line(record, progress.elapsed(), norm_measured, ranks.enabled());
       reduce_seconds += record.reduce_seconds;
-      if (output.eval_every > 0 && splits.test && record.step % output.eval_every == 0) {
-        const nn::EvaluationResult test = nn::evaluate(model, *splits.test, micro_batch);
-        progress.break_line();
-        std::cout << "step " << record.step << ": " << splits.evaluated() << " loss "
-                  << test.loss << ", accuracy " << test.accuracy << "\n";
-        line[std::string(splits.evaluated()) + "_loss"] = test.loss;
-        line[std::string(splits.evaluated()) + "_accuracy"] = test.accuracy;
-      }
+      evaluate_at_step(model, splits, output.eval_every, micro_batch, record, "accuracy",
+                       progress, line);
       if (log.is_open()) log << line.dump() << '\n';
       const bool stop = ranks.any(g_stop_signal != 0);
       if (snapshots.enabled() &&

@@ -1,4 +1,5 @@
-// train_command.hpp: `bigbatch train`: trains the model of nn/model.hpp on a data set
+// train_command.hpp: `bigbatch train`: trains the model of nn/model.hpp (or, with --model gpt,
+// chapter 08's nn/gpt.hpp) on a data set
 // with the trainer of chapters/train/trainer.hpp, with snapshots, --resume, --plan auto,
 // the progress line, the log and the memory report.
 #pragma once
@@ -10,5 +11,9 @@ namespace bigbatch::cli {
 /// Runs the training the options describe; returns the exit code (0, or 128 + the signal
 /// that stopped it). Throws UsageError, NoPlanFits and the trainer's errors.
 int run_train(TrainOptions options);
+
+/// `bigbatch train --model gpt` (train_gpt.cpp): chapter 08's GPT on a text file's byte
+/// tokens; run_train hands over to it. Returns the exit code; throws as run_train does.
+int run_train_gpt(const TrainOptions& options);
 
 }  // namespace bigbatch::cli

@@ -1,0 +1,164 @@
+// train_gpt.cpp: `bigbatch train --model gpt`: chapter 08's GPT on byte tokens of a text
+// file, through the same trainer, optimizer boundary, progress line, log and memory report
+// as the MLP. What the MLP's run has and the GPT's does not yet (snapshots and --resume,
+// activation checkpointing, --plan auto, ranks) is refused by name before anything runs.
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <optional>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "chapters/cli/progress.hpp"
+#include "chapters/cli/setup.hpp"
+#include "chapters/cli/train_command.hpp"
+#include "common/memory.hpp"
+#include "nn/gpt.hpp"
+
+namespace bigbatch::cli {
+namespace {
+
+/// The flags `bigbatch train --model gpt` refuses: the MLP's shape and data, and the parts
+/// of the MLP's run the GPT does not have yet.
+void check_gpt_flags(const TrainOptions& options) {
+  for (const char* flag : {"--depth", "--hidden", "--expansion", "--norm", "--activation",
+                           "--samples", "--features", "--test-data"}) {
+    if (options.was_given(flag)) {
+      throw UsageError(std::string(flag) + " shapes the MLP's data or model, not --model gpt's "
+                       "(its shape: --seq-len, --layers, --width, --heads)");
+    }
+  }
+  for (const char* flag : {"--checkpoint", "--explain", "--plan", "--snapshot-dir",
+                           "--snapshot-every", "--snapshot-keep", "--resume", "--data-parallel",
+                           "--simulate-ranks", "--reduction", "--bucket-size", "--zero",
+                           "--calibration", "--recalibrate"}) {
+    if (options.was_given(flag)) {
+      throw UsageError(std::string(flag) + " is not available with --model gpt yet: its "
+                       "training runs on one process, keeps every block's activations and "
+                       "writes no snapshot (--save writes the trained parameters)");
+    }
+  }
+  if (options.source.data.kind != DataKind::text) {
+    throw UsageError("--model gpt trains on text: give --data text:FILE (e.g. text:/usr/share/"
+                     "games/fortunes/fortunes from Debian's fortunes package), not --data " +
+                     options.source.data.text());
+  }
+}
+
+/// "text:FILE (123 sequences of 64 tokens, 5678 target tokens, 12.3% padding)"
+std::string describe_tokens(const Dataset& data) {
+  std::vector<std::int64_t> every(static_cast<std::size_t>(data.size()));
+  for (std::int64_t i = 0; i < data.size(); ++i) every[static_cast<std::size_t>(i)] = i;
+  const std::int64_t targets = count_targets(data, every);
+  const std::int64_t positions = data.size() * data.feature_dim();
+  std::ostringstream out;
+  out.precision(3);
+  out << data.name << " (" << data.size() << " sequences of " << data.feature_dim()
+      << " tokens, " << targets << " target tokens, "
+      << 100.0 * static_cast<double>(positions - targets) / static_cast<double>(positions)
+      << "% padding)";
+  return out.str();
+}
+
+}  // namespace
+
+int run_train_gpt(const TrainOptions& options) {
+  check_gpt_flags(options);
+  const OutputOptions& output = options.output;
+  if (!output.save.empty()) check_writable(output.save);
+  const Splits splits = load_data(options);
+  const Device device = available_device(options);
+  const std::int64_t micro_batch = checked_micro_batch(options, splits.train);
+  const nn::Optimizer::Options optimizer_choice = optimizer_options(options);
+  const train::TrainConfig config = train_config(options);
+  // No memory model of the GPT's step yet: the cap is the allocator's alone.
+  if (options.device_memory) allocator_for(device).set_cap(*options.device_memory);
+
+  nn::GptConfig shape = options.gpt;
+  shape.dropout = options.model.dropout;
+  shape.precision = options.model.precision;
+  shape.seed = options.train.seed;
+  std::optional<nn::Gpt> built;
+  try {
+    built.emplace(shape, device);
+  } catch (const std::invalid_argument& e) {
+    throw UsageError(std::string("--model gpt: ") + e.what());
+  }
+  nn::Gpt& model = *built;
+  if (!output.init.empty()) {
+    try {
+      model.load(output.init);
+    } catch (const std::runtime_error& e) {
+      throw UsageError(std::string("--init: ") + e.what());
+    }
+  }
+  nn::Optimizer optimizer(model.parameters(), optimizer_choice);
+  train::Trainer trainer(model, optimizer, splits.train, config);
+
+  std::ofstream log;
+  if (!output.log.empty()) {
+    log.open(output.log, std::ios::trunc);
+    if (!log) throw UsageError("--log: cannot write " + output.log);
+  }
+  std::cout << "bigbatch train: " << describe_tokens(splits.train) << ", GPT of "
+            << shape.layers << (shape.layers == 1 ? " block" : " blocks") << ", width "
+            << shape.width << ", " << shape.heads << (shape.heads == 1 ? " head" : " heads")
+            << ", context " << shape.context << " (" << model.parameter_count()
+            << " parameters), " << trainer.total_steps()
+            << (trainer.total_steps() == 1 ? " step" : " steps") << " ("
+            << trainer.batches_per_epoch() << " per epoch) on " << device.name() << "\n"
+            << optimizer_line(options, trainer.lr_schedule(), optimizer.options(), micro_batch)
+            << " (a batch of sequences: every target token's loss over the step's real "
+               "target tokens)\nprecision "
+            << precision_description(shape.precision, config) << "\n"
+            << std::flush;
+
+  const bool scaled = config.loss_scaling != train::LossScaling::none;
+  const bool norm_measured = scaled || config.clip_grad_norm > 0.0f;
+  Progress progress(trainer.total_steps(), output.print_every, scaled,
+                    config.clip_grad_norm > 0.0f);
+  train::StepRecord last;
+  trainer.run([&](const train::StepRecord& record) {
+    last = record;
+    progress.update(record);
+    Json line = log_line(record, progress.elapsed(), norm_measured);
+    line["targets"] = record.batch_targets;
+    evaluate_at_step(model, splits, output.eval_every, micro_batch, record, "next-byte accuracy",
+                     progress, line);
+    if (log.is_open()) log << line.dump() << '\n';
+  });
+  progress.break_line();
+  const double seconds = progress.elapsed();
+  if (log.is_open()) {
+    log.close();
+    if (!log) throw std::runtime_error("--log: writing " + output.log + " failed");
+  }
+  const std::int64_t steps = trainer.total_steps();
+  std::printf("trained %lld steps in %s (%.1f ms/step on average)\n",
+              static_cast<long long>(steps), clock_time(seconds).c_str(),
+              1e3 * seconds / static_cast<double>(steps));
+  std::printf("final train loss (last batch): %.4f\n", last.loss);
+  if (scaled) {
+    std::printf("loss scale: %g at the end; %lld of %lld steps skipped on an overflow\n",
+                static_cast<double>(last.loss_scale),
+                static_cast<long long>(last.skipped_steps), static_cast<long long>(steps));
+  }
+  if (!output.save.empty()) {  // before the evaluation: nothing trained is lost after this
+    model.save(output.save);
+    std::cout << "saved the parameters to " << output.save << "\n";
+  }
+  if (splits.test) {
+    const nn::EvaluationResult test = nn::evaluate(model, *splits.test, micro_batch);
+    std::printf("%s (%s, %lld sequences, %lld target tokens): loss %.4f, next-byte accuracy "
+                "%.4f\n",
+                splits.evaluated(), splits.test->name.c_str(),
+                static_cast<long long>(test.samples), static_cast<long long>(test.targets),
+                test.loss, test.accuracy);
+  }
+  std::cout << step_memory_report(device, trainer.largest_step_memory(), steps);
+  return 0;
+}
+
+}  // namespace bigbatch::cli
