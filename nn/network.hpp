@@ -83,10 +83,17 @@ class Network {
   virtual void check_data(const Dataset& data) const = 0;
 
  protected:
+  // Only a model is built, copied or moved (the float64 twin is returned by value), never a
+  // Network alone: a copy through the interface would slice.
+  /// For the models' constructors.
   Network() = default;
+  /// For the models' copies.
   Network(const Network&) = default;
+  /// For the models' moves.
   Network(Network&&) = default;
+  /// For the models' copy assignments.
   Network& operator=(const Network&) = default;
+  /// For the models' move assignments.
   Network& operator=(Network&&) = default;
 };
 
