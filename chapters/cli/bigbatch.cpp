@@ -1,6 +1,7 @@
 // bigbatch.cpp: the command-line program. `bigbatch train` trains the model of
-// nn/model.hpp on a data set (train_command.hpp); `bigbatch plan` lists the plans whose
-// step fits a memory budget (plan_command.hpp). The flags are read, typed, in options.hpp.
+// nn/model.hpp (or chapter 08's GPT) on a data set (train_command.hpp); `bigbatch plan` lists
+// the plans whose step fits a memory budget (plan_command.hpp); `bigbatch generate` prints
+// what a trained GPT writes after a prompt (generate_command.hpp). The flags are read, typed, in options.hpp.
 //
 // Exit codes: 0 success, 1 any other failure, 2 bad input (flags, data, files),
 // 3 out of memory (the allocator's cap, --device-memory, or the device itself).
@@ -11,6 +12,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "chapters/cli/generate_command.hpp"
 #include "chapters/cli/options.hpp"
 #include "chapters/cli/plan_command.hpp"
 #include "chapters/cli/setup.hpp"
@@ -43,7 +45,8 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", std::string("bigbatch ") + BIGBATCH_VERSION + "\nCPU: " + cpu);
   app.footer(kExitCodes);
   TrainOptions options;
-  CLI::App* train = app.add_subcommand("train", "train the residual MLP on a data set");
+  CLI::App* train = app.add_subcommand(
+      "train", "train the residual MLP on a data set (--model gpt: the GPT on a text file)");
   train->footer(kExitCodes);
   add_train_flags(*train, options);
   add_plan_flags(*train, options);
@@ -70,6 +73,12 @@ int main(int argc, char** argv) {
                  "which micro_batches split) and sum_seconds_fp32 and sum_seconds_16bit (the "
                  "modelled gradient sum in every plan's seconds; at --zero 2 that of one "
                  "micro-batch per step, and sum_seconds_per_further_micro_batch)");
+  GenerateOptions generate_options;
+  CLI::App* generate = app.add_subcommand(
+      "generate", "print the text a GPT trained by `train --model gpt --save` writes after a "
+                  "prompt");
+  generate->footer(kExitCodes);
+  add_generate_flags(*generate, generate_options);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -80,12 +89,15 @@ int main(int argc, char** argv) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
     // One line naming the flag, not CLI11's two (the error, then a hint).
-    const std::string command = plan->parsed() ? " plan" : train->parsed() ? " train" : "";
+    const std::string command = plan->parsed()       ? " plan"
+                                : train->parsed()    ? " train"
+                                : generate->parsed() ? " generate"
+                                                     : "";
     std::cerr << "bigbatch" << command << ": " << e.what() << " (see bigbatch" << command
               << " --help)\n";
     return kExitBadInput;
   }
-  CLI::App* command = plan->parsed() ? plan : train;
+  CLI::App* command = plan->parsed() ? plan : generate->parsed() ? generate : train;
   for (const CLI::Option* option : command->get_options()) {
     if (option->count() > 0) options.given.insert(option->get_name());
   }
@@ -104,6 +116,7 @@ int main(int argc, char** argv) {
     std::cerr << (before + name() + ": " + e.what() + "\n");
   };
   try {
+    if (command == generate) return run_generate(generate_options);
     return command == plan ? run_plan(options) : run_train(options);
   } catch (const UsageError& e) {
     say("", e);

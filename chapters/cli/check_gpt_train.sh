@@ -6,8 +6,9 @@
 # bytes (ln 256 = 5.55) and the loss falls; every log line counts its step's target tokens;
 # micro-batches of 3 and of 1 sequence save the bits of the batch of 8 (fp32 and bf16, with
 # dropout: the loss of every target over the step's count, the tied head completed once);
-# fp16 runs under the dynamic loss scaler; --init continues from --save; and what the GPT's
-# run does not take is refused with exit code 2, naming the flag.
+# fp16 runs under the dynamic loss scaler; --init continues from --save; what the GPT's run
+# does not take is refused with exit code 2, naming the flag; and `bigbatch generate` prints
+# the prompt and what the saved model writes after it, refusing a file that is no GPT.
 set -u
 bigbatch=$(cd "$(dirname "$1")" && pwd)/$(basename "$1")
 fail() { echo "FAIL: $1"; exit 1; }
@@ -69,6 +70,32 @@ refused "--simulate-ranks is not available with --model gpt" $shape --simulate-r
 refused "heads" --model gpt --data text:corpus.txt --seq-len 24 --width 32 --heads 3
 refused "--data: " --model gpt --data text:no-such-file.txt
 refused "--init: " --model gpt --data text:corpus.txt --seq-len 24 --layers 2 --width 16 --heads 4 --init whole.safetensors
+# bigbatch generate: the prompt and 20 bytes after it (29 bytes with the newline), greedy
+# the same whatever the seed, sampled the same for a seed and not for another.
+generate() { "$bigbatch" generate --init whole.safetensors --prompt "Sentence 1" --tokens 20 "$@"; }
+generate --temperature 0 --seed 1 > greedy1.txt || fail "generate: exit code $?"
+generate --temperature 0 --seed 2 > greedy2.txt || fail "generate: exit code $?"
+generate --temperature 1 --seed 1 > sampled1.txt && generate --temperature 1 --seed 1 > again1.txt &&
+  generate --temperature 1 --seed 2 > sampled2.txt || fail "generate with a temperature: exit code $?"
+head -c 10 greedy1.txt | grep -q '^Sentence 1$' || fail "generate does not print its prompt first: $(cat greedy1.txt)"
+[ "$(wc -c < greedy1.txt)" -eq 31 ] || fail "generate printed $(wc -c < greedy1.txt) bytes, not 10 + 20 + 1"
+cmp -s greedy1.txt greedy2.txt || fail "greedy generation changed with the seed"
+cmp -s sampled1.txt again1.txt || fail "one seed sampled two texts"
+cmp -s sampled1.txt sampled2.txt && fail "two seeds sampled the same 20 bytes"
+"$bigbatch" train --data synthetic --samples 200 --depth 1 --hidden 8 --steps 1 --batch 8 \
+  --save mlp.safetensors > mlp.txt 2>&1 || fail "the MLP run: $(tail -n 2 mlp.txt)"
+generate_refused() {  # generate_refused WORDS FLAGS...: exit code 2 and WORDS said
+  words=$1
+  shift
+  "$bigbatch" generate "$@" > refused.txt 2>&1
+  code=$?
+  [ $code -eq 2 ] || fail "generate $* exited with $code, not 2: $(cat refused.txt)"
+  grep -q -- "$words" refused.txt || fail "generate $*: the message does not say '$words': $(cat refused.txt)"
+}
+generate_refused "holds no GPT" --init mlp.safetensors --prompt "x"
+generate_refused "--init: " --init no-such-file.safetensors --prompt "x"
+generate_refused "--prompt: give at least one" --init whole.safetensors --prompt ""
+generate_refused "--temperature" --init whole.safetensors --prompt "x" --temperature -1
 "$bigbatch" plan $shape --batch 8 > refused.txt 2>&1
 [ $? -eq 2 ] && grep -q "does not know the GPT's" refused.txt || fail "bigbatch plan took the GPT: $(cat refused.txt)"
 "$bigbatch" train --help | grep -q -- '--model' || fail "--help does not list --model"

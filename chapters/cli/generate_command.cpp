@@ -1,0 +1,117 @@
+// generate_command.cpp: `bigbatch generate`.
+#include "chapters/cli/generate_command.hpp"
+
+#include <charconv>
+#include <cstdint>
+#include <iostream>
+#include <map>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "chapters/cli/setup.hpp"
+#include "common/io/safetensors.hpp"
+#include "nn/gpt.hpp"
+
+namespace bigbatch::cli {
+namespace {
+
+/// The GPT's shape from the metadata nn::Gpt::save writes; UsageError when it is not there.
+nn::GptConfig shape_of(const std::string& path) {
+  std::map<std::string, std::string> metadata;
+  try {
+    metadata = load_safetensors_metadata(path);
+  } catch (const std::runtime_error& e) {
+    throw UsageError(std::string("--init: ") + e.what());
+  }
+  const auto format = metadata.find("format");
+  if (format == metadata.end() || format->second != "bigbatch GPT") {
+    throw UsageError("--init: " + path + " holds no GPT written by `bigbatch train --model gpt "
+                     "--save` (its metadata has no \"format\": \"bigbatch GPT\")");
+  }
+  const auto number = [&](const std::string& key) {
+    const auto found = metadata.find(key);
+    std::int64_t value = 0;
+    const std::string text = found == metadata.end() ? "" : found->second;
+    const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+    if (found == metadata.end() || error != std::errc() || end != text.data() + text.size()) {
+      throw UsageError("--init: " + path + "'s metadata has no whole number \"" + key + "\"");
+    }
+    return value;
+  };
+  nn::GptConfig shape;
+  shape.vocabulary = number("vocabulary");
+  shape.context = number("context");
+  shape.layers = number("layers");
+  shape.width = number("width");
+  shape.heads = number("heads");
+  return shape;
+}
+
+}  // namespace
+
+void add_generate_flags(CLI::App& generate, GenerateOptions& o) {
+  generate.add_option("--init", o.init, "the GPT to sample, from bigbatch train --model gpt --save")
+      ->required();
+  generate.add_option("--prompt", o.prompt, "the text to continue (its bytes are the tokens)")
+      ->required();
+  generate.add_option("--tokens", o.sampling.tokens, "bytes to write after the prompt")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  generate.add_option("--temperature", o.sampling.temperature,
+                      "0: always the most likely byte (greedy); else draw from the softmax of "
+                      "the logits divided by it (below 1 sharper, above 1 flatter)")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 100.0));
+  generate.add_option("--seed", o.sampling.seed, "the draws' seed (the same seed, the same text)")
+      ->capture_default_str();
+  generate.add_option_function<std::string>(
+      "--device", [&o](const std::string& text) { o.device = parse_device(text); },
+      "cpu, cuda or cuda:N")
+      ->check(CLI::Validator(
+          [](std::string& text) -> std::string {
+            try {
+              parse_device(text);
+              return {};
+            } catch (const std::invalid_argument& e) {
+              return e.what();
+            }
+          },
+          "DEVICE"))
+      ->default_str("cpu");
+}
+
+int run_generate(const GenerateOptions& options) {
+  TrainOptions device_only;
+  device_only.source.device = options.device;
+  const Device device = available_device(device_only);
+  const nn::GptConfig shape = shape_of(options.init);
+  std::optional<nn::Gpt> built;
+  try {
+    built.emplace(shape, device);
+    built->load(options.init);
+  } catch (const std::exception& e) {
+    throw UsageError(std::string("--init: ") + e.what());
+  }
+  if (options.prompt.empty()) throw UsageError("--prompt: give at least one character");
+  std::vector<std::int32_t> prompt;
+  for (const char c : options.prompt) prompt.push_back(static_cast<unsigned char>(c));
+  if (static_cast<std::int64_t>(prompt.size()) > shape.context) {
+    std::cerr << "bigbatch generate: note: the prompt has " << prompt.size()
+              << " bytes and the model's context is " << shape.context
+              << ": it reads the last " << shape.context << "\n";
+  }
+  std::vector<std::int32_t> written;
+  try {
+    written = nn::generate(*built, prompt, options.sampling);
+  } catch (const std::invalid_argument& e) {  // a byte past a vocabulary smaller than 256
+    throw UsageError(std::string("--prompt: ") + e.what());
+  }
+  std::string text = options.prompt;
+  for (const std::int32_t token : written) text.push_back(static_cast<char>(token));
+  std::cout << text << "\n";
+  return 0;
+}
+
+}  // namespace bigbatch::cli

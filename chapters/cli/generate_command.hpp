@@ -1,0 +1,28 @@
+// generate_command.hpp: `bigbatch generate`: the text a GPT trained by `bigbatch train
+// --model gpt --save FILE` writes after a prompt (nn/generate.hpp), greedy or sampled.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <string>
+
+#include "common/device.hpp"
+#include "nn/generate.hpp"
+
+namespace bigbatch::cli {
+
+/// The flags of `bigbatch generate`.
+struct GenerateOptions {
+  std::string init;                ///< --init: the GPT's parameters (its shape in the metadata)
+  std::string prompt;              ///< --prompt: the text to continue, as bytes
+  nn::SamplingOptions sampling;    ///< --tokens, --temperature, --seed
+  Device device;                   ///< --device
+};
+
+/// Adds --init, --prompt, --tokens, --temperature, --seed and --device to `generate`.
+void add_generate_flags(CLI::App& generate, GenerateOptions& options);
+
+/// Prints the prompt and the bytes the model writes after it; returns the exit code. Throws
+/// UsageError (exit code 2) for a file that is not such a GPT, or a prompt it cannot read.
+int run_generate(const GenerateOptions& options);
+
+}  // namespace bigbatch::cli
