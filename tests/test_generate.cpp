@@ -63,10 +63,21 @@ TEST(SampleToken, TheEndsOfTheUniformAndHugeLogits) {
                std::invalid_argument);
 }
 
+/// A small GPT whose parameters are nanoGPT's initialisation times 4 (std 0.08): its logits
+/// differ by about a unit from one context to another, so which tokens it reads changes what
+/// it writes. At nanoGPT's std 0.02 they are nearly equal whatever the context (a draw would
+/// hardly see a wrong window), and at 10 times more the model saturates into one token
+/// whatever the seed.
 nn::Gpt tiny_gpt() {
-  return nn::Gpt({.vocabulary = 16, .context = 4, .layers = 1, .width = 8, .heads = 2,
-                  .dropout = 0.1f, .seed = 4},
-                 Device::cpu());
+  nn::Gpt model({.vocabulary = 16, .context = 4, .layers = 1, .width = 8, .heads = 2,
+                 .dropout = 0.1f, .seed = 4},
+                Device::cpu());
+  for (const nn::NamedParameter& p : model.parameters()) {
+    std::vector<float> values = p.value.to_vector<float>();
+    for (float& v : values) v *= 4.0f;
+    Tensor(p.value).copy_from(Tensor::from_vector(values, p.value.shape()));
+  }
+  return model;
 }
 
 /// generate() written out: the last <= 4 tokens' forward, the last row, the sampler.
@@ -97,6 +108,17 @@ TEST(Generate, IsTheLoopWrittenOutAndSlidesItsWindowPastTheContext) {
     const std::vector<std::int32_t> written = nn::generate(model, {5, 1, 9}, options);
     ASSERT_EQ(written.size(), 7u);
     EXPECT_EQ(written, by_hand(model, {5, 1, 9}, options));
+  }
+}
+
+TEST(Generate, OnlyTheLastContextLengthOfTokensIsRead) {
+  nn::Gpt model = tiny_gpt();
+  // The same last 4 tokens behind different beginnings: the same text after them.
+  for (const float temperature : {0.0f, 1.0f}) {
+    SCOPED_TRACE(temperature);
+    const nn::SamplingOptions options{.tokens = 6, .temperature = temperature, .seed = 8};
+    EXPECT_EQ(nn::generate(model, {5, 1, 9, 2, 7, 3}, options),
+              nn::generate(model, {12, 14, 0, 9, 2, 7, 3}, options));
   }
 }
 
