@@ -29,7 +29,7 @@ float clip_gradients(const std::vector<Tensor>& gradients, float norm, float max
   return factor;
 }
 
-float accumulate_clipping_each_micro_batch(nn::Model& model, const Tensor& x,
+float accumulate_clipping_each_micro_batch(nn::Network& model, const Tensor& x,
                                            const Tensor& labels, std::int64_t micro_batch,
                                            const nn::ForwardContext& context,
                                            std::int64_t global_count, float max_norm) {
@@ -40,7 +40,7 @@ float accumulate_clipping_each_micro_batch(nn::Model& model, const Tensor& x,
                                               global_count, max_norm);
 }
 
-float accumulate_clipping_each_micro_batch(nn::Model& model, std::int64_t rows,
+float accumulate_clipping_each_micro_batch(nn::Network& model, std::int64_t rows,
                                            const nn::BatchRows& rows_of,
                                            std::int64_t micro_batch,
                                            const nn::ForwardContext& context,

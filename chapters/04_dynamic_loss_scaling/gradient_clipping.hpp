@@ -49,13 +49,13 @@ float clip_gradients(const std::vector<Tensor>& gradients, float norm, float max
 /// accumulated one at a time, and after each one the running gradient is clipped, as
 /// calling clip_grad_norm_ inside a PyTorch accumulation loop does. Arguments as
 /// nn::accumulate_gradients (no loss scale); returns the mean loss.
-float accumulate_clipping_each_micro_batch(nn::Model& model, const Tensor& x,
+float accumulate_clipping_each_micro_batch(nn::Network& model, const Tensor& x,
                                            const Tensor& labels, std::int64_t micro_batch,
                                            const nn::ForwardContext& context,
                                            std::int64_t global_count, float max_norm);
 /// The same mistake over a batch of `rows` that is not on the device, its micro-batches
 /// fetched from `rows_of` (as the second nn::accumulate_gradients).
-float accumulate_clipping_each_micro_batch(nn::Model& model, std::int64_t rows,
+float accumulate_clipping_each_micro_batch(nn::Network& model, std::int64_t rows,
                                            const nn::BatchRows& rows_of,
                                            std::int64_t micro_batch,
                                            const nn::ForwardContext& context,
