@@ -154,9 +154,7 @@ EvaluationResult evaluate(Network& model, const Dataset& data, std::int64_t batc
   BIGBATCH_CHECK(data.size() > 0, "evaluate: the data set '", data.name, "' is empty");
   model.check_data(data);
   const std::int64_t n = data.size();
-  std::vector<std::int64_t> every(static_cast<std::size_t>(n));
-  std::iota(every.begin(), every.end(), 0);
-  const std::int64_t targets = count_targets(data, every);
+  const std::int64_t targets = count_targets(data);
   BIGBATCH_CHECK(targets > 0, "evaluate: the data set '", data.name, "' has no target that is "
                  "not ignored");
   const Device device = model.device();

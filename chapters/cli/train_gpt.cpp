@@ -9,7 +9,6 @@
 #include <sstream>
 #include <stdexcept>
 #include <string>
-#include <vector>
 
 #include "chapters/cli/progress.hpp"
 #include "chapters/cli/setup.hpp"
@@ -49,9 +48,7 @@ void check_gpt_flags(const TrainOptions& options) {
 
 /// "text:FILE (123 sequences of 64 tokens, 5678 target tokens, 12.3% padding)"
 std::string describe_tokens(const Dataset& data) {
-  std::vector<std::int64_t> every(static_cast<std::size_t>(data.size()));
-  for (std::int64_t i = 0; i < data.size(); ++i) every[static_cast<std::size_t>(i)] = i;
-  const std::int64_t targets = count_targets(data, every);
+  const std::int64_t targets = count_targets(data);
   const std::int64_t positions = data.size() * data.feature_dim();
   std::ostringstream out;
   out.precision(3);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <numeric>
 
 namespace bigbatch {
 
@@ -36,6 +37,12 @@ std::int64_t count_targets(const Dataset& dataset, const std::vector<std::int64_
                            [](std::int32_t label) { return label != kIgnoredLabel; });
   }
   return count;
+}
+
+std::int64_t count_targets(const Dataset& dataset) {
+  std::vector<std::int64_t> every(static_cast<std::size_t>(dataset.size()));
+  std::iota(every.begin(), every.end(), std::int64_t{0});
+  return count_targets(dataset, every);
 }
 
 void gather_rows(const Dataset& dataset, const std::vector<std::int64_t>& indices,

@@ -120,6 +120,8 @@ void check_labels(const Tensor& labels, std::int64_t num_classes, const std::str
 /// The labels of the samples at `indices` that are not kIgnoredLabel: the targets a loss
 /// over them divides by (for classification data, indices.size()).
 std::int64_t count_targets(const Dataset& dataset, const std::vector<std::int64_t>& indices);
+/// The same over every sample of `dataset`.
+std::int64_t count_targets(const Dataset& dataset);
 
 /// Copies the samples at `indices` (in that order, repeats allowed) into
 /// features_out [B, D] (the data set's dtype) and labels_out i32 [B] ([B, T] for tokens),
