@@ -30,7 +30,9 @@
 # must pass on the unmutated copy. Then, for each mutation: its original snippet must
 # occur exactly once in its file and each program it names must have CTest tests (else
 # the entry is STALE); the snippet is replaced; the test programs the entry names are
-# rebuilt (incrementally) and their CTest tests run (every test when it names none); the
+# rebuilt (incrementally; for a script, the built programs its tests' command lines name)
+# and their CTest tests run (every test when it names none), with OpenMP's idle threads
+# asleep as in the test presets (OMP_WAIT_POLICY=passive, see the README); the
 # verdict is KILLED, with the failing tests' names, or SURVIVED. A mutation that does not
 # compile is an error of the list. The file is restored before the next mutation.
 #
@@ -290,7 +292,8 @@ run_tests() {
   shift
   rm -f "$failed_log"
   local status=0
-  (cd "$build" && ctest -j "$jobs" --timeout 120 "$@") > "$log" 2>&1 || status=$?
+  (cd "$build" && OMP_WAIT_POLICY=passive ctest -j "$jobs" --timeout 120 "$@") > "$log" 2>&1 ||
+    status=$?
   failed_tests=()
   if [ -f "$failed_log" ]; then
     # "N:NAME"; a parameterised GoogleTest name ends in "  # GetParam() = ...": dropped.
@@ -309,13 +312,25 @@ fi
 echo "the unmutated copy passes every test ($((SECONDS - start_time)) s so far)"
 
 # Which program each CTest test runs: `ctest -N -V` prints "N: Test command: PATH ARGS"
-# before "Test #N: NAME". test_program[N] is the basename of PATH.
-declare -A test_program=()
-while IFS=$'\t' read -r number program; do
+# before "Test #N: NAME". test_program[N] is the basename of PATH; test_runs[N] the
+# basenames of the built programs among ARGS (a script's test names the programs it runs:
+# check_plan.sh gets bigbatch's path, run_under_mpi.sh a test program's).
+declare -A test_program=() test_runs=()
+while IFS=$'\t' read -r number program arguments; do
   test_program[$number]="$program"
+  runs=()
+  for argument in $arguments; do
+    argument=${argument//\"/}
+    if [[ "$argument" == "$build"/* && -f "$argument" && -x "$argument" ]]; then
+      runs+=("${argument##*/}")
+    fi
+  done
+  test_runs[$number]="${runs[*]}"
 done < <(cd "$build" && ctest -N -V 2> /dev/null |
-           sed -n 's|^ *\([0-9][0-9]*\): Test command: \([^ ]*\).*|\1\t\2|p' |
-           while IFS=$'\t' read -r n path; do printf '%s\t%s\n' "$n" "${path##*/}"; done)
+           sed -n 's|^ *\([0-9][0-9]*\): Test command: \([^ ]*\) *\(.*\)|\1\t\2\t\3|p' |
+           while IFS=$'\t' read -r n path arguments; do
+             printf '%s\t%s\t%s\n' "$n" "${path##*/}" "$arguments"
+           done)
 ((${#test_program[@]})) || die "could not read the tests' commands from 'ctest -N -V'"
 
 # ctest_selection PROGRAM...: the CTest arguments that run exactly those programs' tests
@@ -367,7 +382,7 @@ run_mutation() {
   local i=$1 position=$2
   local id="${ids[$i]}" file="$copy/${files[$i]}" mutation_start=$SECONDS
   local verdict="" detail="" reason occurrences selection
-  local build_args=() test_args=("${all_tests[@]}") targets=()
+  local build_args=() test_args=("${all_tests[@]}") targets=() rebuild=1
   reason=$(skip_reason "$i")
   if [ -n "$reason" ]; then
     verdict="SKIPPED" detail="$reason"
@@ -381,37 +396,38 @@ run_mutation() {
     else
       read -r -a targets <<< "${programs[$i]}"
       if ((${#targets[@]})); then
-        # A script (.py, .sh) runs from the source tree: nothing of it to build, but it may
-        # run any built program (bigbatch, a demo), so with a script every target is
-        # rebuilt (only what the mutated file reaches compiles again).
-        local target built_targets=() scripts=0
+        # A script (.py, .sh) runs from the source tree: nothing of it to build, but the
+        # programs its tests' command lines name (bigbatch, a test program) are rebuilt.
+        local target number built_targets=()
         for target in "${targets[@]}"; do
           if [[ "$target" == *.py || "$target" == *.sh ]]; then
-            scripts=1
+            for number in "${!test_program[@]}"; do
+              [ "${test_program[$number]}" != "$target" ] || built_targets+=(${test_runs[$number]})
+            done
           else
             built_targets+=("$target")
           fi
         done
         build_args=(--target "${built_targets[@]}")
-        ((scripts == 0)) || build_args=()
+        ((${#built_targets[@]})) || rebuild=0
         if ! selection=$(ctest_selection "${targets[@]}" 2>&1); then
           verdict="STALE" detail="$selection"
         else
           read -r -a test_args <<< "$selection"
         fi
       fi
+      if [ -z "$verdict" ] && ((rebuild)) &&
+         ! cmake --build "$build" -j "$jobs" "${build_args[@]}" > "$logs/$id.build.log" 2>&1; then
+        verdict="DID NOT COMPILE"
+        detail="the compiler says: $(grep -m 1 -E 'error' "$logs/$id.build.log" |
+                                     sed "s|$copy/||" || true)"
+      fi
       if [ -z "$verdict" ]; then
-        if ! cmake --build "$build" -j "$jobs" "${build_args[@]}" > "$logs/$id.build.log" 2>&1; then
-          verdict="DID NOT COMPILE"
-          detail="the compiler says: $(grep -m 1 -E 'error' "$logs/$id.build.log" |
-                                       sed "s|$copy/||" || true)"
+        run_tests "$logs/$id.tests.log" "${test_args[@]}"
+        if ((${#failed_tests[@]})); then
+          verdict="KILLED" detail=$(IFS=','; echo "${failed_tests[*]}" | sed 's/,/, /g')
         else
-          run_tests "$logs/$id.tests.log" "${test_args[@]}"
-          if ((${#failed_tests[@]})); then
-            verdict="KILLED" detail=$(IFS=','; echo "${failed_tests[*]}" | sed 's/,/, /g')
-          else
-            verdict="SURVIVED"
-          fi
+          verdict="SURVIVED"
         fi
       fi
     fi
