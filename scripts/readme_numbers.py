@@ -701,10 +701,16 @@ CH04 = "chapters/04_dynamic_loss_scaling/README.md"
 CH05 = "chapters/05_activation_checkpointing/README.md"
 CH06 = "chapters/06_planner/README.md"
 CH07 = "chapters/07_data_parallel/README.md"
+CH08 = "chapters/08_transformer/README.md"
 FIXED = r"parameters \+ gradients \+ optimizer state = ([\d.]+) MiB"
 
 # (README, the sentence with {} for each number, the function giving the numbers)
 SENTENCES = [
+    (CH08, "makes the mistake and measures it: the gradient is off by {}% of its norm, as predicted ({}%).",
+     lambda: report("08", r"off by ([\d.]+)% of its norm \(predicted from the weights N / \(M n_k\): "
+                          r"([\d.]+)%\)")),
+    (CH08, "The a s^2 b terms are attention's: at T = 1024 they are {}% of what a block keeps.",
+     lambda: report("08", r"^   \| 1024 \| \d+ \| \d+ \| \d+ \| ([\d.]+)% \|$")),
     (CH07, "(24 blocks of width 1024, bf16, {} MB of f32 gradients)",
      lambda: report("07", r"a model of 24 blocks of width 1024, bf16, (\d+) MB of f32 gradients")),
     (CH07, "small share of the step (at 512 GPUs, {}% of a step of one micro-batch, {}% of 64)",
@@ -731,7 +737,7 @@ SENTENCES = [
      lambda: re.findall(r"epochs, (\d{4}-\d\d-\d\d),",
                         (RESULTS / "fashion-mnist-techniques.md").read_text())[:1]),
     ("README.md", "The {} ops far above 1.0 (1.5x or more) work in place", elementwise_in_place),
-    ("README.md", "it took {} s from the packages' download to chapter 07's report ({}).",
+    ("README.md", "it took {} s from the packages' download to chapter 07's report ({}, before chapter",
      fresh_machine_tutorial),
     (CH01, "its gradients and optimizer state ({} MiB) and a step of batch 256 ({} MiB at its peak)",
      lambda: report("01", FIXED) + report("01", r"one step at batch 256: peak ([\d.]+) MiB")),
