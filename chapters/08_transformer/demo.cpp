@@ -2,7 +2,8 @@
 // chapter shares, trained on byte tokens of an English corpus, with the lessons of chapters
 // 02 to 05 told again in tokens: (a) accumulation divides by the step's count of target
 // tokens, (b) what a block keeps for its backward, against the sequence length T, (c) fp32,
-// fp16 with the dynamic scaler, and bf16 on the same run, and what the trained model writes.
+// fp16 with the dynamic scaler, and bf16 on the same run, and what the trained model writes,
+// (d) where attention's 1/sqrt(D) goes so that fp16 does not overflow.
 // See README.md in this folder; --quick is the CTest setting.
 #include <chrono>
 #include <cmath>
@@ -15,6 +16,9 @@
 #include "common/data/text_corpus.hpp"
 #include "common/memory.hpp"
 #include "common/report.hpp"
+#include "kernels/attention.hpp"
+#include "kernels/elementwise.hpp"
+#include "kernels/gemm.hpp"
 #include "nn/generate.hpp"
 #include "nn/gpt.hpp"
 #include "nn/sample_stream.hpp"
@@ -309,14 +313,82 @@ void three_precisions(bb::SelfCheck& report, const Corpus& corpus, bool quick) {
                "statistics and logits stay)");
 }
 
+// ---- (d) where the scale goes ----------------------------------------------------------
+
+// How many of a tensor's elements (any dtype the cast reads) are not finite.
+std::int64_t non_finite(const bb::Tensor& t) {
+  const bb::Tensor wide(t.shape(), bb::DType::f32, t.device(), bb::MemoryCategory::workspace);
+  bb::cast(t, wide);
+  std::int64_t count = 0;
+  for (const float v : wide.to_vector<float>()) count += std::isfinite(v) ? 0 : 1;
+  return count;
+}
+
+// One head of D channels whose queries and keys are every channel a: q . k = D a^2 for
+// every pair. fp16's largest finite value is 65504, and a product from 65520 up rounds to
+// infinity. A 16-bit GEMM that stores q k^T and scales afterwards (the order of the
+// formula, softmax(q k^T / sqrt(D))) therefore overflows from D a^2 >= 65520, and its
+// softmax is NaN. The attention kernel multiplies each float dot product by 1/sqrt(D)
+// before anything is rounded, and keeps the scores in float: it stays finite for any q and
+// k that fp16 holds.
+void scale_before_rounding(bb::SelfCheck& report) {
+  report.section("(d) fp16: attention's 1/sqrt(D) before anything is rounded to 16 bits");
+  const std::int64_t D = 64, T = 16;
+  report.note("one head of D = " + std::to_string(D) + " channels, T = " + std::to_string(T) +
+              ", every query and key channel a: q . k = D a^2, s = q . k / sqrt(D)");
+  report.note("| a | q . k | s | 16-bit q k^T: entries inf | the kernel's output: entries not "
+              "finite |");
+  bool kernel_finite = true, overflow_where_predicted = true;
+  for (const float a : {8.0f, 16.0f, 31.0f, 32.0f, 64.0f, 128.0f}) {
+    std::vector<float> qkv(static_cast<std::size_t>(T * 3 * D)), qk(static_cast<std::size_t>(T * D), a);
+    for (std::int64_t t = 0; t < T; ++t) {
+      for (std::int64_t c = 0; c < D; ++c) {
+        qkv[t * 3 * D + c] = a;                                               // q
+        qkv[t * 3 * D + D + c] = a;                                           // k
+        qkv[t * 3 * D + 2 * D + c] = static_cast<float>((t + c) % 7) - 3.0f;  // v
+      }
+    }
+    const auto half = [](const std::vector<float>& values, bb::Shape shape) {
+      const bb::Tensor wide = bb::Tensor::from_vector(values, shape);
+      const bb::Tensor narrow(shape, bb::DType::f16, bb::Device::cpu(),
+                              bb::MemoryCategory::workspace);
+      bb::cast(wide, narrow);
+      return narrow;
+    };
+    // The product first, in a 16-bit GEMM (f32 sums, the result rounded to fp16).
+    const bb::Tensor q = half(qk, {T, D});
+    const bb::Tensor scores({T, T}, bb::DType::f16, bb::Device::cpu(),
+                            bb::MemoryCategory::workspace);
+    bb::gemm(q, false, q, true, scores);
+    // The kernel.
+    const bb::Tensor y({1, T, D}, bb::DType::f16, bb::Device::cpu(),
+                       bb::MemoryCategory::workspace);
+    const bb::Tensor p({1, 1, T, T}, bb::DType::f16, bb::Device::cpu(),
+                       bb::MemoryCategory::workspace);
+    bb::causal_attention_forward(half(qkv, {1, T, 3 * D}), y, p, 1);
+    const double dot = static_cast<double>(D) * a * a;
+    const std::int64_t inf = non_finite(scores), bad = non_finite(y) + non_finite(p);
+    kernel_finite = kernel_finite && bad == 0;
+    overflow_where_predicted = overflow_where_predicted && (inf == T * T) == (dot >= 65520);
+    report.note("| " + fixed(a, 0) + " | " + fixed(dot, 0) + " | " +
+                fixed(dot / std::sqrt(static_cast<double>(D)), 0) + " | " + std::to_string(inf) +
+                " of " + std::to_string(T * T) + " | " + std::to_string(bad) + " |");
+  }
+  report.check(overflow_where_predicted,
+               "the 16-bit product overflows exactly where D a^2 >= 65520, in every entry");
+  report.check(kernel_finite, "the kernel's output and probabilities are finite at every a, "
+                              "s = 131072 included (scores stay in float)");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   bb::DemoOptions options;
   if (const auto status = bb::parse_demo_options(
           argc, argv,
-          "  Chapter 08's GPT: accumulation by tokens, a block's bytes against T, and three\n"
-          "  precisions on one run (see chapters/08_transformer/README.md).",
+          "  Chapter 08's GPT: accumulation by tokens, a block's bytes against T, three\n"
+          "  precisions on one run, and attention's scale in fp16 (see\n"
+          "  chapters/08_transformer/README.md).",
           options)) {
     return *status;
   }
@@ -331,5 +403,6 @@ int main(int argc, char** argv) {
   accumulation_by_tokens(report, corpus);
   bytes_per_block(report, options.quick);
   three_precisions(report, corpus, options.quick);
+  scale_before_rounding(report);
   return report.finish();
 }
