@@ -393,9 +393,11 @@ void Gpt::save(const std::string& path) const {
   save_safetensors(path, state_dict(), metadata);
 }
 
-void Gpt::load(const std::string& path) {
-  load_state(state_dict(), load_safetensors(path), path);
-  refresh_half_copies(parameters());
+void Gpt::load(const std::string& path) { load_state_dict(load_safetensors(path), path); }
+
+void Gpt::load_state_dict(const std::map<std::string, Tensor>& tensors, const std::string& source) {
+  load_state(state_dict(), tensors, source);
+  refresh_half_copies(parameters());  // the working copies from the values just loaded
 }
 
 }  // namespace bigbatch::nn

@@ -147,7 +147,7 @@ class Gpt : public Network {
   /// The trainable tensors in nanoGPT's named_parameters() order.
   std::vector<NamedParameter> parameters() const override;
   /// Every parameter by name, in the same order (a GPT has no buffers).
-  std::vector<std::pair<std::string, Tensor>> state_dict() const;
+  std::vector<std::pair<std::string, Tensor>> state_dict() const override;
   /// The number of trainable elements.
   std::int64_t parameter_count() const override;
   /// Sets every parameter gradient, and the head's share of wte's, to 0.
@@ -177,6 +177,11 @@ class Gpt : public Network {
   void save(const std::string& path) const;
   /// Reads a file written by save() into this model (names, dtypes and shapes checked first).
   void load(const std::string& path);
+  /// The same from tensors already read (a snapshot's), named as state_dict() names them;
+  /// `source` names where they came from in the errors. Checks every tensor before it
+  /// changes any, then writes the 16-bit working copies from the f32 values.
+  void load_state_dict(const std::map<std::string, Tensor>& tensors,
+                       const std::string& source) override;
 
  private:
   Gpt(const GptConfig& config, Device device, DType parameter_dtype);

@@ -260,7 +260,7 @@ class Model : public Network {
   /// The trainable tensors in PyTorch's named_parameters() order.
   std::vector<NamedParameter> parameters() const override;
   /// Parameters and buffers (BatchNorm's running statistics) in state_dict() order.
-  std::vector<std::pair<std::string, Tensor>> state_dict() const;
+  std::vector<std::pair<std::string, Tensor>> state_dict() const override;
   /// The number of trainable elements: the sum of numel() over parameters().
   std::int64_t parameter_count() const override;
 
@@ -334,7 +334,8 @@ class Model : public Network {
   /// The same from tensors already read (any device), named as state_dict() names them;
   /// `source` names where they came from in the errors. Checks every tensor before it
   /// changes any, so a bad set leaves the model as it was.
-  void load_state_dict(const std::map<std::string, Tensor>& tensors, const std::string& source);
+  void load_state_dict(const std::map<std::string, Tensor>& tensors,
+                       const std::string& source) override;
 
  private:
   Tensor norm_forward(const NormLayer& layer, const Tensor& x, bool training, Tensor& mean,

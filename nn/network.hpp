@@ -17,7 +17,9 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/data/dataset.hpp"
@@ -62,6 +64,16 @@ class Network {
   virtual std::vector<NamedParameter> parameters() const = 0;
   /// The number of trainable elements: the sum of numel() over parameters().
   virtual std::int64_t parameter_count() const = 0;
+  /// Every tensor a run's future depends on, by name, in PyTorch's state_dict() order: the
+  /// parameters (their f32 values, the masters when mixed) and buffers. A snapshot holds
+  /// these (chapters/train/snapshot.hpp).
+  virtual std::vector<std::pair<std::string, Tensor>> state_dict() const = 0;
+  /// Copies tensors named as state_dict() names them (any device) into the model, and its
+  /// 16-bit working copies from them; `source` names where they came from in the errors.
+  /// Throws std::runtime_error when a name is missing or extra, or a shape or dtype differs,
+  /// before it changes anything.
+  virtual void load_state_dict(const std::map<std::string, Tensor>& tensors,
+                               const std::string& source) = 0;
   /// Sets every parameter gradient to 0 (once per optimizer step, before its first
   /// micro-batch).
   virtual void zero_grad() = 0;

@@ -7,6 +7,8 @@
 //     parameters bit for bit over several steps, fp32 and bf16, with dropout;
 //   - under fp16 the dynamic loss scaler's boundary skips an overflowing step and leaves the
 //     weights as they were;
+//   - a snapshot taken mid-run and restored into a fresh model continues to the
+//     uninterrupted run's bits (fp16 with the dynamic scaler's state, dropout on);
 //   - evaluate() means over real targets; the MLP and the GPT refuse each other's data.
 #include <gtest/gtest.h>
 
@@ -20,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "chapters/train/snapshot.hpp"
 #include "chapters/train/trainer.hpp"
 #include "common/data/dataset.hpp"
 #include "common/data/text_corpus.hpp"
@@ -28,6 +31,7 @@
 #include "nn/sample_stream.hpp"
 #include "nn/training.hpp"
 #include "tests/harness.hpp"
+#include "tests/temp_files.hpp"
 #include "tests/tiny_training.hpp"
 
 namespace bigbatch {
@@ -170,6 +174,57 @@ TEST(GptTrainer, Fp16OverflowSkipsTheStepAndLeavesTheWeights) {
   train::StepRecord last = second;
   while (last.skipped && trainer.steps_done() < trainer.total_steps()) last = trainer.step();
   EXPECT_TRUE(std::isfinite(last.loss));
+}
+
+// A GPT run, its optimizer and trainer, in fp16 under the dynamic scaler (its scale and
+// counters are state too) with dropout: what a snapshot must bring back.
+struct GptRun {
+  explicit GptRun(const Dataset& data, std::int64_t width = 16)
+      : model(shape(width), Device::cpu()),
+        optimizer(model.parameters(), AdamWOptions{.lr = 1e-2}),
+        trainer(model, optimizer, data, config()) {}
+  static nn::GptConfig shape(std::int64_t width) {
+    nn::GptConfig c = small_gpt(nn::Precision::fp16);
+    c.width = width;
+    return c;
+  }
+  static train::TrainConfig config() {
+    train::TrainConfig c = steps_of(6, 2, 6);
+    c.loss_scaling = train::LossScaling::dynamic;
+    c.dynamic_scaling.initial_scale = 1024.0f;
+    c.dynamic_scaling.growth_interval = 2;  // the scale moves within the run
+    return c;
+  }
+  nn::Gpt model;
+  nn::Optimizer optimizer;
+  train::Trainer trainer;
+};
+
+TEST(GptTrainer, ASnapshotResumesToTheUninterruptedRunsBits) {
+  const Dataset data = token_data(20, 7);
+  const train::RunConfig settings = {{"model", "gpt"}};
+  GptRun whole(data);
+  whole.trainer.run();
+  const testing::TemporaryDirectory dir;
+  std::string path;
+  {
+    GptRun first(data);
+    for (int step = 0; step < 3; ++step) first.trainer.step();
+    path = train::Snapshots(dir.str(), 1).write(first.model, first.optimizer, first.trainer,
+                                                settings);
+  }
+  GptRun resumed(data);
+  train::restore_snapshot(path, resumed.model, resumed.optimizer, resumed.trainer, settings);
+  EXPECT_EQ(resumed.trainer.steps_done(), 3);
+  resumed.trainer.run();
+  EXPECT_EQ(parameter_bits(resumed.model), parameter_bits(whole.model));
+  EXPECT_EQ(resumed.trainer.state().scaler->scale, whole.trainer.state().scaler->scale);
+  // Another shape is refused, naming a tensor, and leaves the trainer where it was.
+  GptRun other(data, 24);
+  EXPECT_THROW(train::restore_snapshot(path, other.model, other.optimizer, other.trainer,
+                                       settings),
+               std::runtime_error);
+  EXPECT_EQ(other.trainer.steps_done(), 0);
 }
 
 TEST(GptTrainer, EvaluateMeansOverRealTargets) {

@@ -158,7 +158,7 @@ std::optional<SnapshotFile> Snapshots::latest() const {
   return files.back();
 }
 
-std::string Snapshots::write(const nn::Model& model, const nn::Optimizer& optimizer,
+std::string Snapshots::write(const nn::Network& model, const nn::Optimizer& optimizer,
                              const Trainer& trainer, const RunConfig& config) const {
   // A write killed midway leaves its temporary file: nothing names it, remove it now.
   for (const fs::directory_entry& entry : fs::directory_iterator(dir_)) {
@@ -202,8 +202,8 @@ std::string Snapshots::write(const nn::Model& model, const nn::Optimizer& optimi
   return path;
 }
 
-RunConfig restore_snapshot(const std::string& path, nn::Model& model, nn::Optimizer& optimizer,
-                           Trainer& trainer, const RunConfig& config,
+RunConfig restore_snapshot(const std::string& path, nn::Network& model,
+                           nn::Optimizer& optimizer, Trainer& trainer, const RunConfig& config,
                            const std::set<std::string>& may_change) {
   const std::map<std::string, std::string> metadata = load_safetensors_metadata(path);
   const auto format = metadata.find("format");

@@ -3,8 +3,8 @@
 //
 // A snapshot is one file, DIR/step-NNNNNNNN.safetensors (NNNNNNNN: the steps done), that
 // holds everything the run's future depends on:
-//   tensors   "model.<name>"      the model's state_dict (f32: the masters when mixed,
-//                                 BatchNorm's running statistics)
+//   tensors   "model.<name>"      the model's state_dict, of either nn::Network (f32: the
+//                                 masters when mixed; the MLP's BatchNorm statistics)
 //             "optimizer.<name>"  the optimizer's state (momentum, Adam's moments)
 //   metadata  the safetensors header's "__metadata__" (a small JSON object of strings):
 //             "format", the trainer's counters ("state.steps_done", ...), the dynamic
@@ -36,7 +36,7 @@
 
 #include "chapters/train/run_settings.hpp"
 #include "chapters/train/trainer.hpp"
-#include "nn/model.hpp"
+#include "nn/network.hpp"
 #include "nn/training.hpp"
 
 namespace bigbatch::train {
@@ -91,7 +91,7 @@ class Snapshots {
 
   /// Writes the snapshot of the trainer's steps done (atomically, see above), removes
   /// older ones beyond `keep` and leftover temporary files; returns its path.
-  std::string write(const nn::Model& model, const nn::Optimizer& optimizer,
+  std::string write(const nn::Network& model, const nn::Optimizer& optimizer,
                     const Trainer& trainer, const RunConfig& config) const;
 
   /// The snapshots in the folder, oldest first (an empty list when there is none).
@@ -112,8 +112,8 @@ class Snapshots {
 /// checksum differs names it) or foreign file; nothing is changed unless everything checks.
 /// The settings named in `may_change` may hold another value (both sides must have
 /// them): returned, with the snapshot's values, those that do.
-RunConfig restore_snapshot(const std::string& path, nn::Model& model, nn::Optimizer& optimizer,
-                           Trainer& trainer, const RunConfig& config,
+RunConfig restore_snapshot(const std::string& path, nn::Network& model,
+                           nn::Optimizer& optimizer, Trainer& trainer, const RunConfig& config,
                            const std::set<std::string>& may_change = {});
 
 }  // namespace bigbatch::train
