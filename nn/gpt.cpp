@@ -227,8 +227,20 @@ Tensor Gpt::forward(const Tensor& tokens, const ForwardContext& context) {
   Tensor x = activation_tensor({b, T, C});
   embedding_forward(tokens, working(wte_), working(wpe_), x);
   if (dropout_active(config_, context)) dropout_forward(x, x, site(config_, context, 0));
-  std::vector<GptBlockActivations> saved(blocks_.size());
-  for (std::size_t i = 0; i < blocks_.size(); ++i) x = block_forward(i, x, context, saved[i]);
+  std::vector<GptBlockActivations> saved;
+  if (!context.training) {
+    // Inference: no backward follows, so each block's saved tensors go as soon as the block
+    // is done (an evaluation holds one block's activations, not the whole model's).
+    for (std::size_t i = 0; i < blocks_.size(); ++i) {
+      GptBlockActivations transient;
+      x = block_forward(i, x, context, transient);
+    }
+  } else if (runner_) {
+    x = runner_->forward(*this, std::move(x), context);  // `saved` stays empty
+  } else {
+    saved.resize(blocks_.size());
+    for (std::size_t i = 0; i < blocks_.size(); ++i) x = block_forward(i, x, context, saved[i]);
+  }
 
   Tensor normed = activation_tensor({b * T, C});
   Tensor mean({b * T}, parameter_dtype_, device_, MemoryCategory::activations);
@@ -366,9 +378,13 @@ void Gpt::backward(const Tensor& d_logits) {
                      rows(dx), ln_f_.weight_grad, ln_f_.bias_grad);
   final_input_ = final_out_ = final_mean_ = final_rstd_ = Tensor();
 
-  for (std::size_t i = blocks_.size(); i-- > 0;) {
-    dx = block_backward(i, saved_blocks_[i], dx, context);
-    saved_blocks_[i] = GptBlockActivations{};  // no longer needed
+  if (runner_) {
+    dx = runner_->backward(*this, std::move(dx), context);
+  } else {
+    for (std::size_t i = blocks_.size(); i-- > 0;) {
+      dx = block_backward(i, saved_blocks_[i], dx, context);
+      saved_blocks_[i] = GptBlockActivations{};  // no longer needed
+    }
   }
   if (dropout_active(config_, context)) dropout_backward(dx, dx, site(config_, context, 0));
   embedding_backward(tokens_, dx, wte_.weight_grad, wpe_.weight_grad);

@@ -42,6 +42,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -63,6 +64,21 @@ struct GptConfig {
   std::uint64_t seed = 0;         ///< initialisation seed
   Precision precision = Precision::fp32;  ///< fp16, bf16: mixed precision
 };
+
+/// GptConfig's settings (common/settings.hpp), named by `bigbatch train --model gpt`'s flags:
+/// the data decides the vocabulary (bytes: 256).
+template <SettingsOf<GptConfig> Self, class Visit>
+constexpr void visit_settings(Self& c, Visit&& visit) {
+  visit("vocabulary", c.vocabulary, SettingRole::implied);
+  visit("seq-len", c.context, SettingRole::trajectory);
+  visit("layers", c.layers, SettingRole::trajectory);
+  visit("width", c.width, SettingRole::trajectory);
+  visit("heads", c.heads, SettingRole::trajectory);
+  visit("dropout", c.dropout, SettingRole::trajectory);
+  visit("seed", c.seed, SettingRole::trajectory);
+  visit("precision", c.precision, SettingRole::trajectory);
+}
+static_assert(every_field_visited<GptConfig>(), "classify GptConfig's new field above");
 
 /// An embedding table (wte or wpe): the f32 value (the master when mixed), its gradient, and
 /// its 16-bit working copy when mixed.
@@ -127,6 +143,12 @@ struct GptSavedBytes {
 GptSavedBytes gpt_saved_bytes(const GptConfig& config, std::int64_t sequences,
                               std::int64_t length);
 
+class Gpt;
+
+/// How forward() and backward() run the transformer blocks (network.hpp): h0 is the
+/// embeddings' output (after their dropout), h_n ln_f's input.
+using GptBlockRunner = BlockRunnerFor<Gpt>;
+
 /// The decoder described above, its parameters, gradients and saved activations on one device.
 class Gpt : public Network {
  public:
@@ -166,6 +188,12 @@ class Gpt : public Network {
   /// 1 <= T <= the context, targets [N, T]) of at most config().vocabulary tokens.
   void check_data(const Dataset& data) const override;
 
+  /// Runs the blocks through `runner` from now on (null: every block's activations are
+  /// kept, the default). Activation checkpointing (chapter 05's ScheduledRunner) keeps fewer
+  /// and recomputes the rest; the gradients are the same bits (a recomputed block draws the
+  /// same dropout masks from the counter RNG).
+  void set_block_runner(std::shared_ptr<GptBlockRunner> runner) { runner_ = std::move(runner); }
+
   /// One block's forward on x [b, T, C]: returns the block's output and fills `saved`.
   Tensor block_forward(std::size_t index, const Tensor& x, const ForwardContext& context,
                        GptBlockActivations& saved);
@@ -196,6 +224,7 @@ class Gpt : public Network {
   EmbeddingTable wte_, wpe_;
   std::vector<GptBlock> blocks_;
   NormLayer ln_f_;
+  std::shared_ptr<GptBlockRunner> runner_;  // null: every block's activations are kept
   Tensor head_grad_;  // the head's share of wte's gradient, until complete_gradients()
 
   // What the last training forward saved.

@@ -224,21 +224,9 @@ class Model;
 /// them over ranks while the rest of the backward runs (chapter 07).
 using GradientsReady = std::function<void(std::size_t first, std::size_t end)>;
 
-/// How forward() and backward() run the residual blocks between the stem and the head.
-/// Without one, forward() keeps every block's activations for backward(); activation
-/// checkpointing (chapter 05) supplies a runner that keeps fewer and recomputes the rest,
-/// through Model::block_forward and Model::block_backward.
-class BlockRunner {
- public:
-  virtual ~BlockRunner() = default;
-  /// Runs blocks 0..n-1 from h0 (the stem's output) and returns h_n, keeping what its
-  /// backward needs; forgets whatever an earlier forward kept. h0 is handed over (by
-  /// value): the model keeps no other reference, so the runner decides how long it lives.
-  virtual Tensor forward(Model& model, Tensor h0, const ForwardContext& context) = 0;
-  /// Given dh_n, the gradient of the last block's output (handed over likewise), adds
-  /// (+=) every block's parameter gradients and returns dh_0; releases what forward kept.
-  virtual Tensor backward(Model& model, Tensor dh_n, const ForwardContext& context) = 0;
-};
+/// How forward() and backward() run the residual blocks between the stem and the head
+/// (network.hpp): h0 is the stem's output.
+using BlockRunner = BlockRunnerFor<Model>;
 
 /// The pre-norm residual MLP described above, its parameters, gradients and saved
 /// activations on one device.

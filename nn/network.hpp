@@ -53,6 +53,32 @@ struct ForwardContext {
   bool recompute = false;
 };
 
+/// How a model's forward() and backward() run its chain of blocks (the MLP's residual
+/// blocks, the GPT's transformer blocks): without one, forward() keeps every block's
+/// activations for backward(); activation checkpointing (chapter 05) supplies a runner that
+/// keeps fewer and recomputes the rest, through Net::block_forward and Net::block_backward.
+template <class Net>
+class BlockRunnerFor {
+ public:
+  virtual ~BlockRunnerFor() = default;
+  /// Runs blocks 0..n-1 from h0 (the first block's input) and returns h_n, keeping what its
+  /// backward needs (in training; an evaluation keeps nothing); forgets whatever an earlier
+  /// forward kept. h0 is handed over (by value): the model keeps no other reference, so the
+  /// runner decides how long it lives.
+  virtual Tensor forward(Net& model, Tensor h0, const ForwardContext& context) = 0;
+  /// Given dh_n, the gradient of the last block's output (handed over likewise), adds
+  /// (+=) every block's parameter gradients and returns dh_0; releases what forward kept.
+  virtual Tensor backward(Net& model, Tensor dh_n, const ForwardContext& context) = 0;
+
+ protected:
+  /// For the runners' constructors.
+  BlockRunnerFor() = default;
+  /// Runners are shared (std::shared_ptr), not copied.
+  BlockRunnerFor(const BlockRunnerFor&) = delete;
+  /// Runners are shared, not assigned.
+  BlockRunnerFor& operator=(const BlockRunnerFor&) = delete;
+};
+
 /// A model a training loop can run: forward, backward (+=), its parameters.
 class Network {
  public:

@@ -542,6 +542,12 @@ def report_path(chapter):
     return paths[0]
 
 
+def checkpointed_block_row(policy):
+    """Chapter 08 (e): a policy's share of none's activation bytes and of its step time."""
+    return report("08", r"^   \| " + re.escape(policy) + r" \| \d+ \| \d+ \| \d+ \| \d+ \| "
+                        r"([\d.]+)% \| [\d.]+ \| ([\d.]+)x \| none's bits \|$")
+
+
 def report(chapter, pattern):
     """The groups of the first match of `pattern` in chapter NN's demo report."""
     path = report_path(chapter)
@@ -709,6 +715,9 @@ SENTENCES = [
     (CH08, "makes the mistake and measures it: the gradient is off by {}% of its norm, as predicted ({}%).",
      lambda: report("08", r"off by ([\d.]+)% of its norm \(predicted from the weights N / \(M n_k\): "
                           r"([\d.]+)%\)")),
+    (CH08, "`every:2` keeps {}% of the activation bytes for {}x the step's time, and `optimal:2` "
+           "keeps {}% for {}x.",
+     lambda: checkpointed_block_row("every:2") + checkpointed_block_row("optimal:2")),
     (CH08, "The a s^2 b terms are attention's: at T = 1024 they are {}% of what a block keeps.",
      lambda: report("08", r"^   \| 1024 \| \d+ \| \d+ \| \d+ \| ([\d.]+)% \|$")),
     (CH07, "(24 blocks of width 1024, bf16, {} MB of f32 gradients)",

@@ -7,7 +7,9 @@
 // - every policy and depth, dropout on, LayerNorm and BatchNorm, on each backend;
 // - the counted block forwards equal the schedule's (advances + tapes);
 // - with the trainer: uneven micro-batches, fp16 with dynamic loss scaling;
-// - the activation memory measured by the allocator falls as the policy keeps less.
+// - the activation memory measured by the allocator falls as the policy keeps less;
+// - the same on chapter 08's GPT, whose transformer blocks the same runner checkpoints
+//   (whole blocks: selective recomputation is the MLP block's and is refused).
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -18,6 +20,8 @@
 
 #include "chapters/05_activation_checkpointing/scheduled_runner.hpp"
 #include "chapters/train/trainer.hpp"
+#include "common/data/text_corpus.hpp"
+#include "nn/gpt.hpp"
 #include "nn/training.hpp"
 #include "tests/harness.hpp"
 #include "tests/labelled_batch.hpp"
@@ -26,6 +30,7 @@
 namespace bigbatch {
 namespace {
 
+using checkpointing::GptScheduledRunner;
 using checkpointing::ScheduledRunner;
 
 const std::vector<std::string> kPolicies = {
@@ -169,6 +174,127 @@ TEST(CheckpointingMemory, KeepingLessMeasuresLess) {
   EXPECT_LT(optimal, sqrt);
   EXPECT_LT(selective, none * 6 / 10);
   EXPECT_LT(activation_peak(16, "sqrt+selective"), sqrt);
+}
+
+// ---- the GPT's transformer blocks -------------------------------------------------------
+
+const std::vector<std::string> kWholeBlockPolicies = {"every:1", "every:3", "sqrt",
+                                                      "optimal:1", "optimal:2", "optimal:3"};
+
+/// Token sequences of 12 positions (documents of 2 to 30 bytes: most are padded).
+Dataset gpt_data() {
+  return make_token_dataset(make_sequences(synthetic_documents(40, 2, 30, /*seed=*/4), 12),
+                            "synthetic-text");
+}
+
+struct GptRun {
+  std::vector<std::vector<float>> parameters;  // then the steps skipped
+  std::int64_t evaluations = -1;               // block forwards the runner counted
+};
+
+/// 3 AdamW steps of 10 sequences in micro-batches of 4 (4 + 4 + 2), dropout on; fp16 under
+/// the dynamic scaler from 2^20, which overflows once, then trains (1 step of 3 skipped).
+GptRun trained_gpt(std::int64_t layers, nn::Precision precision, const std::string& policy,
+                   Device device) {
+  const Dataset data = gpt_data();
+  nn::Gpt model({.vocabulary = 256, .context = 12, .layers = layers, .width = 16, .heads = 2,
+                 .dropout = 0.2f, .seed = 9, .precision = precision},
+                device);
+  std::shared_ptr<GptScheduledRunner> runner;
+  if (policy != "none") {
+    runner = GptScheduledRunner::for_policy(checkpointing::Policy::parse(policy), layers);
+    model.set_block_runner(runner);
+  }
+  nn::Optimizer optimizer(model.parameters(), AdamWOptions{.lr = 1e-2});
+  train::TrainConfig config;
+  config.batch = 10;
+  config.micro_batch = 4;
+  config.steps = 3;
+  config.seed = 9;
+  if (precision == nn::Precision::fp16) {
+    config.loss_scaling = train::LossScaling::dynamic;
+    config.dynamic_scaling = {.initial_scale = 0x1p20f, .growth_interval = 2, .min_scale = 1,
+                              .max_scale = 0x1p24f};
+  }
+  train::Trainer trainer(model, optimizer, data, config);
+  std::int64_t skipped = 0;
+  trainer.run([&](const train::StepRecord& r) { skipped = r.skipped_steps; });
+  GptRun run;
+  for (const nn::NamedParameter& p : model.parameters()) {
+    run.parameters.push_back(p.value.to_vector<float>());
+  }
+  run.parameters.push_back({static_cast<float>(skipped)});
+  if (runner) run.evaluations = runner->evaluations();
+  return run;
+}
+
+class GptCheckpointing : public testing::DeviceTest {};
+
+TEST_P(GptCheckpointing, EveryPolicyTrainsTheBitsOfNoCheckpointing) {
+  for (const nn::Precision precision :
+       {nn::Precision::fp32, nn::Precision::bf16, nn::Precision::fp16}) {
+    for (const std::int64_t layers : {1, 2, 5}) {
+      const GptRun reference = trained_gpt(layers, precision, "none", device());
+      for (const std::string& policy : kWholeBlockPolicies) {
+        SCOPED_TRACE(policy + ", " + std::to_string(layers) + " blocks, " +
+                     nn::precision_name(precision));
+        const GptRun checkpointed = trained_gpt(layers, precision, policy, device());
+        EXPECT_EQ(checkpointed.parameters, reference.parameters);
+        // 3 steps of 3 micro-batches, each running the schedule's block forwards.
+        const checkpointing::ScheduleStats stats = checkpointing::simulate(
+            GptScheduledRunner::for_policy(checkpointing::Policy::parse(policy), layers)
+                ->schedule());
+        EXPECT_EQ(checkpointed.evaluations, 9 * (stats.advances + stats.tapes));
+      }
+    }
+  }
+  // fp16's run must have skipped a step, or the scaler's path was not exercised.
+  EXPECT_EQ(trained_gpt(2, nn::Precision::fp16, "none", device()).parameters.back(),
+            std::vector<float>{1.0f});
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, GptCheckpointing, ::testing::ValuesIn(testing::all_devices()),
+                         testing::device_test_name);
+
+TEST(GptCheckpointingPolicies, SelectiveRecomputationIsRefusedForTransformerBlocks) {
+  for (const std::string policy : {"selective", "sqrt+selective"}) {
+    EXPECT_THROW(GptScheduledRunner::for_policy(checkpointing::Policy::parse(policy), 4),
+                 std::invalid_argument)
+        << policy;
+  }
+}
+
+/// One training forward and backward of 16 sequences of 32 tokens (12 blocks, width 32):
+/// the activations plus checkpoints at the step's peak, measured by the CPU allocator.
+std::size_t gpt_activation_peak(const std::string& policy) {
+  constexpr std::int64_t kLayers = 12;
+  TrackingAllocator& allocator = allocator_for(Device::cpu());
+  const Dataset data = make_token_dataset(
+      make_sequences(synthetic_documents(16, 40, 60, /*seed=*/5), 32), "synthetic-text");
+  nn::Gpt model({.vocabulary = 256, .context = 32, .layers = kLayers, .width = 32, .heads = 4},
+                Device::cpu());
+  if (policy != "none") {
+    model.set_block_runner(
+        GptScheduledRunner::for_policy(checkpointing::Policy::parse(policy), kLayers));
+  }
+  allocator.reset_peak();
+  nn::accumulate_gradients(model, data.features, data.labels, data.size(), {true, 1, 0});
+  const MemoryStats stats = allocator.stats();
+  return stats.at_peak_of(MemoryCategory::activations) +
+         stats.at_peak_of(MemoryCategory::checkpoints);
+}
+
+TEST(GptCheckpointingMemory, KeepingLessMeasuresLess) {
+  // 12 blocks: none keeps 12 blocks' activations; sqrt keeps 4 block inputs ([b, T, C]
+  // each, a small part of a block's) and one segment of 3 blocks; the binomial schedule
+  // with 2 slots keeps 2 inputs and 1 block at a time.
+  const std::size_t none = gpt_activation_peak("none");
+  const std::size_t sqrt = gpt_activation_peak("sqrt");
+  const std::size_t optimal = gpt_activation_peak("optimal:2");
+  std::printf("GPT of 12 blocks, activations + checkpoints at the step's peak: none %zu, "
+              "sqrt %zu, optimal:2 %zu bytes\n", none, sqrt, optimal);
+  EXPECT_LT(sqrt, none / 2);
+  EXPECT_LT(optimal, sqrt);
 }
 
 }  // namespace

@@ -6,6 +6,8 @@
 //     changes the record under its name, and a snapshot written before the change refuses
 //     the resume, naming it. Every field classified otherwise leaves the record unchanged.
 //   - The micro-batch is recorded under BatchNorm only.
+//   - The same for chapter 08's GPT, whose record names the model ("model": "gpt"), so that
+//     a resume of another model's snapshot is refused by that setting first.
 #include <gtest/gtest.h>
 
 #include <concepts>
@@ -20,6 +22,8 @@
 
 #include "chapters/train/run_settings.hpp"
 #include "chapters/train/snapshot.hpp"
+#include "common/data/text_corpus.hpp"
+#include "nn/gpt.hpp"
 #include "tests/temp_files.hpp"
 #include "tests/tiny_training.hpp"
 
@@ -210,6 +214,32 @@ TEST(RunSettings, EveryTrajectorySettingOfBothOptimizersIsRecorded) {
   });
 }
 
+// The GPT: every field of its shape, dropout and precision the same way.
+nn::GptConfig base_gpt() {
+  return {.vocabulary = 256, .context = 8, .layers = 1, .width = 16, .heads = 2,
+          .dropout = 0.25f, .seed = base_model().seed, .precision = nn::Precision::fp32};
+}
+
+Record gpt_record_of(const nn::GptConfig& model, const train::TrainConfig& train) {
+  return train::run_settings(model, kAdamW, train).values();
+}
+
+TEST(RunSettings, EveryTrajectorySettingOfTheGptIsRecorded) {
+  const nn::GptConfig model = base_gpt();
+  const train::TrainConfig train = base_train();
+  const Record base = gpt_record_of(model, train);
+  EXPECT_EQ(base.at("model"), "gpt");
+  EXPECT_EQ(record_of(base_model(), kAdamW, train).at("model"), "mlp");
+  const std::vector<Setting> settings = settings_of(model);
+  ASSERT_EQ(settings.size(), field_count<nn::GptConfig>());
+  expect_only_trajectory_settings_recorded(settings, base, [&](std::size_t k) {
+    const nn::GptConfig changed = with_setting_changed(model, k);
+    train::TrainConfig same_seed = train;
+    same_seed.seed = changed.seed;  // the program gives both one seed
+    return gpt_record_of(changed, same_seed);
+  });
+}
+
 TEST(RunSettings, TheMicroBatchIsRecordedUnderBatchNormOnly) {
   nn::ModelConfig model = base_model();
   train::TrainConfig train = base_train();
@@ -352,6 +382,29 @@ TEST(RunSettings, TheModelsAndOptimizersClassificationMatchesWhatMovesARun) {
                                          });
 }
 
+/// A GPT's trajectory: 3 AdamW steps of batch 6 on token sequences of 8 positions.
+Trajectory gpt_trajectory_of(const nn::GptConfig& config) {
+  const Dataset data = make_token_dataset(
+      make_sequences(synthetic_documents(12, 2, 20, /*seed=*/7), 8), "synthetic-text");
+  nn::Gpt model(config, Device::cpu());
+  nn::Optimizer optimizer(model.parameters(), AdamWOptions{});
+  train::TrainConfig c;
+  c.batch = 6;
+  c.steps = 3;
+  c.seed = config.seed;
+  train::Trainer trainer(model, optimizer, data, c);
+  Trajectory t;
+  trainer.run([&](const train::StepRecord& r) { t.steps.emplace_back(r.loss_scale, r.skipped); });
+  for (const auto& [name, tensor] : model.state_dict()) {
+    t.state.push_back(tensor.to_vector<float>());
+  }
+  return t;
+}
+
+TEST(RunSettings, TheGptsClassificationMatchesWhatMovesARun) {
+  expect_classification_matches_the_runs(base_gpt(), gpt_trajectory_of);
+}
+
 // ---- and a snapshot refuses a resume under any changed one ------------------------------
 
 TEST(RunSettings, ASnapshotRefusesAResumeUnderAnyChangedTrajectorySetting) {
@@ -382,6 +435,33 @@ TEST(RunSettings, ASnapshotRefusesAResumeUnderAnyChangedTrajectorySetting) {
   }
   // The snapshot still resumes under its own settings.
   EXPECT_NO_THROW(train::restore_snapshot(path, net, optimizer, trainer, base));
+}
+
+TEST(RunSettings, AnotherModelsSnapshotIsRefusedByTheModelFirst) {
+  // A GPT's snapshot, resumed by an MLP's run: the two records differ in most settings
+  // ("activation" sorts before "model"), and the refusal names the model.
+  const train::TrainConfig train = base_train();
+  const Dataset tokens = make_token_dataset(
+      make_sequences(synthetic_documents(8, 2, 20, /*seed=*/7), 8), "synthetic-text");
+  nn::Gpt gpt(base_gpt(), Device::cpu());
+  nn::Optimizer gpt_optimizer(gpt.parameters(), kAdamW);
+  train::Trainer gpt_trainer(gpt, gpt_optimizer, tokens, train);
+  const testing::TemporaryDirectory folder;
+  const std::string path = train::Snapshots(folder.str(), 1)
+                               .write(gpt, gpt_optimizer, gpt_trainer,
+                                      gpt_record_of(base_gpt(), train));
+  const Dataset data = testing::tiny_data(64);
+  nn::Model mlp(base_model(), Device::cpu());
+  nn::Optimizer optimizer(mlp.parameters(), kAdamW);
+  train::Trainer trainer(mlp, optimizer, data, train);
+  try {
+    train::restore_snapshot(path, mlp, optimizer, trainer, record_of(base_model(), kAdamW, train));
+    ADD_FAILURE() << "an MLP resumed a GPT's snapshot";
+  } catch (const train::SnapshotMismatchError& e) {
+    EXPECT_NE(std::string(e.what()).find("written with --model gpt, this run has --model mlp"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 #include "chapters/05_activation_checkpointing/scheduled_runner.hpp"
 
 #include <stdexcept>
+#include <type_traits>
 #include <utility>
 
 #include "chapters/05_activation_checkpointing/schedule_execution.hpp"
@@ -11,18 +12,30 @@
 
 namespace bigbatch::checkpointing {
 
-struct ModelExecutor {
-  using Value = Tensor;
-  using Saved = nn::BlockActivations;
+/// The blocks' saved activations of each network.
+template <class Net>
+using SavedBlock = std::conditional_t<std::is_same_v<Net, nn::Model>, nn::BlockActivations,
+                                      nn::GptBlockActivations>;
 
-  nn::Model& model;
+template <class Net>
+struct NetworkExecutor {
+  using Value = Tensor;
+  using Saved = SavedBlock<Net>;
+
+  Net& model;
   const nn::ForwardContext& context;
 
+  // A recomputed block draws the same dropout masks (the counter RNG keys them by block,
+  // not by how often it ran); BatchNorm's running statistics move once per step.
   Tensor block_forward(std::int64_t i, const Tensor& h, Saved& saved, nn::BlockKeep keep,
                        bool recompute) {
     nn::ForwardContext run = context;
-    run.recompute = recompute;  // BatchNorm's running statistics move once per step
-    return model.block_forward(static_cast<std::size_t>(i), h, run, saved, keep);
+    run.recompute = recompute;
+    if constexpr (std::is_same_v<Net, nn::Model>) {
+      return model.block_forward(static_cast<std::size_t>(i), h, run, saved, keep);
+    } else {  // a transformer block keeps all it tapes: the runner refuses other keeps
+      return model.block_forward(static_cast<std::size_t>(i), h, run, saved);
+    }
   }
   Tensor block_backward(std::int64_t i, const Saved& saved, const Tensor& gradient) {
     return model.block_backward(static_cast<std::size_t>(i), saved, gradient, context);
@@ -31,6 +44,13 @@ struct ModelExecutor {
     Tensor copy(h.shape(), h.dtype(), h.device(), MemoryCategory::checkpoints);
     cast(h, copy);  // same dtype: a copy
     return copy;
+  }
+  static std::int64_t depth(const Net& net) {
+    if constexpr (std::is_same_v<Net, nn::Model>) {
+      return net.config().depth;
+    } else {
+      return net.config().layers;
+    }
   }
 };
 
@@ -71,38 +91,62 @@ class ScheduleLedger : public nn::BlockLedgerRunner {
 
 }  // namespace
 
-ScheduledRunner::ScheduledRunner(Schedule schedule, nn::BlockKeep keep)
+template <class Net>
+ScheduledRunnerFor<Net>::ScheduledRunnerFor(Schedule schedule, nn::BlockKeep keep)
     : schedule_(std::move(schedule)), keep_(keep) {
   validate(schedule_);
-  execution_ = std::make_unique<ScheduleExecution<ModelExecutor>>(schedule_, keep_);
+  if constexpr (std::is_same_v<Net, nn::Gpt>) {
+    if (keep_ != nn::BlockKeep::all) {
+      throw std::invalid_argument(
+          "selective recomputation keeps the MLP block's GEMM outputs; a transformer block "
+          "keeps all it tapes (checkpoint whole blocks: every:K, sqrt, optimal:SLOTS)");
+    }
+  }
+  execution_ = std::make_unique<ScheduleExecution<NetworkExecutor<Net>>>(schedule_, keep_);
 }
 
-ScheduledRunner::~ScheduledRunner() = default;
+template <class Net>
+ScheduledRunnerFor<Net>::~ScheduledRunnerFor() = default;
 
-std::shared_ptr<ScheduledRunner> ScheduledRunner::for_policy(const Policy& policy,
-                                                             std::int64_t depth) {
-  return std::make_shared<ScheduledRunner>(policy.schedule_for(depth), policy.keep);
+template <class Net>
+std::shared_ptr<ScheduledRunnerFor<Net>> ScheduledRunnerFor<Net>::for_policy(
+    const Policy& policy, std::int64_t depth) {
+  return std::make_shared<ScheduledRunnerFor>(policy.schedule_for(depth), policy.keep);
 }
 
-Tensor ScheduledRunner::forward(nn::Model& model, Tensor h0, const nn::ForwardContext& context) {
-  BIGBATCH_CHECK(schedule_.depth == model.config().depth, "ScheduledRunner: the schedule is for ",
-                 schedule_.depth, " blocks, the model has ", model.config().depth);
-  ModelExecutor executor{model, context};
+template <class Net>
+Tensor ScheduledRunnerFor<Net>::forward(Net& model, Tensor h0,
+                                        const nn::ForwardContext& context) {
+  const std::int64_t depth = NetworkExecutor<Net>::depth(model);
+  BIGBATCH_CHECK(schedule_.depth == depth, "ScheduledRunner: the schedule is for ",
+                 schedule_.depth, " blocks, the model has ", depth);
+  NetworkExecutor<Net> executor{model, context};
   if (!context.training) return execution_->evaluate(executor, std::move(h0));
   return execution_->forward(executor, std::move(h0));
 }
 
-Tensor ScheduledRunner::backward(nn::Model& model, Tensor dh_n,
-                                 const nn::ForwardContext& context) {
-  ModelExecutor executor{model, context};
+template <class Net>
+Tensor ScheduledRunnerFor<Net>::backward(Net& model, Tensor dh_n,
+                                         const nn::ForwardContext& context) {
+  NetworkExecutor<Net> executor{model, context};
   return execution_->backward(executor, std::move(dh_n));
 }
 
-std::unique_ptr<nn::BlockLedgerRunner> ScheduledRunner::ledger() const {
+template <class Net>
+std::unique_ptr<nn::BlockLedgerRunner> ScheduledRunnerFor<Net>::ledger() const {
   return std::make_unique<ScheduleLedger>(schedule_, keep_);
 }
 
-std::int64_t ScheduledRunner::evaluations() const { return execution_->evaluations(); }
-std::int64_t ScheduledRunner::recomputations() const { return execution_->recomputations(); }
+template <class Net>
+std::int64_t ScheduledRunnerFor<Net>::evaluations() const {
+  return execution_->evaluations();
+}
+template <class Net>
+std::int64_t ScheduledRunnerFor<Net>::recomputations() const {
+  return execution_->recomputations();
+}
+
+template class ScheduledRunnerFor<nn::Model>;
+template class ScheduledRunnerFor<nn::Gpt>;
 
 }  // namespace bigbatch::checkpointing

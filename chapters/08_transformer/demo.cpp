@@ -3,8 +3,10 @@
 // 02 to 05 told again in tokens: (a) accumulation divides by the step's count of target
 // tokens, (b) what a block keeps for its backward, against the sequence length T, (c) fp32,
 // fp16 with the dynamic scaler, and bf16 on the same run, and what the trained model writes,
-// (d) where attention's 1/sqrt(D) goes so that fp16 does not overflow.
+// (d) where attention's 1/sqrt(D) goes so that fp16 does not overflow, (e) chapter 05's
+// checkpoint policies on the transformer's blocks: the same bits for fewer bytes.
 // See README.md in this folder; --quick is the CTest setting.
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -12,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "chapters/05_activation_checkpointing/scheduled_runner.hpp"
 #include "chapters/train/trainer.hpp"
 #include "common/data/text_corpus.hpp"
 #include "common/memory.hpp"
@@ -64,6 +67,16 @@ Corpus load_corpus() {
 nn::GptConfig small_gpt(nn::Precision precision) {
   return {.vocabulary = 256, .context = kLength, .layers = 2, .width = 64, .heads = 4,
           .dropout = 0.1f, .seed = 8, .precision = precision};
+}
+
+// The runs of (c) and (e): `steps` AdamW steps of `batch` sequences in micro-batches.
+bb::train::TrainConfig steps_of(std::int64_t batch, std::int64_t micro, std::int64_t steps) {
+  bb::train::TrainConfig config;
+  config.batch = batch;
+  config.micro_batch = micro;
+  config.steps = steps;
+  config.seed = 4;
+  return config;
 }
 
 std::string fixed(double value, int digits) {
@@ -256,11 +269,7 @@ void three_precisions(bb::SelfCheck& report, const Corpus& corpus, bool quick) {
        {nn::Precision::fp32, nn::Precision::fp16, nn::Precision::bf16}) {
     nn::Gpt model(small_gpt(precision), bb::Device::cpu());
     nn::Optimizer optimizer(model.parameters(), bb::AdamWOptions{.lr = 3e-3});
-    bb::train::TrainConfig config;
-    config.batch = batch;
-    config.micro_batch = micro;
-    config.steps = steps;
-    config.seed = 4;
+    bb::train::TrainConfig config = steps_of(batch, micro, steps);
     if (precision == nn::Precision::fp16) config.loss_scaling = bb::train::LossScaling::dynamic;
     if (precision == nn::Precision::fp32) untrained = nn::evaluate(model, held_out, 64).loss;
     bb::train::Trainer trainer(model, optimizer, train, config);
@@ -387,6 +396,80 @@ void scale_before_rounding(bb::SelfCheck& report) {
                               "s = 131072 included (scores stay in float)");
 }
 
+// ---- (e) checkpointing the blocks ---------------------------------------------------------
+
+struct CheckpointedRun {
+  std::string policy;
+  bb::checkpointing::ScheduleStats schedule;
+  std::size_t kept_bytes = 0;  // activations + checkpoints at the step's peak, the largest step
+  double ms_per_step = 0;
+  std::vector<std::vector<float>> parameters;
+};
+
+// The same steps under each of chapter 05's whole-block policies: the runner keeps some
+// blocks' inputs and recomputes the blocks between them in the backward, with the same
+// dropout masks (the counter RNG keys them by sequence, block and position).
+void checkpointed_blocks(bb::SelfCheck& report, const Corpus& corpus, bool quick) {
+  const std::int64_t layers = quick ? 6 : 8, width = quick ? 64 : 128;
+  const std::int64_t batch = quick ? 8 : 16, micro = quick ? 4 : 8, steps = quick ? 2 : 3;
+  report.section("(e) Checkpointing the transformer's blocks (chapter 05): a GPT of " +
+                 std::to_string(layers) + " blocks of width " + std::to_string(width) +
+                 ", bf16, " + std::to_string(steps) + " AdamW steps of " +
+                 std::to_string(batch) + " sequences in micro-batches of " +
+                 std::to_string(micro));
+  const bb::Dataset train = bb::make_token_dataset(corpus.train, "train");
+  std::vector<CheckpointedRun> runs;
+  for (const std::string policy : {"none", "every:2", "sqrt", "optimal:2", "optimal:1"}) {
+    const bb::checkpointing::Policy parsed = bb::checkpointing::Policy::parse(policy);
+    nn::Gpt model({.vocabulary = 256, .context = kLength, .layers = layers, .width = width,
+                   .heads = 4, .dropout = 0.1f, .seed = 8, .precision = nn::Precision::bf16},
+                  bb::Device::cpu());
+    CheckpointedRun run;
+    run.policy = policy;
+    run.schedule = bb::checkpointing::simulate(parsed.schedule_for(layers));
+    if (parsed.needs_runner()) {
+      model.set_block_runner(bb::checkpointing::GptScheduledRunner::for_policy(parsed, layers));
+    }
+    nn::Optimizer optimizer(model.parameters(), bb::AdamWOptions{.lr = 3e-3});
+    bb::train::Trainer trainer(model, optimizer, train, steps_of(batch, micro, steps));
+    double seconds = 0;
+    trainer.run([&](const bb::train::StepRecord& record) {
+      seconds += record.seconds;
+      run.kept_bytes = std::max(run.kept_bytes,
+                                record.memory.at_peak_of(bb::MemoryCategory::activations) +
+                                    record.memory.at_peak_of(bb::MemoryCategory::checkpoints));
+    });
+    run.ms_per_step = 1e3 * seconds / static_cast<double>(steps);
+    for (const nn::NamedParameter& p : model.parameters()) {
+      run.parameters.push_back(p.value.to_vector<float>());
+    }
+    runs.push_back(std::move(run));
+  }
+  const CheckpointedRun& none = runs.front();
+  report.note("| policy | block inputs kept | blocks taped at once | block forwards per "
+              "micro-batch | activations + checkpoints at the step's peak (bytes) | of none's "
+              "| ms per step (this CPU) | of none's time | parameters |");
+  bool same_bits = true, fewer_bytes = true, fewest_with_one_slot = true;
+  for (const CheckpointedRun& run : runs) {
+    const bool same = run.parameters == none.parameters;
+    same_bits = same_bits && same;
+    if (&run != &none) fewer_bytes = fewer_bytes && run.kept_bytes < none.kept_bytes;
+    fewest_with_one_slot = fewest_with_one_slot && runs.back().kept_bytes <= run.kept_bytes;
+    report.note("| " + run.policy + " | " + std::to_string(run.schedule.max_checkpoints) +
+                " | " + std::to_string(run.schedule.max_taped) + " | " +
+                std::to_string(run.schedule.advances + run.schedule.tapes) + " | " +
+                std::to_string(run.kept_bytes) + " | " +
+                fixed(100.0 * static_cast<double>(run.kept_bytes) /
+                          static_cast<double>(none.kept_bytes), 1) +
+                "% | " + fixed(run.ms_per_step, 1) + " | " +
+                fixed(run.ms_per_step / none.ms_per_step, 2) + "x | " +
+                (same ? "none's bits" : "DIFFERENT") + " |");
+  }
+  report.check(same_bits, "every policy trains the parameters of no checkpointing, bit for bit");
+  report.check(fewer_bytes, "every policy keeps fewer activation bytes at the step's peak");
+  report.check(fewest_with_one_slot, "one kept block input (optimal:1) keeps the fewest");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -394,8 +477,8 @@ int main(int argc, char** argv) {
   if (const auto status = bb::parse_demo_options(
           argc, argv,
           "  Chapter 08's GPT: accumulation by tokens, a block's bytes against T, three\n"
-          "  precisions on one run, and attention's scale in fp16 (see\n"
-          "  chapters/08_transformer/README.md).",
+          "  precisions on one run, attention's scale in fp16, and checkpointed blocks\n"
+          "  (see chapters/08_transformer/README.md).",
           options)) {
     return *status;
   }
@@ -411,5 +494,6 @@ int main(int argc, char** argv) {
   bytes_per_block(report, options.quick);
   three_precisions(report, corpus, options.quick);
   scale_before_rounding(report);
+  checkpointed_blocks(report, corpus, options.quick);
   return report.finish();
 }

@@ -5,9 +5,12 @@
 # target tokens and the padding; the first logged loss is that of a model guessing among 256
 # bytes (ln 256 = 5.55) and the loss falls; every log line counts its step's target tokens;
 # micro-batches of 3 and of 1 sequence save the bits of the batch of 8 (fp32 and bf16, with
-# dropout: the loss of every target over the step's count, the tied head completed once);
-# fp16 runs under the dynamic loss scaler; --init continues from --save; what the GPT's run
-# does not take is refused with exit code 2, naming the flag; and `bigbatch generate` prints
+# dropout: the loss of every target over the step's count, the tied head completed once),
+# and so do checkpointed transformer blocks (optimal:1, every:1);
+# fp16 runs under the dynamic loss scaler; a run resumed from a snapshot ends on the bits and
+# the log of the uninterrupted one, a changed setting (or model) is refused by name, SIGTERM
+# leaves a snapshot; --init continues from --save; what the GPT's run does not take is
+# refused with exit code 2, naming the flag; and `bigbatch generate` prints
 # the prompt and what the saved model writes after it, refusing a file that is no GPT.
 set -u
 bigbatch=$(cd "$(dirname "$1")" && pwd)/$(basename "$1")
@@ -35,6 +38,8 @@ run micro1 --micro-batch 1
 run bf16_whole --precision bf16
 run bf16_micro3 --precision bf16 --micro-batch 3
 run fp16 --precision fp16 --loss-scale dynamic --micro-batch 3
+run optimal1 --micro-batch 3 --checkpoint optimal:1
+run bf16_every1 --precision bf16 --micro-batch 3 --checkpoint every:1
 cat micro3.txt
 grep -q '^bigbatch train: text:corpus.txt ([0-9]* sequences of 24 tokens, [0-9]* target tokens, [0-9.]*% padding), GPT of 2 blocks, width 32, 4 heads' micro3.txt ||
   fail "the header does not describe the token data and the GPT"
@@ -49,8 +54,64 @@ cmp -s whole.safetensors micro1.safetensors || fail "micro-batches of 1 did not 
 cmp -s bf16_whole.safetensors bf16_micro3.safetensors ||
   fail "bf16: micro-batches of 3 did not give the bits of the batch of 8"
 cmp -s whole.safetensors bf16_whole.safetensors && fail "bf16 saved fp32's bits: was it bf16?"
+# Checkpointing the transformer blocks recomputes them with the same dropout masks.
+# One kept block input for 2 blocks: block 0 runs twice per micro-batch.
+grep -q '^activation checkpointing optimal:1: at most 1 block input kept and 1 block.s activations at a time; 3 block forwards per micro-batch instead of 2$' optimal1.txt ||
+  fail "the checkpointed run does not describe its schedule: $(head -n 5 optimal1.txt)"
+cmp -s whole.safetensors optimal1.safetensors ||
+  fail "--checkpoint optimal:1 did not give the bits of the batch of 8"
+cmp -s bf16_whole.safetensors bf16_every1.safetensors ||
+  fail "bf16: --checkpoint every:1 did not give the bits of the batch of 8"
 grep -q '^precision fp16 (f32 master weights), loss scale dynamic' fp16.txt || fail "fp16 is not named"
 grep -q '^loss scale: ' fp16.txt || fail "the fp16 run does not report its loss scale"
+# Snapshots and --resume. Writing a snapshot every 2 steps leaves the fp16 run's bits as they
+# were; resumed from its step-2 snapshot alone (the dynamic scaler's state in it), the run
+# ends on the uninterrupted bits, and its log, kept up to step 2 and appended to, is the
+# uninterrupted log line for line, the clock's two fields aside.
+run snapped --precision fp16 --loss-scale dynamic --micro-batch 3 --snapshot-dir snaps \
+  --snapshot-every 2 --snapshot-keep 3
+cmp -s fp16.safetensors snapped.safetensors || fail "writing snapshots changed the run's bits"
+rm -rf from2 && mkdir from2 && cp snaps/step-00000002.safetensors from2/ ||
+  fail "no snapshot of step 2: $(ls snaps)"
+cp snapped.jsonl resumed.jsonl
+run resumed --precision fp16 --loss-scale dynamic --micro-batch 3 --resume from2
+grep -q '^resumed from from2/step-00000002.safetensors after step 2 of 6$' resumed.txt ||
+  fail "the resumed run does not say where it starts: $(head -n 5 resumed.txt)"
+cmp -s fp16.safetensors resumed.safetensors || fail "the resumed run did not end on the uninterrupted bits"
+clockless() { sed -E 's/"time_s":[^,]*,"step_time_s":[^,]*,//' "$1"; }
+clockless fp16.jsonl > fp16.clockless
+clockless resumed.jsonl > resumed.clockless
+cmp -s fp16.clockless resumed.clockless || fail "the resumed log differs from the uninterrupted one"
+resume_refused() {  # resume_refused WORDS FLAGS...: --resume from2 refused, WORDS said
+  words=$1
+  shift
+  "$bigbatch" train "$@" --batch 8 --steps 6 --lr 1e-2 --dropout 0.1 --seed 5 --precision fp16 \
+    --loss-scale dynamic --resume from2 > refused.txt 2>&1
+  code=$?
+  [ $code -eq 2 ] || fail "--resume with $*: exit code $code, not 2: $(cat refused.txt)"
+  grep -q -- "$words" refused.txt || fail "--resume with $*: the message does not say '$words': $(cat refused.txt)"
+}
+resume_refused "written with --heads 4, this run has --heads 2" \
+  --model gpt --data text:corpus.txt --seq-len 24 --layers 2 --width 32 --heads 2
+resume_refused "written with --model gpt, this run has --model mlp" \
+  --data synthetic --samples 200 --depth 1 --hidden 8
+# SIGTERM finishes the step, writes its snapshot and exits with 143 (a run too long to end
+# first: 100000 steps).
+rm -rf term
+"$bigbatch" train $shape --batch 8 --steps 100000 --snapshot-dir term --snapshot-every 1 \
+  > term.txt 2>&1 &
+pid=$!
+while kill -0 "$pid" 2>/dev/null && ! ls term 2>/dev/null | grep -q '^step-.*safetensors$'; do
+  sleep 0.01
+done
+kill -TERM "$pid"
+wait "$pid"
+code=$?
+[ "$code" -eq 143 ] || fail "SIGTERM: exit code $code, not 143: $(tail -n 3 term.txt)"
+stopped=$(sed -n 's/^interrupted by SIGTERM after step \([0-9]*\) of 100000: snapshot term\/step-[0-9]*\.safetensors written; continue with --resume term$/\1/p' term.txt)
+[ -n "$stopped" ] || fail "SIGTERM: no line naming the step and the snapshot: $(tail -n 3 term.txt)"
+[ -f "term/$(printf 'step-%08d.safetensors' "$stopped")" ] ||
+  fail "SIGTERM after step $stopped, but term holds $(ls term)"
 "$bigbatch" train $shape --batch 8 --steps 1 --init whole.safetensors > init.txt 2>&1 ||
   fail "--init from --save: $(tail -n 2 init.txt)"
 refused() {  # refused WORDS FLAGS...: exit code 2 and a message holding WORDS
@@ -65,7 +126,9 @@ refused "give --data text:FILE" --model gpt --data synthetic
 refused "train it with --model gpt" --data text:corpus.txt
 refused "--seq-len shapes --model gpt" --seq-len 16
 refused "--depth shapes the MLP" $shape --depth 3
-refused "--checkpoint is not available with --model gpt" $shape --checkpoint every:1
+refused "--checkpoint budget:1MiB is not available with --model gpt" $shape --checkpoint budget:1MiB
+refused "--checkpoint: selective recomputation keeps the MLP block's" $shape --checkpoint sqrt+selective
+refused "--snapshot-every and --snapshot-keep need --snapshot-dir" $shape --snapshot-every 2
 refused "--simulate-ranks is not available with --model gpt" $shape --simulate-ranks 2
 refused "heads" --model gpt --data text:corpus.txt --seq-len 24 --width 32 --heads 3
 refused "--data: " --model gpt --data text:no-such-file.txt

@@ -266,14 +266,6 @@ void check_batchnorm_micro_batches(std::int64_t batch, std::int64_t micro_batch,
   }
 }
 
-train::RunConfig resume_settings(const TrainOptions& options, const nn::ModelConfig& model,
-                                 const nn::Optimizer::Options& optimizer,
-                                 const train::TrainConfig& train) {
-  SettingsRecord record = train::run_settings(model, optimizer, train);
-  record.add(options.source);
-  return record.values();
-}
-
 void check_plan_flags(const TrainOptions& options) {
   for (const char* flag : {"--micro-batch", "--checkpoint", "--loss-scale"}) {
     if (options.was_given(flag)) {
@@ -296,6 +288,19 @@ void check_writable(const std::string& path) {
   if (!out) throw UsageError("--save: cannot write " + path);
   out.close();
   std::remove(probe.c_str());
+}
+
+std::string checkpointing_line(const checkpointing::Policy& policy,
+                               const checkpointing::Schedule& schedule) {
+  const checkpointing::ScheduleStats stats = checkpointing::simulate(schedule);
+  std::ostringstream out;
+  out << "activation checkpointing " << policy.text() << ": at most " << stats.max_checkpoints
+      << (stats.max_checkpoints == 1 ? " block input" : " block inputs") << " kept and "
+      << stats.max_taped
+      << (stats.max_taped == 1 ? " block's" : " blocks'") << " activations at a time; "
+      << stats.advances + stats.tapes << " block forwards per micro-batch instead of "
+      << schedule.depth;
+  return out.str();
 }
 
 /// "fp16 (f32 master weights), loss scale dynamic from 65536 (x2 after 2000 clean ...)"

@@ -9,6 +9,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "chapters/05_activation_checkpointing/policy.hpp"
+#include "chapters/05_activation_checkpointing/schedule.hpp"
 #include "chapters/06_planner/planner.hpp"
 #include "chapters/cli/options.hpp"
 #include "chapters/train/run_settings.hpp"
@@ -78,11 +80,17 @@ std::int64_t checked_micro_batch(const TrainOptions& options, const Dataset& tra
 void check_batchnorm_micro_batches(std::int64_t batch, std::int64_t micro_batch,
                                    std::int64_t short_batch);
 
-/// The settings a snapshot of this run records, and a --resume must repeat: the model's,
-/// the optimizer's and the trainer's trajectory settings and the program's (RunSource).
-train::RunConfig resume_settings(const TrainOptions& options, const nn::ModelConfig& model,
+/// The settings a snapshot of this run records, and a --resume must repeat: the model's
+/// (nn::ModelConfig or nn::GptConfig), the optimizer's and the trainer's trajectory settings
+/// and the program's (RunSource).
+template <class ModelShape>
+train::RunConfig resume_settings(const TrainOptions& options, const ModelShape& model,
                                  const nn::Optimizer::Options& optimizer,
-                                 const train::TrainConfig& train);
+                                 const train::TrainConfig& train) {
+  SettingsRecord record = train::run_settings(model, optimizer, train);
+  record.add(options.source);
+  return record.values();
+}
 
 /// --plan auto refuses the flags the plan chooses itself (--micro-batch, --checkpoint,
 /// --loss-scale).
@@ -94,6 +102,11 @@ void apply_plan(const planning::Plan& plan, TrainOptions& options, nn::ModelConf
 
 /// Fails early (before any training) when --save could not be written at the end.
 void check_writable(const std::string& path);
+
+/// "activation checkpointing sqrt: at most 4 block inputs kept and 4 blocks' activations at
+/// a time; 24 block forwards per micro-batch instead of 16", for a run's header.
+std::string checkpointing_line(const checkpointing::Policy& policy,
+                               const checkpointing::Schedule& schedule);
 
 /// "fp16 (f32 master weights), loss scale dynamic from 65536 (x2 after 2000 clean ...)"
 std::string precision_description(nn::Precision precision, const train::TrainConfig& c);

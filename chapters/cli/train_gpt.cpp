@@ -1,17 +1,21 @@
 // train_gpt.cpp: `bigbatch train --model gpt`: chapter 08's GPT on byte tokens of a text
 // file, through the same trainer, optimizer boundary, progress line, log and memory report
-// as the MLP. What the MLP's run has and the GPT's does not yet (snapshots and --resume,
-// activation checkpointing, --plan auto, ranks) is refused by name before anything runs.
+// as the MLP, with the same snapshots and --resume (step_loop.hpp) and chapter 05's
+// checkpoint policies on its transformer blocks. What the MLP's run has and the GPT's does
+// not yet (a memory model of its step, so budget:BYTES, --explain and --plan auto; ranks)
+// is refused by name before anything runs.
 #include <cstdio>
-#include <fstream>
 #include <iostream>
+#include <memory>
 #include <optional>
 #include <sstream>
 #include <stdexcept>
 #include <string>
 
+#include "chapters/05_activation_checkpointing/scheduled_runner.hpp"
 #include "chapters/cli/progress.hpp"
 #include "chapters/cli/setup.hpp"
+#include "chapters/cli/step_loop.hpp"
 #include "chapters/cli/train_command.hpp"
 #include "common/memory.hpp"
 #include "nn/gpt.hpp"
@@ -29,15 +33,19 @@ void check_gpt_flags(const TrainOptions& options) {
                        "(its shape: --seq-len, --layers, --width, --heads)");
     }
   }
-  for (const char* flag : {"--checkpoint", "--explain", "--plan", "--snapshot-dir",
-                           "--snapshot-every", "--snapshot-keep", "--resume", "--data-parallel",
-                           "--simulate-ranks", "--reduction", "--bucket-size", "--zero",
-                           "--calibration", "--recalibrate"}) {
+  for (const char* flag : {"--explain", "--plan", "--data-parallel", "--simulate-ranks",
+                           "--reduction", "--bucket-size", "--zero", "--calibration",
+                           "--recalibrate"}) {
     if (options.was_given(flag)) {
       throw UsageError(std::string(flag) + " is not available with --model gpt yet: its "
-                       "training runs on one process, keeps every block's activations and "
-                       "writes no snapshot (--save writes the trained parameters)");
+                       "training runs on one process, without a memory model of its step");
     }
+  }
+  if (options.checkpoint.is_budget()) {
+    throw UsageError("--checkpoint " + options.checkpoint.text() + " is not available with "
+                     "--model gpt yet: a budget is resolved by the memory model of the step, "
+                     "which the GPT's does not have; give the policy (every:K, sqrt, "
+                     "optimal:SLOTS)");
   }
   if (options.source.data.kind != DataKind::text) {
     throw UsageError("--model gpt trains on text: give --data text:FILE (e.g. text:/usr/share/"
@@ -84,6 +92,15 @@ int run_train_gpt(const TrainOptions& options) {
     throw UsageError(std::string("--model gpt: ") + e.what());
   }
   nn::Gpt& model = *built;
+  std::shared_ptr<checkpointing::GptScheduledRunner> runner;  // null: every block keeps all
+  if (options.checkpoint.needs_runner()) {
+    try {
+      runner = checkpointing::GptScheduledRunner::for_policy(options.checkpoint, shape.layers);
+    } catch (const std::invalid_argument& e) {
+      throw UsageError(std::string("--checkpoint: ") + e.what());
+    }
+    model.set_block_runner(runner);
+  }
   if (!output.init.empty()) {
     try {
       model.load(output.init);
@@ -94,11 +111,18 @@ int run_train_gpt(const TrainOptions& options) {
   nn::Optimizer optimizer(model.parameters(), optimizer_choice);
   train::Trainer trainer(model, optimizer, splits.train, config);
 
-  std::ofstream log;
-  if (!output.log.empty()) {
-    log.open(output.log, std::ios::trunc);
-    if (!log) throw UsageError("--log: cannot write " + output.log);
-  }
+  // Snapshots go to --snapshot-dir, or back to the folder --resume reads.
+  const train::RunConfig settings = resume_settings(options, shape, optimizer.options(), config);
+  SnapshotSetup snapshots(options, /*writer=*/true);
+  snapshots.resume(model, optimizer, trainer, settings);
+  StepLoop loop(output, config, trainer, snapshots,
+                {.write_snapshot = [&] { snapshots.write(model, optimizer, trainer, settings); },
+                 .complete_line =
+                     [&](const train::StepRecord& record, Progress& progress, Json& line) {
+                       line["targets"] = record.batch_targets;
+                       evaluate_at_step(model, splits, output.eval_every, micro_batch, record,
+                                        "next-byte accuracy", progress, line);
+                     }});
   std::cout << "bigbatch train: " << describe_tokens(splits.train) << ", GPT of "
             << shape.layers << (shape.layers == 1 ? " block" : " blocks") << ", width "
             << shape.width << ", " << shape.heads << (shape.heads == 1 ? " head" : " heads")
@@ -109,39 +133,12 @@ int run_train_gpt(const TrainOptions& options) {
             << optimizer_line(options, trainer.lr_schedule(), optimizer.options(), micro_batch)
             << " (a batch of sequences: every target token's loss over the step's real "
                "target tokens)\nprecision "
-            << precision_description(shape.precision, config) << "\n"
-            << std::flush;
+            << precision_description(shape.precision, config) << "\n";
+  if (runner) std::cout << checkpointing_line(options.checkpoint, runner->schedule()) << "\n";
+  std::cout << resume_lines(snapshots, trainer) << std::flush;
 
-  const bool scaled = config.loss_scaling != train::LossScaling::none;
-  const bool norm_measured = scaled || config.clip_grad_norm > 0.0f;
-  Progress progress(trainer.total_steps(), output.print_every, scaled,
-                    config.clip_grad_norm > 0.0f);
-  train::StepRecord last;
-  trainer.run([&](const train::StepRecord& record) {
-    last = record;
-    progress.update(record);
-    Json line = log_line(record, progress.elapsed(), norm_measured);
-    line["targets"] = record.batch_targets;
-    evaluate_at_step(model, splits, output.eval_every, micro_batch, record, "next-byte accuracy",
-                     progress, line);
-    if (log.is_open()) log << line.dump() << '\n';
-  });
-  progress.break_line();
-  const double seconds = progress.elapsed();
-  if (log.is_open()) {
-    log.close();
-    if (!log) throw std::runtime_error("--log: writing " + output.log + " failed");
-  }
-  const std::int64_t steps = trainer.total_steps();
-  std::printf("trained %lld steps in %s (%.1f ms/step on average)\n",
-              static_cast<long long>(steps), clock_time(seconds).c_str(),
-              1e3 * seconds / static_cast<double>(steps));
-  std::printf("final train loss (last batch): %.4f\n", last.loss);
-  if (scaled) {
-    std::printf("loss scale: %g at the end; %lld of %lld steps skipped on an overflow\n",
-                static_cast<double>(last.loss_scale),
-                static_cast<long long>(last.skipped_steps), static_cast<long long>(steps));
-  }
+  if (const int code = loop.run(); code != 0) return code;
+  loop.finish();
   if (!output.save.empty()) {  // before the evaluation: nothing trained is lost after this
     model.save(output.save);
     std::cout << "saved the parameters to " << output.save << "\n";
@@ -154,7 +151,9 @@ int run_train_gpt(const TrainOptions& options) {
                 static_cast<long long>(test.samples), static_cast<long long>(test.targets),
                 test.loss, test.accuracy);
   }
-  std::cout << step_memory_report(device, trainer.largest_step_memory(), steps);
+  if (loop.steps_run() > 0) {
+    std::cout << step_memory_report(device, trainer.largest_step_memory(), loop.steps_run());
+  }
   return 0;
 }
 

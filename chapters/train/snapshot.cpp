@@ -211,9 +211,13 @@ RunConfig restore_snapshot(const std::string& path, nn::Network& model,
     throw std::runtime_error(path + ": not a bigbatch snapshot (its metadata has no \"format\": \"" +
                              std::string(kFormat) + "\")");
   }
-  // The configuration first: a mismatch is the user's to fix, and names the setting.
+  // The configuration first: a mismatch is the user's to fix, and names the setting. The
+  // model's kind before the rest: another model's snapshot differs in most of them.
   RunConfig changed;
-  for (const auto& [key, value] : config) {
+  std::vector<std::pair<std::string, std::string>> ordered(config.begin(), config.end());
+  std::stable_partition(ordered.begin(), ordered.end(),
+                        [](const auto& setting) { return setting.first == "model"; });
+  for (const auto& [key, value] : ordered) {
     const auto saved = metadata.find("config." + key);
     if (saved == metadata.end()) {
       throw SnapshotMismatchError(path + " was written without a value for --" + key +
