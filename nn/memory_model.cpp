@@ -356,4 +356,185 @@ StepPrediction predict_step(const ModelConfig& c, std::int64_t batch, std::int64
   return p;
 }
 
+// ---- the GPT ----------------------------------------------------------------------------
+
+namespace {
+
+/// The GPT's own tensors (nn/gpt.cpp's constructor): the tables and the Linear weights have
+/// f32 masters and 16-bit working copies under mixed precision; biases and LayerNorm weights
+/// are f32; every gradient is f32, and the tied head's share of wte's has a buffer of its own.
+StaticBytes gpt_static_bytes(const GptConfig& c) {
+  const bool mixed = is_mixed(c.precision);
+  const std::int64_t C = c.width, N = c.layers;
+  const std::int64_t weights = (c.vocabulary + c.context) * C + N * 12 * C * C;
+  const std::int64_t others = N * 13 * C + 2 * C;  // norms and biases; ln_f
+  StaticBytes s;
+  s.trainable = to_size(weights + others);
+  s.parameters = to_size(mixed ? 2 * weights + 4 * others : 4 * (weights + others));
+  s.master_weights = to_size(mixed ? 4 * weights : 0);
+  s.gradients = 4 * s.trainable + to_size(4 * c.vocabulary * C);
+  return s;
+}
+
+}  // namespace
+
+GptLedger::GptLedger(const GptConfig& config, MemoryLedger& ledger)
+    : config_(config), ledger_(ledger) {}
+
+void GptLedger::start_micro_batch(std::int64_t sequences, std::int64_t length,
+                                  std::string label) {
+  sequences_ = sequences;
+  length_ = length;
+  label_ = std::move(label);
+}
+
+std::size_t GptLedger::state_bytes(std::int64_t channels_per_position) const {
+  return to_size(sequences_ * length_ * channels_per_position * config_.width) *
+         to_size(dtype_size(working_dtype(config_.precision)));
+}
+
+std::size_t GptLedger::statistics_bytes() const { return 4 * to_size(sequences_ * length_); }
+
+std::string GptLedger::moment(const std::string& what) const { return label_ + ", " + what; }
+
+Bytes GptLedger::activation(std::size_t bytes, const std::string& what) {
+  return ledger_.allocate(MemoryCategory::activations, bytes, moment(what));
+}
+
+Bytes GptLedger::workspace(std::size_t bytes, const std::string& what) {
+  return ledger_.allocate(MemoryCategory::workspace, bytes, moment(what));
+}
+
+Bytes GptLedger::checkpoint(std::int64_t state) {
+  return ledger_.allocate(MemoryCategory::checkpoints, state_bytes(),
+                          moment("checkpoint of h" + std::to_string(state)));
+}
+
+Bytes GptLedger::block_forward(std::int64_t index, Bytes h, GptBlockBytes& saved,
+                               BlockKeep keep, bool recompute) {
+  BIGBATCH_CHECK(keep == BlockKeep::all, "GptLedger: a transformer block keeps all it tapes");
+  const std::string block = "block " + std::to_string(index) +
+                            (recompute ? " forward (recomputed): " : " forward: ");
+  const std::size_t scores = to_size(sequences_ * config_.heads * length_ * length_) *
+                             to_size(dtype_size(working_dtype(config_.precision)));
+  saved.input = std::move(h);
+  saved.ln_1_out = activation(state_bytes(), block + "ln_1's output");
+  saved.ln_1_mean = activation(statistics_bytes(), block + "ln_1's mean");
+  saved.ln_1_rstd = activation(statistics_bytes(), block + "ln_1's rstd");
+  saved.qkv = activation(state_bytes(3), block + "c_attn's output (q, k, v)");
+  saved.attention = activation(state_bytes(), block + "the heads' output");
+  saved.probabilities = activation(scores, block + "the attention's probabilities");
+  saved.middle = activation(state_bytes(), block + "the attention's residual sum");
+  saved.ln_2_out = activation(state_bytes(), block + "ln_2's output");
+  saved.ln_2_mean = activation(statistics_bytes(), block + "ln_2's mean");
+  saved.ln_2_rstd = activation(statistics_bytes(), block + "ln_2's rstd");
+  saved.fc = activation(state_bytes(4), block + "c_fc's output");
+  saved.gelu = activation(state_bytes(4), block + "gelu's output");
+  return activation(state_bytes(), block + "the block's output");
+}
+
+Bytes GptLedger::block_backward(std::int64_t index, const GptBlockBytes&) {
+  const std::string block = "block " + std::to_string(index) + " backward: ";
+  const bool dropout = config_.dropout > 0.0f;  // a training step's dropout is on
+  // The MLP branch: through its dropout (a copy), c_proj, gelu, c_fc, ln_2.
+  Bytes d_branch;
+  if (dropout) d_branch = workspace(state_bytes(), block + "the MLP branch's output gradient");
+  Bytes d_hidden = workspace(state_bytes(4), block + "mlp.c_proj's input gradient");
+  const Bytes d_middle = workspace(state_bytes(), block + "ln_2's input gradient");
+  d_hidden = nullptr;
+  d_branch = nullptr;  // the attention branch reads d_middle, through a copy under dropout
+  if (dropout) {
+    d_branch = workspace(state_bytes(), block + "the attention branch's output gradient");
+  }
+  Bytes d_attention = workspace(state_bytes(), block + "the heads' output gradient");
+  d_branch = nullptr;
+  Bytes d_qkv = workspace(state_bytes(3), block + "c_attn's output gradient");
+  workspace(4 * to_size(sequences_ * config_.heads * length_),
+            block + "the attention's row sums (f32)");  // freed by the kernel
+  d_attention = nullptr;
+  Bytes d_input = workspace(state_bytes(), block + "the block's input gradient");
+  d_qkv = nullptr;
+  return d_input;
+}
+
+StepPrediction predict_gpt_step(const GptConfig& c, std::int64_t batch, std::int64_t micro_batch,
+                                std::int64_t length, const Optimizer::Options& optimizer,
+                                GptBlockLedgerRunner* runner, std::size_t held_workspace) {
+  BIGBATCH_CHECK(batch > 0 && micro_batch > 0 && length > 0 && length <= c.context,
+                 "predict_gpt_step: batch and micro_batch must be positive and the length in "
+                 "1..", c.context, ", got ", batch, ", ", micro_batch, " and ", length);
+  MemoryLedger ledger;
+  const bool mixed = is_mixed(c.precision);
+  const std::size_t T = to_size(length), V = to_size(c.vocabulary);
+  const std::size_t W = to_size(dtype_size(working_dtype(c.precision)));
+
+  // Live before the step: the model, its optimizer, one micro-batch of tokens and targets.
+  const StaticBytes fixed = gpt_static_bytes(c);
+  const std::string before = "before the step";
+  const Bytes parameters = ledger.allocate(MemoryCategory::parameters, fixed.parameters, before);
+  const Bytes masters = ledger.allocate(MemoryCategory::master_weights, fixed.master_weights, before);
+  const Bytes gradients = ledger.allocate(MemoryCategory::gradients, fixed.gradients, before);
+  const Bytes state = ledger.allocate(
+      MemoryCategory::optimizer_state,
+      fixed.trainable * optimizer_state_bytes_per_parameter(optimizer), before);
+  const std::size_t staged = to_size(std::min(batch, micro_batch));
+  const Bytes tokens = ledger.allocate(MemoryCategory::data, 4 * staged * T, before);
+  const Bytes targets = ledger.allocate(MemoryCategory::data, 4 * staged * T, before);
+  Bytes boundary;
+  if (held_workspace > 0) {
+    boundary = ledger.allocate(MemoryCategory::workspace, held_workspace, before);
+  }
+  ledger.reset_peak(before);
+
+  GptLedger model(c, ledger);
+  Bytes loss = ledger.allocate(MemoryCategory::workspace, 4, "the loss");
+  std::int64_t micro_batches = 0;
+  for (std::int64_t begin = 0; begin < batch; begin += micro_batch) {
+    const std::int64_t b = std::min(batch, begin + micro_batch) - begin;
+    model.start_micro_batch(b, length, "micro-batch " + std::to_string(++micro_batches));
+    const std::size_t n = to_size(b) * T;
+
+    // Gpt::forward: the embeddings, the blocks, ln_f and the head.
+    Bytes x = model.activation(model.state_bytes(), "forward: the embeddings (h0)");
+    std::vector<GptBlockBytes> blocks;
+    if (runner) {
+      x = runner->forward(model, std::move(x));
+    } else {
+      blocks.resize(to_size(c.layers));
+      for (std::int64_t i = 0; i < c.layers; ++i) {
+        x = model.block_forward(i, x, blocks[to_size(i)], BlockKeep::all, false);
+      }
+    }
+    Bytes normed = model.activation(model.state_bytes(), "forward: ln_f's output");
+    Bytes mean = model.activation(model.statistics_bytes(), "forward: ln_f's mean");
+    Bytes rstd = model.activation(model.statistics_bytes(), "forward: ln_f's rstd");
+    const Bytes logits = model.activation(4 * n * V, "forward: the logits (f32)");
+    // The loss (kernels/cross_entropy: one loss per position), its gradient.
+    model.workspace(4 * n, "the loss: per-position losses");
+    const Bytes d_logits = model.workspace(4 * n * V, "the loss's gradient");
+
+    // Gpt::backward: the head, ln_f, the blocks last first; the embeddings' scatter-add
+    // works in place.
+    Bytes d_head;  // fp32: d_logits itself
+    if (mixed) d_head = model.workspace(W * n * V, "backward: the logits' gradient in 16 bits");
+    Bytes dx = model.workspace(model.state_bytes(), "backward: ln_f's input gradient");
+    d_head = nullptr;
+    x = normed = mean = rstd = nullptr;
+    if (runner) {
+      dx = runner->backward(model, std::move(dx));
+    } else {
+      for (std::int64_t i = c.layers; i-- > 0;) {
+        dx = model.block_backward(i, blocks[to_size(i)]);
+        blocks[to_size(i)] = GptBlockBytes{};
+      }
+    }
+  }
+  loss = nullptr;
+  StepPrediction p;
+  p.stats = ledger.stats();
+  p.peak_moment = ledger.peak_moment();
+  p.block_forwards = runner ? runner->evaluations() : c.layers * micro_batches;
+  return p;
+}
+
 }  // namespace bigbatch::nn

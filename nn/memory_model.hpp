@@ -39,6 +39,7 @@
 #include <vector>
 
 #include "common/memory.hpp"
+#include "nn/gpt.hpp"
 #include "nn/model.hpp"
 #include "nn/training.hpp"
 
@@ -175,18 +176,84 @@ class ModelLedger {
   std::string label_;
 };
 
-/// The memory side of an nn::BlockRunner: replays the runner's order of block forwards,
-/// backwards and copies on a ModelLedger (forward returns h_n, backward dh_0).
-class BlockLedgerRunner {
+/// The memory side of a block runner (nn::BlockRunnerFor): replays the runner's order of
+/// block forwards, backwards and copies on a model's ledger (ModelLedger for the MLP,
+/// GptLedger for the GPT); forward returns h_n, backward dh_0.
+template <class Ledger>
+class BlockLedgerRunnerFor {
  public:
-  virtual ~BlockLedgerRunner() = default;
-  /// Replays the runner's forward of every block from h0 (the stem's output); returns h_n.
-  virtual MemoryLedger::Bytes forward(ModelLedger& model, MemoryLedger::Bytes h0) = 0;
+  virtual ~BlockLedgerRunnerFor() = default;
+  /// Replays the runner's forward of every block from h0 (the first block's input);
+  /// returns h_n.
+  virtual MemoryLedger::Bytes forward(Ledger& model, MemoryLedger::Bytes h0) = 0;
   /// Replays its backward from dh_n, releasing what forward kept; returns dh_0.
-  virtual MemoryLedger::Bytes backward(ModelLedger& model, MemoryLedger::Bytes dh_n) = 0;
+  virtual MemoryLedger::Bytes backward(Ledger& model, MemoryLedger::Bytes dh_n) = 0;
   /// Block forwards replayed so far.
   virtual std::int64_t evaluations() const = 0;
 };
+
+/// The MLP's.
+using BlockLedgerRunner = BlockLedgerRunnerFor<ModelLedger>;
+
+/// What one transformer block keeps for its backward, in bytes (GptBlockActivations'
+/// tensors, the same names).
+struct GptBlockBytes {
+  MemoryLedger::Bytes input;  ///< x entering the block (the previous block's output)
+  MemoryLedger::Bytes ln_1_out;       ///< ln_1(x)
+  MemoryLedger::Bytes ln_1_mean;      ///< ln_1's means (f32)
+  MemoryLedger::Bytes ln_1_rstd;      ///< ln_1's 1 / sqrt(var + eps) (f32)
+  MemoryLedger::Bytes qkv;            ///< c_attn's output
+  MemoryLedger::Bytes attention;      ///< the heads' output
+  MemoryLedger::Bytes probabilities;  ///< P [b, heads, T, T]
+  MemoryLedger::Bytes middle;         ///< x after the attention's residual
+  MemoryLedger::Bytes ln_2_out;       ///< ln_2(middle)
+  MemoryLedger::Bytes ln_2_mean;      ///< ln_2's means (f32)
+  MemoryLedger::Bytes ln_2_rstd;      ///< ln_2's 1 / sqrt(var + eps) (f32)
+  MemoryLedger::Bytes fc;             ///< c_fc's output
+  MemoryLedger::Bytes gelu;           ///< gelu(fc), mlp.c_proj's input
+};
+
+/// The GPT's allocations replayed on a ledger (nn/gpt.cpp's order): Gpt::block_forward,
+/// Gpt::block_backward, and a copy as chapter 05's checkpoints make, for b sequences of T
+/// positions at a time.
+class GptLedger {
+ public:
+  /// A GPT of `config` replayed on `ledger`, which must outlive it.
+  GptLedger(const GptConfig& config, MemoryLedger& ledger);
+  /// Sets the sequences and positions of the following allocations and the label that
+  /// prefixes their moments ("micro-batch 2").
+  void start_micro_batch(std::int64_t sequences, std::int64_t length, std::string label);
+
+  /// Gpt::block_forward of block `index` from h (recompute: named so in the moments; keep
+  /// must be BlockKeep::all, the only one a transformer block has).
+  MemoryLedger::Bytes block_forward(std::int64_t index, MemoryLedger::Bytes h,
+                                    GptBlockBytes& saved, BlockKeep keep, bool recompute);
+  /// Gpt::block_backward: returns d_input (the gradient of the block's output stays the
+  /// caller's, held throughout).
+  MemoryLedger::Bytes block_backward(std::int64_t index, const GptBlockBytes& saved);
+  /// A copy of a block input into MemoryCategory::checkpoints.
+  MemoryLedger::Bytes checkpoint(std::int64_t state);
+
+  /// `bytes` of MemoryCategory::activations in this micro-batch; `what` names the moment.
+  MemoryLedger::Bytes activation(std::size_t bytes, const std::string& what);
+  /// `bytes` of MemoryCategory::workspace in this micro-batch; `what` names the moment.
+  MemoryLedger::Bytes workspace(std::size_t bytes, const std::string& what);
+  /// n C elements of the activations' dtype: one [b, T, C] state.
+  std::size_t state_bytes(std::int64_t channels_per_position = 1) const;
+  /// A LayerNorm's mean or rstd over the n rows (f32).
+  std::size_t statistics_bytes() const;
+
+ private:
+  std::string moment(const std::string& what) const;
+
+  GptConfig config_;
+  MemoryLedger& ledger_;
+  std::int64_t sequences_ = 0, length_ = 0;
+  std::string label_;
+};
+
+/// The GPT's.
+using GptBlockLedgerRunner = BlockLedgerRunnerFor<GptLedger>;
 
 /// One step's prediction: accumulate_gradients over a batch of `batch` rows on the host, in
 /// micro-batches of `micro_batch`, each copied into an nn::MicroBatchBuffer of
@@ -231,5 +298,17 @@ StepPrediction predict_step(const ModelConfig& config, std::int64_t batch,
                             std::int64_t micro_batch, const Optimizer::Options& optimizer,
                             BlockLedgerRunner* runner = nullptr, std::size_t held_workspace = 0,
                             const HeldElements& held = {});
+
+/// The same for chapter 08's GPT: a batch of `batch` sequences of `length` positions in
+/// micro-batches of `micro_batch` sequences (the trainer's nn::MicroBatchBuffer: tokens and
+/// targets, i32, MemoryCategory::data), the parameters with their f32 masters under mixed
+/// precision, the gradients and the tied head's own gradient buffer, the optimizer's state
+/// and `held_workspace` live before it. runner: nullptr for every block's activations kept,
+/// else the replay of the block runner the GPT runs with.
+StepPrediction predict_gpt_step(const GptConfig& config, std::int64_t batch,
+                                std::int64_t micro_batch, std::int64_t length,
+                                const Optimizer::Options& optimizer,
+                                GptBlockLedgerRunner* runner = nullptr,
+                                std::size_t held_workspace = 0);
 
 }  // namespace bigbatch::nn

@@ -543,9 +543,12 @@ def report_path(chapter):
 
 
 def checkpointed_block_row(policy):
-    """Chapter 08 (e): a policy's share of none's activation bytes and of its step time."""
-    return report("08", r"^   \| " + re.escape(policy) + r" \| \d+ \| \d+ \| \d+ \| \d+ \| "
-                        r"([\d.]+)% \| [\d.]+ \| ([\d.]+)x \| none's bits \|$")
+    """Chapter 08 (e): a policy's share of none's activation bytes and of its step time (a
+    row whose step peak was predicted to the byte)."""
+    share, ratio, _ = report("08", r"^   \| " + re.escape(policy) + r" \| \d+ \| \d+ \| \d+ \| \d+ \| "
+                                   r"([\d.]+)% \| [\d.]+ \| ([\d.]+)x \| (\d+) = \3 \| "
+                                   r"none's bits \|$")
+    return [share, ratio]
 
 
 def report(chapter, pattern):

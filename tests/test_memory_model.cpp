@@ -4,7 +4,9 @@
 // live after the step equal the allocator's counts to the byte, for every checkpoint
 // policy, both precisions, both norms, depths 1, 2, 7, 16, 33 and 64, with uneven
 // micro-batches; and the block forwards the runner counts equal the formula of each
-// schedule (the binomial optimum for optimal:SLOTS).
+// schedule (the binomial optimum for optimal:SLOTS). The same for chapter 08's GPT
+// (nn::predict_gpt_step): the trainer's step, every precision, dropout on and off, uneven
+// micro-batches of sequences, and its whole-block policies.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -15,6 +17,8 @@
 
 #include "chapters/05_activation_checkpointing/memory_plan.hpp"
 #include "chapters/05_activation_checkpointing/scheduled_runner.hpp"
+#include "chapters/train/trainer.hpp"
+#include "common/data/text_corpus.hpp"
 #include "nn/memory_model.hpp"
 #include "nn/training.hpp"
 #include "tests/harness.hpp"
@@ -113,6 +117,103 @@ TEST_P(MemoryModel, BatchNormAndTheRunnerForNoneArePredictedToTheByte) {
 
 INSTANTIATE_TEST_SUITE_P(Backends, MemoryModel, ::testing::ValuesIn(testing::all_devices()),
                          testing::device_test_name);
+// ---- the GPT -------------------------------------------------------------------------------
+
+/// One trainer step of a GPT on sequences of the config's context: the step's books (the
+/// trainer resets the peak as the step starts) and the block forwards its runner counted.
+struct GptStep {
+  MemoryStats stats;
+  std::int64_t evaluations = -1;
+};
+
+GptStep measure_gpt_step(const nn::GptConfig& config, std::int64_t batch, std::int64_t micro,
+                         const std::string& policy, const train::TrainConfig& base,
+                         Device device) {
+  const Dataset data = make_token_dataset(
+      make_sequences(synthetic_documents(3 * batch, 2, 3 * config.context, /*seed=*/6),
+                     config.context),
+      "synthetic-text");
+  nn::Gpt model(config, device);
+  std::shared_ptr<checkpointing::GptScheduledRunner> runner;
+  const checkpointing::Policy parsed = checkpointing::Policy::parse(policy);
+  if (parsed.needs_runner()) {
+    runner = checkpointing::GptScheduledRunner::for_policy(parsed, config.layers);
+    model.set_block_runner(runner);
+  }
+  nn::Optimizer optimizer(model.parameters(), AdamWOptions{});
+  train::TrainConfig train = base;
+  train.batch = batch;
+  train.micro_batch = micro;
+  train.steps = 1;
+  train::Trainer trainer(model, optimizer, data, train);
+  GptStep step;
+  trainer.run([&](const train::StepRecord& record) { step.stats = record.memory; });
+  if (runner) step.evaluations = runner->evaluations();
+  return step;
+}
+
+/// The step's peak, its breakdown at that moment and every category's own peak: the
+/// trainer's record of a step holds these (what is live after it is the trainer's).
+void expect_equal_peaks(const MemoryStats& want, const MemoryStats& got, const std::string& what) {
+  EXPECT_EQ(want.peak_total, got.peak_total) << what;
+  for (std::size_t c = 0; c < kNumMemoryCategories; ++c) {
+    if (!counts_on_device(static_cast<MemoryCategory>(c))) continue;
+    const std::string name(category_name(static_cast<MemoryCategory>(c)));
+    EXPECT_EQ(want.at_peak[c], got.at_peak[c]) << what << ", " << name << " at the peak";
+    EXPECT_EQ(want.peak[c], got.peak[c]) << what << ", " << name << "'s own peak";
+  }
+}
+
+class GptMemoryModel : public testing::DeviceTest {};
+
+TEST_P(GptMemoryModel, EveryPrecisionPolicyAndDepthIsPredictedToTheByte) {
+  for (const nn::Precision precision :
+       {nn::Precision::fp32, nn::Precision::bf16, nn::Precision::fp16}) {
+    for (const float dropout : {0.0f, 0.1f}) {
+      for (const std::int64_t layers : {0, 1, 3, 6}) {
+        for (const std::string policy : {"none", "every:2", "sqrt", "optimal:1", "optimal:2"}) {
+          if (layers == 0 && policy != "none") continue;
+          const nn::GptConfig config{.vocabulary = 256, .context = 12, .layers = layers,
+                                     .width = 16, .heads = 2, .dropout = dropout, .seed = 2,
+                                     .precision = precision};
+          train::TrainConfig train;
+          if (precision == nn::Precision::fp16) train.loss_scaling = train::LossScaling::dynamic;
+          const std::string what = nn::precision_name(precision) + ", dropout " +
+                                   std::to_string(dropout) + ", " + std::to_string(layers) +
+                                   " blocks, " + policy;
+          const checkpointing::Policy parsed = checkpointing::Policy::parse(policy);
+          std::unique_ptr<nn::GptBlockLedgerRunner> ledger;
+          if (parsed.needs_runner()) {
+            ledger = checkpointing::GptScheduledRunner::for_policy(parsed, layers)->ledger();
+          }
+          // Batches of 10 sequences in micro-batches of 4, 4 and 2.
+          const nn::StepPrediction predicted = nn::predict_gpt_step(
+              config, 10, 4, config.context, AdamWOptions{}, ledger.get(),
+              loss_scaling::boundary_workspace_bytes(train::boundary_options(train)));
+          const GptStep measured = measure_gpt_step(config, 10, 4, policy, train, device());
+          expect_equal_peaks(predicted.stats, measured.stats, what);
+          if (ledger) EXPECT_EQ(measured.evaluations, predicted.block_forwards) << what;
+        }
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, GptMemoryModel, ::testing::ValuesIn(testing::all_devices()),
+                         testing::device_test_name);
+
+TEST(GptMemoryModel, NamesTheMomentThatHoldsThePeak) {
+  // Without checkpointing a step of one micro-batch peaks in the last block's backward:
+  // every block's activations, the logits and their gradient are still held when the
+  // attention's backward adds its row sums to the gradients of q, k, v, the heads' output
+  // and ln_2's input.
+  const nn::GptConfig config{.vocabulary = 256, .context = 64, .layers = 4, .width = 32,
+                             .heads = 4};
+  const nn::StepPrediction p = nn::predict_gpt_step(config, 8, 8, 64, AdamWOptions{});
+  EXPECT_EQ(p.peak_moment, "micro-batch 1, block 3 backward: the attention's row sums (f32)");
+  EXPECT_EQ(p.block_forwards, 4);
+  EXPECT_THROW(nn::predict_gpt_step(config, 8, 8, 65, AdamWOptions{}), std::invalid_argument);
+}
 
 TEST(MemoryModel, ListsTheTrainableTensorsTheModelHas) {
   for (const std::int64_t depth : {0, 1, 3}) {

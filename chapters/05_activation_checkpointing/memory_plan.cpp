@@ -2,6 +2,7 @@
 #include "chapters/05_activation_checkpointing/memory_plan.hpp"
 
 #include <optional>
+#include <vector>
 #include <stdexcept>
 
 #include "chapters/05_activation_checkpointing/scheduled_runner.hpp"
@@ -15,6 +16,15 @@ nn::StepPrediction predict_policy(const StepShape& step, const Policy& policy) {
   const auto ledger = runner ? runner->ledger() : nullptr;
   return nn::predict_step(step.model, step.batch, step.micro_batch, step.optimizer, ledger.get(),
                           step.boundary_bytes, step.held);
+}
+
+nn::StepPrediction predict_policy(const GptStepShape& step, const Policy& policy) {
+  const auto runner = policy.needs_runner()
+                          ? GptScheduledRunner::for_policy(policy, step.model.layers)
+                          : nullptr;
+  const auto ledger = runner ? runner->ledger() : nullptr;
+  return nn::predict_gpt_step(step.model, step.batch, step.micro_batch, step.length,
+                              step.optimizer, ledger.get(), step.boundary_bytes);
 }
 
 double recompute_cost(const Policy& policy, std::int64_t depth) {
@@ -38,9 +48,27 @@ std::vector<Policy> checkpoint_candidates(std::int64_t depth) {
   return candidates;
 }
 
-BudgetChoice choose_for_budget(const StepShape& step, std::size_t budget) {
-  const std::int64_t depth = step.model.depth;
-  const std::vector<Policy> candidates = checkpoint_candidates(depth);
+namespace {
+
+std::int64_t depth_of(const StepShape& step) { return step.model.depth; }
+std::int64_t depth_of(const GptStepShape& step) { return step.model.layers; }
+
+/// The candidates a step weighs: every one for the MLP; for the GPT those that keep
+/// whole blocks.
+std::vector<Policy> candidates_for(const StepShape& step) {
+  return checkpoint_candidates(depth_of(step));
+}
+std::vector<Policy> candidates_for(const GptStepShape& step) {
+  std::vector<Policy> candidates = checkpoint_candidates(depth_of(step));
+  std::erase_if(candidates,
+                [](const Policy& policy) { return policy.keep != nn::BlockKeep::all; });
+  return candidates;
+}
+
+template <class Shape>
+BudgetChoice choose(const Shape& step, std::size_t budget) {
+  const std::int64_t depth = depth_of(step);
+  const std::vector<Policy> candidates = candidates_for(step);
   BudgetChoice best;
   bool found = false;
   std::optional<Policy> smallest_policy;
@@ -72,7 +100,21 @@ BudgetChoice choose_for_budget(const StepShape& step, std::size_t budget) {
   return best;
 }
 
+}  // namespace
+
+BudgetChoice choose_for_budget(const StepShape& step, std::size_t budget) {
+  return choose(step, budget);
+}
+
+BudgetChoice choose_for_budget(const GptStepShape& step, std::size_t budget) {
+  return choose(step, budget);
+}
+
 Policy resolve_policy(const Policy& policy, const StepShape& step) {
+  return policy.is_budget() ? choose_for_budget(step, *policy.budget).policy : policy;
+}
+
+Policy resolve_policy(const Policy& policy, const GptStepShape& step) {
   return policy.is_budget() ? choose_for_budget(step, *policy.budget).policy : policy;
 }
 

@@ -32,9 +32,22 @@ struct StepShape {
   nn::HeldElements held = {};
 };
 
+/// What a step of chapter 08's GPT is: the model, the batch and micro-batch in sequences of
+/// `length` positions, the optimizer, the boundary's bytes (as StepShape's).
+struct GptStepShape {
+  nn::GptConfig model;
+  std::int64_t batch = 0;        ///< sequences per optimizer step
+  std::int64_t micro_batch = 0;  ///< sequences per forward pass
+  std::int64_t length = 0;       ///< T, positions per sequence
+  nn::Optimizer::Options optimizer;
+  std::size_t boundary_bytes = 0;  ///< as StepShape::boundary_bytes
+};
+
 /// nn::predict_step for a policy (not a budget: std::invalid_argument); none is the model
 /// run without a runner (its own order).
 nn::StepPrediction predict_policy(const StepShape& step, const Policy& policy);
+/// nn::predict_gpt_step for a policy, the same way.
+nn::StepPrediction predict_policy(const GptStepShape& step, const Policy& policy);
 
 /// The recomputation a policy costs, in block forwards per step beyond the n of plain
 /// training: its advances, plus, with selective recomputation, kSelectiveCost for each
@@ -66,9 +79,14 @@ std::vector<Policy> checkpoint_candidates(std::int64_t depth);
 /// `budget`; ties go to the smaller peak, then to the earlier in that list. Throws std::invalid_argument when
 /// none fits, naming the smallest peak any of them reaches and its policy.
 BudgetChoice choose_for_budget(const StepShape& step, std::size_t budget);
+/// The same for the GPT, of the candidates that keep whole blocks (a transformer block has
+/// no selective recomputation).
+BudgetChoice choose_for_budget(const GptStepShape& step, std::size_t budget);
 
 /// A policy with budget:BYTES resolved by choose_for_budget; any other policy is returned
 /// as it is.
 Policy resolve_policy(const Policy& policy, const StepShape& step);
+/// \copydoc resolve_policy(const Policy&, const StepShape&)
+Policy resolve_policy(const Policy& policy, const GptStepShape& step);
 
 }  // namespace bigbatch::checkpointing

@@ -54,11 +54,13 @@ struct NetworkExecutor {
   }
 };
 
+template <class Ledger>
 struct LedgerExecutor {
   using Value = nn::MemoryLedger::Bytes;
-  using Saved = nn::BlockBytes;
+  using Saved = std::conditional_t<std::is_same_v<Ledger, nn::ModelLedger>, nn::BlockBytes,
+                                   nn::GptBlockBytes>;
 
-  nn::ModelLedger& model;
+  Ledger& model;
 
   Value block_forward(std::int64_t i, Value h, Saved& saved, nn::BlockKeep keep, bool recompute) {
     return model.block_forward(i, std::move(h), saved, keep, recompute);
@@ -71,22 +73,22 @@ struct LedgerExecutor {
 
 namespace {
 
-class ScheduleLedger : public nn::BlockLedgerRunner {
+template <class Ledger>
+class ScheduleLedger : public nn::BlockLedgerRunnerFor<Ledger> {
  public:
   ScheduleLedger(const Schedule& schedule, nn::BlockKeep keep) : execution_(schedule, keep) {}
-  nn::MemoryLedger::Bytes forward(nn::ModelLedger& model, nn::MemoryLedger::Bytes h0) override {
-    LedgerExecutor executor{model};
+  nn::MemoryLedger::Bytes forward(Ledger& model, nn::MemoryLedger::Bytes h0) override {
+    LedgerExecutor<Ledger> executor{model};
     return execution_.forward(executor, std::move(h0));
   }
-  nn::MemoryLedger::Bytes backward(nn::ModelLedger& model,
-                                   nn::MemoryLedger::Bytes dh_n) override {
-    LedgerExecutor executor{model};
+  nn::MemoryLedger::Bytes backward(Ledger& model, nn::MemoryLedger::Bytes dh_n) override {
+    LedgerExecutor<Ledger> executor{model};
     return execution_.backward(executor, std::move(dh_n));
   }
   std::int64_t evaluations() const override { return execution_.evaluations(); }
 
  private:
-  ScheduleExecution<LedgerExecutor> execution_;
+  ScheduleExecution<LedgerExecutor<Ledger>> execution_;
 };
 
 }  // namespace
@@ -133,8 +135,10 @@ Tensor ScheduledRunnerFor<Net>::backward(Net& model, Tensor dh_n,
 }
 
 template <class Net>
-std::unique_ptr<nn::BlockLedgerRunner> ScheduledRunnerFor<Net>::ledger() const {
-  return std::make_unique<ScheduleLedger>(schedule_, keep_);
+std::unique_ptr<LedgerRunnerOf<Net>> ScheduledRunnerFor<Net>::ledger() const {
+  using Ledger = std::conditional_t<std::is_same_v<Net, nn::Model>, nn::ModelLedger,
+                                    nn::GptLedger>;
+  return std::make_unique<ScheduleLedger<Ledger>>(schedule_, keep_);
 }
 
 template <class Net>

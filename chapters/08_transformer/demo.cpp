@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "chapters/05_activation_checkpointing/memory_plan.hpp"
 #include "chapters/05_activation_checkpointing/scheduled_runner.hpp"
 #include "chapters/train/trainer.hpp"
 #include "common/data/text_corpus.hpp"
@@ -402,6 +403,8 @@ struct CheckpointedRun {
   std::string policy;
   bb::checkpointing::ScheduleStats schedule;
   std::size_t kept_bytes = 0;  // activations + checkpoints at the step's peak, the largest step
+  std::size_t peak = 0;        // the largest step's peak, every category
+  std::size_t predicted = 0;   // nn::predict_gpt_step's, before the run
   double ms_per_step = 0;
   std::vector<std::vector<float>> parameters;
 };
@@ -421,12 +424,16 @@ void checkpointed_blocks(bb::SelfCheck& report, const Corpus& corpus, bool quick
   std::vector<CheckpointedRun> runs;
   for (const std::string policy : {"none", "every:2", "sqrt", "optimal:2", "optimal:1"}) {
     const bb::checkpointing::Policy parsed = bb::checkpointing::Policy::parse(policy);
-    nn::Gpt model({.vocabulary = 256, .context = kLength, .layers = layers, .width = width,
-                   .heads = 4, .dropout = 0.1f, .seed = 8, .precision = nn::Precision::bf16},
-                  bb::Device::cpu());
+    const nn::GptConfig config{.vocabulary = 256, .context = kLength, .layers = layers,
+                               .width = width, .heads = 4, .dropout = 0.1f, .seed = 8,
+                               .precision = nn::Precision::bf16};
+    nn::Gpt model(config, bb::Device::cpu());
     CheckpointedRun run;
     run.policy = policy;
     run.schedule = bb::checkpointing::simulate(parsed.schedule_for(layers));
+    run.predicted = bb::checkpointing::predict_policy(
+                        {config, batch, micro, kLength, bb::AdamWOptions{.lr = 3e-3}}, parsed)
+                        .peak();
     if (parsed.needs_runner()) {
       model.set_block_runner(bb::checkpointing::GptScheduledRunner::for_policy(parsed, layers));
     }
@@ -438,6 +445,7 @@ void checkpointed_blocks(bb::SelfCheck& report, const Corpus& corpus, bool quick
       run.kept_bytes = std::max(run.kept_bytes,
                                 record.memory.at_peak_of(bb::MemoryCategory::activations) +
                                     record.memory.at_peak_of(bb::MemoryCategory::checkpoints));
+      run.peak = std::max(run.peak, record.memory.peak_total);
     });
     run.ms_per_step = 1e3 * seconds / static_cast<double>(steps);
     for (const nn::NamedParameter& p : model.parameters()) {
@@ -448,8 +456,9 @@ void checkpointed_blocks(bb::SelfCheck& report, const Corpus& corpus, bool quick
   const CheckpointedRun& none = runs.front();
   report.note("| policy | block inputs kept | blocks taped at once | block forwards per "
               "micro-batch | activations + checkpoints at the step's peak (bytes) | of none's "
-              "| ms per step (this CPU) | of none's time | parameters |");
-  bool same_bits = true, fewer_bytes = true, fewest_with_one_slot = true;
+              "| ms per step (this CPU) | of none's time | step peak: measured = predicted "
+              "(bytes) | parameters |");
+  bool same_bits = true, fewer_bytes = true, fewest_with_one_slot = true, predicted = true;
   for (const CheckpointedRun& run : runs) {
     const bool same = run.parameters == none.parameters;
     same_bits = same_bits && same;
@@ -463,11 +472,15 @@ void checkpointed_blocks(bb::SelfCheck& report, const Corpus& corpus, bool quick
                           static_cast<double>(none.kept_bytes), 1) +
                 "% | " + fixed(run.ms_per_step, 1) + " | " +
                 fixed(run.ms_per_step / none.ms_per_step, 2) + "x | " +
-                (same ? "none's bits" : "DIFFERENT") + " |");
+                std::to_string(run.peak) + (run.peak == run.predicted ? " = " : " != ") +
+                std::to_string(run.predicted) + " | " + (same ? "none's bits" : "DIFFERENT") +
+                " |");
+    predicted = predicted && run.peak == run.predicted;
   }
   report.check(same_bits, "every policy trains the parameters of no checkpointing, bit for bit");
   report.check(fewer_bytes, "every policy keeps fewer activation bytes at the step's peak");
   report.check(fewest_with_one_slot, "one kept block input (optimal:1) keeps the fewest");
+  report.check(predicted, "nn::predict_gpt_step predicted every policy's step peak to the byte");
 }
 
 }  // namespace

@@ -6,7 +6,8 @@
 # bytes (ln 256 = 5.55) and the loss falls; every log line counts its step's target tokens;
 # micro-batches of 3 and of 1 sequence save the bits of the batch of 8 (fp32 and bf16, with
 # dropout: the loss of every target over the step's count, the tied head completed once),
-# and so do checkpointed transformer blocks (optimal:1, every:1);
+# and so do checkpointed transformer blocks (optimal:1, every:1, budget:BYTES), whose
+# step peaks are predicted to the byte;
 # fp16 runs under the dynamic loss scaler; a run resumed from a snapshot ends on the bits and
 # the log of the uninterrupted one, a changed setting (or model) is refused by name, SIGTERM
 # leaves a snapshot; --init continues from --save; what the GPT's run does not take is
@@ -62,6 +63,23 @@ cmp -s whole.safetensors optimal1.safetensors ||
   fail "--checkpoint optimal:1 did not give the bits of the batch of 8"
 cmp -s bf16_whole.safetensors bf16_every1.safetensors ||
   fail "bf16: --checkpoint every:1 did not give the bits of the batch of 8"
+# The step's memory predicted to the byte (nn::predict_gpt_step): the printed prediction is
+# the largest step peak of the log (every batch of 8 is whole here), with --explain too.
+predicted() { sed -n 's/^predicted step peak .* (\([0-9]*\) bytes), at: .*/\1/p' "$1"; }
+largest_peak() { sed 's/.*"peak_bytes_total":\([0-9]*\).*/\1/' "$1" | sort -n | tail -n 1; }
+run explained --precision fp16 --loss-scale dynamic --micro-batch 3 --explain
+for name in explained optimal1 bf16_every1; do
+  [ -n "$(predicted $name.txt)" ] && [ "$(predicted $name.txt)" = "$(largest_peak $name.jsonl)" ] ||
+    fail "$name: predicted step peak $(predicted $name.txt), measured $(largest_peak $name.jsonl)"
+done
+# budget:BYTES at optimal:1's peak: a policy whose predicted peak fits, and the same bits.
+budget=$(predicted optimal1.txt)
+run budget --micro-batch 3 --checkpoint "budget:$budget"
+grep -q "^checkpoint budget:[0-9A-Za-z.]*: [a-z]*:[0-9]*, the policy of fewest recomputations" budget.txt ||
+  fail "budget:$budget does not say which policy it chose: $(head -n 5 budget.txt)"
+[ "$(largest_peak budget.jsonl)" -le "$budget" ] ||
+  fail "budget:$budget: a step peaked at $(largest_peak budget.jsonl)"
+cmp -s whole.safetensors budget.safetensors || fail "budget:$budget did not give the bits of the batch of 8"
 grep -q '^precision fp16 (f32 master weights), loss scale dynamic' fp16.txt || fail "fp16 is not named"
 grep -q '^loss scale: ' fp16.txt || fail "the fp16 run does not report its loss scale"
 # Snapshots and --resume. Writing a snapshot every 2 steps leaves the fp16 run's bits as they
@@ -126,7 +144,8 @@ refused "give --data text:FILE" --model gpt --data synthetic
 refused "train it with --model gpt" --data text:corpus.txt
 refused "--seq-len shapes --model gpt" --seq-len 16
 refused "--depth shapes the MLP" $shape --depth 3
-refused "--checkpoint budget:1MiB is not available with --model gpt" $shape --checkpoint budget:1MiB
+refused "budget:1048576: no checkpoint policy fits the step" $shape --checkpoint budget:1MiB
+refused "--device-memory 64.00 KiB is below the" $shape --device-memory 64KiB
 refused "--checkpoint: selective recomputation keeps the MLP block's" $shape --checkpoint sqrt+selective
 refused "--snapshot-every and --snapshot-keep need --snapshot-dir" $shape --snapshot-every 2
 refused "--simulate-ranks is not available with --model gpt" $shape --simulate-ranks 2

@@ -359,7 +359,7 @@ void add_train_flags(CLI::App& train, TrainOptions& o) {
       "block inputs: the fewest recomputations), selective (keep only the GEMM outputs, "
       "recompute the norms and activations), POLICY+selective, or budget:BYTES (the policy "
       "of fewest recomputations whose predicted step peak fits in BYTES, e.g. 96MiB); "
-      "--model gpt checkpoints its transformer blocks under every:K, sqrt and optimal:SLOTS",
+      "--model gpt checkpoints its transformer blocks (every policy but selective)",
       [](const std::string& text) {
         return refusal_of([&] { checkpointing::Policy::parse(text); });
       },

@@ -14,6 +14,8 @@
 #include <vector>
 
 #include "common/cuda_runtime.hpp"
+#include "common/format.hpp"
+#include "common/memory.hpp"
 #include "common/data/text_corpus.hpp"
 #include "common/io/safetensors.hpp"
 
@@ -290,16 +292,41 @@ void check_writable(const std::string& path) {
   std::remove(probe.c_str());
 }
 
-std::string checkpointing_line(const checkpointing::Policy& policy,
-                               const checkpointing::Schedule& schedule) {
-  const checkpointing::ScheduleStats stats = checkpointing::simulate(schedule);
+void cap_device_memory(const TrainOptions& options, const nn::StepPrediction& plain,
+                       Device device) {
+  if (!options.device_memory) return;
+  const std::size_t cap = *options.device_memory;
+  if (cap < plain.stats.live_total) {
+    throw UsageError("--device-memory " + format_bytes(cap) + " is below the " +
+                     format_bytes(plain.stats.live_total) + " that the model's parameters, "
+                     "gradients and optimizer state and one micro-batch's samples hold before "
+                     "any step (a step then peaks at " + format_bytes(plain.peak()) + ")");
+  }
+  allocator_for(device).set_cap(cap);
+}
+
+std::string checkpointing_lines(const checkpointing::Policy& asked,
+                                const checkpointing::Policy& policy,
+                                const checkpointing::Schedule* schedule, bool explain,
+                                const nn::StepPrediction& predicted) {
   std::ostringstream out;
-  out << "activation checkpointing " << policy.text() << ": at most " << stats.max_checkpoints
-      << (stats.max_checkpoints == 1 ? " block input" : " block inputs") << " kept and "
-      << stats.max_taped
-      << (stats.max_taped == 1 ? " block's" : " blocks'") << " activations at a time; "
-      << stats.advances + stats.tapes << " block forwards per micro-batch instead of "
-      << schedule.depth;
+  if (asked != policy) {
+    out << "checkpoint " << asked.text() << ": " << policy.text()
+        << ", the policy of fewest recomputations whose predicted step fits\n";
+  }
+  if (schedule) {
+    const checkpointing::ScheduleStats stats = checkpointing::simulate(*schedule);
+    out << "activation checkpointing " << policy.text() << ": at most " << stats.max_checkpoints
+        << (stats.max_checkpoints == 1 ? " block input" : " block inputs") << " kept and "
+        << stats.max_taped << (stats.max_taped == 1 ? " block's" : " blocks'")
+        << " activations at a time; " << stats.advances + stats.tapes
+        << " block forwards per micro-batch instead of " << schedule->depth << "\n";
+    if (explain) out << checkpointing::explain(*schedule) << "\n";
+  }
+  if (schedule || explain) {
+    out << "predicted step peak " << format_bytes(predicted.peak()) << " (" << predicted.peak()
+        << " bytes), at: " << predicted.peak_moment << "\n";
+  }
   return out.str();
 }
 

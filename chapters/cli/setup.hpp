@@ -5,12 +5,15 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <stdexcept>
 #include <string>
 
+#include "chapters/05_activation_checkpointing/memory_plan.hpp"
 #include "chapters/05_activation_checkpointing/policy.hpp"
 #include "chapters/05_activation_checkpointing/schedule.hpp"
+#include "chapters/05_activation_checkpointing/scheduled_runner.hpp"
 #include "chapters/06_planner/planner.hpp"
 #include "chapters/cli/options.hpp"
 #include "chapters/train/run_settings.hpp"
@@ -103,10 +106,51 @@ void apply_plan(const planning::Plan& plan, TrainOptions& options, nn::ModelConf
 /// Fails early (before any training) when --save could not be written at the end.
 void check_writable(const std::string& path);
 
+/// --device-memory: refuses a cap below what is live before any step (parameters,
+/// gradients, optimizer state and one micro-batch's samples: `plain`, the step predicted
+/// without checkpointing, holds them after it) with UsageError, a setting out of range and
+/// not a step that ran out; otherwise caps the device's allocator. Nothing without the flag.
+void cap_device_memory(const TrainOptions& options, const nn::StepPrediction& plain,
+                       Device device);
+
+/// --checkpoint as a run uses it: the policy asked for, the one it resolves to (a budget
+/// becomes the policy of fewest recomputations whose predicted step fits) and the runner
+/// of Net's blocks (null: every block keeps all).
+template <class Net>
+struct Checkpointing {
+  checkpointing::Policy asked;   ///< --checkpoint
+  checkpointing::Policy policy;  ///< what it resolved to
+  std::shared_ptr<checkpointing::ScheduledRunnerFor<Net>> runner;  ///< null: none
+};
+
+/// Resolves --checkpoint for a step of `shape` (checkpointing::StepShape for the MLP,
+/// GptStepShape for the GPT) whose model has `depth` blocks; UsageError with what the
+/// budget search or the runner refuses.
+template <class Net, class Shape>
+Checkpointing<Net> checkpointing_for(const checkpointing::Policy& asked, const Shape& shape,
+                                     std::int64_t depth) {
+  Checkpointing<Net> c;
+  c.asked = asked;
+  try {
+    c.policy = checkpointing::resolve_policy(asked, shape);
+    if (c.policy.needs_runner()) {
+      c.runner = checkpointing::ScheduledRunnerFor<Net>::for_policy(c.policy, depth);
+    }
+  } catch (const std::invalid_argument& e) {
+    throw UsageError(std::string("--checkpoint: ") + e.what());
+  }
+  return c;
+}
+
+/// The header's lines of a run's checkpointing: what a budget resolved to; with a runner,
 /// "activation checkpointing sqrt: at most 4 block inputs kept and 4 blocks' activations at
-/// a time; 24 block forwards per micro-batch instead of 16", for a run's header.
-std::string checkpointing_line(const checkpointing::Policy& policy,
-                               const checkpointing::Schedule& schedule);
+/// a time; 24 block forwards per micro-batch instead of 16" and, with --explain, the
+/// schedule; with a runner or --explain, "predicted step peak ..." and its moment
+/// (`predicted`: the step under the resolved policy). "" when there is nothing to say.
+std::string checkpointing_lines(const checkpointing::Policy& asked,
+                                const checkpointing::Policy& policy,
+                                const checkpointing::Schedule* schedule, bool explain,
+                                const nn::StepPrediction& predicted);
 
 /// "fp16 (f32 master weights), loss scale dynamic from 65536 (x2 after 2000 clean ...)"
 std::string precision_description(nn::Precision precision, const train::TrainConfig& c);

@@ -23,48 +23,6 @@
 #include "nn/memory_model.hpp"
 
 namespace bigbatch::cli {
-namespace {
-
-/// Below what is live before any step (parameters, gradients, optimizer state and the
-/// batch) nothing can train: that is a setting out of range, not a step that ran out.
-void cap_device_memory(const TrainOptions& options, const checkpointing::StepShape& shape,
-                       Device device) {
-  if (!options.device_memory) return;
-  const std::size_t cap = *options.device_memory;
-  const nn::StepPrediction step = checkpointing::predict_policy(shape, checkpointing::Policy{});
-  if (cap < step.stats.live_total) {
-    throw UsageError("--device-memory " + format_bytes(cap) + " is below the " +
-                     format_bytes(step.stats.live_total) + " that the model's parameters, "
-                     "gradients and optimizer state and one micro-batch's samples hold before any step (a "
-                     "step then peaks at " + format_bytes(step.peak()) + ")");
-  }
-  allocator_for(device).set_cap(cap);
-}
-
-/// --checkpoint as the run uses it: the policy asked for, the one it resolves to (a
-/// budget becomes the policy of fewest recomputations that fits) and its block runner.
-struct Checkpointing {
-  checkpointing::Policy asked, policy;
-  std::shared_ptr<checkpointing::ScheduledRunner> runner;  // null: every block keeps all
-};
-
-Checkpointing checkpointing_for(const TrainOptions& options,
-                                const checkpointing::StepShape& shape) {
-  Checkpointing c;
-  c.asked = options.checkpoint;
-  try {
-    c.policy = checkpointing::resolve_policy(c.asked, shape);
-    if (c.policy.needs_runner()) {
-      c.runner = checkpointing::ScheduledRunner::for_policy(c.policy, shape.model.depth);
-    }
-  } catch (const std::invalid_argument& e) {
-    throw UsageError(std::string("--checkpoint: ") + e.what());
-  }
-  return c;
-}
-
-}  // namespace
-
 int run_train(TrainOptions options) {
   if (options.model_kind == ModelKind::gpt) return run_train_gpt(options);
   for (const char* flag : {"--seq-len", "--layers", "--width", "--heads"}) {
@@ -120,10 +78,11 @@ int run_train(TrainOptions options) {
   const checkpointing::StepShape step_shape = ranks.rank_step(
       {model_shape, batch, micro_batch, optimizer_choice,
        loss_scaling::boundary_workspace_bytes(train::boundary_options(config))});
-  cap_device_memory(options, step_shape, device);
+  cap_device_memory(options, checkpointing::predict_policy(step_shape, {}), device);
 
   nn::Model model(model_shape, device);
-  const Checkpointing checkpoint = checkpointing_for(options, step_shape);
+  const Checkpointing<nn::Model> checkpoint =
+      checkpointing_for<nn::Model>(options.checkpoint, step_shape, model_shape.depth);
   if (checkpoint.runner) model.set_block_runner(checkpoint.runner);
   const OutputOptions& output = options.output;
   if (!output.init.empty()) {
@@ -190,20 +149,10 @@ int run_train(TrainOptions options) {
   std::cout << optimizer_line(options, trainer.lr_schedule(), optimizer.options(), micro_batch)
             << "\nprecision " << precision_description(model_shape.precision, config) << "\n";
   if (ranks.enabled()) std::cout << ranks.describe(batch, micro_batch, model_shape.precision) << "\n";
-  if (checkpoint.asked != checkpoint.policy) {
-    std::cout << "checkpoint " << checkpoint.asked.text() << ": " << checkpoint.policy.text()
-              << ", the policy of fewest recomputations whose predicted step fits\n";
-  }
-  if (checkpoint.runner) {
-    std::cout << checkpointing_line(checkpoint.policy, checkpoint.runner->schedule()) << "\n";
-    if (output.explain) std::cout << checkpointing::explain(checkpoint.runner->schedule()) << "\n";
-  }
-  if (checkpoint.runner || output.explain) {
-    const nn::StepPrediction predicted =
-        checkpointing::predict_policy(step_shape, checkpoint.policy);
-    std::cout << "predicted step peak " << format_bytes(predicted.peak()) << " ("
-              << predicted.peak() << " bytes), at: " << predicted.peak_moment << "\n";
-  }
+  std::cout << checkpointing_lines(
+      checkpoint.asked, checkpoint.policy,
+      checkpoint.runner ? &checkpoint.runner->schedule() : nullptr, output.explain,
+      checkpointing::predict_policy(step_shape, checkpoint.policy));
   std::cout << resume_lines(snapshots, trainer) << std::flush;
 
   if (const int code = loop.run(); code != 0) return code;

@@ -1,9 +1,9 @@
 // train_gpt.cpp: `bigbatch train --model gpt`: chapter 08's GPT on byte tokens of a text
 // file, through the same trainer, optimizer boundary, progress line, log and memory report
-// as the MLP, with the same snapshots and --resume (step_loop.hpp) and chapter 05's
-// checkpoint policies on its transformer blocks. What the MLP's run has and the GPT's does
-// not yet (a memory model of its step, so budget:BYTES, --explain and --plan auto; ranks)
-// is refused by name before anything runs.
+// as the MLP, with the same snapshots and --resume (step_loop.hpp), chapter 05's checkpoint
+// policies on its transformer blocks (budget:BYTES and --explain through the memory model
+// of its step, nn::predict_gpt_step). What the MLP's run has and the GPT's does not yet
+// (--plan auto, ranks) is refused by name before anything runs.
 #include <cstdio>
 #include <iostream>
 #include <memory>
@@ -12,6 +12,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "chapters/05_activation_checkpointing/memory_plan.hpp"
 #include "chapters/05_activation_checkpointing/scheduled_runner.hpp"
 #include "chapters/cli/progress.hpp"
 #include "chapters/cli/setup.hpp"
@@ -33,19 +34,12 @@ void check_gpt_flags(const TrainOptions& options) {
                        "(its shape: --seq-len, --layers, --width, --heads)");
     }
   }
-  for (const char* flag : {"--explain", "--plan", "--data-parallel", "--simulate-ranks",
-                           "--reduction", "--bucket-size", "--zero", "--calibration",
-                           "--recalibrate"}) {
+  for (const char* flag : {"--plan", "--data-parallel", "--simulate-ranks", "--reduction",
+                           "--bucket-size", "--zero", "--calibration", "--recalibrate"}) {
     if (options.was_given(flag)) {
       throw UsageError(std::string(flag) + " is not available with --model gpt yet: its "
-                       "training runs on one process, without a memory model of its step");
+                       "training runs on one process, and the planner knows the MLP alone");
     }
-  }
-  if (options.checkpoint.is_budget()) {
-    throw UsageError("--checkpoint " + options.checkpoint.text() + " is not available with "
-                     "--model gpt yet: a budget is resolved by the memory model of the step, "
-                     "which the GPT's does not have; give the policy (every:K, sqrt, "
-                     "optimal:SLOTS)");
   }
   if (options.source.data.kind != DataKind::text) {
     throw UsageError("--model gpt trains on text: give --data text:FILE (e.g. text:/usr/share/"
@@ -78,8 +72,6 @@ int run_train_gpt(const TrainOptions& options) {
   const std::int64_t micro_batch = checked_micro_batch(options, splits.train);
   const nn::Optimizer::Options optimizer_choice = optimizer_options(options);
   const train::TrainConfig config = train_config(options);
-  // No memory model of the GPT's step yet: the cap is the allocator's alone.
-  if (options.device_memory) allocator_for(device).set_cap(*options.device_memory);
 
   nn::GptConfig shape = options.gpt;
   shape.dropout = options.model.dropout;
@@ -92,15 +84,15 @@ int run_train_gpt(const TrainOptions& options) {
     throw UsageError(std::string("--model gpt: ") + e.what());
   }
   nn::Gpt& model = *built;
-  std::shared_ptr<checkpointing::GptScheduledRunner> runner;  // null: every block keeps all
-  if (options.checkpoint.needs_runner()) {
-    try {
-      runner = checkpointing::GptScheduledRunner::for_policy(options.checkpoint, shape.layers);
-    } catch (const std::invalid_argument& e) {
-      throw UsageError(std::string("--checkpoint: ") + e.what());
-    }
-    model.set_block_runner(runner);
-  }
+  // The step as nn::predict_gpt_step sees it (sequences of the data's length): the cap is
+  // checked against it, budget:BYTES chosen by it, --explain prints it.
+  const checkpointing::GptStepShape step_shape{
+      shape, options.train.batch, micro_batch, splits.train.feature_dim(), optimizer_choice,
+      loss_scaling::boundary_workspace_bytes(train::boundary_options(config))};
+  cap_device_memory(options, checkpointing::predict_policy(step_shape, {}), device);
+  const Checkpointing<nn::Gpt> checkpoint =
+      checkpointing_for<nn::Gpt>(options.checkpoint, step_shape, shape.layers);
+  if (checkpoint.runner) model.set_block_runner(checkpoint.runner);
   if (!output.init.empty()) {
     try {
       model.load(output.init);
@@ -133,9 +125,12 @@ int run_train_gpt(const TrainOptions& options) {
             << optimizer_line(options, trainer.lr_schedule(), optimizer.options(), micro_batch)
             << " (a batch of sequences: every target token's loss over the step's real "
                "target tokens)\nprecision "
-            << precision_description(shape.precision, config) << "\n";
-  if (runner) std::cout << checkpointing_line(options.checkpoint, runner->schedule()) << "\n";
-  std::cout << resume_lines(snapshots, trainer) << std::flush;
+            << precision_description(shape.precision, config) << "\n"
+            << checkpointing_lines(checkpoint.asked, checkpoint.policy,
+                                   checkpoint.runner ? &checkpoint.runner->schedule() : nullptr,
+                                   output.explain,
+                                   checkpointing::predict_policy(step_shape, checkpoint.policy))
+            << resume_lines(snapshots, trainer) << std::flush;
 
   if (const int code = loop.run(); code != 0) return code;
   loop.finish();
