@@ -237,6 +237,40 @@ Bytes ModelLedger::block_backward(std::int64_t index, const BlockBytes& saved) {
 
 // ---- the step -----------------------------------------------------------------------------
 
+namespace {
+
+/// What is live before a step, in the order it is allocated: the model and its optimizer,
+/// one micro-batch's buffer (nn::MicroBatchBuffer: the batch stays on the host), and the
+/// workspace the caller keeps through every step.
+struct BeforeStep {
+  std::size_t parameters = 0, master_weights = 0, gradients = 0, optimizer_state = 0;
+  std::size_t samples = 0, labels = 0;  ///< the buffer's two tensors (MemoryCategory::data)
+  std::size_t held_workspace = 0;
+};
+
+/// Allocates `bytes` as live before the step and resets the peak there; the handles must
+/// live until the prediction ends.
+std::vector<Bytes> live_before_step(MemoryLedger& ledger, const BeforeStep& bytes) {
+  const std::string before = "before the step";
+  std::vector<Bytes> live = {
+      ledger.allocate(MemoryCategory::parameters, bytes.parameters, before),
+      ledger.allocate(MemoryCategory::master_weights, bytes.master_weights, before),
+      ledger.allocate(MemoryCategory::gradients, bytes.gradients, before),
+      ledger.allocate(MemoryCategory::optimizer_state, bytes.optimizer_state, before),
+      ledger.allocate(MemoryCategory::data, bytes.samples, before),
+      ledger.allocate(MemoryCategory::data, bytes.labels, before),
+      ledger.allocate(MemoryCategory::workspace, bytes.held_workspace, before)};
+  ledger.reset_peak(before);
+  return live;
+}
+
+/// The samples the micro-batch buffer holds: one micro-batch's, or the batch's when smaller.
+std::size_t staged_samples(std::int64_t batch, std::int64_t micro_batch) {
+  return to_size(std::min(batch, micro_batch));
+}
+
+}  // namespace
+
 StepPrediction predict_step(const ModelConfig& c, std::int64_t batch, std::int64_t micro_batch,
                             const Optimizer::Options& optimizer, BlockLedgerRunner* runner,
                             std::size_t held_workspace, const HeldElements& held) {
@@ -246,11 +280,8 @@ StepPrediction predict_step(const ModelConfig& c, std::int64_t batch, std::int64
   const bool mixed = is_mixed(c.precision);  // fp16 and bf16: the same bytes
   const std::size_t h = to_size(c.hidden), d = to_size(c.inputs), k = to_size(c.classes);
 
-  // Live before the step: the model, its optimizer, the buffer of one micro-batch of samples
-  // (nn::MicroBatchBuffer: the batch stays on the host).
+  // Live before the step: the model, its optimizer, one micro-batch's samples and labels.
   const StaticBytes fixed = static_bytes(c);
-  const std::string before = "before the step";
-  const Bytes parameters = ledger.allocate(MemoryCategory::parameters, fixed.parameters, before);
   const auto trainable = static_cast<std::int64_t>(fixed.trainable);
   const auto in_range = [](std::int64_t part, std::int64_t whole) {
     return part >= -1 && part <= whole;
@@ -260,26 +291,20 @@ StepPrediction predict_step(const ModelConfig& c, std::int64_t batch, std::int64
                  "predict_step: held optimizer state ", held.optimizer_state, ", gradients ",
                  held.gradients, " of ", trainable, " trainable elements, master weights ",
                  held.master_weights, " of ", sum(master_weight_sizes(c)));
-  const std::size_t master_bytes =
-      held.master_weights < 0 || !mixed ? fixed.master_weights : 4 * to_size(held.master_weights);
-  const Bytes masters = ledger.allocate(MemoryCategory::master_weights, master_bytes, before);
   const bool released_gradients = held.gradients >= 0;
-  const Bytes gradients = ledger.allocate(
-      MemoryCategory::gradients,
-      released_gradients ? 4 * to_size(held.gradients) : fixed.gradients, before);
   const std::size_t stepped =
       held.optimizer_state < 0 ? fixed.trainable : to_size(held.optimizer_state);
-  const Bytes state = ledger.allocate(MemoryCategory::optimizer_state,
-                                      stepped * optimizer_state_bytes_per_parameter(optimizer),
-                                      before);
-  const std::size_t staged = to_size(std::min(batch, micro_batch));
-  const Bytes x = ledger.allocate(MemoryCategory::data, 4 * staged * d, before);
-  const Bytes labels = ledger.allocate(MemoryCategory::data, 4 * staged, before);
-  Bytes boundary;
-  if (held_workspace > 0) {
-    boundary = ledger.allocate(MemoryCategory::workspace, held_workspace, before);
-  }
-  ledger.reset_peak(before);
+  const std::size_t staged = staged_samples(batch, micro_batch);
+  const std::vector<Bytes> live = live_before_step(
+      ledger,
+      {.parameters = fixed.parameters,
+       .master_weights = held.master_weights < 0 || !mixed ? fixed.master_weights
+                                                           : 4 * to_size(held.master_weights),
+       .gradients = released_gradients ? 4 * to_size(held.gradients) : fixed.gradients,
+       .optimizer_state = stepped * optimizer_state_bytes_per_parameter(optimizer),
+       .samples = 4 * staged * d,
+       .labels = 4 * staged,
+       .held_workspace = held_workspace});
 
   BIGBATCH_CHECK(held.gradient_bucket_bytes == 0 || released_gradients,
                  "predict_step: gradient buckets of ", held.gradient_bucket_bytes,
@@ -470,21 +495,15 @@ StepPrediction predict_gpt_step(const GptConfig& c, std::int64_t batch, std::int
 
   // Live before the step: the model, its optimizer, one micro-batch of tokens and targets.
   const StaticBytes fixed = gpt_static_bytes(c);
-  const std::string before = "before the step";
-  const Bytes parameters = ledger.allocate(MemoryCategory::parameters, fixed.parameters, before);
-  const Bytes masters = ledger.allocate(MemoryCategory::master_weights, fixed.master_weights, before);
-  const Bytes gradients = ledger.allocate(MemoryCategory::gradients, fixed.gradients, before);
-  const Bytes state = ledger.allocate(
-      MemoryCategory::optimizer_state,
-      fixed.trainable * optimizer_state_bytes_per_parameter(optimizer), before);
-  const std::size_t staged = to_size(std::min(batch, micro_batch));
-  const Bytes tokens = ledger.allocate(MemoryCategory::data, 4 * staged * T, before);
-  const Bytes targets = ledger.allocate(MemoryCategory::data, 4 * staged * T, before);
-  Bytes boundary;
-  if (held_workspace > 0) {
-    boundary = ledger.allocate(MemoryCategory::workspace, held_workspace, before);
-  }
-  ledger.reset_peak(before);
+  const std::size_t staged = staged_samples(batch, micro_batch);
+  const std::vector<Bytes> live = live_before_step(
+      ledger, {.parameters = fixed.parameters,
+               .master_weights = fixed.master_weights,
+               .gradients = fixed.gradients,
+               .optimizer_state = fixed.trainable * optimizer_state_bytes_per_parameter(optimizer),
+               .samples = 4 * staged * T,
+               .labels = 4 * staged * T,
+               .held_workspace = held_workspace});
 
   GptLedger model(c, ledger);
   Bytes loss = ledger.allocate(MemoryCategory::workspace, 4, "the loss");

@@ -1,6 +1,6 @@
-// measure_step.hpp: one training step's memory, measured by the tracking allocator, for
-// the tests that hold a prediction (chapter 05's memory model, chapter 06's planner)
-// against it.
+// measure_step.hpp: one training step's memory (the MLP's, or the GPT's), measured by the
+// tracking allocator, for the tests that hold a prediction (chapter 05's memory model,
+// chapter 06's planner) against it.
 #pragma once
 
 #include <algorithm>
@@ -11,7 +11,10 @@
 #include "chapters/03_fp16_static_loss_scaling/loss_scaling.hpp"
 #include "chapters/05_activation_checkpointing/memory_plan.hpp"
 #include "chapters/05_activation_checkpointing/scheduled_runner.hpp"
+#include "chapters/train/trainer.hpp"
+#include "common/data/text_corpus.hpp"
 #include "common/memory.hpp"
+#include "nn/gpt.hpp"
 #include "nn/sample_stream.hpp"
 #include "nn/training.hpp"
 #include "tests/labelled_batch.hpp"
@@ -54,6 +57,40 @@ inline Measured measure(const checkpointing::StepShape& step, const checkpointin
                            {true, 11, 0});
   Measured m;
   m.stats = allocator.stats();
+  if (runner) {
+    m.evaluations = runner->evaluations();
+    m.recomputations = runner->recomputations();
+  }
+  return m;
+}
+
+/// One optimizer step of chapter 08's GPT through the trainer (which resets the peak as
+/// the step starts, and keeps the boundary's pass results when the step's boundary_bytes
+/// say so: fp16 trains under the dynamic scaler then), on `step.batch` random documents
+/// cut into sequences of `step.length` positions, in micro-batches of `step.micro_batch`
+/// sequences: the step's books (what is live after it is the trainer's) and the block
+/// forwards its runner counted.
+inline Measured measure_gpt(const checkpointing::GptStepShape& step,
+                            const checkpointing::Policy& policy, Device device) {
+  const Dataset data = make_token_dataset(
+      make_sequences(synthetic_documents(3 * step.batch, 2, 3 * step.length, /*seed=*/6),
+                     step.length),
+      "synthetic-text");
+  nn::Gpt model(step.model, device);
+  std::shared_ptr<checkpointing::GptScheduledRunner> runner;
+  if (policy.needs_runner()) {
+    runner = checkpointing::GptScheduledRunner::for_policy(policy, step.model.layers);
+    model.set_block_runner(runner);
+  }
+  nn::Optimizer optimizer(model.parameters(), step.optimizer);
+  train::TrainConfig train;
+  train.batch = step.batch;
+  train.micro_batch = step.micro_batch;
+  train.steps = 1;
+  if (step.boundary_bytes > 0) train.loss_scaling = train::LossScaling::dynamic;
+  train::Trainer trainer(model, optimizer, data, train);
+  Measured m;
+  trainer.run([&](const train::StepRecord& record) { m.stats = record.memory; });
   if (runner) {
     m.evaluations = runner->evaluations();
     m.recomputations = runner->recomputations();

@@ -18,7 +18,6 @@
 #include "chapters/05_activation_checkpointing/memory_plan.hpp"
 #include "chapters/05_activation_checkpointing/scheduled_runner.hpp"
 #include "chapters/train/trainer.hpp"
-#include "common/data/text_corpus.hpp"
 #include "nn/memory_model.hpp"
 #include "nn/training.hpp"
 #include "tests/harness.hpp"
@@ -119,39 +118,6 @@ INSTANTIATE_TEST_SUITE_P(Backends, MemoryModel, ::testing::ValuesIn(testing::all
                          testing::device_test_name);
 // ---- the GPT -------------------------------------------------------------------------------
 
-/// One trainer step of a GPT on sequences of the config's context: the step's books (the
-/// trainer resets the peak as the step starts) and the block forwards its runner counted.
-struct GptStep {
-  MemoryStats stats;
-  std::int64_t evaluations = -1;
-};
-
-GptStep measure_gpt_step(const nn::GptConfig& config, std::int64_t batch, std::int64_t micro,
-                         const std::string& policy, const train::TrainConfig& base,
-                         Device device) {
-  const Dataset data = make_token_dataset(
-      make_sequences(synthetic_documents(3 * batch, 2, 3 * config.context, /*seed=*/6),
-                     config.context),
-      "synthetic-text");
-  nn::Gpt model(config, device);
-  std::shared_ptr<checkpointing::GptScheduledRunner> runner;
-  const checkpointing::Policy parsed = checkpointing::Policy::parse(policy);
-  if (parsed.needs_runner()) {
-    runner = checkpointing::GptScheduledRunner::for_policy(parsed, config.layers);
-    model.set_block_runner(runner);
-  }
-  nn::Optimizer optimizer(model.parameters(), AdamWOptions{});
-  train::TrainConfig train = base;
-  train.batch = batch;
-  train.micro_batch = micro;
-  train.steps = 1;
-  train::Trainer trainer(model, optimizer, data, train);
-  GptStep step;
-  trainer.run([&](const train::StepRecord& record) { step.stats = record.memory; });
-  if (runner) step.evaluations = runner->evaluations();
-  return step;
-}
-
 /// The step's peak, its breakdown at that moment and every category's own peak: the
 /// trainer's record of a step holds these (what is live after it is the trainer's).
 void expect_equal_peaks(const MemoryStats& want, const MemoryStats& got, const std::string& what) {
@@ -186,13 +152,19 @@ TEST_P(GptMemoryModel, EveryPrecisionPolicyAndDepthIsPredictedToTheByte) {
           if (parsed.needs_runner()) {
             ledger = checkpointing::GptScheduledRunner::for_policy(parsed, layers)->ledger();
           }
-          // Batches of 10 sequences in micro-batches of 4, 4 and 2.
+          // Batches of 10 sequences in micro-batches of 4, 4 and 2; fp16 with the scaler
+          // keeps the boundary's 12 bytes.
           const nn::StepPrediction predicted = nn::predict_gpt_step(
               config, 10, 4, config.context, AdamWOptions{}, ledger.get(),
               loss_scaling::boundary_workspace_bytes(train::boundary_options(train)));
-          const GptStep measured = measure_gpt_step(config, 10, 4, policy, train, device());
+          const testing::Measured measured = testing::measure_gpt(
+              {config, 10, 4, config.context, AdamWOptions{},
+               loss_scaling::boundary_workspace_bytes(train::boundary_options(train))},
+              parsed, device());
           expect_equal_peaks(predicted.stats, measured.stats, what);
-          if (ledger) EXPECT_EQ(measured.evaluations, predicted.block_forwards) << what;
+          if (ledger) {
+            EXPECT_EQ(measured.evaluations, predicted.block_forwards) << what;
+          }
         }
       }
     }

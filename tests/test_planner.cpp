@@ -4,6 +4,7 @@
 // predicted faster (brute force over every triple); when nothing fits, the smallest peak
 // reported is the smallest of every triple. The cost model here is fixed numbers, so the
 // choices do not depend on this machine's timing; the calibration file is tested apart.
+// The same for chapter 08's GPT, whose plans keep whole blocks.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -196,6 +197,90 @@ TEST(Planner, TheCalibrationIsMeasuredOnceAndReused) {
   planning::calibration_for(path.str(), model, AdamWOptions{}, Device::cpu(), 32, false, &measured);
   EXPECT_TRUE(measured);
   EXPECT_TRUE(Json::parse(testing::read_file(path.str()))[key].contains("bf16"));
+}
+
+// ---- the GPT (chapter 08) ----------------------------------------------------------------
+
+TEST(GptPlanner, TheChosenPlanFitsIsMeasuredAsPredictedAndNothingFasterFits) {
+  const CostModel cost = fixed_cost_model();
+  const nn::GptConfig model{.vocabulary = 256, .context = 16, .layers = 4, .width = 16,
+                            .heads = 2, .dropout = 0.1f};
+  planning::GptPlanRequest request{model, 12, 16, AdamWOptions{}, 0};
+  // Every triple the planner could choose: the micro-batches, the precisions and the
+  // policies that keep whole blocks.
+  std::vector<Triple> all;
+  const auto step_of = [&](nn::Precision precision, std::int64_t micro) {
+    nn::GptConfig config = model;
+    config.precision = precision;
+    return checkpointing::GptStepShape{config, request.batch, micro, request.length,
+                                       request.optimizer,
+                                       precision == nn::Precision::fp16 ? 12u : 0u};
+  };
+  for (const nn::Precision precision : request.precisions) {
+    for (const std::int64_t micro : planning::micro_batch_candidates(nn::ModelConfig{}, 12)) {
+      for (const checkpointing::Policy& policy : checkpointing::checkpoint_candidates(4)) {
+        if (policy.keep != nn::BlockKeep::all) continue;
+        all.push_back({micro, precision, policy,
+                       checkpointing::predict_policy(step_of(precision, micro), policy).peak(),
+                       cost.step_seconds(12, micro, precision,
+                                         checkpointing::recompute_cost(policy, 4), 4)});
+      }
+    }
+  }
+  std::vector<std::size_t> peaks;
+  for (const Triple& t : all) peaks.push_back(t.peak);
+  std::sort(peaks.begin(), peaks.end());
+  for (const double quantile : {1.0, 0.5, 0.2, 0.0}) {
+    request.budget = peaks[static_cast<std::size_t>(quantile * (peaks.size() - 1))];
+    const std::string where = "budget " + std::to_string(request.budget);
+    const planning::PlanResult result = planning::make_plan(request, cost);
+    ASSERT_FALSE(result.feasible.empty()) << where;
+    const Plan& best = result.best();
+    EXPECT_LE(best.prediction.peak(), request.budget) << where;
+    EXPECT_EQ(best.checkpoint.keep, nn::BlockKeep::all) << where;
+    for (const Triple& t : all) {
+      if (t.peak <= request.budget) {
+        EXPECT_GE(t.seconds, best.seconds)
+            << where << ": " << t.micro << " " << nn::precision_name(t.precision) << " "
+            << t.policy.text() << " fits and is predicted faster than "
+            << planning::describe(best, request.batch);
+      }
+    }
+    // The chosen plan's step through the trainer: its peak is the prediction, to the byte.
+    const testing::Measured measured =
+        testing::measure_gpt(step_of(best.precision, best.micro_batch), best.checkpoint,
+                             Device::cpu());
+    EXPECT_EQ(measured.stats.peak_total, best.prediction.peak()) << where;
+  }
+  request.budget = peaks.front() - 1;
+  const planning::PlanResult none = planning::make_plan(request, cost);
+  EXPECT_TRUE(none.feasible.empty());
+  ASSERT_TRUE(none.smallest.has_value());
+  EXPECT_EQ(none.smallest->prediction.peak(), peaks.front());
+}
+
+TEST(GptPlanner, TheCalibrationHasItsOwnKeyAndIsReused) {
+  testing::TemporaryPath path("calibration.json");
+  const nn::GptConfig model{.vocabulary = 256, .context = 16, .layers = 1, .width = 16,
+                            .heads = 2};
+  bool measured = false;
+  const CostModel first = planning::calibration_for(path.str(), model, 16, AdamWOptions{},
+                                                    Device::cpu(), 8, false, &measured);
+  EXPECT_TRUE(measured);
+  EXPECT_EQ(first.key, planning::cost_key(model, 16, AdamWOptions{}, Device::cpu()));
+  for (const auto* c : {&first.fp32, &first.fp16, &first.bf16}) {
+    EXPECT_GT(c->micro_batch.fixed + 8 * c->micro_batch.per_row, 0);  // a step takes time
+    EXPECT_GT(c->optimizer, 0);
+  }
+  planning::calibration_for(path.str(), model, 16, AdamWOptions{}, Device::cpu(), 8, false,
+                            &measured);
+  EXPECT_FALSE(measured);
+  // Another sequence length is another step: measured apart.
+  planning::calibration_for(path.str(), model, 8, AdamWOptions{}, Device::cpu(), 8, false,
+                            &measured);
+  EXPECT_TRUE(measured);
+  // The MLP's entries and the GPT's do not meet.
+  EXPECT_EQ(planning::cost_key(model, 16, AdamWOptions{}, Device::cpu()).rfind("gpt, ", 0), 0u);
 }
 
 }  // namespace

@@ -56,21 +56,12 @@ LinearCost fit_line(std::int64_t r1, double t1, std::int64_t r2, double t2) {
 
 namespace {
 
-PrecisionCost measure_precision(nn::ModelConfig config, const nn::Optimizer::Options& options,
-                                Device device, std::int64_t batch, int repeats) {
+/// The costs of one precision on a built model: its micro-batch step (forward, loss,
+/// backward) at rows r1 and r2 of `x` and `y`, its forward at the same two, and its
+/// optimizer's step.
+PrecisionCost measure_costs(nn::Network& model, nn::Optimizer& optimizer, const Tensor& x,
+                            const Tensor& y, Device device, std::int64_t batch, int repeats) {
   const auto [r1, r2] = calibration_rows(batch);
-  nn::Model model(config, device);
-  nn::Optimizer optimizer(model.parameters(), options);
-  std::vector<float> features(static_cast<std::size_t>(r2 * config.inputs));
-  std::vector<std::int32_t> labels(static_cast<std::size_t>(r2));
-  for (std::size_t i = 0; i < features.size(); ++i) {
-    features[i] = random_uniform(config.seed, /*stream=*/17, i) * 2 - 1;
-  }
-  for (std::size_t i = 0; i < labels.size(); ++i) {
-    labels[i] = static_cast<std::int32_t>(i % static_cast<std::size_t>(config.classes));
-  }
-  const Tensor x = Tensor::from_vector(features, {r2, config.inputs}).to(device);
-  const Tensor y = Tensor::from_vector(labels, {r2}).to(device);
   const auto micro_step = [&](std::int64_t rows) {
     return median_seconds(device, repeats, [&] {
       model.zero_grad();
@@ -85,6 +76,50 @@ PrecisionCost measure_precision(nn::ModelConfig config, const nn::Optimizer::Opt
   cost.forward = fit_line(r1, forward(r1), r2, forward(r2));
   cost.optimizer = median_seconds(device, repeats, [&] { optimizer.step(); });
   return cost;
+}
+
+PrecisionCost measure_precision(const nn::ModelConfig& config,
+                                const nn::Optimizer::Options& options, Device device,
+                                std::int64_t batch, int repeats) {
+  const std::int64_t r2 = calibration_rows(batch).second;
+  nn::Model model(config, device);
+  nn::Optimizer optimizer(model.parameters(), options);
+  std::vector<float> features(static_cast<std::size_t>(r2 * config.inputs));
+  std::vector<std::int32_t> labels(static_cast<std::size_t>(r2));
+  for (std::size_t i = 0; i < features.size(); ++i) {
+    features[i] = random_uniform(config.seed, /*stream=*/17, i) * 2 - 1;
+  }
+  for (std::size_t i = 0; i < labels.size(); ++i) {
+    labels[i] = static_cast<std::int32_t>(i % static_cast<std::size_t>(config.classes));
+  }
+  const Tensor x = Tensor::from_vector(features, {r2, config.inputs}).to(device);
+  const Tensor y = Tensor::from_vector(labels, {r2}).to(device);
+  return measure_costs(model, optimizer, x, y, device, batch, repeats);
+}
+
+/// The GPT's: rows are sequences of `length` random tokens, each position's target the next
+/// token (no padding: a sequence's cost does not depend on its token values).
+PrecisionCost measure_precision(const nn::GptConfig& config, std::int64_t length,
+                                const nn::Optimizer::Options& options, Device device,
+                                std::int64_t batch, int repeats) {
+  const std::int64_t r2 = calibration_rows(batch).second;
+  nn::Gpt model(config, device);
+  nn::Optimizer optimizer(model.parameters(), options);
+  std::vector<std::int32_t> tokens(static_cast<std::size_t>(r2 * (length + 1)));
+  for (std::size_t i = 0; i < tokens.size(); ++i) {
+    tokens[i] = static_cast<std::int32_t>(random_uniform(config.seed, /*stream=*/17, i) *
+                                          static_cast<float>(config.vocabulary)) %
+                static_cast<std::int32_t>(config.vocabulary);
+  }
+  std::vector<std::int32_t> inputs, targets;
+  for (std::int64_t r = 0; r < r2; ++r) {
+    const auto first = tokens.begin() + r * (length + 1);
+    inputs.insert(inputs.end(), first, first + length);
+    targets.insert(targets.end(), first + 1, first + length + 1);
+  }
+  const Tensor x = Tensor::from_vector(inputs, {r2, length}).to(device);
+  const Tensor y = Tensor::from_vector(targets, {r2, length}).to(device);
+  return measure_costs(model, optimizer, x, y, device, batch, repeats);
 }
 
 Json linear_json(const LinearCost& c) { return {{"fixed_s", c.fixed}, {"per_row_s", c.per_row}}; }
@@ -151,31 +186,58 @@ std::string shape_key(const nn::ModelConfig& model, const nn::Optimizer::Options
   return key.str();
 }
 
-std::string cost_key(const nn::ModelConfig& model, const nn::Optimizer::Options& optimizer,
-                     Device device) {
-  return shape_key(model, optimizer) + ", device " +
-         (device.is_cuda() ? cuda_rt::device_name() : "cpu") + ", threads " +
-         std::to_string(device.is_cuda() ? 0 : cpu::max_threads());
+namespace {
+
+/// ", device NAME, threads N": the part of a cost key that names where it was measured.
+std::string device_key(Device device) {
+  return ", device " + (device.is_cuda() ? cuda_rt::device_name() : std::string("cpu")) +
+         ", threads " + std::to_string(device.is_cuda() ? 0 : cpu::max_threads());
 }
 
-CostModel calibrate(const nn::ModelConfig& model, const nn::Optimizer::Options& optimizer,
-                    Device device, std::int64_t batch, int repeats) {
+}  // namespace
+
+std::string cost_key(const nn::ModelConfig& model, const nn::Optimizer::Options& optimizer,
+                     Device device) {
+  return shape_key(model, optimizer) + device_key(device);
+}
+
+std::string shape_key(const nn::GptConfig& model, std::int64_t length,
+                      const nn::Optimizer::Options& optimizer) {
+  std::ostringstream key;
+  key << "gpt, vocabulary " << model.vocabulary << ", context " << model.context
+      << ", length " << length << ", layers " << model.layers << ", width " << model.width
+      << ", heads " << model.heads << ", dropout " << model.dropout << ", optimizer "
+      << optimizer_word(optimizer);
+  return key.str();
+}
+
+std::string cost_key(const nn::GptConfig& model, std::int64_t length,
+                     const nn::Optimizer::Options& optimizer, Device device) {
+  return shape_key(model, length, optimizer) + device_key(device);
+}
+
+namespace {
+
+/// Every precision's costs, measured by `measure(config of that precision)`.
+template <class Config, class Measure>
+CostModel calibrate_each(std::string key, const Config& model, Measure&& measure) {
   CostModel cost;
-  cost.key = cost_key(model, optimizer, device);
-  nn::ModelConfig config = model;
+  cost.key = std::move(key);
+  Config config = model;
   config.precision = nn::Precision::fp32;
-  cost.fp32 = measure_precision(config, optimizer, device, batch, repeats);
+  cost.fp32 = measure(config);
   config.precision = nn::Precision::fp16;
-  cost.fp16 = measure_precision(config, optimizer, device, batch, repeats);
+  cost.fp16 = measure(config);
   config.precision = nn::Precision::bf16;
-  cost.bf16 = measure_precision(config, optimizer, device, batch, repeats);
+  cost.bf16 = measure(config);
   return cost;
 }
 
-CostModel calibration_for(const std::string& path, const nn::ModelConfig& model,
-                          const nn::Optimizer::Options& optimizer, Device device,
-                          std::int64_t batch, bool fresh, bool* measured) {
-  const std::string key = cost_key(model, optimizer, device);
+/// The cost model under `key` in the JSON file at `path`, or `calibrate()`'s, added to the
+/// file, when it is not there (or was measured before bf16) or `fresh` is set.
+template <class Calibrate>
+CostModel cached(const std::string& path, const std::string& key, bool fresh, bool* measured,
+                 Calibrate&& calibrate) {
   Json file = Json::object();
   if (std::ifstream in(path); in) {
     std::stringstream text;
@@ -188,7 +250,7 @@ CostModel calibration_for(const std::string& path, const nn::ModelConfig& model,
     if (measured != nullptr) *measured = false;
     return CostModel::from_json(file[key]);
   }
-  const CostModel cost = calibrate(model, optimizer, device, batch);
+  const CostModel cost = calibrate();
   file[key] = cost.to_json();
   const std::filesystem::path target(path);
   if (target.has_parent_path()) std::filesystem::create_directories(target.parent_path());
@@ -201,6 +263,40 @@ CostModel calibration_for(const std::string& path, const nn::ModelConfig& model,
   std::filesystem::rename(temporary, path);
   if (measured != nullptr) *measured = true;
   return cost;
+}
+
+}  // namespace
+
+CostModel calibrate(const nn::ModelConfig& model, const nn::Optimizer::Options& optimizer,
+                    Device device, std::int64_t batch, int repeats) {
+  return calibrate_each(cost_key(model, optimizer, device), model,
+                        [&](const nn::ModelConfig& config) {
+                          return measure_precision(config, optimizer, device, batch, repeats);
+                        });
+}
+
+CostModel calibrate(const nn::GptConfig& model, std::int64_t length,
+                    const nn::Optimizer::Options& optimizer, Device device, std::int64_t batch,
+                    int repeats) {
+  return calibrate_each(cost_key(model, length, optimizer, device), model,
+                        [&](const nn::GptConfig& config) {
+                          return measure_precision(config, length, optimizer, device, batch,
+                                                   repeats);
+                        });
+}
+
+CostModel calibration_for(const std::string& path, const nn::ModelConfig& model,
+                          const nn::Optimizer::Options& optimizer, Device device,
+                          std::int64_t batch, bool fresh, bool* measured) {
+  return cached(path, cost_key(model, optimizer, device), fresh, measured,
+                [&] { return calibrate(model, optimizer, device, batch); });
+}
+
+CostModel calibration_for(const std::string& path, const nn::GptConfig& model,
+                          std::int64_t length, const nn::Optimizer::Options& optimizer,
+                          Device device, std::int64_t batch, bool fresh, bool* measured) {
+  return cached(path, cost_key(model, length, optimizer, device), fresh, measured,
+                [&] { return calibrate(model, length, optimizer, device, batch); });
 }
 
 const Plan& PlanResult::best() const {
@@ -229,11 +325,42 @@ bool faster(const Plan& a, const Plan& b) {
   return a.seconds != b.seconds ? a.seconds < b.seconds : a.prediction.peak() < b.prediction.peak();
 }
 
-PlanResult make_plan(const PlanRequest& request, const CostModel& cost) {
-  const std::int64_t depth = request.model.depth;
+namespace {
+
+std::int64_t depth_of(const nn::ModelConfig& model) { return model.depth; }
+std::int64_t depth_of(const nn::GptConfig& model) { return model.layers; }
+
+/// The policies a request weighs: chapter 05's candidates; for the GPT those that keep
+/// whole blocks (a transformer block has no selective recomputation).
+bool weighs(const PlanRequest&, const checkpointing::Policy&) { return true; }
+bool weighs(const GptPlanRequest&, const checkpointing::Policy& policy) {
+  return policy.keep == nn::BlockKeep::all;
+}
+
+std::vector<std::int64_t> micro_batches_of(const nn::ModelConfig& model, std::int64_t batch) {
+  return micro_batch_candidates(model, batch);
+}
+std::vector<std::int64_t> micro_batches_of(const nn::GptConfig&, std::int64_t batch) {
+  return micro_batch_candidates(nn::ModelConfig{}, batch);  // LayerNorm: every size
+}
+
+/// The step a plan of micro-batch `micro` runs, as chapter 05's memory model takes it.
+checkpointing::StepShape step_of(const PlanRequest& request, const nn::ModelConfig& config,
+                                 std::int64_t micro, std::size_t boundary_bytes) {
+  return {config, request.batch, micro, request.optimizer, boundary_bytes, request.held};
+}
+checkpointing::GptStepShape step_of(const GptPlanRequest& request, const nn::GptConfig& config,
+                                    std::int64_t micro, std::size_t boundary_bytes) {
+  return {config, request.batch, micro, request.length, request.optimizer, boundary_bytes};
+}
+
+template <class Request>
+PlanResult search(const Request& request, const CostModel& cost) {
+  const std::int64_t depth = depth_of(request.model);
   // The checkpoint policies by increasing recomputation (stable: chapter 05's order on ties).
   std::vector<std::pair<double, checkpointing::Policy>> policies;
   for (const checkpointing::Policy& policy : checkpointing::checkpoint_candidates(depth)) {
+    if (!weighs(request, policy)) continue;
     policies.emplace_back(checkpointing::recompute_cost(policy, depth), policy);
   }
   std::stable_sort(policies.begin(), policies.end(),
@@ -241,14 +368,13 @@ PlanResult make_plan(const PlanRequest& request, const CostModel& cost) {
 
   PlanResult result;
   for (const nn::Precision precision : request.precisions) {
-    nn::ModelConfig config = request.model;
+    auto config = request.model;
     config.precision = precision;
-    for (const std::int64_t micro : micro_batch_candidates(config, request.batch)) {
+    for (const std::int64_t micro : micro_batches_of(config, request.batch)) {
       const loss_scaling::BoundaryOptions boundary{.rule = plan_loss_scale(precision),
                                                    .clip_grad_norm = request.clip_grad_norm};
-      const checkpointing::StepShape step{config, request.batch, micro, request.optimizer,
-                                          loss_scaling::boundary_workspace_bytes(boundary),
-                                          request.held};
+      const auto step =
+          step_of(request, config, micro, loss_scaling::boundary_workspace_bytes(boundary));
       std::optional<Plan> chosen;
       for (const auto& [recompute, policy] : policies) {
         if (chosen && recompute > chosen->recompute) break;  // every further one is slower
@@ -278,6 +404,16 @@ PlanResult make_plan(const PlanRequest& request, const CostModel& cost) {
     }
   }
   return result;
+}
+
+}  // namespace
+
+PlanResult make_plan(const PlanRequest& request, const CostModel& cost) {
+  return search(request, cost);
+}
+
+PlanResult make_plan(const GptPlanRequest& request, const CostModel& cost) {
+  return search(request, cost);
 }
 
 std::string describe(const Plan& plan, std::int64_t batch) {

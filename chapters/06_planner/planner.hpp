@@ -8,6 +8,8 @@
 //   PlanResult result = make_plan({model, 4096, optimizer, 48 << 20}, cost);
 //   result.best()   // e.g. micro-batch 512, fp32, checkpoint none
 //
+// The GPT (chapter 08) is planned the same way, a row being a sequence of T positions.
+//
 // The cost model, per precision p (one micro-batch of r rows; a step of B rows in
 // n = ceil(B / m) micro-batches):
 //   micro-batch forward + backward   a_p + b_p r        (fitted at two sizes)
@@ -32,6 +34,7 @@
 #include "chapters/05_activation_checkpointing/policy.hpp"
 #include "common/device.hpp"
 #include "common/json.hpp"
+#include "nn/gpt.hpp"
 #include "nn/memory_model.hpp"
 #include "nn/model.hpp"
 #include "nn/training.hpp"
@@ -87,6 +90,13 @@ std::string cost_key(const nn::ModelConfig& model, const nn::Optimizer::Options&
 /// cost_key's part that names the model and the optimizer, not the device.
 std::string shape_key(const nn::ModelConfig& model, const nn::Optimizer::Options& optimizer);
 
+/// The same for chapter 08's GPT on sequences of `length` positions.
+std::string cost_key(const nn::GptConfig& model, std::int64_t length,
+                     const nn::Optimizer::Options& optimizer, Device device);
+/// \copydoc shape_key(const nn::ModelConfig&, const nn::Optimizer::Options&)
+std::string shape_key(const nn::GptConfig& model, std::int64_t length,
+                      const nn::Optimizer::Options& optimizer);
+
 /// The two row counts a cost model is fitted at for steps of up to `batch` rows:
 /// min(batch, 16) (at most half the second) and min(batch, 128).
 std::pair<std::int64_t, std::int64_t> calibration_rows(std::int64_t batch);
@@ -97,12 +107,23 @@ std::pair<std::int64_t, std::int64_t> calibration_rows(std::int64_t batch);
 CostModel calibrate(const nn::ModelConfig& model, const nn::Optimizer::Options& optimizer,
                     Device device, std::int64_t batch, int repeats = 3);
 
+/// The same for chapter 08's GPT: a row is a sequence of `length` positions.
+CostModel calibrate(const nn::GptConfig& model, std::int64_t length,
+                    const nn::Optimizer::Options& optimizer, Device device, std::int64_t batch,
+                    int repeats = 3);
+
 /// The cost model for (model, optimizer, device) from the JSON file at `path` (an object
 /// keyed by cost_key), measured and added to the file when it is not there or `fresh` is
 /// set. `measured` (when given) tells whether it was measured now.
 CostModel calibration_for(const std::string& path, const nn::ModelConfig& model,
                           const nn::Optimizer::Options& optimizer, Device device,
                           std::int64_t batch, bool fresh = false, bool* measured = nullptr);
+
+/// The same for chapter 08's GPT (keyed by cost_key of the GPT).
+CostModel calibration_for(const std::string& path, const nn::GptConfig& model,
+                          std::int64_t length, const nn::Optimizer::Options& optimizer,
+                          Device device, std::int64_t batch, bool fresh = false,
+                          bool* measured = nullptr);
 
 /// The question: this model, this batch, this optimizer, this much device memory.
 struct PlanRequest {
@@ -121,6 +142,20 @@ struct PlanRequest {
   /// What each plan's step holds a part of: one rank's shards when chapter 07 plans a
   /// rank's step under ZeRO (the default, all of it).
   nn::HeldElements held = {};
+};
+
+/// The question for chapter 08's GPT: the batch and its micro-batches in sequences of
+/// `length` positions.
+struct GptPlanRequest {
+  nn::GptConfig model;        ///< its precision is ignored: the planner chooses one
+  std::int64_t batch = 0;     ///< sequences per optimizer step
+  std::int64_t length = 0;    ///< T, positions per sequence
+  nn::Optimizer::Options optimizer;  ///< its state is live through the step
+  std::size_t budget = 0;     ///< device bytes (as --device-memory caps them)
+  /// The precisions to consider, as PlanRequest's.
+  std::vector<nn::Precision> precisions = {nn::Precision::fp32, nn::Precision::fp16,
+                                           nn::Precision::bf16};
+  float clip_grad_norm = 0.0f;  ///< as PlanRequest's
 };
 
 /// The loss scale a plan of this precision trains with: dynamic for fp16 (whose range
@@ -164,6 +199,8 @@ std::vector<std::int64_t> micro_batch_candidates(const nn::ModelConfig& model, s
 /// micro-batch and precision is slower); once a micro-batch fits with no recomputation,
 /// smaller ones can only be slower (more fixed costs) and are not weighed.
 PlanResult make_plan(const PlanRequest& request, const CostModel& cost);
+/// The same for the GPT, over the checkpoint policies that keep whole blocks.
+PlanResult make_plan(const GptPlanRequest& request, const CostModel& cost);
 
 /// "micro-batch 512 (8 per step), fp16 + dynamic loss scaling, checkpoint sqrt"
 std::string describe(const Plan& plan, std::int64_t batch);

@@ -10,7 +10,8 @@
 # step peaks are predicted to the byte;
 # fp16 runs under the dynamic loss scaler; a run resumed from a snapshot ends on the bits and
 # the log of the uninterrupted one, a changed setting (or model) is refused by name, SIGTERM
-# leaves a snapshot; --init continues from --save; what the GPT's run does not take is
+# leaves a snapshot; `bigbatch plan` and --plan auto plan its step; --init continues from
+# --save; what the GPT's run does not take is
 # refused with exit code 2, naming the flag; and `bigbatch generate` prints
 # the prompt and what the saved model writes after it, refusing a file that is no GPT.
 set -u
@@ -178,7 +179,21 @@ generate_refused "holds no GPT" --init mlp.safetensors --prompt "x"
 generate_refused "--init: " --init no-such-file.safetensors --prompt "x"
 generate_refused "--prompt: give at least one" --init whole.safetensors --prompt ""
 generate_refused "--temperature" --init whole.safetensors --prompt "x" --temperature -1
-"$bigbatch" plan $shape --batch 8 > refused.txt 2>&1
-[ $? -eq 2 ] && grep -q "does not know the GPT's" refused.txt || fail "bigbatch plan took the GPT: $(cat refused.txt)"
+# Chapter 06's planner on the GPT, its cost model measured here (kept in cal.json), under
+# optimal:1's peak: --plan auto trains the plan `bigbatch plan` chose, and its steps peak
+# where that plan predicted.
+budget=$(predicted optimal1.txt)
+"$bigbatch" plan $shape --batch 8 --dropout 0.1 --seed 5 --device-memory "$budget" \
+  --calibration cal.json --json > plan.json 2> plan.err || fail "bigbatch plan --model gpt: exit code $?: $(cat plan.err)"
+planned=$(python3 -c 'import json; print(json.load(open("plan.json"))["feasible"][0]["peak_bytes"])') ||
+  fail "bigbatch plan --model gpt --json: no feasible plan in $(cat plan.json)"
+run planned --plan auto --device-memory "$budget" --calibration cal.json
+grep -q '^plan auto: micro-batch [0-9]* ([0-9]* per step), ' planned.txt ||
+  fail "--plan auto does not say what it chose: $(head -n 3 planned.txt)"
+[ "$(largest_peak planned.jsonl)" = "$planned" ] ||
+  fail "--plan auto: the steps peaked at $(largest_peak planned.jsonl), the plan predicted $planned"
+"$bigbatch" plan $shape --batch 8 --device-memory 64KiB --calibration cal.json > refused.txt 2>&1
+[ $? -eq 3 ] && grep -q "no plan fits the step in 64.00 KiB" refused.txt ||
+  fail "bigbatch plan --model gpt under 64 KiB: $(cat refused.txt)"
 "$bigbatch" train --help | grep -q -- '--model' || fail "--help does not list --model"
 echo "ok"

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <iostream>
 #include <limits>
 #include <optional>
@@ -12,6 +13,7 @@
 #include "chapters/06_planner/roofline.hpp"
 #include "chapters/07_data_parallel/rank_plan.hpp"
 #include "chapters/cli/setup.hpp"
+#include "chapters/cli/train_command.hpp"
 #include "common/format.hpp"
 #include "common/json.hpp"
 
@@ -57,85 +59,51 @@ std::string loss_scale_flag(loss_scaling::LossScaleRule rule) {
   return " --loss-scale " + loss_scaling::setting_text(rule);
 }
 
-}  // namespace
+/// Where a plan's step times come from, for the report.
+struct CostSource {
+  std::string where;         ///< the device planned for
+  bool modelled = false;     ///< --device-model: a roofline, not measured
+  std::string path;          ///< the calibration file ("" when modelled)
+  bool measured = false;     ///< the calibration was measured now
+  planning::CostModel cost;  ///< the cost model itself
+};
 
-planning::PlanResult plan_for(const TrainOptions& options, const nn::ModelConfig& model,
-                              Device device, std::optional<int> train_ranks) {
-  if (!options.device_memory) {
-    throw UsageError("planning needs --device-memory SIZE, the memory to plan for");
+/// The cost model of the MLP's or the GPT's step: from the calibration file, measured and
+/// saved there when missing (UsageError for a file that is not one).
+template <class Calibrate>
+CostSource measured_costs(const TrainOptions& options, Device device, Calibrate&& calibrate) {
+  CostSource source;
+  source.where = device.name();
+  source.path = calibration_path(options);
+  try {
+    source.cost = calibrate(source.path, &source.measured);
+  } catch (const std::runtime_error& e) {
+    throw UsageError(std::string("--calibration: ") + e.what());
   }
+  return source;
+}
+
+/// The plans, reported: with --json one object (`extend` adds its fields), else the
+/// header line (`header` adds lines after it) and the table, fastest first. `samples` is
+/// what each plan's micro-batches split (the batch, or a rank's share of it). Throws
+/// NoPlanFits, naming the smallest peak, when no plan fits.
+planning::PlanResult report_plans(const TrainOptions& options, const planning::PlanResult& result,
+                                  std::size_t budget, std::int64_t samples,
+                                  const CostSource& source,
+                                  const std::function<void(Json&)>& extend = {},
+                                  const std::function<void()>& header = {}) {
   const std::int64_t batch = options.train.batch;
-  planning::PlanRequest request{model, batch, optimizer_options(options), *options.device_memory};
-  request.clip_grad_norm = options.train.clip_grad_norm;
-  if (options.was_given("--precision")) request.precisions = {model.precision};
-  const bool modelled = options.plan.modelled != ModelledDevice::none;
-  if (modelled && (options.was_given("--calibration") || options.plan.recalibrate)) {
-    throw UsageError("--device-model prices the plans from a spec sheet: it measures "
-                     "nothing, so --calibration and --recalibrate do not apply");
-  }
-  const std::string path = modelled ? "" : calibration_path(options);
-  bool measured = false;
-  planning::CostModel cost;
-  if (modelled) {
-    cost = planning::roofline_cost_model(model, request.optimizer, planning::h200_spec(), batch);
-  } else {
-    try {
-      cost = planning::calibration_for(path, model, request.optimizer, device, batch,
-                                       options.plan.recalibrate, &measured);
-    } catch (const std::runtime_error& e) {
-      throw UsageError(std::string("--calibration: ") + e.what());
-    }
-  }
-  const std::string where = modelled ? planning::h200_spec().name : device.name();
-  // Chapter 07: rank 0's step of R on the modelled cluster, or the whole batch on one device.
-  std::optional<data_parallel::RankPlans> rank_plans;
-  int ranks = 1;
-  if (train_ranks) {  // this machine's ranks, whose links the planner does not know
-    ranks = *train_ranks;
-    rank_plans = data_parallel::plan_share(request, cost, ranks, options.parallel.zero);
-  } else if (options.plan.ranks > 1 || options.was_given("--zero")) {
-    if (!modelled) {
-      throw UsageError("--ranks prices the gradient sum on a modelled cluster (chapter 07's "
-                       "links): give --device-model h200");
-    }
-    if (options.plan.ranks > std::min<std::int64_t>(batch, std::numeric_limits<int>::max())) {
-      throw UsageError("--ranks " + std::to_string(options.plan.ranks) + ": more ranks than "
-                       "--batch " + std::to_string(batch) + " has samples, each rank needs one");
-    }
-    ranks = static_cast<int>(options.plan.ranks);  // at most the batch, an int's
-    const data_parallel::Cluster cluster = data_parallel::h200_cluster();
-    if (ranks > cluster.per_node && ranks % cluster.per_node != 0) {
-      throw UsageError("--ranks " + std::to_string(ranks) + ": beyond one node of " +
-                       std::to_string(cluster.per_node) + " GPUs the modelled cluster has "
-                       "whole nodes only (a multiple of " + std::to_string(cluster.per_node) + ")");
-    }
-    rank_plans = data_parallel::plan_ranks(request, cost, ranks, options.parallel.zero, cluster);
-  }
-  const planning::PlanResult result =
-      rank_plans ? rank_plans->result : planning::make_plan(request, cost);
-  // The samples each plan's micro-batches split: rank 0's share, or the batch.
-  const std::int64_t samples = rank_plans ? rank_plans->share : batch;
   if (options.plan.json) {
     Json answer = {{"batch", batch},
-                   {"budget_bytes", request.budget},
-                   {"device", where},
-                   {"modelled", modelled},
-                   {"calibration", path},
-                   {"calibration_measured_now", measured},
-                   {"cost_model", cost.to_json()},
+                   {"budget_bytes", budget},
+                   {"device", source.where},
+                   {"modelled", source.modelled},
+                   {"calibration", source.path},
+                   {"calibration_measured_now", source.measured},
+                   {"cost_model", source.cost.to_json()},
                    {"weighed", result.weighed},
                    {"feasible", Json::array()}};
-    if (rank_plans) {
-      answer["ranks"] = ranks;
-      answer["zero"] = data_parallel::setting_text(options.parallel.zero);
-      answer["share"] = rank_plans->share;
-      answer["sum_seconds_fp32"] = rank_plans->sum_seconds_fp32;
-      answer["sum_seconds_16bit"] = rank_plans->sum_seconds_16bit;
-      if (options.parallel.zero == data_parallel::ZeroStage::gradients) {
-        answer["sum_seconds_per_further_micro_batch"] =
-            rank_plans->seconds_per_further_micro_batch;
-      }
-    }
+    if (extend) extend(answer);
     for (const planning::Plan& p : result.feasible) {
       answer["feasible"].push_back(plan_json(p, samples));
     }
@@ -145,44 +113,19 @@ planning::PlanResult plan_for(const TrainOptions& options, const nn::ModelConfig
     }
     std::cout << answer.dump() << "\n" << std::flush;
   } else {
-    std::cout << "plan: batch " << batch << " under " << format_bytes(request.budget)
-              << " on " << where << "; step times "
-              << (modelled ? "modelled from its published figures (roofline), not measured"
-                           : std::string("from the cost model ") +
-                                 (measured ? "measured now, saved to " : "in ") + path)
+    std::cout << "plan: batch " << batch << " under " << format_bytes(budget) << " on "
+              << source.where << "; step times "
+              << (source.modelled
+                      ? "modelled from its published figures (roofline), not measured"
+                      : std::string("from the cost model ") +
+                            (source.measured ? "measured now, saved to " : "in ") + source.path)
               << "\n";
-    if (rank_plans) {
-      std::cout << "rank 0 of " << ranks << " (ZeRO stage "
-                << data_parallel::setting_text(options.parallel.zero) << "): its share of "
-                << samples << " samples of each batch; ";
-      if (train_ranks) {
-        std::cout << "the gradient sum is not in the step times (this machine's links are "
-                  << "not modelled; "
-                  << (options.parallel.zero == data_parallel::ZeroStage::replicated
-                          ? "the sum is the same for every plan)\n"
-                      : options.parallel.zero == data_parallel::ZeroStage::optimizer_state
-                          ? "at stage 1 the 16-bit plans gather their working copies, not "
-                            "the f32 masters)\n"
-                          : "at stage 2 each micro-batch adds a reduce-scatter, and the 16-bit "
-                            "plans gather their working copies, not the f32 masters)\n");
-      } else {
-        std::cout << "every step time includes the gradient sum modelled on chapter 07's "
-                  << "cluster (assumed links, not measured): "
-                  << milliseconds(rank_plans->sum_seconds_fp32) << " in fp32, "
-                  << milliseconds(rank_plans->sum_seconds_16bit) << " in fp16 and bf16";
-        if (options.parallel.zero == data_parallel::ZeroStage::gradients) {
-          std::cout << " with one micro-batch per step, and "
-                    << milliseconds(rank_plans->seconds_per_further_micro_batch)
-                    << " more for each further micro-batch (stage 2's reduce-scatters)";
-        }
-        std::cout << "\n";
-      }
-    }
+    if (header) header();
   }
   if (result.feasible.empty()) {
     const planning::Plan& smallest = *result.smallest;
     throw NoPlanFits(
-        "no plan fits the step in " + format_bytes(request.budget) + ": the smallest predicted "
+        "no plan fits the step in " + format_bytes(budget) + ": the smallest predicted "
         "peak is " + format_bytes(smallest.prediction.peak()) + " (" +
         planning::describe(smallest, samples) + "), of which " +
         format_bytes(result.fixed_bytes) + " are parameters, gradients, master weights, "
@@ -208,14 +151,148 @@ planning::PlanResult plan_for(const TrainOptions& options, const nn::ModelConfig
   return result;
 }
 
+/// The budget to plan for: --device-memory, which planning needs.
+std::size_t plan_budget(const TrainOptions& options) {
+  if (!options.device_memory) {
+    throw UsageError("planning needs --device-memory SIZE, the memory to plan for");
+  }
+  return *options.device_memory;
+}
+
+}  // namespace
+
+planning::PlanResult plan_for(const TrainOptions& options, const nn::ModelConfig& model,
+                              Device device, std::optional<int> train_ranks) {
+  const std::int64_t batch = options.train.batch;
+  planning::PlanRequest request{model, batch, optimizer_options(options), plan_budget(options)};
+  request.clip_grad_norm = options.train.clip_grad_norm;
+  if (options.was_given("--precision")) request.precisions = {model.precision};
+  const bool modelled = options.plan.modelled != ModelledDevice::none;
+  if (modelled && (options.was_given("--calibration") || options.plan.recalibrate)) {
+    throw UsageError("--device-model prices the plans from a spec sheet: it measures "
+                     "nothing, so --calibration and --recalibrate do not apply");
+  }
+  CostSource source;
+  if (modelled) {
+    source.where = planning::h200_spec().name;
+    source.modelled = true;
+    source.cost =
+        planning::roofline_cost_model(model, request.optimizer, planning::h200_spec(), batch);
+  } else {
+    source = measured_costs(options, device, [&](const std::string& path, bool* measured) {
+      return planning::calibration_for(path, model, request.optimizer, device, batch,
+                                       options.plan.recalibrate, measured);
+    });
+  }
+  // Chapter 07: rank 0's step of R on the modelled cluster, or the whole batch on one device.
+  std::optional<data_parallel::RankPlans> rank_plans;
+  int ranks = 1;
+  if (train_ranks) {  // this machine's ranks, whose links the planner does not know
+    ranks = *train_ranks;
+    rank_plans = data_parallel::plan_share(request, source.cost, ranks, options.parallel.zero);
+  } else if (options.plan.ranks > 1 || options.was_given("--zero")) {
+    if (!modelled) {
+      throw UsageError("--ranks prices the gradient sum on a modelled cluster (chapter 07's "
+                       "links): give --device-model h200");
+    }
+    if (options.plan.ranks > std::min<std::int64_t>(batch, std::numeric_limits<int>::max())) {
+      throw UsageError("--ranks " + std::to_string(options.plan.ranks) + ": more ranks than "
+                       "--batch " + std::to_string(batch) + " has samples, each rank needs one");
+    }
+    ranks = static_cast<int>(options.plan.ranks);  // at most the batch, an int's
+    const data_parallel::Cluster cluster = data_parallel::h200_cluster();
+    if (ranks > cluster.per_node && ranks % cluster.per_node != 0) {
+      throw UsageError("--ranks " + std::to_string(ranks) + ": beyond one node of " +
+                       std::to_string(cluster.per_node) + " GPUs the modelled cluster has "
+                       "whole nodes only (a multiple of " + std::to_string(cluster.per_node) + ")");
+    }
+    rank_plans =
+        data_parallel::plan_ranks(request, source.cost, ranks, options.parallel.zero, cluster);
+  }
+  const planning::PlanResult result =
+      rank_plans ? rank_plans->result : planning::make_plan(request, source.cost);
+  // The samples each plan's micro-batches split: rank 0's share, or the batch.
+  const std::int64_t samples = rank_plans ? rank_plans->share : batch;
+  const auto extend = [&](Json& answer) {
+    if (!rank_plans) return;
+    answer["ranks"] = ranks;
+    answer["zero"] = data_parallel::setting_text(options.parallel.zero);
+    answer["share"] = rank_plans->share;
+    answer["sum_seconds_fp32"] = rank_plans->sum_seconds_fp32;
+    answer["sum_seconds_16bit"] = rank_plans->sum_seconds_16bit;
+    if (options.parallel.zero == data_parallel::ZeroStage::gradients) {
+      answer["sum_seconds_per_further_micro_batch"] = rank_plans->seconds_per_further_micro_batch;
+    }
+  };
+  const auto header = [&] {
+    if (!rank_plans) return;
+    std::cout << "rank 0 of " << ranks << " (ZeRO stage "
+              << data_parallel::setting_text(options.parallel.zero) << "): its share of "
+              << samples << " samples of each batch; ";
+    if (train_ranks) {
+      std::cout << "the gradient sum is not in the step times (this machine's links are "
+                << "not modelled; "
+                << (options.parallel.zero == data_parallel::ZeroStage::replicated
+                        ? "the sum is the same for every plan)\n"
+                    : options.parallel.zero == data_parallel::ZeroStage::optimizer_state
+                        ? "at stage 1 the 16-bit plans gather their working copies, not "
+                          "the f32 masters)\n"
+                        : "at stage 2 each micro-batch adds a reduce-scatter, and the 16-bit "
+                          "plans gather their working copies, not the f32 masters)\n");
+    } else {
+      std::cout << "every step time includes the gradient sum modelled on chapter 07's "
+                << "cluster (assumed links, not measured): "
+                << milliseconds(rank_plans->sum_seconds_fp32) << " in fp32, "
+                << milliseconds(rank_plans->sum_seconds_16bit) << " in fp16 and bf16";
+      if (options.parallel.zero == data_parallel::ZeroStage::gradients) {
+        std::cout << " with one micro-batch per step, and "
+                  << milliseconds(rank_plans->seconds_per_further_micro_batch)
+                  << " more for each further micro-batch (stage 2's reduce-scatters)";
+      }
+      std::cout << "\n";
+    }
+  };
+  return report_plans(options, result, request.budget, samples, source, extend, header);
+}
+
+planning::PlanResult plan_for_gpt(const TrainOptions& options, const nn::GptConfig& model,
+                                  std::int64_t length, Device device) {
+  for (const char* flag : {"--device-model", "--ranks", "--zero"}) {
+    if (options.was_given(flag)) {
+      throw UsageError(std::string(flag) + " plans the MLP's step on a modelled device or "
+                       "cluster; the GPT's is planned on this machine's measurements");
+    }
+  }
+  const std::int64_t batch = options.train.batch;
+  planning::GptPlanRequest request{model, batch, length, optimizer_options(options),
+                                   plan_budget(options)};
+  request.clip_grad_norm = options.train.clip_grad_norm;
+  if (options.was_given("--precision")) request.precisions = {model.precision};
+  CostSource source;
+  try {  // the calibration builds the model: a shape it refuses is the flags'
+    source = measured_costs(options, device, [&](const std::string& path, bool* measured) {
+      return planning::calibration_for(path, model, length, request.optimizer, device, batch,
+                                       options.plan.recalibrate, measured);
+    });
+  } catch (const std::invalid_argument& e) {
+    throw UsageError(std::string("--model gpt: ") + e.what());
+  }
+  return report_plans(options, planning::make_plan(request, source.cost), request.budget, batch,
+                      source);
+}
+
 int run_plan(const TrainOptions& options) {
-  if (options.model_kind == ModelKind::gpt || options.source.data.kind == DataKind::text) {
-    throw UsageError("bigbatch plan prices the MLP's step; it does not know the GPT's yet "
-                     "(--model gpt, --data text:FILE)");
+  if (options.model_kind == ModelKind::gpt) check_gpt_flags(options);
+  if (options.model_kind == ModelKind::mlp && options.source.data.kind == DataKind::text) {
+    throw UsageError("--data " + options.source.data.text() + " is token sequences: plan "
+                     "it with --model gpt");
   }
   const Splits splits = load_data(options);
-  const nn::ModelConfig model = model_config(options, splits);
-  const planning::Plan best = plan_for(options, model, available_device(options)).best();
+  const Device device = available_device(options);
+  const planning::Plan best =
+      options.model_kind == ModelKind::gpt
+          ? plan_for_gpt(options, gpt_config(options), splits.train.feature_dim(), device).best()
+          : plan_for(options, model_config(options, splits), device).best();
   if (options.plan.json) return 0;
   if (options.plan.ranks > 1) {
     std::cout << "train it with: mpirun -np " << options.plan.ranks << " bigbatch train ... "

@@ -19,6 +19,11 @@ namespace bigbatch::cli {
 planning::PlanResult plan_for(const TrainOptions& options, const nn::ModelConfig& model,
                               Device device, std::optional<int> train_ranks = std::nullopt);
 
+/// The same for chapter 08's GPT on sequences of `length` positions (measured on this
+/// machine: --device-model, --ranks and --zero are refused with UsageError).
+planning::PlanResult plan_for_gpt(const TrainOptions& options, const nn::GptConfig& model,
+                                  std::int64_t length, Device device);
+
 /// bigbatch plan: the table, and the train flags of the fastest plan.
 int run_plan(const TrainOptions& options);
 

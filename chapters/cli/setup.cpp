@@ -268,6 +268,14 @@ void check_batchnorm_micro_batches(std::int64_t batch, std::int64_t micro_batch,
   }
 }
 
+nn::GptConfig gpt_config(const TrainOptions& options) {
+  nn::GptConfig shape = options.gpt;
+  shape.dropout = options.model.dropout;
+  shape.precision = options.model.precision;
+  shape.seed = options.train.seed;
+  return shape;
+}
+
 void check_plan_flags(const TrainOptions& options) {
   for (const char* flag : {"--micro-batch", "--checkpoint", "--loss-scale"}) {
     if (options.was_given(flag)) {
@@ -276,9 +284,9 @@ void check_plan_flags(const TrainOptions& options) {
   }
 }
 
-void apply_plan(const planning::Plan& plan, TrainOptions& options, nn::ModelConfig& model) {
+void apply_plan(const planning::Plan& plan, TrainOptions& options) {
   options.train.micro_batch = plan.micro_batch;
-  options.model.precision = model.precision = plan.precision;
+  options.model.precision = plan.precision;
   options.train.loss_scaling = planning::plan_loss_scale(plan.precision);
   options.checkpoint = plan.checkpoint;
 }

@@ -83,6 +83,10 @@ std::int64_t checked_micro_batch(const TrainOptions& options, const Dataset& tra
 void check_batchnorm_micro_batches(std::int64_t batch, std::int64_t micro_batch,
                                    std::int64_t short_batch);
 
+/// The GPT the options describe: --seq-len (its context), --layers, --width, --heads, with
+/// the shared --dropout, --precision and --seed.
+nn::GptConfig gpt_config(const TrainOptions& options);
+
 /// The settings a snapshot of this run records, and a --resume must repeat: the model's
 /// (nn::ModelConfig or nn::GptConfig), the optimizer's and the trainer's trajectory settings
 /// and the program's (RunSource).
@@ -100,8 +104,9 @@ train::RunConfig resume_settings(const TrainOptions& options, const ModelShape& 
 void check_plan_flags(const TrainOptions& options);
 
 /// --plan auto: the plan's micro-batch, precision (fp16 with dynamic loss scaling) and
-/// checkpoint policy, written into the options and the model's configuration.
-void apply_plan(const planning::Plan& plan, TrainOptions& options, nn::ModelConfig& model);
+/// checkpoint policy, written into the options (the model's configuration reads its
+/// precision from them).
+void apply_plan(const planning::Plan& plan, TrainOptions& options);
 
 /// Fails early (before any training) when --save could not be written at the end.
 void check_writable(const std::string& path);

@@ -8,6 +8,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "chapters/05_activation_checkpointing/memory_plan.hpp"
@@ -24,7 +25,7 @@
 
 namespace bigbatch::cli {
 int run_train(TrainOptions options) {
-  if (options.model_kind == ModelKind::gpt) return run_train_gpt(options);
+  if (options.model_kind == ModelKind::gpt) return run_train_gpt(std::move(options));
   for (const char* flag : {"--seq-len", "--layers", "--width", "--heads"}) {
     if (options.was_given(flag)) {
       throw UsageError(std::string(flag) + " shapes --model gpt; the MLP's shape is --depth, "
@@ -58,7 +59,8 @@ int run_train(TrainOptions options) {
                                      ? dist::share_of(options.train.batch, ranks.count(), 0).size
                                      : options.train.batch;
     std::cout << "plan auto: " << planning::describe(best, planned) << "\n";
-    apply_plan(best, options, model_shape);
+    apply_plan(best, options);
+    model_shape.precision = options.model.precision;
   }
   const std::int64_t batch = options.train.batch;
   // Rows per forward pass, in training and in evaluation: what the memory was sized for.

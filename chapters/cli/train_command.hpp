@@ -14,6 +14,10 @@ int run_train(TrainOptions options);
 
 /// `bigbatch train --model gpt` (train_gpt.cpp): chapter 08's GPT on a text file's byte
 /// tokens; run_train hands over to it. Returns the exit code; throws as run_train does.
-int run_train_gpt(const TrainOptions& options);
+int run_train_gpt(TrainOptions options);
+
+/// The flags --model gpt refuses (UsageError naming the flag): the MLP's shape and data,
+/// and what the GPT's run does not have yet; and data that is not --data text:FILE.
+void check_gpt_flags(const TrainOptions& options);
 
 }  // namespace bigbatch::cli

@@ -2,8 +2,8 @@
 // file, through the same trainer, optimizer boundary, progress line, log and memory report
 // as the MLP, with the same snapshots and --resume (step_loop.hpp), chapter 05's checkpoint
 // policies on its transformer blocks (budget:BYTES and --explain through the memory model
-// of its step, nn::predict_gpt_step). What the MLP's run has and the GPT's does not yet
-// (--plan auto, ranks) is refused by name before anything runs.
+// of its step, nn::predict_gpt_step) and chapter 06's --plan auto. What the MLP's run has
+// and the GPT's does not yet (ranks) is refused by name before anything runs.
 #include <cstdio>
 #include <iostream>
 #include <memory>
@@ -14,6 +14,7 @@
 
 #include "chapters/05_activation_checkpointing/memory_plan.hpp"
 #include "chapters/05_activation_checkpointing/scheduled_runner.hpp"
+#include "chapters/cli/plan_command.hpp"
 #include "chapters/cli/progress.hpp"
 #include "chapters/cli/setup.hpp"
 #include "chapters/cli/step_loop.hpp"
@@ -22,10 +23,7 @@
 #include "nn/gpt.hpp"
 
 namespace bigbatch::cli {
-namespace {
 
-/// The flags `bigbatch train --model gpt` refuses: the MLP's shape and data, and the parts
-/// of the MLP's run the GPT does not have yet.
 void check_gpt_flags(const TrainOptions& options) {
   for (const char* flag : {"--depth", "--hidden", "--expansion", "--norm", "--activation",
                            "--samples", "--features", "--test-data"}) {
@@ -34,11 +32,11 @@ void check_gpt_flags(const TrainOptions& options) {
                        "(its shape: --seq-len, --layers, --width, --heads)");
     }
   }
-  for (const char* flag : {"--plan", "--data-parallel", "--simulate-ranks", "--reduction",
-                           "--bucket-size", "--zero", "--calibration", "--recalibrate"}) {
+  for (const char* flag : {"--data-parallel", "--simulate-ranks", "--reduction",
+                           "--bucket-size"}) {
     if (options.was_given(flag)) {
       throw UsageError(std::string(flag) + " is not available with --model gpt yet: its "
-                       "training runs on one process, and the planner knows the MLP alone");
+                       "training runs on one process");
     }
   }
   if (options.source.data.kind != DataKind::text) {
@@ -47,6 +45,8 @@ void check_gpt_flags(const TrainOptions& options) {
                      options.source.data.text());
   }
 }
+
+namespace {
 
 /// "text:FILE (123 sequences of 64 tokens, 5678 target tokens, 12.3% padding)"
 std::string describe_tokens(const Dataset& data) {
@@ -63,20 +63,28 @@ std::string describe_tokens(const Dataset& data) {
 
 }  // namespace
 
-int run_train_gpt(const TrainOptions& options) {
+int run_train_gpt(TrainOptions options) {
   check_gpt_flags(options);
+  if (options.was_given("--zero")) {
+    throw UsageError("--zero shards the optimizer state over ranks; --model gpt trains on one "
+                     "process");
+  }
+  if (options.plan.automatic) check_plan_flags(options);
   const OutputOptions& output = options.output;
   if (!output.save.empty()) check_writable(output.save);
   const Splits splits = load_data(options);
   const Device device = available_device(options);
+  if (options.plan.automatic) {
+    const planning::Plan best =
+        plan_for_gpt(options, gpt_config(options), splits.train.feature_dim(), device).best();
+    std::cout << "plan auto: " << planning::describe(best, options.train.batch) << "\n";
+    apply_plan(best, options);
+  }
   const std::int64_t micro_batch = checked_micro_batch(options, splits.train);
   const nn::Optimizer::Options optimizer_choice = optimizer_options(options);
   const train::TrainConfig config = train_config(options);
 
-  nn::GptConfig shape = options.gpt;
-  shape.dropout = options.model.dropout;
-  shape.precision = options.model.precision;
-  shape.seed = options.train.seed;
+  const nn::GptConfig shape = gpt_config(options);
   std::optional<nn::Gpt> built;
   try {
     built.emplace(shape, device);
