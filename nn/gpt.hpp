@@ -65,11 +65,11 @@ struct GptConfig {
   Precision precision = Precision::fp32;  ///< fp16, bf16: mixed precision
 };
 
-/// GptConfig's settings (common/settings.hpp), named by `bigbatch train --model gpt`'s flags:
-/// the data decides the vocabulary (bytes: 256).
+/// GptConfig's settings (common/settings.hpp), named by `bigbatch train --model gpt`'s flags;
+/// each one shapes the model or its initial parameters, so each is a trajectory setting.
 template <SettingsOf<GptConfig> Self, class Visit>
 constexpr void visit_settings(Self& c, Visit&& visit) {
-  visit("vocabulary", c.vocabulary, SettingRole::implied);
+  visit("vocabulary", c.vocabulary, SettingRole::trajectory);
   visit("seq-len", c.context, SettingRole::trajectory);
   visit("layers", c.layers, SettingRole::trajectory);
   visit("width", c.width, SettingRole::trajectory);

@@ -402,6 +402,11 @@ Trajectory gpt_trajectory_of(const nn::GptConfig& config) {
 }
 
 TEST(RunSettings, TheGptsClassificationMatchesWhatMovesARun) {
+  // Nothing of the GPT's is decided by the data (the vocabulary is --vocabulary), so no
+  // setting may pass the check below unchecked as implied.
+  for (const Setting& s : settings_of(base_gpt())) {
+    EXPECT_NE(s.role, SettingRole::implied) << s.name;
+  }
   expect_classification_matches_the_runs(base_gpt(), gpt_trajectory_of);
 }
 

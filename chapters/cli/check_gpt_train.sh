@@ -26,7 +26,8 @@ awk 'BEGIN {
     printf "\n%%\n";
   }
 }' > corpus.txt
-shape="--model gpt --data text:corpus.txt --seq-len 24 --layers 2 --width 32 --heads 4"
+gpt="--model gpt --seq-len 24 --layers 2 --width 32 --heads 4"
+shape="$gpt --data text:corpus.txt"
 run() {  # run NAME FLAGS...: 6 steps of batch 8, parameters saved to NAME.safetensors
   name=$1
   shift
@@ -56,6 +57,40 @@ cmp -s whole.safetensors micro1.safetensors || fail "micro-batches of 1 did not 
 cmp -s bf16_whole.safetensors bf16_micro3.safetensors ||
   fail "bf16: micro-batches of 3 did not give the bits of the batch of 8"
 cmp -s whole.safetensors bf16_whole.safetensors && fail "bf16 saved fp32's bits: was it bf16?"
+# The same training sequences as a token file, written here as text_corpus.hpp describes
+# them (documents between "%" lines, every tenth held out, cut into pieces of up to 25 bytes
+# sharing their boundary byte, each a row padded with -1), train to the same bits.
+python3 - <<'PYTHON' || fail "could not write corpus-tokens.npy"
+import struct
+text = open("corpus.txt", "rb").read().decode("latin-1")
+documents = [""]
+for line in text.splitlines(keepends=True):
+    if line in ("%", "%\n"):
+        documents.append("")
+    else:
+        documents[-1] += line
+documents = [d for d in documents if len(d) >= 2]
+training = [d for i, d in enumerate(documents) if i % 10 != 9]
+T = 24
+rows = [[ord(c) for c in d[start:start + T + 1]]
+        for d in training for start in range(0, len(d) - 1, T)]
+def save(path, rows):  # int32 rows as a version 1.0 .npy file
+    header = "{'descr': '<i4', 'fortran_order': False, 'shape': (%d, %d), }" % (
+        len(rows), len(rows[0]))
+    header += " " * (-(len(header) + 11) % 64) + "\n"
+    with open(path, "wb") as out:
+        out.write(b"\x93NUMPY\x01\x00" + struct.pack("<H", len(header)) + header.encode())
+        out.write(b"".join(struct.pack("<i", v) for row in rows for v in row))
+save("corpus-tokens.npy", [r + [-1] * (T + 1 - len(r)) for r in rows])
+save("padded-inside.npy", [[72, 105, 33], [72, -1, 33]])
+PYTHON
+"$bigbatch" train $gpt --data tokens:corpus-tokens.npy --batch 8 --steps 6 --lr 1e-2 \
+  --dropout 0.1 --seed 5 --micro-batch 3 --save tokens.safetensors > tokens.txt 2>&1 ||
+  fail "tokens:corpus-tokens.npy: exit code $? ($(tail -n 3 tokens.txt))"
+grep -q '^bigbatch train: tokens:corpus-tokens.npy ([0-9]* sequences of 24 tokens' tokens.txt ||
+  fail "the header does not describe the token file: $(head -n 1 tokens.txt)"
+cmp -s whole.safetensors tokens.safetensors ||
+  fail "the token file of the text's sequences did not train the text's bits"
 # Checkpointing the transformer blocks recomputes them with the same dropout masks.
 # One kept block input for 2 blocks: block 0 runs twice per micro-batch.
 grep -q '^activation checkpointing optimal:1: at most 1 block input kept and 1 block.s activations at a time; 3 block forwards per micro-batch instead of 2$' optimal1.txt ||
@@ -142,7 +177,12 @@ refused() {  # refused WORDS FLAGS...: exit code 2 and a message holding WORDS
   grep -q -- "$words" refused.txt || fail "$*: the message does not say '$words': $(cat refused.txt)"
 }
 refused "give --data text:FILE" --model gpt --data synthetic
-refused "train it with --model gpt" --data text:corpus.txt
+refused "give --model gpt" --data text:corpus.txt
+refused "give --model gpt" --data tokens:corpus-tokens.npy
+refused "--vocabulary shapes --model gpt" --vocabulary 300
+refused "give --vocabulary 256 or more" $shape --vocabulary 200
+refused "give --seq-len 24 or more" --model gpt --data tokens:corpus-tokens.npy --seq-len 16
+refused "padding may only end a row" --model gpt --data tokens:padded-inside.npy
 refused "--seq-len shapes --model gpt" --seq-len 16
 refused "--depth shapes the MLP" $shape --depth 3
 refused "budget:1048576: no checkpoint policy fits the step" $shape --checkpoint budget:1MiB

@@ -87,6 +87,11 @@ int run_generate(const GenerateOptions& options) {
   device_only.source.device = options.device;
   const Device device = available_device(device_only);
   const nn::GptConfig shape = shape_of(options.init);
+  if (shape.vocabulary > 256) {  // trained on a tokens: file of another tokenizer's ids
+    throw UsageError("--init: " + options.init + " has a vocabulary of " +
+                     std::to_string(shape.vocabulary) + " token ids: generate reads and writes "
+                     "byte tokens (a vocabulary of at most 256)");
+  }
   std::optional<nn::Gpt> built;
   try {
     built.emplace(shape, device);

@@ -173,14 +173,14 @@ std::string refusal_of(Parse&& parse) {
 DataSource DataSource::parse(std::string_view text) {
   if (text == "fashion-mnist") return {DataKind::fashion_mnist, {}, {}, {}};
   if (text == "synthetic") return {DataKind::synthetic, {}, {}, {}};
-  const std::string_view text_prefix = "text:";
-  if (text.substr(0, text_prefix.size()) == text_prefix) {
-    if (text.size() == text_prefix.size()) {
-      throw std::invalid_argument(std::string(text) + ": expected text:FILE");
+  for (const auto& [prefix, kind] : {std::pair{std::string_view("text:"), DataKind::text},
+                                     std::pair{std::string_view("tokens:"), DataKind::tokens}}) {
+    if (text.substr(0, prefix.size()) != prefix) continue;
+    if (text.size() == prefix.size()) {
+      throw std::invalid_argument(std::string(text) + ": expected " + std::string(prefix) +
+                                  (kind == DataKind::text ? "FILE" : "SEQUENCES.npy"));
     }
-    DataSource source{DataKind::text, {}, {}, {}};
-    source.text_file = std::string(text.substr(text_prefix.size()));
-    return source;
+    return {kind, {}, {}, std::string(text.substr(prefix.size()))};
   }
   const std::string_view prefix = "npy:";
   if (text.substr(0, prefix.size()) == prefix) {
@@ -192,8 +192,9 @@ DataSource DataSource::parse(std::string_view text) {
     return {DataKind::npy, std::string(files.substr(0, comma)),
             std::string(files.substr(comma + 1)), {}};
   }
-  throw std::invalid_argument("expected fashion-mnist, synthetic, npy:FEATURES.npy,LABELS.npy "
-                              "or text:FILE, got '" + std::string(text) + "'");
+  throw std::invalid_argument("expected fashion-mnist, synthetic, npy:FEATURES.npy,LABELS.npy, "
+                              "text:FILE or tokens:SEQUENCES.npy, got '" + std::string(text) +
+                              "'");
 }
 
 std::string DataSource::text() const {
@@ -201,7 +202,8 @@ std::string DataSource::text() const {
     case DataKind::fashion_mnist: return "fashion-mnist";
     case DataKind::synthetic: return "synthetic";
     case DataKind::npy: return "npy:" + features_file + "," + labels_file;
-    case DataKind::text: return "text:" + text_file;
+    case DataKind::text: return "text:" + file;
+    case DataKind::tokens: return "tokens:" + file;
   }
   return "?";
 }
@@ -223,7 +225,9 @@ void add_train_flags(CLI::App& train, TrainOptions& o) {
       "fashion-mnist (train split; the test split is reported), synthetic (10% held out for "
       "testing), npy:FEATURES.npy,LABELS.npy, or for --model gpt text:FILE (byte tokens of the "
       "documents of a text file: fortune(6)'s %-separated format, else paragraphs; every "
-      "tenth document held out for testing)",
+      "tenth document held out for testing) or tokens:SEQUENCES.npy (token ids [N, L] of any "
+      "integer dtype, a sequence a row, which negative values may pad to its end; its "
+      "sequences hold L - 1 positions)",
       [](const std::string& text) { return refusal_of([&] { DataSource::parse(text); }); },
       [&o](const std::string& text) { o.source.data = DataSource::parse(text); }, "DATA")
       ->default_str(o.source.data.text());
@@ -255,7 +259,12 @@ void add_train_flags(CLI::App& train, TrainOptions& o) {
                   "nanoGPT's GPT on byte tokens, its head tied to the token embedding)");
   train.add_option("--seq-len", o.gpt.context,
                    "--model gpt: positions per sequence, the model's context (nanoGPT's "
-                   "block_size); longer documents are cut into pieces")
+                   "block_size); longer documents are cut into pieces (tokens:: at least the "
+                   "file's L - 1)")
+      ->capture_default_str()->check(positive);
+  train.add_option("--vocabulary", o.gpt.vocabulary,
+                   "--model gpt: token ids [0, V), the embedding's rows (text: bytes, 256 or "
+                   "more; tokens:: above the file's largest id)")
       ->capture_default_str()->check(positive);
   train.add_option("--layers", o.gpt.layers, "--model gpt: transformer blocks")
       ->capture_default_str()->check(positive);

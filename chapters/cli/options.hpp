@@ -26,17 +26,20 @@
 
 namespace bigbatch::cli {
 
-enum class DataKind { fashion_mnist, synthetic, npy, text };
+enum class DataKind { fashion_mnist, synthetic, npy, text, tokens };
 
-/// --data and --test-data: a data set by name, a pair of .npy files, or a text file.
+/// --data and --test-data: a data set by name, a pair of .npy files, or chapter 08's token
+/// sequences (a text file's bytes, or a .npy file of token ids).
 struct DataSource {
   DataKind kind = DataKind::synthetic;
   std::string features_file, labels_file;  ///< of DataKind::npy
-  std::string text_file;                   ///< of DataKind::text (chapter 08's GPT)
+  std::string file;                        ///< of DataKind::text and DataKind::tokens
 
-  /// "fashion-mnist", "synthetic", "npy:FEATURES.npy,LABELS.npy" or "text:FILE"; throws
-  /// std::invalid_argument saying what was expected.
+  /// "fashion-mnist", "synthetic", "npy:FEATURES.npy,LABELS.npy", "text:FILE" or
+  /// "tokens:SEQUENCES.npy"; throws std::invalid_argument saying what was expected.
   static DataSource parse(std::string_view text);
+  /// Token sequences (text or tokens), which the GPT trains on and the MLP does not.
+  bool holds_tokens() const { return kind == DataKind::text || kind == DataKind::tokens; }
   /// The text parse reads back as this source.
   std::string text() const;
 };

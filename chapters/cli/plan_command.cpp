@@ -282,10 +282,10 @@ planning::PlanResult plan_for_gpt(const TrainOptions& options, const nn::GptConf
 }
 
 int run_plan(const TrainOptions& options) {
-  if (options.model_kind == ModelKind::gpt) check_gpt_flags(options);
-  if (options.model_kind == ModelKind::mlp && options.source.data.kind == DataKind::text) {
-    throw UsageError("--data " + options.source.data.text() + " is token sequences: plan "
-                     "it with --model gpt");
+  if (options.model_kind == ModelKind::gpt) {
+    check_gpt_flags(options);
+  } else {
+    check_mlp_flags(options);
   }
   const Splits splits = load_data(options);
   const Device device = available_device(options);

@@ -68,7 +68,7 @@ Splits load_data(const TrainOptions& options) {
     }
     case DataKind::npy: splits.train = load_npy(options.source.data); break;
     case DataKind::text: {
-      const std::string& file = options.source.data.text_file;
+      const std::string& file = options.source.data.file;
       std::vector<std::string> documents;
       try {
         documents = read_documents(file);
@@ -88,6 +88,30 @@ Splits load_data(const TrainOptions& options) {
       }
       break;
     }
+    case DataKind::tokens: {
+      const std::string& file = options.source.data.file;
+      TokenFile tokens;
+      try {
+        tokens = read_token_sequences(file);
+      } catch (const std::runtime_error& e) {
+        throw UsageError(std::string("--data: ") + e.what());
+      }
+      if (const std::int64_t T = tokens.sequences.length; T > options.gpt.context) {
+        throw UsageError("--data tokens:" + file + " holds rows of " + std::to_string(T + 1) +
+                         " tokens, sequences of " + std::to_string(T) + " positions, and "
+                         "--seq-len is " + std::to_string(options.gpt.context) +
+                         ": give --seq-len " + std::to_string(T) + " or more");
+      }
+      splits.train = make_token_dataset(tokens.sequences, "tokens:" + file, tokens.largest + 1);
+      break;
+    }
+  }
+  // The embedding has a row per token id: every id of the data must have one.
+  if (options.source.data.holds_tokens() && splits.classes() > options.gpt.vocabulary) {
+    throw UsageError("--data " + options.source.data.text() + " holds token ids up to " +
+                     std::to_string(splits.classes() - 1) + " and --vocabulary is " +
+                     std::to_string(options.gpt.vocabulary) + ": give --vocabulary " +
+                     std::to_string(splits.classes()) + " or more");
   }
   if (const std::int64_t held_out = options.source.validation; held_out > 0) {
     if (options.test_data) {

@@ -24,18 +24,22 @@
 #include "nn/memory_model.hpp"
 
 namespace bigbatch::cli {
-int run_train(TrainOptions options) {
-  if (options.model_kind == ModelKind::gpt) return run_train_gpt(std::move(options));
-  for (const char* flag : {"--seq-len", "--layers", "--width", "--heads"}) {
+void check_mlp_flags(const TrainOptions& options) {
+  for (const char* flag : {"--seq-len", "--layers", "--width", "--heads", "--vocabulary"}) {
     if (options.was_given(flag)) {
       throw UsageError(std::string(flag) + " shapes --model gpt; the MLP's shape is --depth, "
                        "--hidden and --expansion");
     }
   }
-  if (options.source.data.kind == DataKind::text) {
-    throw UsageError("--data " + options.source.data.text() + " is token sequences: train it "
-                     "with --model gpt");
+  if (options.source.data.holds_tokens()) {
+    throw UsageError("--data " + options.source.data.text() + " is token sequences: give "
+                     "--model gpt");
   }
+}
+
+int run_train(TrainOptions options) {
+  if (options.model_kind == ModelKind::gpt) return run_train_gpt(std::move(options));
+  check_mlp_flags(options);
   if (options.plan.automatic) check_plan_flags(options);
   RunRanks ranks(options);  // chapter 07; under MPI, rank 0 alone prints and writes files
   if (!ranks.writes()) {

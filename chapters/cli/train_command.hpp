@@ -17,7 +17,10 @@ int run_train(TrainOptions options);
 int run_train_gpt(TrainOptions options);
 
 /// The flags --model gpt refuses (UsageError naming the flag): the MLP's shape and data,
-/// and what the GPT's run does not have yet; and data that is not --data text:FILE.
+/// and what the GPT's run does not have yet; and data that is not token sequences.
 void check_gpt_flags(const TrainOptions& options);
+
+/// The flags and data the MLP refuses (UsageError): the GPT's shape, and token sequences.
+void check_mlp_flags(const TrainOptions& options);
 
 }  // namespace bigbatch::cli

@@ -39,10 +39,10 @@ void check_gpt_flags(const TrainOptions& options) {
                        "training runs on one process");
     }
   }
-  if (options.source.data.kind != DataKind::text) {
-    throw UsageError("--model gpt trains on text: give --data text:FILE (e.g. text:/usr/share/"
-                     "games/fortunes/fortunes from Debian's fortunes package), not --data " +
-                     options.source.data.text());
+  if (!options.source.data.holds_tokens()) {
+    throw UsageError("--model gpt trains on token sequences: give --data text:FILE (e.g. "
+                     "text:/usr/share/games/fortunes/fortunes from Debian's fortunes package) "
+                     "or tokens:SEQUENCES.npy, not --data " + options.source.data.text());
   }
 }
 

@@ -51,23 +51,6 @@ Tensor features_from(const NpyArray& array, const std::string& path) {
   return features;
 }
 
-// One integer element of any width and signedness, as sign and magnitude.
-struct WideInteger {
-  bool negative;
-  std::uint64_t magnitude;
-};
-
-WideInteger integer_at(const unsigned char* data, std::int64_t index, std::size_t size,
-                       bool is_signed) {
-  std::uint64_t bits = 0;  // little-endian: the element's bytes are the low bytes
-  std::memcpy(&bits, data + static_cast<std::size_t>(index) * size, size);
-  if (!is_signed) return {false, bits};
-  const int shift = 64 - 8 * static_cast<int>(size);
-  const auto value = static_cast<std::int64_t>(bits << shift) >> shift;  // sign-extend
-  if (value >= 0) return {false, static_cast<std::uint64_t>(value)};
-  return {true, 0u - static_cast<std::uint64_t>(value)};
-}
-
 // labels i32 [N] from any integer dtype; returns num_classes = max label + 1.
 Tensor labels_from(const NpyArray& array, const std::string& path, std::int64_t& num_classes) {
   const std::size_t size = array.itemsize();
@@ -84,8 +67,9 @@ Tensor labels_from(const NpyArray& array, const std::string& path, std::int64_t&
   constexpr auto kLargest =
       static_cast<std::uint64_t>(std::numeric_limits<std::int32_t>::max() - 1);
   std::int64_t largest = -1;
+  const std::vector<NpyInteger> elements = integer_elements(array);
   for (std::int64_t i = 0; i < samples; ++i) {
-    const WideInteger label = integer_at(array.data.data(), i, size, array.kind() == 'i');
+    const NpyInteger label = elements[static_cast<std::size_t>(i)];
     if (label.negative) {
       fail(path, "label -" + std::to_string(label.magnitude) + " of sample " + std::to_string(i) +
                      " is negative; classes are numbered from 0");

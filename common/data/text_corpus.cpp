@@ -2,11 +2,13 @@
 
 #include <algorithm>
 #include <fstream>
+#include <limits>
 #include <sstream>
 #include <stdexcept>
 
 #include "common/check.hpp"
 #include "common/data/dataset.hpp"
+#include "common/io/npy.hpp"
 #include "common/rng.hpp"
 
 namespace bigbatch {
@@ -46,6 +48,58 @@ double TokenSequences::padding_fraction() const {
   return 1.0 - static_cast<double>(real_targets()) / static_cast<double>(targets.size());
 }
 
+TokenFile read_token_sequences(const std::string& path) {
+  const auto fail = [&path](const std::string& what) {
+    throw std::runtime_error(path + ": " + what);
+  };
+  const NpyArray array = read_npy(path);
+  if ((array.kind() != 'i' && array.kind() != 'u') || array.itemsize() > 8) {
+    fail("tokens must be integers (int8..int64, uint8..uint64), got '" + array.dtype + "'");
+  }
+  if (array.shape.size() != 2 || array.shape[0] < 1 || array.shape[1] < 2) {
+    fail("tokens must be [N, L] with N >= 1 sequences of L >= 2 tokens (a target needs a "
+         "next token), got shape " + shape_string(array.shape));
+  }
+  const std::int64_t rows = array.shape[0], L = array.shape[1], T = L - 1;
+  const std::vector<NpyInteger> elements = integer_elements(array);
+  constexpr auto kLargest = static_cast<std::uint64_t>(std::numeric_limits<std::int32_t>::max() - 1);
+  TokenFile file;
+  TokenSequences& s = file.sequences;
+  s.length = T;
+  s.tokens.assign(static_cast<std::size_t>(rows * T), 0);
+  s.targets.assign(static_cast<std::size_t>(rows * T), kIgnoredLabel);
+  for (std::int64_t row = 0; row < rows; ++row) {
+    const NpyInteger* element = elements.data() + row * L;
+    std::int64_t real = 0;  // the row's real tokens: those before its first negative value
+    while (real < L && !element[real].negative) ++real;
+    const std::string where = " of row " + std::to_string(row);
+    for (std::int64_t t = real; t < L; ++t) {
+      if (!element[t].negative) {
+        fail("token " + std::to_string(element[t].magnitude) + " at position " +
+             std::to_string(t) + where + " follows padding (a negative value at position " +
+             std::to_string(real) + "): padding may only end a row");
+      }
+    }
+    if (real < 2) {
+      fail("row " + std::to_string(row) + " holds " + std::to_string(real) +
+           (real == 1 ? " token" : " tokens") + " before its padding: no target (it needs two)");
+    }
+    for (std::int64_t t = 0; t < real; ++t) {
+      if (element[t].magnitude > kLargest) {
+        fail("token " + std::to_string(element[t].magnitude) + " at position " +
+             std::to_string(t) + where + " is too large for an int32 token id");
+      }
+      file.largest = std::max(file.largest, static_cast<std::int64_t>(element[t].magnitude));
+    }
+    for (std::int64_t t = 0; t + 1 < real; ++t) {
+      const auto at = static_cast<std::size_t>(row * T + t);
+      s.tokens[at] = static_cast<std::int32_t>(element[t].magnitude);
+      s.targets[at] = static_cast<std::int32_t>(element[t + 1].magnitude);
+    }
+  }
+  return file;
+}
+
 std::vector<std::string> split_documents(const std::string& text) {
   const std::vector<std::string> lines = lines_of(text);
   bool fortune_format = false;
@@ -78,7 +132,8 @@ std::vector<std::string> read_documents(const std::string& path) {
   return documents;
 }
 
-Dataset make_token_dataset(const TokenSequences& sequences, const std::string& name) {
+Dataset make_token_dataset(const TokenSequences& sequences, const std::string& name,
+                           std::int64_t vocabulary) {
   const std::int64_t n = sequences.count(), T = sequences.length;
   BIGBATCH_CHECK(n > 0, "make_token_dataset: '", name, "' holds no sequence");
   Dataset data;
@@ -87,7 +142,7 @@ Dataset make_token_dataset(const TokenSequences& sequences, const std::string& n
   std::copy(sequences.tokens.begin(), sequences.tokens.end(), data.features.data<std::int32_t>());
   std::copy(sequences.targets.begin(), sequences.targets.end(),
             data.labels.data<std::int32_t>());
-  data.num_classes = 256;
+  data.num_classes = vocabulary;
   data.name = name;
   return data;
 }

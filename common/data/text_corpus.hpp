@@ -16,6 +16,13 @@
 // once. A piece of n bytes fills n - 1 positions; the rest is padding: token 0 and target
 // kIgnoredLabel (dataset.hpp), which the cross-entropy counts for nothing.
 //
+// Token files. read_token_sequences(path) reads sequences a user tokenized elsewhere: a .npy
+// file of integers [N, L], one sequence a row, whose real tokens (>= 0) may be followed by
+// padding (negative values, e.g. -1) to the row's end. Row i gives one sequence of L - 1
+// positions by the same rule: position t holds token t and its target is token t + 1 while
+// both are real; the rest is padding. The vocabulary is the caller's to check (the largest
+// token is returned with the sequences).
+//
 // Why padded and not packed (nanoGPT packs random windows of one long stream): a padded
 // sequence is one document, so the causal mask alone keeps documents apart (packing needs a
 // block-diagonal document mask), and each sequence brings its own number of real targets,
@@ -52,6 +59,17 @@ struct TokenSequences {
 /// path when it cannot be read or holds no document of two bytes or more.
 std::vector<std::string> read_documents(const std::string& path);
 
+/// What read_token_sequences returns: the sequences and the largest token in them.
+struct TokenFile {
+  TokenSequences sequences;   ///< N sequences of L - 1 positions
+  std::int64_t largest = 0;   ///< the largest token id, so the vocabulary is at least largest + 1
+};
+
+/// The sequences of a .npy token file (the format above). Throws std::runtime_error naming
+/// the path and what is wrong: not an integer [N, L] array with L >= 2, a row of fewer than
+/// two real tokens (no target), a real token after padding, a token too large for int32.
+TokenFile read_token_sequences(const std::string& path);
+
 /// Splits text (the format above) into documents.
 std::vector<std::string> split_documents(const std::string& text);
 
@@ -60,9 +78,10 @@ std::vector<std::string> split_documents(const std::string& text);
 TokenSequences make_sequences(const std::vector<std::string>& documents, std::int64_t length);
 
 /// The sequences as a token Dataset (dataset.hpp): features i32 [N, T] the tokens, labels
-/// i32 [N, T] the targets, num_classes 256 (bytes), in host memory (MemoryCategory::host_data).
-/// Throws std::invalid_argument for an empty `sequences`.
-Dataset make_token_dataset(const TokenSequences& sequences, const std::string& name);
+/// i32 [N, T] the targets, num_classes `vocabulary` (256: bytes), in host memory
+/// (MemoryCategory::host_data). Throws std::invalid_argument for an empty `sequences`.
+Dataset make_token_dataset(const TokenSequences& sequences, const std::string& name,
+                           std::int64_t vocabulary = 256);
 
 /// `count` documents of random bytes, each of a length drawn uniformly from [min_length,
 /// max_length], from the counter-based RNG: test data with uneven lengths.

@@ -344,6 +344,28 @@ char NpyArray::kind() const { return parse_dtype(dtype, "npy array").kind; }
 
 std::size_t NpyArray::itemsize() const { return parse_dtype(dtype, "npy array").itemsize; }
 
+std::vector<NpyInteger> integer_elements(const NpyArray& array) {
+  const char kind = array.kind();
+  const std::size_t size = array.itemsize();
+  if ((kind != 'i' && kind != 'u') || size > 8) {
+    throw std::invalid_argument("integer_elements: '" + array.dtype + "' is not an integer dtype");
+  }
+  const int shift = 64 - 8 * static_cast<int>(size);
+  std::vector<NpyInteger> elements(static_cast<std::size_t>(array.numel()));
+  for (std::size_t i = 0; i < elements.size(); ++i) {
+    std::uint64_t bits = 0;  // little-endian: the element's bytes are the low bytes
+    std::memcpy(&bits, array.data.data() + i * size, size);
+    if (kind == 'u') {
+      elements[i] = {false, bits};
+      continue;
+    }
+    const auto value = static_cast<std::int64_t>(bits << shift) >> shift;  // sign-extend
+    elements[i] = value >= 0 ? NpyInteger{false, static_cast<std::uint64_t>(value)}
+                             : NpyInteger{true, 0u - static_cast<std::uint64_t>(value)};
+  }
+  return elements;
+}
+
 // ---- reading --------------------------------------------------------------------------
 
 /// The longest header read_npy accepts: 1 MiB (a real header holds a dtype and a shape in

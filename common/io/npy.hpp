@@ -41,6 +41,17 @@ struct NpyArray {
   std::size_t itemsize() const;
 };
 
+/// One element of an integer array, of any width and signedness, as sign and magnitude
+/// (so that every int64 and uint64 value is exact).
+struct NpyInteger {
+  bool negative = false;        ///< below zero (only a signed dtype's elements are)
+  std::uint64_t magnitude = 0;  ///< the absolute value
+};
+
+/// Every element (row-major) of an array of kind 'i' or 'u' and at most 8 bytes an element;
+/// other dtypes throw std::invalid_argument (callers check the dtype first, to say more).
+std::vector<NpyInteger> integer_elements(const NpyArray& array);
+
 /// Reads a .npy file. Throws std::runtime_error naming the file and the problem.
 NpyArray read_npy(const std::string& path);
 
