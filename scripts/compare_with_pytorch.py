@@ -23,12 +23,17 @@ it
      tensor's largest absolute value), and the per-step losses. The bound is derived
      from PyTorch's own fp32-vs-float64 difference (see NOISE_FACTOR below); a negative
      control (PyTorch with LayerNorm eps 1e-6) must fall outside it.
+Chapter 08's GPT (docs/model.md's module) the same way, on token rows this script writes
+as a `--data tokens:` file: AdamW, full rows and rows of uneven lengths (padded with -1, so
+that micro-batches bring different numbers of target tokens), one batch of 10 and
+micro-batches of 3; the negative controls are the per-micro-batch token mean (uneven rows)
+and the LayerNorm eps slip (full rows). `--models gpt` (or mlp) runs one model's part.
 It prints PASS or FAIL per configuration and exits with status 1 if any fails.
 
 Run (PyTorch's CPU build for the system Python, e.g. Debian's python3-torch):
     cmake --build build -j2 --target bigbatch
     /usr/bin/python3 scripts/compare_with_pytorch.py [--bigbatch build/chapters/cli/bigbatch]
-or as the CTest test compare_with_pytorch (label "pytorch"; about 10 s on 2 cores). Where
+or as the CTest test compare_with_pytorch (label "pytorch"; about 30 s on 2 cores). Where
 torch or numpy cannot be imported it prints the reason and exits with 77, which CTest
 reports as skipped.
 Needs numpy and torch (>= 1.12, for GELU's tanh approximation); uses the `safetensors`
@@ -56,6 +61,8 @@ except ImportError as error:
           f"cannot import ({error}); on Debian: sudo apt-get install python3-numpy "
           "python3-torch, then run it with /usr/bin/python3")
     sys.exit(EXIT_SKIPPED)
+
+import gpt_module  # scripts/gpt_module.py: docs/model.md's GPT in PyTorch
 
 try:
     import safetensors.torch as safetensors_torch
@@ -275,12 +282,12 @@ def read_safetensors(path):
 
 # ---- the two trainings ----------------------------------------------------------------
 
-def batch_indices(step):
+def batch_indices(step, samples=SAMPLES, batch=BATCH):
     """--shuffle off (nn/sample_stream.hpp): an epoch is ceil(N / B) batches, the last one
     short, and never straddles two epochs; step k is batch k mod ceil(N / B) of its epoch."""
-    batches_per_epoch = -(-SAMPLES // BATCH)
-    first = (step % batches_per_epoch) * BATCH
-    return np.arange(first, min(first + BATCH, SAMPLES))
+    batches_per_epoch = -(-samples // batch)
+    first = (step % batches_per_epoch) * batch
+    return np.arange(first, min(first + batch, samples))
 
 
 def train_pytorch(init_state, features, labels, make_optimizer, dtype, layer_norm_eps=1e-5,
@@ -336,6 +343,172 @@ def train_bigbatch(binary, folder, flags, micro_batch, tag, steps=STEPS):
     return read_safetensors(out), [r["loss"] for r in records], norms
 
 
+# ---- chapter 08's GPT ---------------------------------------------------------------
+#
+# docs/model.md's GPT (scripts/gpt_module.py), trained on token rows written here as a --data tokens: file:
+# "full" rows of GPT_T + 1 tokens, and "uneven" rows of 2 to GPT_T + 1 real tokens padded
+# with -1, so that a batch's sequences bring different numbers of target tokens. The loss of
+# a step is the sum over its target tokens divided by their count over the whole step, as
+# bigbatch computes it over micro-batches; the negative control for uneven rows is the
+# accumulation bug of chapter 08 (each micro-batch's loss divided by its own count, the
+# micro-batches averaged), and for full rows the LayerNorm eps slip above.
+
+GPT_VOCABULARY, GPT_T, GPT_LAYERS, GPT_WIDTH, GPT_HEADS = 48, 16, 2, 32, 4
+# 46 rows in batches of 10: each epoch ends with a batch of 6, and micro-batches of 3 (3,
+# 3, 3, 1 and 3, 3) do not divide a batch of 10. 18 steps: almost four epochs.
+GPT_ROWS, GPT_BATCH, GPT_STEPS = 46, 10, 18
+GPT_MICRO_BATCHES = [GPT_BATCH, 3]
+GPT_FLAGS = adamw_flags(3e-3)
+PADDING = -1
+
+
+def new_gpt():
+    return gpt_module.Gpt(GPT_VOCABULARY, GPT_T, GPT_LAYERS, GPT_WIDTH, GPT_HEADS)
+
+
+def gpt_state(model):
+    """The parameters as bigbatch names them: lm_head.weight is transformer.wte.weight."""
+    return {k: v.detach().clone() for k, v in model.state_dict().items() if k != "lm_head.weight"}
+
+
+def make_token_rows(uneven):
+    """GPT_ROWS rows of GPT_T + 1 tokens: a learnable walk (each token the last one plus a
+    row's stride, modulo the vocabulary); uneven rows keep 2 to GPT_T + 1 of them and pad
+    the rest with PADDING."""
+    rng = np.random.RandomState(4321)
+    rows = np.full((GPT_ROWS, GPT_T + 1), PADDING, dtype=np.int64)
+    for row in rows:
+        start, stride = rng.randint(GPT_VOCABULARY), rng.randint(1, 4)
+        real = rng.randint(2, GPT_T + 2) if uneven else GPT_T + 1
+        row[:real] = (start + stride * np.arange(real)) % GPT_VOCABULARY
+    return rows
+
+
+def gpt_inputs_and_targets(rows):
+    """A tokens: file's rows as bigbatch reads them (common/data/text_corpus.hpp): position t
+    holds token t and its target is token t + 1 while both are real; padding positions hold
+    token 0 and an ignored target (PADDING here)."""
+    inputs, targets = rows[:, :-1].copy(), rows[:, 1:].copy()
+    padded = (inputs == PADDING) | (targets == PADDING)
+    inputs[padded], targets[padded] = 0, PADDING
+    return torch.from_numpy(inputs), torch.from_numpy(targets)
+
+
+def train_pytorch_gpt(init_state, rows, dtype, layer_norm_eps=1e-5, per_micro_batch_mean=None):
+    """AdamW over --shuffle off batches; the loss of a step is the sum over its target tokens
+    divided by the step's count of them. per_micro_batch_mean=m: the control, the batch cut
+    into micro-batches of m sequences, each one's loss its own mean, the means averaged."""
+    model = new_gpt().to(dtype)
+    for module in model.modules():
+        if isinstance(module, nn.LayerNorm):
+            module.eps = layer_norm_eps
+    model.load_state_dict({k: v.to(dtype) for k, v in init_state.items()}, strict=False)
+    optimizer = make_adamw(3e-3)(model.parameters())
+    inputs, targets = gpt_inputs_and_targets(rows)
+    losses = []
+    for step in range(GPT_STEPS):
+        rows_of_step = torch.from_numpy(batch_indices(step, GPT_ROWS, GPT_BATCH))
+        optimizer.zero_grad(set_to_none=True)
+        x, y = inputs[rows_of_step], targets[rows_of_step].reshape(-1)
+        if per_micro_batch_mean is None:
+            loss = nn.functional.cross_entropy(model(x), y, ignore_index=PADDING)
+            loss.backward()
+        else:
+            pieces = range(0, len(rows_of_step), per_micro_batch_mean)
+            loss = 0.0
+            for first in pieces:
+                micro = slice(first, first + per_micro_batch_mean)
+                piece = nn.functional.cross_entropy(
+                    model(x[micro]), targets[rows_of_step][micro].reshape(-1),
+                    ignore_index=PADDING) / len(pieces)
+                piece.backward()
+                loss += piece.item()
+            loss = torch.tensor(loss)
+        optimizer.step()
+        losses.append(loss.item())
+    return gpt_state(model), losses
+
+
+def train_bigbatch_gpt(binary, folder, tokens_file, micro_batch, tag):
+    out = folder / f"out-{tag}.safetensors"
+    log = folder / f"log-{tag}.jsonl"
+    command = [str(binary), "train", "--model", "gpt", "--data", f"tokens:{tokens_file}",
+               "--vocabulary", str(GPT_VOCABULARY), "--seq-len", str(GPT_T),
+               "--layers", str(GPT_LAYERS), "--width", str(GPT_WIDTH), "--heads", str(GPT_HEADS),
+               "--dropout", "0", "--init", str(folder / "gpt-init.safetensors"), "--save", str(out),
+               "--log", str(log), "--shuffle", "off", "--batch", str(GPT_BATCH),
+               "--micro-batch", str(micro_batch), "--steps", str(GPT_STEPS), "--seed", "0",
+               "--device", "cpu", *GPT_FLAGS]
+    result = subprocess.run(command, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise RuntimeError(f"{' '.join(command)}\nexited with {result.returncode}:\n"
+                           f"{result.stdout}{result.stderr}")
+    records = [json.loads(line) for line in log.read_text().splitlines()]
+    return read_safetensors(out), [r["loss"] for r in records]
+
+
+def compare_gpt(binary, folder):
+    """Both data sets, micro-batches of the batch and of 3; returns the failed tags."""
+    torch.manual_seed(INIT_SEED)
+    init_state = gpt_state(new_gpt())
+    write_safetensors(folder / "gpt-init.safetensors", init_state)
+    failures = []
+    for data in ("full", "uneven"):
+        rows = make_token_rows(uneven=data == "uneven")
+        tokens_file = folder / f"tokens-{data}.npy"
+        np.save(tokens_file, rows)
+        real = int((gpt_inputs_and_targets(rows)[1] != PADDING).sum())
+        torch32, losses32 = train_pytorch_gpt(init_state, rows, torch.float32)
+        torch64, _ = train_pytorch_gpt(init_state, rows, torch.float64)
+        # One bound for the whole model, the rule of NOISE_FACTOR above. Here NOISE is set by
+        # the key third of c_attn's bias, whose gradient is zero in exact arithmetic (adding
+        # q.b_k to a whole row of scores leaves its softmax as it is): AdamW turns the
+        # rounding noise it gets into steps of the learning rate's size, so PyTorch's fp32
+        # and float64 runs part by about 3e-4 there and by 1e-6 or less elsewhere. Tensor by
+        # tensor bounds would be tighter but are no rule: rounding in one tensor moves the
+        # others within a few steps (measured: bigbatch lands 1.3 to 3.2 times over such a
+        # bound on c_fc and c_attn weights, while the whole-model rule holds at 1.3 to 1.5 x
+        # NOISE). Measured (2026-12-05, Debian 12's python3-torch 1.13.1, 2-core x86-64
+        # with AVX-512): NOISE 2.7e-4, bigbatch within 1.3 (uneven rows) and 1.5 (full
+        # rows) x NOISE, the controls 480 x (the per-micro-batch mean) and 105 x (eps
+        # 1e-6, which moves a LayerNorm of nanoGPT's small-variance inputs by about 1%)
+        # outside the bound.
+        noise = worst_relative(torch32, torch64)
+        bound = max(NOISE_FACTOR * noise, RELATIVE_FLOOR)
+        if data == "uneven":
+            slipped, _ = train_pytorch_gpt(init_state, rows, torch.float32,
+                                           per_micro_batch_mean=3)
+            slip = "each micro-batch of 3 divided by its own token count"
+        else:
+            slipped, _ = train_pytorch_gpt(init_state, rows, torch.float32, layer_norm_eps=1e-6)
+            slip = "LayerNorm eps 1e-6"
+        control = worst_relative(slipped, torch32)
+        print(f"\ngpt-{data} ({GPT_ROWS} rows, {real} target tokens): torch fp32 vs float64 "
+              f"{noise:.3e} -> bound {bound:.3e}; control ({slip}) differs by {control:.3e} = "
+              f"{control / bound:.1f} x the bound: "
+              f"{'detected' if control > bound else 'NOT detected'}")
+        if control <= bound:
+            failures.append(f"gpt-{data}-control")
+        for micro_batch in GPT_MICRO_BATCHES:
+            tag = f"gpt-{data}-micro{micro_batch}"
+            print(f"\n== GPT, {data} rows, batch {GPT_BATCH}, micro-batch {micro_batch} ==")
+            state, losses = train_bigbatch_gpt(binary, folder, tokens_file, micro_batch, tag)
+            worst = compare(tag, state, torch32, bound)
+            loss_gap = max(abs(a - b) for a, b in zip(losses, losses32))
+            print(f"  losses: step 1 {losses32[0]:.6f} (torch) {losses[0]:.6f} (bigbatch); step "
+                  f"{GPT_STEPS} {losses32[-1]:.6f} / {losses[-1]:.6f}; max |diff| {loss_gap:.3e}")
+            print(f"  float64 reference: torch fp32 within {noise:.3e}, bigbatch within "
+                  f"{worst_relative(state, torch64):.3e}; parameters moved by "
+                  f"{worst_relative(torch32, init_state):.3e} (max rel, from init)")
+            ok = worst <= bound and len(losses) == GPT_STEPS
+            print(f"  max rel diff bigbatch vs torch fp32: {worst:.3e} = "
+                  f"{worst / noise if noise else math.inf:.2f} x NOISE, bound {bound:.3e} -> "
+                  f"{'PASS' if ok else 'FAIL'}")
+            if not ok:
+                failures.append(tag)
+    return failures
+
+
 # ---- comparison -----------------------------------------------------------------------
 
 def relative_difference(a, b):
@@ -349,11 +522,12 @@ def worst_relative(states, reference):
 
 
 def compare(name, bigbatch_state, torch_state, bound):
+    """Prints every tensor's differences; returns the largest relative difference."""
     missing = set(torch_state) ^ set(bigbatch_state)
     if missing:
         print(f"  tensor names differ: {sorted(missing)}")
         return math.inf
-    print(f"  {'tensor':24s} {'shape':>10s} {'max abs diff':>13s} {'max rel diff':>13s}")
+    print(f"  {'tensor':34s} {'shape':>10s} {'max abs diff':>13s} {'max rel diff':>13s}")
     worst = 0.0
     for tensor_name, expected in torch_state.items():
         actual = bigbatch_state[tensor_name]
@@ -365,7 +539,7 @@ def compare(name, bigbatch_state, torch_state, bound):
         worst = max(worst, relative)
         shape = "x".join(str(s) for s in expected.shape)
         flag = "" if relative <= bound else "  <-- over the bound"
-        print(f"  {tensor_name:24s} {shape:>10s} {absolute:13.3e} {relative:13.3e}{flag}")
+        print(f"  {tensor_name:34s} {shape:>10s} {absolute:13.3e} {relative:13.3e}{flag}")
     return worst
 
 
@@ -394,7 +568,12 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--bigbatch", default=str(ROOT / "build/chapters/cli/bigbatch"),
                         help="the bigbatch binary (default: build/chapters/cli/bigbatch)")
+    parser.add_argument("--models", default="mlp,gpt",
+                        help="which models to compare: mlp, gpt or both (default mlp,gpt)")
     args = parser.parse_args()
+    models = set(args.models.split(","))
+    if not models or not models <= {"mlp", "gpt"}:
+        sys.exit(f"--models: expected mlp, gpt or mlp,gpt, got '{args.models}'")
     binary = pathlib.Path(args.bigbatch)
     if not binary.exists():
         sys.exit(f"{binary} not found: build it with cmake --build build --target bigbatch")
@@ -416,7 +595,8 @@ def main():
         np.save(folder / "y.npy", labels)
         write_safetensors(folder / "init.safetensors", init_state)
 
-        for optimizer_name, flags, make_optimizer, clip, precision, steps in CONFIGURATIONS:
+        for optimizer_name, flags, make_optimizer, clip, precision, steps in (
+                CONFIGURATIONS if "mlp" in models else []):
             bf16 = precision == "bf16"
             torch32, losses32, norms32 = train_pytorch(init_state, features, labels,
                                                        make_optimizer, torch.float32, clip=clip,
@@ -470,11 +650,16 @@ def main():
                 if not ok:
                     failures.append(tag)
 
+        if "gpt" in models:
+            failures += compare_gpt(binary, folder)
+
     print()
     if failures:
         print(f"FAIL: {', '.join(failures)}")
         return 1
-    print(f"PASS: all {len(CONFIGURATIONS) * len(MICRO_BATCHES)} configurations")
+    count = (len(CONFIGURATIONS) * len(MICRO_BATCHES) if "mlp" in models else 0) + (
+        2 * len(GPT_MICRO_BATCHES) if "gpt" in models else 0)
+    print(f"PASS: all {count} configurations")
     return 0
 
 
