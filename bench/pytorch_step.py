@@ -15,6 +15,10 @@ Threads: torch.set_num_threads(--threads), the count bench_training's OpenMP use
 in the context (torch.__config__.show()); scripts/run-benchmarks.sh sets OPENBLAS_CORETYPE
 for this run the way it does for the OpenBLAS peer of bench_kernels.
 
+--model gpt: the peer of BM_GptStep/cpu instead, chapter 08's GPT (scripts/gpt_module.py,
+docs/model.md's module without dropout) on full sequences of random bytes, each step's loss
+the sum over its target tokens divided by their count.
+
 Run: /usr/bin/python3 bench/pytorch_step.py --out bench/results/cpu-2core-avx512/pytorch-training.json
 Where torch cannot be imported it prints the reason and exits with 77 (skipped).
 """
@@ -37,9 +41,15 @@ except ImportError as error:
           "/usr/bin/python3")
     sys.exit(EXIT_SKIPPED)
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "scripts"))
+import gpt_module  # noqa: E402  (scripts/gpt_module.py)
+
 INPUTS, CLASSES, EXPANSION = 784, 10, 4
 # (depth, hidden, batch, micro-batch): bench_training's fp32 CPU rows (bench_step.cpp).
 CONFIGURATIONS = [(4, 512, 1024, 1024), (4, 512, 1024, 64)]
+# (layers, width, heads, T, batch, micro-batch): BM_GptStep/cpu's rows (bench_gpt_step.cpp).
+GPT_CONFIGURATIONS = [(6, 384, 6, 256, 64, 64), (6, 384, 6, 256, 64, 8)]
+VOCABULARY = 256
 
 
 class Block(nn.Module):
@@ -83,9 +93,23 @@ class ResidualMLP(nn.Module):
 def time_configuration(depth, hidden, batch, micro_batch, steps, repetitions):
     torch.manual_seed(1)
     model = ResidualMLP(hidden, depth)
-    optimizer = torch.optim.AdamW(model.parameters(), foreach=False)
     x = torch.rand(batch, INPUTS)
     labels = torch.randint(0, CLASSES, (batch,))
+    return time_steps(model, x, labels, micro_batch, steps, repetitions)
+
+
+def time_gpt_configuration(layers, width, heads, T, batch, micro_batch, steps, repetitions):
+    torch.manual_seed(1)
+    model = gpt_module.Gpt(VOCABULARY, T, layers, width, heads)
+    row = torch.randint(0, VOCABULARY, (batch, T + 1))
+    return time_steps(model, row[:, :-1], row[:, 1:], micro_batch, steps, repetitions)
+
+
+def time_steps(model, x, labels, micro_batch, steps, repetitions):
+    """Seconds per optimizer step in each repetition: zero_grad, forward and backward over
+    the micro-batches (each one's summed loss over the batch's count of targets), AdamW."""
+    optimizer = torch.optim.AdamW(model.parameters(), foreach=False)
+    batch, targets = x.shape[0], labels.numel()
 
     def one_step():
         optimizer.zero_grad(set_to_none=False)
@@ -93,8 +117,8 @@ def time_configuration(depth, hidden, batch, micro_batch, steps, repetitions):
         for begin in range(0, batch, micro_batch):
             logits = model(x[begin:begin + micro_batch])
             # The loss of the global batch: each micro-batch's sum over the global count.
-            loss = nn.functional.cross_entropy(logits, labels[begin:begin + micro_batch],
-                                               reduction="sum") / batch
+            loss = nn.functional.cross_entropy(
+                logits, labels[begin:begin + micro_batch].reshape(-1), reduction="sum") / targets
             loss.backward()
             total += loss.item()
         optimizer.step()
@@ -132,11 +156,23 @@ def main():
                         default=int(os.environ.get("OMP_NUM_THREADS", os.cpu_count())))
     parser.add_argument("--steps", type=int, default=3, help="steps per repetition")
     parser.add_argument("--repetitions", type=int, default=5)
+    parser.add_argument("--model", choices=["mlp", "gpt"], default="mlp",
+                        help="mlp: BM_TrainingStep/cpu's peer; gpt: BM_GptStep/cpu's")
     args = parser.parse_args()
 
     torch.set_num_threads(args.threads)
     benchmarks = []
-    for depth, hidden, batch, micro_batch in CONFIGURATIONS:
+    for layers, width, heads, T, batch, micro_batch in (
+            GPT_CONFIGURATIONS if args.model == "gpt" else []):
+        name = (f"PyTorchGptStep/cpu/bf16:0/layers:{layers}/width:{width}/heads:{heads}/T:{T}/"
+                f"batch:{batch}/micro:{micro_batch}/real_time")
+        label = f"fp32 layers {layers} C {width} heads {heads} T {T} B {batch} micro {micro_batch}"
+        per_step = time_gpt_configuration(layers, width, heads, T, batch, micro_batch,
+                                          args.steps, args.repetitions)
+        print(f"{name}: median {statistics.median(per_step) * 1e3:.1f} ms per step "
+              f"over {args.repetitions} x {args.steps} steps", flush=True)
+        benchmarks += benchmark_rows(name, per_step, batch * T, args.steps, label)
+    for depth, hidden, batch, micro_batch in (CONFIGURATIONS if args.model == "mlp" else []):
         name = (f"PyTorchTrainingStep/cpu/fp16:0/depth:{depth}/hidden:{hidden}/"
                 f"batch:{batch}/micro:{micro_batch}/real_time")
         label = f"fp32 depth {depth} H {hidden} B {batch} micro {micro_batch}"

@@ -131,28 +131,22 @@ def summary(path):
                                  "**Other kernels**", other_table(runs)])
 
 
-def step_summary(training_path, pytorch_path):
-    """The fp32 whole-step rows of bench_training beside PyTorch's, and their ratios."""
-    ours, context = load_runs(training_path)
-    peer, peer_context = load_runs(pytorch_path)
-    shapes = [("one batch of 1024", "micro:1024"), ("16 micro-batches of 64", "micro:64")]
-    prefix = "TrainingStep/cpu/fp16:0/depth:4/hidden:512/batch:1024/"
+def median_ms(runs, name):
+    """A run's median time in ms, or None where the run is missing or in other units."""
+    run = runs.get(name)
+    return run["real_time"] if run and run.get("time_unit") == "ms" else None
 
-    def median_ms(runs, name):
-        run = runs.get(name)
-        return run["real_time"] if run and run.get("time_unit") == "ms" else None
 
-    times = []
-    for label, shape in shapes:
-        times.append((label, median_ms(ours, f"BM_{prefix}{shape}/fused:0"),
-                      median_ms(peer, f"PyTorch{prefix}{shape}")))
-    rows = ["| one optimizer step: depth 4, H 512, batch 1024, fp32, AdamW | bigbatch, ms | "
-            "PyTorch, ms | bigbatch / PyTorch |", "|---|---:|---:|---:|"]
+def versus_pytorch(title, times, training_path, context, pytorch_path, peer_context):
+    """The table of (label, ours ms, PyTorch ms) rows with their ratios, the ratio of the
+    last row to the first in each column, and the sentence naming both files."""
+    rows = [f"| {title} | bigbatch, ms | PyTorch, ms | bigbatch / PyTorch |",
+            "|---|---:|---:|---:|"]
     for label, mine, theirs in times:
-        ratio = f"{mine / theirs:.2f}" if mine and theirs else "n/a"
-        rows.append(f"| {label} | {mine:.0f} | {theirs:.0f} | {ratio} |" if mine and theirs
-                    else f"| {label} | {mine or 'n/a'} | {theirs or 'n/a'} | n/a |")
-    (_, one_ours, one_peer), (_, micro_ours, micro_peer) = times
+        rows.append(f"| {label} | {mine:.0f} | {theirs:.0f} | {mine / theirs:.2f} |"
+                    if mine and theirs else
+                    f"| {label} | {mine or 'n/a'} | {theirs or 'n/a'} | n/a |")
+    (_, one_ours, one_peer), (_, micro_ours, micro_peer) = times[0], times[-1]
     if one_ours and micro_ours and one_peer and micro_peer:
         rows.append(f"| micro-batches / one batch | {micro_ours / one_ours:.2f} | "
                     f"{micro_peer / one_peer:.2f} | |")
@@ -165,6 +159,30 @@ def step_summary(training_path, pytorch_path):
             "`scripts/run-benchmarks.sh`" + (f" on {context['cpu']}" if "cpu" in context else "") +
             ".")
     return head + "\n\n" + "\n".join(rows)
+
+
+def step_summary(training_path, pytorch_path):
+    """The fp32 whole-step rows of bench_training beside PyTorch's, and their ratios."""
+    ours, context = load_runs(training_path)
+    peer, peer_context = load_runs(pytorch_path)
+    shapes = [("one batch of 1024", "micro:1024"), ("16 micro-batches of 64", "micro:64")]
+    prefix = "TrainingStep/cpu/fp16:0/depth:4/hidden:512/batch:1024/"
+    times = [(label, median_ms(ours, f"BM_{prefix}{shape}/fused:0"),
+              median_ms(peer, f"PyTorch{prefix}{shape}")) for label, shape in shapes]
+    return versus_pytorch("one optimizer step: depth 4, H 512, batch 1024, fp32, AdamW", times,
+                          training_path, context, pytorch_path, peer_context)
+
+
+def gpt_step_summary(gpt_path, pytorch_path):
+    """BM_GptStep/cpu's rows (chapter 08's GPT) beside PyTorch's, and their ratios."""
+    ours, context = load_runs(gpt_path)
+    peer, peer_context = load_runs(pytorch_path)
+    shapes = [("one batch of 64 sequences", "micro:64"), ("8 micro-batches of 8", "micro:8")]
+    prefix = "GptStep/cpu/bf16:0/layers:6/width:384/heads:6/T:256/batch:64/"
+    times = [(label, median_ms(ours, f"BM_{prefix}{shape}"),
+              median_ms(peer, f"PyTorch{prefix}{shape}")) for label, shape in shapes]
+    return versus_pytorch("one optimizer step: 6 blocks, width 384, 6 heads, T 256, batch 64, "
+                          "fp32, AdamW", times, gpt_path, context, pytorch_path, peer_context)
 
 
 def replace_between(content, name, text, readme="README.md"):

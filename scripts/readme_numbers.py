@@ -202,9 +202,9 @@ def checkpointing_time():
         f"the times are rough, the bytes exact.")
 
 
-def techniques_table():
-    """The README's table of every technique (scripts/techniques-table.sh), in its list item."""
-    lines = (RESULTS / "fashion-mnist-techniques.md").read_text().splitlines()
+def techniques_table(name="fashion-mnist-techniques.md"):
+    """A README table of every technique (scripts/techniques-table.sh), in its list item."""
+    lines = (RESULTS / name).read_text().splitlines()
     return "\n".join(line for line in lines if line.startswith("|"))
 
 
@@ -521,6 +521,10 @@ def avx2_step_table():
 def step_table():
     return bench_summary.step_summary(RESULTS / "cpu-training.json",
                                       RESULTS / "pytorch-training.json")
+
+
+def gpt_step_table():
+    return bench_summary.gpt_step_summary(RESULTS / "cpu-gpt.json", RESULTS / "pytorch-gpt.json")
 
 
 
@@ -844,6 +848,8 @@ PARAGRAPHS = [
     ("README.md", "bench-avx2", avx2_gemm_table),
     ("README.md", "steps-avx2", avx2_step_table),
     ("README.md", "techniques", techniques_table),
+    ("README.md", "gpt-techniques", lambda: techniques_table("gpt-techniques.md")),
+    ("README.md", "gpt-steps", gpt_step_table),
     ("README.md", "equivalence", equivalence_summary),
     ("README.md", "curves", curves_summary),
     ("README.md", "accumulation", accumulation_summary),

@@ -5,7 +5,8 @@
 # without AVX-512 or under BIGBATCH_MAX_ISA=avx2; the GEMM and accumulation figures draw
 # every folder present, the other figures the AVX-512 one, the README's tables both): the kernels to cpu-kernels.json, the whole-step benchmarks (fp32
 # and fp16) to cpu-training.json and their PyTorch peer (bench/pytorch_step.py) to
-# pytorch-training.json, the accumulation sweep (batch 1024 as micro-batches of 1 to 1024,
+# pytorch-training.json, chapter 08's GPT step to cpu-gpt.json and its PyTorch peer to
+# pytorch-gpt.json, the accumulation sweep (batch 1024 as micro-batches of 1 to 1024,
 # naive and memory-free; 3 repetitions, the longest part) to cpu-accumulation.json, then
 # chapter 05's checkpoint policies over depths 4 to 64 to cpu-checkpointing.json and
 # chapter 06's planned steps across device budgets to cpu-planner.json; last, the README
@@ -57,6 +58,15 @@ echo "wrote $results/cpu-training.json"
 scripts/install-deps.sh python3-torch python3-numpy
 /usr/bin/python3 bench/pytorch_step.py --out "$results/pytorch-training.json" \
   --threads "${OMP_NUM_THREADS:-$(nproc)}"
+# Chapter 08's GPT (nanoGPT's shakespeare-char shape), then its PyTorch peer: a step takes
+# seconds, so one step a repetition.
+build/bench/bench_training --benchmark_out="$results/cpu-gpt.json" \
+  --benchmark_out_format=json --benchmark_repetitions=5 \
+  --benchmark_report_aggregates_only=true --benchmark_enable_random_interleaving=true \
+  --benchmark_filter=BM_GptStep/cpu/ "$@"
+echo "wrote $results/cpu-gpt.json"
+/usr/bin/python3 bench/pytorch_step.py --model gpt --out "$results/pytorch-gpt.json" \
+  --threads "${OMP_NUM_THREADS:-$(nproc)}" --steps 1 --repetitions 5
 build/bench/bench_training --benchmark_out="$results/cpu-accumulation.json" \
   --benchmark_out_format=json --benchmark_repetitions=3 \
   --benchmark_report_aggregates_only=true --benchmark_enable_random_interleaving=true \

@@ -1,0 +1,110 @@
+// bench_gpt_step: one whole optimizer step of chapter 08's GPT as `bigbatch train --model gpt`
+// runs it, through train::Trainer (zero_grad; forward and backward over the micro-batches of
+// sequences, each gathered from a host data set and copied to the device; the loss of every
+// target token over the step's count; the tied head completed; AdamW), with the memory the
+// step needs as counters (exact, from the tracking allocator):
+//   activations_peak   the most bytes of saved activations alive at once
+//   peak_total         the device's peak during the step
+// Time per step is the benchmark's time; items_per_second counts tokens (batch x T).
+//
+// BM_GptStep/cpu: nanoGPT's "shakespeare-char" shape (6 blocks, width 384, 6 heads, T 256,
+// batch 64; dropout 0, so that the peer computes the same function), in one micro-batch and in
+// micro-batches of 8; bench/pytorch_step.py --model gpt times the same step in PyTorch.
+// BM_GptStep/cuda: GPT-2 small's shape (12 blocks, width 768, 12 heads, T 1024), fp32 and
+// bf16, a batch of 16 in one micro-batch and in four.
+// The tokens are random bytes (a step's time does not depend on their values), every
+// sequence full (no padding).
+// Run: bench_training --benchmark_filter=BM_GptStep --benchmark_out=gpt.json ...
+#include <benchmark/benchmark.h>
+
+#include <cstdint>
+#include <string>
+
+#include "chapters/train/trainer.hpp"
+#include "common/cuda_runtime.hpp"
+#include "common/data/text_corpus.hpp"
+#include "common/memory.hpp"
+#include "common/rng.hpp"
+#include "nn/gpt.hpp"
+#include "nn/training.hpp"
+
+namespace bigbatch {
+namespace {
+
+constexpr std::int64_t kVocabulary = 256;
+
+/// `count` full sequences of T random bytes, each target the next byte of the row.
+Dataset random_tokens(std::int64_t count, std::int64_t T) {
+  TokenSequences s;
+  s.length = T;
+  for (std::int64_t i = 0; i < count; ++i) {
+    std::int32_t next = static_cast<std::int32_t>(random_bits(11, i, 0) % kVocabulary);
+    for (std::int64_t t = 0; t < T; ++t) {
+      const std::int32_t token = next;
+      next = static_cast<std::int32_t>(random_bits(11, i, static_cast<std::uint64_t>(t + 1)) %
+                                       kVocabulary);
+      s.tokens.push_back(token);
+      s.targets.push_back(next);
+    }
+  }
+  return make_token_dataset(s, "random bytes");
+}
+
+/// args: precision (0 fp32, 1 bf16), layers, width, heads, T, batch, micro-batch.
+void BM_GptStep(benchmark::State& state, Device device) {
+  std::string why_not;
+  if (device.is_cuda() && !cuda_rt::available(&why_not)) {
+    state.SkipWithError(("skipped: " + why_not).c_str());
+    return;
+  }
+  const bool bf16 = state.range(0) == 1;
+  const std::int64_t T = state.range(4), batch = state.range(5), micro_batch = state.range(6);
+  nn::GptConfig config{.vocabulary = kVocabulary, .context = T, .layers = state.range(1),
+                       .width = state.range(2), .heads = state.range(3), .seed = 1};
+  config.precision = bf16 ? nn::Precision::bf16 : nn::Precision::fp32;
+  nn::Gpt model(config, device);
+  nn::Optimizer optimizer(model.parameters(), AdamWOptions{});
+  const Dataset data = random_tokens(batch, T);
+  train::TrainConfig run;
+  run.batch = batch;
+  run.micro_batch = micro_batch;
+  run.steps = std::int64_t{1} << 40;  // as many as the benchmark takes
+  run.seed = 3;
+  train::Trainer trainer(model, optimizer, data, run);
+  TrackingAllocator& allocator = allocator_for(device);
+  trainer.step();  // warm-up: the caching allocator takes its blocks, cuBLAS its workspaces
+  const std::size_t activations_before = allocator.stats().live_of(MemoryCategory::activations);
+  allocator.reset_peak();
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(trainer.step().loss);  // read back: the step has finished
+  }
+  const MemoryStats stats = allocator.stats();
+  state.counters["activations_peak"] = static_cast<double>(
+      stats.peak_of(MemoryCategory::activations) - activations_before);
+  state.counters["peak_total"] = static_cast<double>(stats.peak_total);
+  state.SetItemsProcessed(state.iterations() * batch * T);
+  state.SetLabel(std::string(bf16 ? "bf16" : "fp32") + " layers " +
+                 std::to_string(config.layers) + " C " + std::to_string(config.width) +
+                 " heads " + std::to_string(config.heads) + " T " + std::to_string(T) + " B " +
+                 std::to_string(batch) + " micro " + std::to_string(micro_batch));
+}
+
+void gpt_arguments(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"bf16", "layers", "width", "heads", "T", "batch", "micro"});
+  for (const std::int64_t micro : {64, 8}) b->Args({0, 6, 384, 6, 256, 64, micro});
+  b->Unit(benchmark::kMillisecond)->UseRealTime();
+}
+
+void gpu_gpt_arguments(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"bf16", "layers", "width", "heads", "T", "batch", "micro"});
+  for (const std::int64_t precision : {0, 1}) {
+    for (const std::int64_t micro : {16, 4}) b->Args({precision, 12, 768, 12, 1024, 16, micro});
+  }
+  b->Unit(benchmark::kMillisecond)->UseRealTime();
+}
+
+BENCHMARK_CAPTURE(BM_GptStep, cpu, Device::cpu())->Apply(gpt_arguments);
+BENCHMARK_CAPTURE(BM_GptStep, cuda, Device::cuda())->Apply(gpu_gpt_arguments);
+
+}  // namespace
+}  // namespace bigbatch
