@@ -1,4 +1,4 @@
-"""docs/model.md's GPT (nanoGPT's GPT with bias=True) as a PyTorch module, without dropout:
+"""docs/model.md's GPT (nanoGPT's GPT with bias=True) as a PyTorch module (dropout 0 unless asked):
 the module scripts/compare_with_pytorch.py trains beside `bigbatch train --model gpt` and
 bench/pytorch_step.py times. The attention is written out as nanoGPT's manual path
 (softmax(q k^T / sqrt(D)) under the causal mask, then @ v): Debian 12's PyTorch 1.13 has no
@@ -11,11 +11,12 @@ from torch import nn
 
 
 class CausalSelfAttention(nn.Module):
-    def __init__(self, width, heads):
+    def __init__(self, width, heads, dropout):
         super().__init__()
         self.c_attn = nn.Linear(width, 3 * width)
         self.c_proj = nn.Linear(width, width)
         self.heads = heads
+        self.attn_dropout, self.resid_dropout = nn.Dropout(dropout), nn.Dropout(dropout)
 
     def forward(self, x):
         b, t, c = x.shape
@@ -24,27 +25,28 @@ class CausalSelfAttention(nn.Module):
         scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
         causal = torch.ones(t, t, dtype=torch.bool).tril()
         probabilities = torch.softmax(scores.masked_fill(~causal, float("-inf")), dim=-1)
-        y = (probabilities @ v).transpose(1, 2).contiguous().view(b, t, c)
-        return self.c_proj(y)
+        y = (self.attn_dropout(probabilities) @ v).transpose(1, 2).contiguous().view(b, t, c)
+        return self.resid_dropout(self.c_proj(y))
 
 
 class GptMlp(nn.Module):
-    def __init__(self, width):
+    def __init__(self, width, dropout):
         super().__init__()
         self.c_fc = nn.Linear(width, 4 * width)
         self.c_proj = nn.Linear(4 * width, width)
+        self.dropout = nn.Dropout(dropout)
 
     def forward(self, x):
-        return self.c_proj(nn.functional.gelu(self.c_fc(x), approximate="tanh"))
+        return self.dropout(self.c_proj(nn.functional.gelu(self.c_fc(x), approximate="tanh")))
 
 
 class GptBlock(nn.Module):
-    def __init__(self, width, heads):
+    def __init__(self, width, heads, dropout):
         super().__init__()
         self.ln_1 = nn.LayerNorm(width)
-        self.attn = CausalSelfAttention(width, heads)
+        self.attn = CausalSelfAttention(width, heads, dropout)
         self.ln_2 = nn.LayerNorm(width)
-        self.mlp = GptMlp(width)
+        self.mlp = GptMlp(width, dropout)
 
     def forward(self, x):
         x = x + self.attn(self.ln_1(x))
@@ -52,15 +54,16 @@ class GptBlock(nn.Module):
 
 
 class Gpt(nn.Module):
-    """docs/model.md's GPT without dropout (the runs here use --dropout 0: the two
-    libraries draw different masks)."""
+    """docs/model.md's GPT. Dropout draws PyTorch's masks, not bigbatch's: runs that must
+    agree to rounding use dropout 0."""
 
-    def __init__(self, vocabulary, context, layers, width, heads):
+    def __init__(self, vocabulary, context, layers, width, heads, dropout=0.0):
         super().__init__()
         self.transformer = nn.ModuleDict(dict(
             wte=nn.Embedding(vocabulary, width),
             wpe=nn.Embedding(context, width),
-            h=nn.ModuleList([GptBlock(width, heads) for _ in range(layers)]),
+            drop=nn.Dropout(dropout),
+            h=nn.ModuleList([GptBlock(width, heads, dropout) for _ in range(layers)]),
             ln_f=nn.LayerNorm(width)))
         self.lm_head = nn.Linear(width, vocabulary, bias=False)
         self.lm_head.weight = self.transformer.wte.weight  # tied
@@ -74,7 +77,8 @@ class Gpt(nn.Module):
 
     def forward(self, tokens):
         b, t = tokens.shape
-        x = self.transformer.wte(tokens) + self.transformer.wpe(torch.arange(t))
+        x = self.transformer.drop(self.transformer.wte(tokens) +
+                                  self.transformer.wpe(torch.arange(t)))
         for block in self.transformer.h:
             x = block(x)
         return self.lm_head(self.transformer.ln_f(x)).view(b * t, -1)

@@ -523,6 +523,26 @@ def step_table():
                                       RESULTS / "pytorch-training.json")
 
 
+def gpt_versus_pytorch():
+    """Chapter 08's validation losses beside PyTorch's, and the sample (scripts/gpt-vs-pytorch.sh)."""
+    path = RESULTS / "gpt-fortunes-vs-pytorch.json"
+    data = json.loads(path.read_text())
+    model = data["model"]
+    prose = wrap(
+        f"From `{path.relative_to(ROOT)}` ({data['date'][:10]}, {data['library']}, "
+        f"{data['threads']} threads; `scripts/gpt-vs-pytorch.sh`): {model['layers']} blocks of "
+        f"width {model['width']} with {model['heads']} heads, T {model['seq_len']}, dropout "
+        f"{model['dropout']:g}, {data['steps']} AdamW steps of {data['batch']} sequences "
+        f"({data['training_sequences']} training sequences, {data['held_out_sequences']} held "
+        f"out). Validation loss: bigbatch {data['validation_loss_bigbatch']:.4f}, PyTorch "
+        f"{data['validation_loss_pytorch']:.4f}, {100 * data['relative_gap']:.2f}% apart "
+        f"(the goal: at most {100 * data['tolerance']:.0f}%). What bigbatch's model writes "
+        f"after \"{data['sample_prompt']}\" (temperature 0.8; on 24 KB of text and 300 steps, "
+        f"spelling before words; each line's trailing blanks dropped here):")
+    sample = "\n".join(line.rstrip() for line in data["sample"].splitlines())
+    return f"{prose}\n\n```text\n{sample}\n```"
+
+
 def gpt_step_table():
     return bench_summary.gpt_step_summary(RESULTS / "cpu-gpt.json", RESULTS / "pytorch-gpt.json")
 
@@ -850,6 +870,7 @@ PARAGRAPHS = [
     ("README.md", "techniques", techniques_table),
     ("README.md", "gpt-techniques", lambda: techniques_table("gpt-techniques.md")),
     ("README.md", "gpt-steps", gpt_step_table),
+    ("chapters/08_transformer/README.md", "gpt-vs-pytorch", gpt_versus_pytorch),
     ("README.md", "equivalence", equivalence_summary),
     ("README.md", "curves", curves_summary),
     ("README.md", "accumulation", accumulation_summary),

@@ -2,10 +2,12 @@
 # Regenerates every committed result and figure, in order, on this machine (the results go
 # to its own folder, scripts/results-folder.sh: bench/results/cpu-2core-avx512/ on the 2-core
 # AVX-512 CPU that made the committed ones, which the READMEs quote):
-#   scripts/run-benchmarks.sh             cpu-{kernels,training,accumulation,checkpointing}.json
+#   scripts/run-benchmarks.sh             cpu-{kernels,training,gpt,accumulation,checkpointing}.json
+#                                         and the PyTorch peers' pytorch-{training,gpt}.json
 #   scripts/fashion-mnist-equivalence.sh  fashion-mnist-equivalence.txt
 #   scripts/large-batch-learning-rate.sh  fashion-mnist-large-batch-16-epochs.json
-#   scripts/techniques-table.sh           fashion-mnist-techniques.md
+#   scripts/techniques-table.sh           fashion-mnist-techniques.md, gpt-techniques.md
+#   scripts/gpt-vs-pytorch.sh             gpt-fortunes-vs-pytorch.json (chapter 08 beside PyTorch)
 #   scripts/fp16-loss-curves.sh           chapter03-loss-curves.json
 #   scripts/fashion-mnist-curves.sh       fashion-mnist-curves.json
 #   scripts/planner-frontier.sh           planner-frontier.json
@@ -24,7 +26,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 for step in run-benchmarks.sh fashion-mnist-equivalence.sh large-batch-learning-rate.sh \
-            techniques-table.sh fp16-loss-curves.sh fashion-mnist-curves.sh planner-frontier.sh \
+            techniques-table.sh gpt-vs-pytorch.sh fp16-loss-curves.sh fashion-mnist-curves.sh planner-frontier.sh \
             data-parallel-bench.sh chapter-openings.sh chapter-reports.sh chapter-figures.sh; do
   echo "== scripts/$step"
   "scripts/$step"
