@@ -334,13 +334,18 @@ def train_bigbatch(binary, folder, flags, micro_batch, tag, steps=STEPS):
                "--steps", str(steps), "--depth", str(DEPTH), "--hidden", str(HIDDEN),
                "--expansion", str(EXPANSION), "--norm", "layer", "--activation", "gelu",
                "--dropout", "0", "--seed", "0", "--device", "cpu", *flags]
+    state, records = run_bigbatch(command, out, log)
+    norms = [r["grad_norm"] for r in records if "grad_norm" in r]
+    return state, [r["loss"] for r in records], norms
+
+
+def run_bigbatch(command, out, log):
+    """Runs `bigbatch train`; returns the parameters it saved to `out` and its log's records."""
     result = subprocess.run(command, capture_output=True, text=True)
     if result.returncode != 0:
         raise RuntimeError(f"{' '.join(command)}\nexited with {result.returncode}:\n"
                            f"{result.stdout}{result.stderr}")
-    records = [json.loads(line) for line in log.read_text().splitlines()]
-    norms = [r["grad_norm"] for r in records if "grad_norm" in r]
-    return read_safetensors(out), [r["loss"] for r in records], norms
+    return read_safetensors(out), [json.loads(line) for line in log.read_text().splitlines()]
 
 
 # ---- chapter 08's GPT ---------------------------------------------------------------
@@ -439,12 +444,8 @@ def train_bigbatch_gpt(binary, folder, tokens_file, micro_batch, tag):
                "--log", str(log), "--shuffle", "off", "--batch", str(GPT_BATCH),
                "--micro-batch", str(micro_batch), "--steps", str(GPT_STEPS), "--seed", "0",
                "--device", "cpu", *GPT_FLAGS]
-    result = subprocess.run(command, capture_output=True, text=True)
-    if result.returncode != 0:
-        raise RuntimeError(f"{' '.join(command)}\nexited with {result.returncode}:\n"
-                           f"{result.stdout}{result.stderr}")
-    records = [json.loads(line) for line in log.read_text().splitlines()]
-    return read_safetensors(out), [r["loss"] for r in records]
+    state, records = run_bigbatch(command, out, log)
+    return state, [r["loss"] for r in records]
 
 
 def compare_gpt(binary, folder):
@@ -482,12 +483,9 @@ def compare_gpt(binary, folder):
         else:
             slipped, _ = train_pytorch_gpt(init_state, rows, torch.float32, layer_norm_eps=1e-6)
             slip = "LayerNorm eps 1e-6"
-        control = worst_relative(slipped, torch32)
-        print(f"\ngpt-{data} ({GPT_ROWS} rows, {real} target tokens): torch fp32 vs float64 "
-              f"{noise:.3e} -> bound {bound:.3e}; control ({slip}) differs by {control:.3e} = "
-              f"{control / bound:.1f} x the bound: "
-              f"{'detected' if control > bound else 'NOT detected'}")
-        if control <= bound:
+        if not control_detected(f"gpt-{data} ({GPT_ROWS} rows, {real} target tokens)",
+                                "torch fp32", noise, bound, slip,
+                                worst_relative(slipped, torch32)):
             failures.append(f"gpt-{data}-control")
         for micro_batch in GPT_MICRO_BATCHES:
             tag = f"gpt-{data}-micro{micro_batch}"
@@ -541,6 +539,14 @@ def compare(name, bigbatch_state, torch_state, bound):
         flag = "" if relative <= bound else "  <-- over the bound"
         print(f"  {tensor_name:34s} {shape:>10s} {absolute:13.3e} {relative:13.3e}{flag}")
     return worst
+
+
+def control_detected(name, reference, noise, bound, slip, control):
+    """Prints how far the negative control landed; True when outside the bound."""
+    print(f"\n{name}: {reference} vs float64 {noise:.3e} -> bound {bound:.3e}; control "
+          f"({slip}) differs by {control:.3e} = {control / bound:.1f} x the bound: "
+          f"{'detected' if control > bound else 'NOT detected'}")
+    return control > bound
 
 
 def check_norms(bigbatch_norms, norms32, norms64, clip):
@@ -618,13 +624,9 @@ def main():
                 slipped, _, _ = train_pytorch(init_state, features, labels, make_optimizer,
                                               torch.float32, layer_norm_eps=1e-6, clip=clip)
                 slip = "LayerNorm eps 1e-6"
-            control = worst_relative(slipped, torch32)
             reference = "torch bf16 mixed" if bf16 else "torch fp32"
-            print(f"\n{optimizer_name}: {reference} vs float64 {noise:.3e} -> bound {bound:.3e}; "
-                  f"control ({slip}) differs by {control:.3e} = "
-                  f"{control / bound:.1f} x the bound: "
-                  f"{'detected' if control > bound else 'NOT detected'}")
-            if control <= bound:
+            if not control_detected(optimizer_name, reference, noise, bound, slip,
+                                    worst_relative(slipped, torch32)):
                 failures.append(f"{optimizer_name}-control")
             for micro_batch in MICRO_BATCHES:
                 tag = f"{optimizer_name}-micro{micro_batch}"

@@ -4,11 +4,9 @@ same initial parameters on the same batches in the same order: their validation 
 and a sample of what bigbatch's model writes.
 
 What it does:
-  1. reads /usr/share/games/fortunes/fortunes into documents and sequences as
-     common/data/text_corpus.hpp does (documents between "%" lines; every tenth held out;
-     each cut into pieces of up to T + 1 bytes that share their boundary byte), and writes
-     them as one --data tokens: file, the training rows first and the held-out rows last
-     (`--validation` holds the last rows out);
+  1. reads /usr/share/games/fortunes/fortunes into the sequences `--data text:` makes of
+     it (scripts/token_rows.py), and writes them as one --data tokens: file, the training
+     rows first and the held-out rows last (`--validation` holds the last rows out);
   2. builds docs/model.md's GPT in PyTorch (scripts/gpt_module.py) under a fixed seed and
      saves its parameters for `bigbatch train --init`;
   3. trains both for STEPS steps of AdamW on --shuffle off's batches (see
@@ -46,8 +44,9 @@ except ImportError as error:
           "python3-numpy python3-torch, then run it with /usr/bin/python3")
     sys.exit(77)
 
-import compare_with_pytorch as common  # safetensors, batch order, AdamW settings
+import compare_with_pytorch as common  # safetensors, the batch order, inputs and targets
 import gpt_module
+import token_rows  # the text's sequences as rows
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 FORTUNES = "/usr/share/games/fortunes/fortunes"
@@ -58,32 +57,9 @@ FORTUNES = "/usr/share/games/fortunes/fortunes"
 # dropout the two runs differ by rounding alone, which training amplifies but not by that.
 T, LAYERS, WIDTH, HEADS, DROPOUT = 64, 4, 128, 4, 0.0
 BATCH, STEPS, LR, WEIGHT_DECAY, EVAL_EVERY = 32, 300, 3e-3, 1e-2, 50
-SEED, PADDING = 0, -1
+SEED, PADDING = 0, token_rows.PADDING
 TOLERANCE = 0.02
 PROMPT, SAMPLE_TOKENS = "The ", 240
-
-
-def documents_of(path):
-    """text_corpus.hpp's split_documents for fortune(6)'s format: "%" lines separate."""
-    text = pathlib.Path(path).read_bytes().decode("latin-1")
-    documents = [""]
-    for line in text.splitlines(keepends=True):
-        if line in ("%", "%\n"):
-            documents.append("")
-        else:
-            documents[-1] += line
-    return [d for d in documents if len(d) >= 2]
-
-
-def rows_of(documents):
-    """Each document's pieces of up to T + 1 bytes sharing their boundary byte, as rows of
-    T + 1 tokens padded with PADDING."""
-    rows = []
-    for d in documents:
-        for start in range(0, len(d) - 1, T):
-            piece = [ord(c) for c in d[start:start + T + 1]]
-            rows.append(piece + [PADDING] * (T + 1 - len(piece)))
-    return np.array(rows, dtype=np.int64)
 
 
 def mean_loss(model, inputs, targets):
@@ -141,9 +117,10 @@ def main():
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
-    documents = documents_of(FORTUNES)
-    train_rows = rows_of([d for i, d in enumerate(documents) if i % 10 != 9])
-    held_out_rows = rows_of([d for i, d in enumerate(documents) if i % 10 == 9])
+    documents = token_rows.documents_of(FORTUNES)
+    training, held_out = token_rows.split(documents)
+    train_rows = np.array(token_rows.rows_of(training, T), dtype=np.int64)
+    held_out_rows = np.array(token_rows.rows_of(held_out, T), dtype=np.int64)
     print(f"{FORTUNES}: {len(documents)} documents; {len(train_rows)} training and "
           f"{len(held_out_rows)} held-out sequences of {T}")
     torch.manual_seed(SEED)

@@ -57,33 +57,13 @@ cmp -s whole.safetensors micro1.safetensors || fail "micro-batches of 1 did not 
 cmp -s bf16_whole.safetensors bf16_micro3.safetensors ||
   fail "bf16: micro-batches of 3 did not give the bits of the batch of 8"
 cmp -s whole.safetensors bf16_whole.safetensors && fail "bf16 saved fp32's bits: was it bf16?"
-# The same training sequences as a token file, written here as text_corpus.hpp describes
-# them (documents between "%" lines, every tenth held out, cut into pieces of up to 25 bytes
-# sharing their boundary byte, each a row padded with -1), train to the same bits.
-python3 - <<'PYTHON' || fail "could not write corpus-tokens.npy"
-import struct
-text = open("corpus.txt", "rb").read().decode("latin-1")
-documents = [""]
-for line in text.splitlines(keepends=True):
-    if line in ("%", "%\n"):
-        documents.append("")
-    else:
-        documents[-1] += line
-documents = [d for d in documents if len(d) >= 2]
-training = [d for i, d in enumerate(documents) if i % 10 != 9]
-T = 24
-rows = [[ord(c) for c in d[start:start + T + 1]]
-        for d in training for start in range(0, len(d) - 1, T)]
-def save(path, rows):  # int32 rows as a version 1.0 .npy file
-    header = "{'descr': '<i4', 'fortran_order': False, 'shape': (%d, %d), }" % (
-        len(rows), len(rows[0]))
-    header += " " * (-(len(header) + 11) % 64) + "\n"
-    with open(path, "wb") as out:
-        out.write(b"\x93NUMPY\x01\x00" + struct.pack("<H", len(header)) + header.encode())
-        out.write(b"".join(struct.pack("<i", v) for row in rows for v in row))
-save("corpus-tokens.npy", [r + [-1] * (T + 1 - len(r)) for r in rows])
-save("padded-inside.npy", [[72, 105, 33], [72, -1, 33]])
-PYTHON
+# The same training sequences as a token file (scripts/token_rows.py writes them as
+# text_corpus.hpp makes them) train to the same bits.
+rows="$(cd "$(dirname "$0")/../.." && pwd)/scripts/token_rows.py"
+python3 "$rows" corpus.txt 24 corpus-tokens.npy || fail "could not write corpus-tokens.npy"
+python3 -c "import sys; sys.path.insert(0, sys.argv[1]); import token_rows
+token_rows.write_npy('padded-inside.npy', [[72, 105, 33], [72, -1, 33]])" "$(dirname "$rows")" ||
+  fail "could not write padded-inside.npy"
 "$bigbatch" train $gpt --data tokens:corpus-tokens.npy --batch 8 --steps 6 --lr 1e-2 \
   --dropout 0.1 --seed 5 --micro-batch 3 --save tokens.safetensors > tokens.txt 2>&1 ||
   fail "tokens:corpus-tokens.npy: exit code $? ($(tail -n 3 tokens.txt))"
