@@ -62,7 +62,8 @@ TokenFile read_token_sequences(const std::string& path) {
   }
   const std::int64_t rows = array.shape[0], L = array.shape[1], T = L - 1;
   const std::vector<NpyInteger> elements = integer_elements(array);
-  constexpr auto kLargest = static_cast<std::uint64_t>(std::numeric_limits<std::int32_t>::max() - 1);
+  constexpr auto kLargest =
+      static_cast<std::uint64_t>(std::numeric_limits<std::int32_t>::max() - 1);
   TokenFile file;
   TokenSequences& s = file.sequences;
   s.length = T;
@@ -72,11 +73,11 @@ TokenFile read_token_sequences(const std::string& path) {
     const NpyInteger* element = elements.data() + row * L;
     std::int64_t real = 0;  // the row's real tokens: those before its first negative value
     while (real < L && !element[real].negative) ++real;
-    const std::string where = " of row " + std::to_string(row);
+    const auto where = [row] { return " of row " + std::to_string(row); };
     for (std::int64_t t = real; t < L; ++t) {
       if (!element[t].negative) {
         fail("token " + std::to_string(element[t].magnitude) + " at position " +
-             std::to_string(t) + where + " follows padding (a negative value at position " +
+             std::to_string(t) + where() + " follows padding (a negative value at position " +
              std::to_string(real) + "): padding may only end a row");
       }
     }
@@ -87,7 +88,7 @@ TokenFile read_token_sequences(const std::string& path) {
     for (std::int64_t t = 0; t < real; ++t) {
       if (element[t].magnitude > kLargest) {
         fail("token " + std::to_string(element[t].magnitude) + " at position " +
-             std::to_string(t) + where + " is too large for an int32 token id");
+             std::to_string(t) + where() + " is too large for an int32 token id");
       }
       file.largest = std::max(file.largest, static_cast<std::int64_t>(element[t].magnitude));
     }
