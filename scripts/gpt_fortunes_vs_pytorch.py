@@ -26,7 +26,6 @@ Run: scripts/gpt-vs-pytorch.sh (installs torch and fortunes, builds, runs this).
 import argparse
 import datetime
 import json
-import math
 import os
 import pathlib
 import platform

@@ -20,10 +20,9 @@
 #include <cstdint>
 #include <string>
 
+#include "bench/training/step_counters.hpp"
 #include "chapters/train/trainer.hpp"
-#include "common/cuda_runtime.hpp"
 #include "common/data/text_corpus.hpp"
-#include "common/memory.hpp"
 #include "common/rng.hpp"
 #include "nn/gpt.hpp"
 #include "nn/training.hpp"
@@ -52,11 +51,7 @@ Dataset random_tokens(std::int64_t count, std::int64_t T) {
 
 /// args: precision (0 fp32, 1 bf16), layers, width, heads, T, batch, micro-batch.
 void BM_GptStep(benchmark::State& state, Device device) {
-  std::string why_not;
-  if (device.is_cuda() && !cuda_rt::available(&why_not)) {
-    state.SkipWithError(("skipped: " + why_not).c_str());
-    return;
-  }
+  if (bench::skipped_without(state, device)) return;
   const bool bf16 = state.range(0) == 1;
   const std::int64_t T = state.range(4), batch = state.range(5), micro_batch = state.range(6);
   nn::GptConfig config{.vocabulary = kVocabulary, .context = T, .layers = state.range(1),
@@ -71,17 +66,12 @@ void BM_GptStep(benchmark::State& state, Device device) {
   run.steps = std::int64_t{1} << 40;  // as many as the benchmark takes
   run.seed = 3;
   train::Trainer trainer(model, optimizer, data, run);
-  TrackingAllocator& allocator = allocator_for(device);
   trainer.step();  // warm-up: the caching allocator takes its blocks, cuBLAS its workspaces
-  const std::size_t activations_before = allocator.stats().live_of(MemoryCategory::activations);
-  allocator.reset_peak();
+  const bench::StepMemory memory(device);
   for (auto _ : state) {
     benchmark::DoNotOptimize(trainer.step().loss);  // read back: the step has finished
   }
-  const MemoryStats stats = allocator.stats();
-  state.counters["activations_peak"] = static_cast<double>(
-      stats.peak_of(MemoryCategory::activations) - activations_before);
-  state.counters["peak_total"] = static_cast<double>(stats.peak_total);
+  memory.write(state);
   state.SetItemsProcessed(state.iterations() * batch * T);
   state.SetLabel(std::string(bf16 ? "bf16" : "fp32") + " layers " +
                  std::to_string(config.layers) + " C " + std::to_string(config.width) +

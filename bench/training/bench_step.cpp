@@ -35,6 +35,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/training/step_counters.hpp"
 #include "chapters/02_gradient_accumulation/accumulation.hpp"
 #include "chapters/train/trainer.hpp"
 #include "common/data/dataset.hpp"
@@ -76,11 +77,7 @@ const Dataset& step_data(std::int64_t batch) {
 
 /// args: precision (0 fp32, 1 fp16), depth, hidden, batch, micro-batch, fused epilogues.
 void BM_TrainingStep(benchmark::State& state, Device device) {
-  std::string why_not;
-  if (device.is_cuda() && !cuda_rt::available(&why_not)) {
-    state.SkipWithError(("skipped: " + why_not).c_str());
-    return;
-  }
+  if (bench::skipped_without(state, device)) return;
   const bool fp16 = state.range(0) == 1;
   const std::int64_t batch = state.range(3), micro_batch = state.range(4);
   nn::ModelConfig config{.inputs = kInputs, .hidden = state.range(2), .expansion = 4,
@@ -97,16 +94,14 @@ void BM_TrainingStep(benchmark::State& state, Device device) {
   run.steps = std::int64_t{1} << 40;  // as many as the benchmark takes
   run.seed = 3;
   train::Trainer trainer(model, optimizer, data, run);
-  TrackingAllocator& allocator = allocator_for(device);
   const bool fused = state.range(5) == 1;
   set_fused_epilogues(fused);
   const auto one_step = [&] {
     return trainer.step().loss;  // read back: the step has finished
   };
   one_step();  // warm-up: the caching allocator takes its blocks, cuBLAS its workspaces
-  const std::size_t activations_before = allocator.stats().live_of(MemoryCategory::activations);
-  allocator.reset_peak();
-  const std::size_t driver_allocations_before = allocator.stats().driver_allocations;
+  const bench::StepMemory memory(device);
+  const std::size_t driver_allocations_before = memory.stats().driver_allocations;
 #if BIGBATCH_HAVE_CUDA
   if (device.is_cuda()) {
     cuda::take_gemm_milliseconds();
@@ -133,13 +128,11 @@ void BM_TrainingStep(benchmark::State& state, Device device) {
     state.counters["gemm_ms"] = gemm_ms / steps;
     state.counters["gemm_share"] = step_ms > 0 ? gemm_ms / step_ms : 0.0;
   }
-  const MemoryStats stats = allocator.stats();
+  const MemoryStats stats = memory.stats();
   state.counters["driver_allocations"] =
       static_cast<double>(stats.driver_allocations - driver_allocations_before);
   state.counters["reserved_peak"] = static_cast<double>(stats.reserved_peak);
-  state.counters["activations_peak"] = static_cast<double>(
-      stats.peak_of(MemoryCategory::activations) - activations_before);
-  state.counters["peak_total"] = static_cast<double>(stats.peak_total);
+  memory.write(state);
   state.SetItemsProcessed(state.iterations() * batch);
   state.SetLabel(std::string(fp16 ? "fp16" : "fp32") + " depth " +
                  std::to_string(config.depth) + " H " + std::to_string(config.hidden) +
@@ -188,7 +181,6 @@ void BM_Accumulation(benchmark::State& state) {
   const auto [x, labels] = random_batch(batch, device);
   std::optional<accumulation::NaiveAccumulator> accumulator;  // its buffers live from here
   if (naive) accumulator.emplace(model);
-  TrackingAllocator& allocator = allocator_for(device);
   const auto one_step = [&](std::int64_t step, std::int64_t micro) {
     const nn::ForwardContext context{true, 3, step * batch};
     float loss = 0;
@@ -205,20 +197,17 @@ void BM_Accumulation(benchmark::State& state) {
   // warm each other up, so this one runs as micro-batches of 64 (the peaks are measured
   // only over the timed steps).
   one_step(0, std::max<std::int64_t>(micro_batch, 64));
-  const std::size_t activations_before = allocator.stats().live_of(MemoryCategory::activations);
-  allocator.reset_peak();
+  const bench::StepMemory memory(device);
   std::int64_t step = 1;
   for (auto _ : state) benchmark::DoNotOptimize(one_step(step++, micro_batch));
-  const MemoryStats stats = allocator.stats();
-  state.counters["peak_total"] = static_cast<double>(stats.peak_total);
+  const MemoryStats stats = memory.stats();
+  memory.write(state);
   for (const MemoryCategory c : {MemoryCategory::gradients, MemoryCategory::activations,
                                  MemoryCategory::workspace, MemoryCategory::parameters,
                                  MemoryCategory::optimizer_state}) {
     state.counters["peak_" + std::string(category_name(c))] =
         static_cast<double>(stats.peak_of(c));
   }
-  state.counters["activations_peak"] = static_cast<double>(
-      stats.peak_of(MemoryCategory::activations) - activations_before);
   state.SetItemsProcessed(state.iterations() * batch);
   state.SetLabel(std::string(naive ? "naive" : "memory-free") + " fp32 depth 4 H 512 B " +
                  std::to_string(batch) + " micro " + std::to_string(micro_batch));
