@@ -9,6 +9,9 @@
 //     weights as they were;
 //   - a snapshot taken mid-run and restored into a fresh model continues to the
 //     uninterrupted run's bits (fp16 with the dynamic scaler's state, dropout on);
+//   - on chapter 07's simulated ranks, one rank is the single process to the bit, and three
+//     ranks' gradient is each share's (its targets over the whole batch's count, its tied
+//     head completed) added in rank order, to the bit; ZeRO is refused;
 //   - evaluate() means over real targets; the MLP and the GPT refuse each other's data.
 #include <gtest/gtest.h>
 
@@ -22,10 +25,12 @@
 #include <string>
 #include <vector>
 
+#include "chapters/07_data_parallel/data_parallel.hpp"
 #include "chapters/train/snapshot.hpp"
 #include "chapters/train/trainer.hpp"
 #include "common/data/dataset.hpp"
 #include "common/data/text_corpus.hpp"
+#include "dist/communicator.hpp"
 #include "kernels/cross_entropy.hpp"
 #include "nn/gpt.hpp"
 #include "nn/sample_stream.hpp"
@@ -151,6 +156,84 @@ TEST(GptTrainer, MicroBatchesOfUnevenSequencesGiveTheBatchBitForBit) {
       EXPECT_EQ(after_steps(precision, micro_batch, 3), whole);
     }
   }
+}
+
+std::vector<std::vector<float>> gradient_values(const nn::Network& model) {
+  std::vector<std::vector<float>> values;
+  for (const nn::NamedParameter& p : model.parameters()) values.push_back(p.grad.to_vector<float>());
+  return values;
+}
+
+TEST(GptRanks, OneSimulatedRankIsTheSingleProcessBitForBit) {
+  const Dataset data = token_data(20, 9);
+  nn::Gpt single(small_gpt(), Device::cpu()), ranked(small_gpt(), Device::cpu());
+  nn::Optimizer plain_optimizer(single.parameters(), AdamWOptions{.lr = 1e-2});
+  nn::Optimizer ranked_optimizer(ranked.parameters(), AdamWOptions{.lr = 1e-2});
+  train::Trainer plain(single, plain_optimizer, data, steps_of(12, 5, 3));
+  data_parallel::SimulatedRanks one(1, ranked);
+  train::Trainer trainer(ranked, ranked_optimizer, data, steps_of(12, 5, 3), &one);
+  for (int step = 0; step < 3; ++step) {
+    SCOPED_TRACE("step " + std::to_string(step + 1));
+    EXPECT_EQ(plain.step().loss, trainer.step().loss);
+    EXPECT_EQ(gradient_values(single), gradient_values(ranked));
+  }
+  EXPECT_EQ(parameter_bits(single), parameter_bits(ranked));
+}
+
+// Each rank's share of sequences, accumulated on its own from zero with the whole batch's
+// count of real targets (its tied head completed on the rank), then the shares added by
+// hand in rank order: the trainer's gradient to the bit. The shares hold other counts of
+// real targets than a third of the batch's, so a rank that divided by its own count
+// (Hugging Face's bug, across ranks) would give other gradients and another loss.
+TEST(GptRanks, EachRankDividesByTheWholeBatchsTokensAndTheSharesAddInRankOrder) {
+  const Dataset data = token_data(20, 5);
+  const std::int64_t B = 10, micro_batch = 2;
+  const int ranks = 3;  // shares of 4, 3 and 3 sequences
+  nn::Gpt ranked(small_gpt(), Device::cpu()), by_hand(small_gpt(), Device::cpu());
+  nn::Optimizer optimizer(ranked.parameters(), AdamWOptions{.lr = 1e-2});
+  data_parallel::SimulatedRanks group(ranks, ranked);
+  train::Trainer trainer(ranked, optimizer, data, steps_of(B, micro_batch, 1), &group);
+  const train::StepRecord record = trainer.step();
+
+  const Tensor tokens({B, kLength}, DType::i32), targets({B, kLength}, DType::i32);
+  gather_rows(data, trainer.batch_indices(0), tokens, targets);
+  const std::int64_t real = count_targets(data, trainer.batch_indices(0));
+  EXPECT_EQ(record.batch_targets, real);
+  std::vector<std::vector<float>> total;
+  std::vector<float> losses;
+  bool uneven = false;
+  for (int r = 0; r < ranks; ++r) {
+    const dist::Share share = dist::share_of(B, ranks, r);
+    const std::vector<std::int64_t> all = trainer.batch_indices(0);
+    const std::int64_t own = count_targets(
+        data, {all.begin() + share.begin, all.begin() + share.begin + share.size});
+    uneven = uneven || own * B != real * share.size;
+    by_hand.zero_grad();
+    losses.push_back(nn::accumulate_gradients(
+        by_hand, tokens.rows(share.begin, share.begin + share.size),
+        targets.rows(share.begin, share.begin + share.size), micro_batch,
+        {true, nn::dropout_seed_for_run(11), share.begin}, /*global_count=*/real));
+    const std::vector<std::vector<float>> g = gradient_values(by_hand);
+    if (r == 0) {
+      total = g;
+      continue;
+    }
+    for (std::size_t p = 0; p < g.size(); ++p) {
+      for (std::size_t i = 0; i < g[p].size(); ++i) total[p][i] = total[p][i] + g[p][i];
+    }
+  }
+  ASSERT_TRUE(uneven) << "every share holds its part of the batch's targets: nothing to catch";
+  EXPECT_EQ(gradient_values(ranked), total);
+  EXPECT_EQ(record.loss, (losses[0] + losses[1]) + losses[2]);
+}
+
+TEST(GptRanks, ZeroAndOverlapAreTheMlpsAndRefused) {
+  const Dataset data = token_data(10, 5);
+  nn::Gpt model(small_gpt(), Device::cpu());
+  nn::Optimizer optimizer(model.parameters(), AdamWOptions{.lr = 1e-2});
+  data_parallel::SimulatedRanks sharded(2, model, data_parallel::ZeroStage::optimizer_state);
+  EXPECT_THROW(train::Trainer(model, optimizer, data, steps_of(4, 0, 1), &sharded),
+               std::invalid_argument);
 }
 
 TEST(GptTrainer, Fp16OverflowSkipsTheStepAndLeavesTheWeights) {

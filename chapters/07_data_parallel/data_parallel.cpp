@@ -15,7 +15,7 @@ std::span<float> elements(const Tensor& t) {
 }
 
 /// Every gradient as one part, combined as measured: the boundary's single-process pass.
-loss_scaling::GradientPieces whole_gradients(const nn::Model& model) {
+loss_scaling::GradientPieces whole_gradients(const nn::Network& model) {
   return {{loss_scaling::gradient_tensors(model)}, combine_in_rank_order};
 }
 
@@ -112,7 +112,7 @@ float sum_in_rank_order(std::span<const float> losses) {
   return total;
 }
 
-SimulatedRanks::SimulatedRanks(int ranks, const nn::Model& model, ZeroStage zero)
+SimulatedRanks::SimulatedRanks(int ranks, const nn::Network& model, ZeroStage zero)
     : ranks_(ranks), zero_(zero) {
   BIGBATCH_CHECK(ranks >= 1, "SimulatedRanks: ranks must be >= 1, got ", ranks);
   BIGBATCH_CHECK(model.device().is_cpu(),
@@ -161,7 +161,7 @@ void SimulatedRanks::gradients_ready(nn::Model& model, std::size_t first, std::s
   if (first == 0) ++round_;  // the stem's gradients are the last a backward tells
 }
 
-void SimulatedRanks::share_done(int rank, nn::Model& model) {
+void SimulatedRanks::share_done(int rank, nn::Network& model) {
   BIGBATCH_CHECK(rank >= 0 && rank < ranks(), "SimulatedRanks: no rank ", rank);
   if (zero_ == ZeroStage::gradients) {
     BIGBATCH_CHECK(rank == rank_ && round_ > 0, "SimulatedRanks: rank ", rank,
@@ -186,7 +186,7 @@ void SimulatedRanks::share_done(int rank, nn::Model& model) {
   model.zero_grad();  // the next rank's share starts its own sum, as on its own process
 }
 
-float SimulatedRanks::reduce(nn::Model& model, std::span<const float> losses) {
+float SimulatedRanks::reduce(nn::Network& model, std::span<const float> losses) {
   BIGBATCH_CHECK(static_cast<int>(losses.size()) == ranks(), "SimulatedRanks: ",
                  losses.size(), " losses for ", ranks(), " ranks");
   if (zero_ == ZeroStage::gradients) {
@@ -208,7 +208,7 @@ float SimulatedRanks::reduce(nn::Model& model, std::span<const float> losses) {
   return sum_in_rank_order(losses);
 }
 
-std::vector<nn::NamedParameter> SimulatedRanks::stepped_parameters(const nn::Model& model) const {
+std::vector<nn::NamedParameter> SimulatedRanks::stepped_parameters(const nn::Network& model) const {
   std::vector<nn::NamedParameter> parameters = model.parameters();
   if (zero_ == ZeroStage::gradients) {
     for (std::size_t p = 0; p < parameters.size(); ++p) parameters[p].grad = totals_[p];
@@ -216,7 +216,7 @@ std::vector<nn::NamedParameter> SimulatedRanks::stepped_parameters(const nn::Mod
   return parameters;
 }
 
-loss_scaling::GradientPieces SimulatedRanks::boundary_pieces(const nn::Model& model) {
+loss_scaling::GradientPieces SimulatedRanks::boundary_pieces(const nn::Network& model) {
   if (zero_ == ZeroStage::replicated) return whole_gradients(model);
   loss_scaling::GradientPieces pieces{{}, combine_in_rank_order};
   // The step's gradients: the model's at stage 1, the rounds' total at stage 2.
@@ -383,7 +383,7 @@ void CommunicatorRanks::wait_for_buckets() {
   if (on_device_) on_device_->join_beside();  // the kernels queued next read the sums
 }
 
-float CommunicatorRanks::reduce(nn::Model& model, std::span<const float> losses) {
+float CommunicatorRanks::reduce(nn::Network& model, std::span<const float> losses) {
   BIGBATCH_CHECK(losses.size() == 1, "CommunicatorRanks: one loss per process, got ",
                  losses.size());
   const std::vector<nn::NamedParameter> parameters = model.parameters();
@@ -487,7 +487,7 @@ void CommunicatorRanks::start_open_bucket(Device device) {
   open_bytes_ = 0;
 }
 
-loss_scaling::GradientPieces CommunicatorRanks::boundary_pieces(const nn::Model& model) {
+loss_scaling::GradientPieces CommunicatorRanks::boundary_pieces(const nn::Network& model) {
   if (zero_ == ZeroStage::replicated) return whole_gradients(model);
   const auto combine = [this](std::span<const loss_scaling::GradientStats> mine) {
     BIGBATCH_CHECK(mine.size() == 1, "CommunicatorRanks: one part per process, got ",
@@ -508,7 +508,7 @@ loss_scaling::GradientPieces CommunicatorRanks::boundary_pieces(const nn::Model&
 }
 
 std::vector<nn::NamedParameter> CommunicatorRanks::stepped_parameters(
-    const nn::Model& model) const {
+    const nn::Network& model) const {
   if (zero_ == ZeroStage::replicated) return model.parameters();
   std::vector<nn::NamedParameter> shards =
       parameter_shards(model.parameters(), ranks(), communicator_.rank());
@@ -522,7 +522,7 @@ std::vector<nn::NamedParameter> CommunicatorRanks::stepped_parameters(
   return shards;
 }
 
-void CommunicatorRanks::gather_parameters(nn::Model& model) {
+void CommunicatorRanks::gather_parameters(nn::Network& model) {
   if (zero_ == ZeroStage::replicated) return;
   const std::vector<nn::NamedParameter> parameters = model.parameters();
   for (std::size_t i = 0; i < parameters.size(); ++i) {

@@ -106,7 +106,12 @@ Device device_of_rank(Device requested, int local_rank, int local_ranks, int dev
 /// part, the parts' squared norms added in the given (rank) order, one square root.
 loss_scaling::GradientStats combine_in_rank_order(std::span<const loss_scaling::GradientStats> parts);
 
-/// The ranks of a data-parallel step, as the trainer sees them.
+/// The ranks of a data-parallel step, as the trainer sees them. Summing whole gradients once
+/// per step (stage 0, no overlap) asks only what every nn::Network has: its parameters and
+/// their gradients, so the GPT's ranks are the MLP's. Overlap and ZeRO also need to be told
+/// when a group of gradients is final during the backward and to release gradients and
+/// masters (take_model, start_step, gradients_ready, the masters' gathers): the MLP's
+/// nn::Model alone has those.
 class RankGroup {
  public:
   virtual ~RankGroup() = default;
@@ -117,11 +122,11 @@ class RankGroup {
   virtual std::vector<int> local_ranks() const = 0;
   /// Called after rank r's share has been accumulated into the model's gradients, which
   /// were zero before it.
-  virtual void share_done(int rank, nn::Model& model) = 0;
+  virtual void share_done(int rank, nn::Network& model) = 0;
   /// Leaves the sum over the R ranks of their gradients in the model's gradient buffers,
   /// and returns the sum of the ranks' losses (each its share of the batch's mean), both
   /// in rank order; `losses` holds those of local_ranks().
-  virtual float reduce(nn::Model& model, std::span<const float> losses) = 0;
+  virtual float reduce(nn::Network& model, std::span<const float> losses) = 0;
 
   /// What the ranks shard.
   virtual ZeroStage zero() const = 0;
@@ -133,14 +138,14 @@ class RankGroup {
   /// After reduce(): the gradients the optimizer boundary measures, a piece per local rank
   /// (stage 0: one, every gradient; stage 1: each local rank's shard), and how the pieces'
   /// measurements become the one of all the gradients.
-  virtual loss_scaling::GradientPieces boundary_pieces(const nn::Model& model) = 0;
+  virtual loss_scaling::GradientPieces boundary_pieces(const nn::Network& model) = 0;
   /// The parameters this process's optimizer steps: all of them, or (stages 1 and 2 under
   /// MPI) this rank's shard of each (parameter_shards; a sharded master the group's own
   /// shard). Clipping scales their gradients.
-  virtual std::vector<nn::NamedParameter> stepped_parameters(const nn::Model& model) const = 0;
+  virtual std::vector<nn::NamedParameter> stepped_parameters(const nn::Network& model) const = 0;
   /// After an optimizer step: every rank's updated shard to every rank (stage 1 under MPI;
   /// nothing to do otherwise).
-  virtual void gather_parameters(nn::Model& model) = 0;
+  virtual void gather_parameters(nn::Network& model) = 0;
   /// Between steps: the model's whole f32 masters again, for whoever reads them (a save, a
   /// snapshot, a comparison). Under MPI at stages 1 and 2 in fp16 or bf16 each rank holds
   /// only its shard of every master, and this gathers them (a collective: every rank calls
@@ -187,16 +192,16 @@ class SimulatedRanks final : public RankGroup {
   /// the CPU, where dist::add_next_rank runs). At stage 1 the one optimizer steps every
   /// shard (the optimizer acts element by element: the R ranks' steps together), and the
   /// boundary measures the R shards as the R ranks do.
-  SimulatedRanks(int ranks, const nn::Model& model,
+  SimulatedRanks(int ranks, const nn::Network& model,
                  ZeroStage zero = ZeroStage::replicated);
   int ranks() const override { return ranks_; }
   std::vector<int> local_ranks() const override;
-  void share_done(int rank, nn::Model& model) override;
-  float reduce(nn::Model& model, std::span<const float> losses) override;
+  void share_done(int rank, nn::Network& model) override;
+  float reduce(nn::Network& model, std::span<const float> losses) override;
   ZeroStage zero() const override { return zero_; }
-  loss_scaling::GradientPieces boundary_pieces(const nn::Model& model) override;
-  std::vector<nn::NamedParameter> stepped_parameters(const nn::Model& model) const override;
-  void gather_parameters(nn::Model&) override {}
+  loss_scaling::GradientPieces boundary_pieces(const nn::Network& model) override;
+  std::vector<nn::NamedParameter> stepped_parameters(const nn::Network& model) const override;
+  void gather_parameters(nn::Network&) override {}
   /// Stage 2: adds the micro-batch's gradients to the round's sum and releases them.
   void gradients_ready(nn::Model& model, std::size_t first, std::size_t end) override;
 
@@ -249,10 +254,10 @@ class CommunicatorRanks final : public RankGroup {
   void take_model(nn::Model& model) override;
   int ranks() const override { return communicator_.size(); }
   std::vector<int> local_ranks() const override { return {communicator_.rank()}; }
-  void share_done(int, nn::Model&) override {}
+  void share_done(int, nn::Network&) override {}
   /// Stage 0: an all-reduce of every gradient; stage 1: a reduce-scatter. With buckets,
   /// the last bucket's sum starts here and every bucket's is waited for.
-  float reduce(nn::Model& model, std::span<const float> losses) override;
+  float reduce(nn::Network& model, std::span<const float> losses) override;
   bool overlaps() const override { return bucket_bytes_ > 0; }
   /// Adds the gradients to the open bucket, starts its sum when it holds bucket_bytes,
   /// and lets the engine move the started sums on. Stage 2: reduce-scatters them at once,
@@ -264,11 +269,11 @@ class CommunicatorRanks final : public RankGroup {
   ZeroStage zero() const override { return zero_; }
   /// Stage 1: this rank's shards, combined over the ranks (an all-gather of each rank's
   /// found-inf and squared norm, added in rank order).
-  loss_scaling::GradientPieces boundary_pieces(const nn::Model& model) override;
-  std::vector<nn::NamedParameter> stepped_parameters(const nn::Model& model) const override;
+  loss_scaling::GradientPieces boundary_pieces(const nn::Network& model) override;
+  std::vector<nn::NamedParameter> stepped_parameters(const nn::Network& model) const override;
   /// Every rank's shard of each f32 value to every rank, but of a sharded master only of
   /// its 16-bit working copy: 2 bytes an element where the master has 4.
-  void gather_parameters(nn::Model& model) override;
+  void gather_parameters(nn::Network& model) override;
   void gather_master_weights(nn::Model& model) override;
   std::map<std::string, Tensor> gathered_masters(const nn::Model& model) override;
   /// Stage 1, for a snapshot: `whole`, an optimizer over every parameter with `mine`'s

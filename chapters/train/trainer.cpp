@@ -18,8 +18,8 @@ loss_scaling::BoundaryOptions boundary_options(const TrainConfig& config) {
 }
 
 Trainer::Trainer(nn::Network& model, nn::Optimizer& optimizer, const Dataset& data,
-                 TrainConfig config)
-    : Trainer(model, nullptr, optimizer, data, config, nullptr) {}
+                 TrainConfig config, data_parallel::RankGroup* ranks)
+    : Trainer(model, nullptr, optimizer, data, config, ranks) {}
 
 Trainer::Trainer(nn::Model& model, nn::Optimizer& optimizer, const Dataset& data,
                  TrainConfig config, data_parallel::RankGroup* ranks)
@@ -45,6 +45,11 @@ Trainer::Trainer(nn::Network& model, nn::Model* mlp, nn::Optimizer& optimizer,
   BIGBATCH_CHECK(config_.warmup_steps >= 0, "Trainer: warmup_steps must be >= 0, got ",
                  config_.warmup_steps);
   if (ranks_) {
+    BIGBATCH_CHECK(mlp_ != nullptr || (ranks_->zero() == data_parallel::ZeroStage::replicated &&
+                                       !ranks_->overlaps()),
+                   "Trainer: ZeRO and sums overlapping the backward need the residual MLP "
+                   "(nn::Model tells its final gradients and releases them); this model's "
+                   "ranks sum whole gradients once per step");
     // Every rank must have a sample of every batch, the short last one included.
     const std::int64_t last = stream_.position(stream_.batches_per_epoch() - 1).size;
     BIGBATCH_CHECK(ranks_->ranks() <= last, "Trainer: ", ranks_->ranks(),
@@ -70,7 +75,9 @@ StepRecord Trainer::step() {
   const auto start = std::chrono::steady_clock::now();
   const std::int64_t k = steps_done_;
   const nn::BatchPosition batch = stream_.position(k);
-  if (ranks_) {  // ZeRO stage 2: how many sums the ranks take, and the model's gradients go
+  if (ranks_ && ranks_->zero() != data_parallel::ZeroStage::replicated) {
+    // ZeRO: the masters' shards taken; at stage 2, how many sums the ranks take, and the
+    // model's gradients go.
     const std::int64_t largest = dist::share_of(batch.size, ranks_->ranks(), 0).size;
     ranks_->start_step(*mlp_, (largest + config_.micro_batch - 1) / config_.micro_batch);
   }
@@ -103,21 +110,24 @@ StepRecord Trainer::step() {
       share_context.first_row += share.begin;  // its samples' own dropout masks
       // With overlap, the sum of each group of gradients starts as the share's last
       // backward finishes it; at ZeRO stage 2, as every backward finishes it.
-      nn::GradientsReady on_final;
-      if (ranks_->overlaps() || ranks_->sums_every_micro_batch()) {
-        on_final = [this](std::size_t first, std::size_t end) {
+      if (ranks_->overlaps() || ranks_->sums_every_micro_batch()) {  // the MLP (checked)
+        const nn::GradientsReady on_final = [this](std::size_t first, std::size_t end) {
           ranks_->gradients_ready(*mlp_, first, end);
         };
+        losses.push_back(nn::accumulate_gradients(
+            *mlp_, share.size, share_rows, config_.micro_batch, share_context,
+            /*global_count=*/targets, scale, on_final,
+            ranks_->sums_every_micro_batch() ? nn::TellGradients::every_micro_batch
+                                             : nn::TellGradients::last_micro_batch));
+      } else {
+        losses.push_back(nn::accumulate_gradients(model_, share.size, share_rows,
+                                                  config_.micro_batch, share_context,
+                                                  /*global_count=*/targets, scale));
       }
-      losses.push_back(nn::accumulate_gradients(
-          *mlp_, share.size, share_rows, config_.micro_batch, share_context,
-          /*global_count=*/targets, scale, on_final,
-          ranks_->sums_every_micro_batch() ? nn::TellGradients::every_micro_batch
-                                           : nn::TellGradients::last_micro_batch));
-      ranks_->share_done(r, *mlp_);
+      ranks_->share_done(r, model_);
     }
     const auto reduce_start = std::chrono::steady_clock::now();
-    loss = ranks_->reduce(*mlp_, losses);
+    loss = ranks_->reduce(model_, losses);
     reduce_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() -
                                                    reduce_start).count() +
                      ranks_->take_seconds_in_backward();
@@ -136,7 +146,7 @@ StepRecord Trainer::step() {
   if (boundary_.measures()) {
     // 1, 3 (data parallel: over the parts the ranks hold, e.g. their shards under ZeRO)
     const loss_scaling::GradientStats& gradients =
-        ranks_ ? boundary_.unscale(ranks_->boundary_pieces(*mlp_), model_.device())
+        ranks_ ? boundary_.unscale(ranks_->boundary_pieces(model_), model_.device())
                : boundary_.unscale(model_);
     if (gradients.overflow && !scaling) {
       throw NonFiniteGradientError("step " + std::to_string(k + 1) +
@@ -153,11 +163,11 @@ StepRecord Trainer::step() {
     outcome = boundary_.step(model_, optimizer_);
   } else {  // clipping the gradients this process's optimizer reads, then sharing the result
     std::vector<Tensor> stepped;
-    for (const nn::NamedParameter& p : ranks_->stepped_parameters(*mlp_)) stepped.push_back(p.grad);
+    for (const nn::NamedParameter& p : ranks_->stepped_parameters(model_)) stepped.push_back(p.grad);
     outcome = boundary_.step(stepped, optimizer_);
     if (!outcome.skipped) {
       const auto gather_start = std::chrono::steady_clock::now();
-      ranks_->gather_parameters(*mlp_);  // ZeRO: the all-reduce's second half, after the step
+      ranks_->gather_parameters(model_);  // ZeRO: the all-reduce's second half, after the step
       reduce_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() -
                                                       gather_start).count();
     }

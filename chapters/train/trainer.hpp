@@ -25,9 +25,10 @@
 //     the dynamic scale's growth counter counts the step
 // The model is any nn::Network: the residual MLP on rows of features, or chapter 08's GPT on
 // token sequences (a sample is a sequence; its targets are its tokens' next tokens).
-// Data parallel (chapter 07, a RankGroup given, the MLP): the batch is split into the ranks'
-// shares (dist::share_of), each share accumulated as above with the global count b and
-// its samples' global rows, and the ranks' gradients summed once, before the boundary;
+// Data parallel (chapter 07, a RankGroup given): the batch is split into the ranks' shares
+// (dist::share_of), each share accumulated as above with the global count of the whole
+// batch's targets (b samples, or the tokens of every rank's sequences) and its samples'
+// global rows, and the ranks' gradients summed once, before the boundary;
 // the boundary then runs on every rank on the same sum (with overlap, the sum of each
 // group of gradients starts during the share's last backward, as soon as it is final).
 // Under ZeRO stage 1 each rank holds the sum of its shard only: the boundary measures the
@@ -167,10 +168,13 @@ class Trainer {
   /// Checks the configuration (batch > 0, 0 <= micro_batch <= batch, steps or epochs
   /// positive, warmup_steps >= 0, a non-empty data set whose samples fit the model:
   /// nn::Network::check_data) and allocates one micro-batch's buffers on the model's device.
+  /// With `ranks` (kept by reference; nullptr: one process) every step is data parallel
+  /// over them; they may not outnumber the samples of a batch, and for any model but the
+  /// MLP they sum whole gradients once per step (no ZeRO, no overlap: RankGroup says why).
   Trainer(nn::Network& model, nn::Optimizer& optimizer, const Dataset& data,
-          TrainConfig config);
-  /// The same for the residual MLP, with every step data parallel over `ranks` (kept by
-  /// reference; nullptr: one process), which may not outnumber the samples of a batch.
+          TrainConfig config, data_parallel::RankGroup* ranks = nullptr);
+  /// The same for the residual MLP, whose ranks may also overlap their sum with the
+  /// backward and shard it (ZeRO).
   Trainer(nn::Model& model, nn::Optimizer& optimizer, const Dataset& data, TrainConfig config,
           data_parallel::RankGroup* ranks);
 
@@ -209,7 +213,7 @@ class Trainer {
           TrainConfig config, data_parallel::RankGroup* ranks);
 
   nn::Network& model_;
-  nn::Model* mlp_ = nullptr;  // the same model when it is the MLP (data parallel needs it)
+  nn::Model* mlp_ = nullptr;  // the same model when it is the MLP (overlap and ZeRO need it)
   nn::Optimizer& optimizer_;
   TrainConfig config_;
   nn::SampleStream stream_;
