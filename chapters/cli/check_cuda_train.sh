@@ -5,7 +5,7 @@
 # 07 on the GPU: one rank of --data-parallel, its gradients summed by NCCL (both
 # reductions, ZeRO stages 0 and 1, summed after the backward or overlapping it on NCCL's
 # own stream; stage 2 with one micro-batch per step, with and without buckets), saves the
-# single-process run's bytes. Exits 77
+# single-process run's bytes, and so does chapter 08's GPT as one rank. Exits 77
 # (CTest's skip) with the reason when this machine has no usable GPU.
 set -u
 bigbatch=$1
@@ -53,4 +53,16 @@ for buckets in 0 1; do
     { echo "FAIL: --data-parallel --zero 2 --bucket-size $buckets on one GPU did not save the single run's bytes"; exit 1; }
   echo "--data-parallel --zero 2 --bucket-size $buckets on one GPU (NCCL), one micro-batch per step: the single run's bytes"
 done
+# Chapter 08's GPT on the GPU, alone and as one NCCL rank (bf16, dropout, micro-batches of
+# padded sequences): the same bytes.
+"$(dirname "$0")/write_corpus.sh" corpus.txt || { echo "FAIL: cannot write corpus.txt"; exit 1; }
+gpt="--device cuda --model gpt --data text:corpus.txt --seq-len 24 --layers 2 --width 32 \
+  --heads 4 --batch 8 --micro-batch 3 --steps 4 --dropout 0.1 --precision bf16"
+# shellcheck disable=SC2086 # the run's words
+"$bigbatch" train $gpt --save gpt-single.st > gpt.txt 2>&1 || { cat gpt.txt; echo "FAIL: the GPT on the GPU"; exit 1; }
+# shellcheck disable=SC2086
+"$bigbatch" train $gpt --data-parallel --save gpt-rank.st > gpt.txt 2>&1 ||
+  { cat gpt.txt; echo "FAIL: the GPT as one rank on the GPU"; exit 1; }
+cmp -s gpt-single.st gpt-rank.st || { echo "FAIL: the GPT as one NCCL rank did not save the single run's bytes"; exit 1; }
+echo "the GPT as one rank on one GPU (NCCL): the single run's bytes"
 echo ok

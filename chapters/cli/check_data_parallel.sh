@@ -33,6 +33,10 @@
 #     state) and trained by every rank, its measured peak the predicted one; a budget that
 #     fits stage 1 and not stage 0, and one that fits stage 2 and not stage 1; the plan by
 #     hand, simulated, saves the job's bytes.
+#  8. Chapter 08's GPT: 3 ranks under mpirun save --simulate-ranks 3's bytes (fp32 with
+#     dropout in micro-batches, bf16 with checkpointed blocks), every rank's tokens over the
+#     whole batch's count; rank 0's peaks are its share's predicted step; the engine's sum
+#     runs; --plan auto plans rank 0's share.
 set -u
 bigbatch=$1 mpiexec=$2
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
@@ -397,4 +401,39 @@ mpirun -np 2 "$bigbatch" train $planned --device-memory 3.5MiB --plan auto --zer
 echo "--plan auto on 2 ranks: rank 0's share planned ($chosen), its peak $predicted bytes as measured; stage 0 fits nothing in 4.5 MiB; --explain predicts rank 0's step ($predicted200 bytes); stage 2 fits 3.5 MiB ($predicted2 bytes, as measured), stage 1 does not"
 refused "--plan with --simulate-ranks" "--simulate-ranks does not take --plan" \
   "$bigbatch" train $planned --device-memory 4.5MiB --plan auto --simulate-ranks 2
+
+# 8. Chapter 08's GPT on ranks: documents of uneven lengths in sequences of 24 positions, a
+# batch of 8 in shares of 3, 3 and 2 sequences, every rank dividing its target tokens' loss
+# by the whole batch's count. The job saves the simulation's bytes (fp32 with dropout, bf16
+# with checkpointed blocks); rank 0's steps peak where its share's step is predicted
+# (nn::predict_gpt_step); --plan auto plans rank 0's share for every rank.
+"$(dirname "$0")/write_corpus.sh" corpus.txt || fail "cannot write corpus.txt"
+gpt="--model gpt --data text:corpus.txt --seq-len 24 --layers 2 --width 32 --heads 4 --batch 8 --steps 4 --lr 1e-2 --seed 5"
+same_gpt() {  # same_gpt NAME FLAGS...: 3 ranks under MPI and simulated save the same bytes
+  name=$1
+  shift
+  mpirun -np 3 "$bigbatch" train $gpt "$@" --data-parallel --save "mpi-$name.st" --log "mpi-$name.jsonl" \
+    > "mpi-$name.txt" 2>&1 || fail "mpirun -np 3 ($name): exit code $? ($(tail -n 3 "mpi-$name.txt"))"
+  "$bigbatch" train $gpt "$@" --simulate-ranks 3 --save "sim-$name.st" > "sim-$name.txt" 2>&1 ||
+    fail "--simulate-ranks 3 ($name): $(tail -n 3 "sim-$name.txt")"
+  cmp -s "mpi-$name.st" "sim-$name.st" || fail "the GPT on 3 ranks under MPI and simulated differ ($name)"
+}
+same_gpt gpt-fp32 --dropout 0.1 --micro-batch 2 --explain
+same_gpt gpt-bf16 --dropout 0.1 --precision bf16 --checkpoint every:1
+grep -q '^data parallel: 3 ranks under MPI, shares of 2 to 3 samples of each batch of 8 (2 micro-batches per rank)' mpi-gpt-fp32.txt ||
+  fail "the GPT's ranks are not described: $(grep '^data parallel' mpi-gpt-fp32.txt)"
+predicted_gpt=$(sed -n 's/^predicted step peak .* (\([0-9]*\) bytes), at: .*/\1/p' mpi-gpt-fp32.txt)
+[ -n "$predicted_gpt" ] && [ "$(grep -c "\"peak_bytes_total\":$predicted_gpt," mpi-gpt-fp32.jsonl)" -eq 4 ] ||
+  fail "the GPT on ranks: rank 0's peaks are not the predicted ${predicted_gpt:-?}: $(grep -o '"peak_bytes_total":[0-9]*' mpi-gpt-fp32.jsonl | tr '\n' ' ')"
+mpirun -np 2 "$bigbatch" train $gpt --data-parallel --reduction engine > gpt-engine.txt 2>&1 ||
+  fail "the GPT with the engine's reduction on 2 ranks: $(tail -n 3 gpt-engine.txt)"
+mpirun -np 2 "$bigbatch" train $gpt --data-parallel --plan auto --device-memory "$predicted_gpt" \
+  --calibration gpt-cal.json --log gpt-planned.jsonl > gpt-planned.txt 2>&1 ||
+  fail "--plan auto for the GPT on 2 ranks: $(tail -n 3 gpt-planned.txt)"
+grep -q '^plan auto: micro-batch [0-9]* ([0-9]* per step), ' gpt-planned.txt ||
+  fail "--plan auto on ranks does not say what it chose: $(head -n 3 gpt-planned.txt)"
+largest_gpt=$(sed 's/.*"peak_bytes_total":\([0-9]*\).*/\1/' gpt-planned.jsonl | sort -n | tail -n 1)
+[ "$largest_gpt" -le "$predicted_gpt" ] ||
+  fail "--plan auto on ranks under $predicted_gpt bytes: rank 0's step peaked at $largest_gpt"
+echo "the GPT on 3 ranks: MPI and simulated saved the same bytes (fp32, bf16 checkpointed); rank 0's steps peaked at the predicted $predicted_gpt bytes; --plan auto on 2 ranks fits them"
 echo "ok"

@@ -6,6 +6,7 @@
 # bytes (ln 256 = 5.55) and the loss falls; every log line counts its step's target tokens;
 # micro-batches of 3 and of 1 sequence save the bits of the batch of 8 (fp32 and bf16, with
 # dropout: the loss of every target over the step's count, the tied head completed once),
+# and so does one simulated rank, while three count the whole batch's tokens;
 # and so do checkpointed transformer blocks (optimal:1, every:1, budget:BYTES), whose
 # step peaks are predicted to the byte;
 # fp16 runs under the dynamic loss scaler; a run resumed from a snapshot ends on the bits and
@@ -19,13 +20,7 @@ bigbatch=$(cd "$(dirname "$1")" && pwd)/$(basename "$1")
 fail() { echo "FAIL: $1"; exit 1; }
 # A folder of its own: the other CLI tests run beside it and write files of the same names.
 mkdir -p gpt_train && cd gpt_train || fail "cannot enter gpt_train"
-# 40 documents of 1 to 9 sentences: some fit a sequence of 24 positions, most are cut.
-awk 'BEGIN {
-  for (d = 0; d < 40; ++d) {
-    for (s = 0; s <= d % 9; ++s) printf "Sentence %d of document %d says little. ", s, d;
-    printf "\n%%\n";
-  }
-}' > corpus.txt
+"$(dirname "$0")/write_corpus.sh" corpus.txt || fail "cannot write corpus.txt"
 gpt="--model gpt --seq-len 24 --layers 2 --width 32 --heads 4"
 shape="$gpt --data text:corpus.txt"
 run() {  # run NAME FLAGS...: 6 steps of batch 8, parameters saved to NAME.safetensors
@@ -71,6 +66,25 @@ grep -q '^bigbatch train: tokens:corpus-tokens.npy ([0-9]* sequences of 24 token
   fail "the header does not describe the token file: $(head -n 1 tokens.txt)"
 cmp -s whole.safetensors tokens.safetensors ||
   fail "the token file of the text's sequences did not train the text's bits"
+# Chapter 07's ranks in one process: one simulated rank is the single process's bits; three
+# ranks (shares of 3, 3 and 2 sequences of uneven real lengths) add their shares' gradients
+# in rank order, each share's target tokens over the whole batch's count, and log that
+# count. (chapters/cli/check_data_parallel.sh: the same runs under mpirun save these bytes.)
+run rank1 --micro-batch 3 --simulate-ranks 1
+run ranks3 --micro-batch 2 --simulate-ranks 3
+cmp -s whole.safetensors rank1.safetensors || fail "--simulate-ranks 1 did not give the bits of one process"
+cmp -s whole.safetensors ranks3.safetensors &&
+  fail "3 ranks saved one process's bits: each share starts its own sum, so were there ranks?"
+grep -q '^data parallel: 3 ranks simulated in one process, shares of 2 to 3 samples' ranks3.txt ||
+  fail "the ranks are not described: $(head -n 6 ranks3.txt)"
+targets() { sed 's/.*"targets":\([0-9]*\).*/\1/' "$1"; }
+targets whole.jsonl > whole.targets && targets ranks3.jsonl > ranks3.targets
+cmp -s whole.targets ranks3.targets || fail "the ranks' steps did not count the whole batch's target tokens"
+last_loss() { tail -n 1 "$1" | sed 's/.*"loss":\([^,]*\),.*/\1/'; }
+# The sum's order differs from one process's, and AdamW's steps spread the last bits: the
+# losses of step 6 agree to 1e-3, far closer than a per-rank token mean would leave them.
+awk "BEGIN { d = $(last_loss ranks3.jsonl) - $(last_loss whole.jsonl); exit !(d < 1e-3 && d > -1e-3) }" ||
+  fail "3 ranks ended on loss $(last_loss ranks3.jsonl), one process on $(last_loss whole.jsonl)"
 # Checkpointing the transformer blocks recomputes them with the same dropout masks.
 # One kept block input for 2 blocks: block 0 runs twice per micro-batch.
 grep -q '^activation checkpointing optimal:1: at most 1 block input kept and 1 block.s activations at a time; 3 block forwards per micro-batch instead of 2$' optimal1.txt ||
@@ -169,7 +183,8 @@ refused "budget:1048576: no checkpoint policy fits the step" $shape --checkpoint
 refused "--device-memory 64.00 KiB is below the" $shape --device-memory 64KiB
 refused "--checkpoint: selective recomputation keeps the MLP block's" $shape --checkpoint sqrt+selective
 refused "--snapshot-every and --snapshot-keep need --snapshot-dir" $shape --snapshot-every 2
-refused "--simulate-ranks is not available with --model gpt" $shape --simulate-ranks 2
+refused "--zero is the MLP's: --model gpt's ranks sum whole gradients" $shape --simulate-ranks 2 --zero 1
+refused "--bucket-size is the MLP's" $shape --data-parallel --bucket-size 1MiB
 refused "heads" --model gpt --data text:corpus.txt --seq-len 24 --width 32 --heads 3
 refused "--data: " --model gpt --data text:no-such-file.txt
 refused "--init: " --model gpt --data text:corpus.txt --seq-len 24 --layers 2 --width 16 --heads 4 --init whole.safetensors

@@ -464,7 +464,8 @@ void add_zero_flag(CLI::App& app, TrainOptions& o) {
                   "its shard of every parameter, and in fp16 or bf16 the f32 masters too (a "
                   "reduce-scatter, the step of the shard, an all-gather of the parameters); "
                   "2 also the gradients, each rank holding its shard's, summed after every "
-                  "micro-batch (with --bucket-size, in buckets during each backward)");
+                  "micro-batch (with --bucket-size, in buckets during each backward); the "
+                  "MLP's (not --model gpt's)");
 }
 
 }  // namespace
@@ -475,7 +476,8 @@ void add_data_parallel_flags(CLI::App& train, TrainOptions& o) {
       "train as one rank of an MPI job (mpirun -np R bigbatch train ... --data-parallel, "
       "chapter 07): each rank accumulates its share of every batch with no communication, "
       "and the ranks' gradients are summed once per optimizer step (MPI on the CPU, NCCL "
-      "with --device cuda, one GPU per rank); rank 0 prints and writes the files");
+      "with --device cuda, one GPU per rank); rank 0 prints and writes the files; with "
+      "--model gpt every rank divides by the whole batch's target tokens");
   auto* simulate = train.add_option(
       "--simulate-ranks", o.parallel.simulate_ranks,
       "compute each batch as R ranks would, in this one process: R gradient buffers added "
@@ -493,7 +495,8 @@ void add_data_parallel_flags(CLI::App& train, TrainOptions& o) {
       "micro-batch's under --zero 2): the gradients the backward has finished start their "
       "sums in buckets of this size (e.g. 4MiB; "
       "PyTorch DDP's default is 25MiB); 0, the default here, sums after the backward (on a "
-      "CPU the engine moves the bytes with the cores that compute: chapter 07's README)",
+      "CPU the engine moves the bytes with the cores that compute: chapter 07's README); "
+      "the MLP's (not --model gpt's)",
       [](const std::string& text) { return refusal_of([&] { parse_bytes(text); }); },
       [&o](const std::string& text) { o.parallel.bucket_bytes = parse_bytes(text); }, "SIZE")
       ->default_str("0");

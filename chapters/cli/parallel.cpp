@@ -2,6 +2,7 @@
 #include "chapters/cli/parallel.hpp"
 
 #include <algorithm>
+#include <cstdio>
 #include <limits>
 #include <sstream>
 #include <stdexcept>
@@ -24,7 +25,7 @@ std::uint32_t add_fingerprint(const Tensor& t, std::uint32_t crc) {
 }
 
 /// The CRC of every parameter's bytes (the f32 values and any 16-bit working copy).
-std::uint32_t parameters_fingerprint(const nn::Model& model) {
+std::uint32_t parameters_fingerprint(const nn::Network& model) {
   std::uint32_t crc = 0;
   for (const nn::NamedParameter& p : model.parameters()) {
     crc = add_fingerprint(p.half, add_fingerprint(p.value, crc));
@@ -80,15 +81,30 @@ RunRanks::RunRanks(const TrainOptions& options) : options_(options.parallel) {
   }
 }
 
+void RunRanks::quiet_other_ranks(TrainOptions& options) const {
+  if (writes()) return;
+  if (!std::freopen("/dev/null", "w", stdout)) {
+    throw std::runtime_error("rank " + std::to_string(rank()) + ": cannot silence stdout");
+  }
+  options.output.save.clear();
+  options.output.log.clear();
+  options.output.eval_every = 0;
+}
+
 void RunRanks::check_run(const TrainOptions& options, const nn::ModelConfig& model,
                          std::int64_t samples) const {
+  if (enabled() && model.norm == nn::Norm::batch) {
+    throw UsageError("--norm batch with " + std::to_string(count_) +
+                     (count_ == 1 ? " rank" : " ranks") + ": each rank would normalise its "
+                     "share with its own statistics and keep its own running statistics, so "
+                     "the ranks' models would part; use --norm layer");
+  }
+  check_run(options, samples);
+}
+
+void RunRanks::check_run(const TrainOptions& options, std::int64_t samples) const {
   if (!enabled()) return;
   const std::string ranks = std::to_string(count_) + (count_ == 1 ? " rank" : " ranks");
-  if (model.norm == nn::Norm::batch) {
-    throw UsageError("--norm batch with " + ranks + ": each rank would normalise its share "
-                     "with its own statistics and keep its own running statistics, so the "
-                     "ranks' models would part; use --norm layer");
-  }
   if (!options.source.device.is_cpu()) {
     const std::string device = "--device " + options.source.device.name();
     if (!communicator_) {
@@ -125,7 +141,7 @@ train::RunConfig RunRanks::with_settings(train::RunConfig settings) const {
   return settings;
 }
 
-void RunRanks::check_agreement(const train::RunConfig& settings, const nn::Model& model,
+void RunRanks::check_agreement(const train::RunConfig& settings, const nn::Network& model,
                                const nn::Optimizer& optimizer, std::int64_t steps_done) const {
   if (!communicator_ || count_ == 1) return;
   std::string text;
@@ -154,7 +170,7 @@ void RunRanks::check_agreement(const train::RunConfig& settings, const nn::Model
   }
 }
 
-void RunRanks::check_parameters_agree(const nn::Model& model) const {
+void RunRanks::check_parameters_agree(const nn::Network& model) const {
   if (!communicator_ || count_ == 1) return;
   const int parted = first_different(communicator_->all_gather(
       static_cast<std::uint64_t>(parameters_fingerprint(model))));
@@ -174,6 +190,20 @@ bool RunRanks::any(bool mine) const {
 }
 
 data_parallel::RankGroup* RunRanks::group(nn::Model& model) {
+  const bool first = !group_;
+  data_parallel::RankGroup* const ranks = make_group(model);
+  if (first && ranks) ranks->take_model(model);
+  return ranks;
+}
+
+data_parallel::RankGroup* RunRanks::group(nn::Network& model) {
+  BIGBATCH_CHECK(options_.zero == data_parallel::ZeroStage::replicated &&
+                     options_.bucket_bytes == 0,
+                 "RunRanks: ZeRO and overlapped sums are the MLP's (group(nn::Model&))");
+  return make_group(model);
+}
+
+data_parallel::RankGroup* RunRanks::make_group(const nn::Network& model) {
   if (!enabled()) return nullptr;
   if (!group_) {
     if (communicator_) {
@@ -184,7 +214,6 @@ data_parallel::RankGroup* RunRanks::group(nn::Model& model) {
     } else {
       group_ = std::make_unique<data_parallel::SimulatedRanks>(count_, model, options_.zero);
     }
-    group_->take_model(model);
   }
   return group_.get();
 }
@@ -232,9 +261,13 @@ checkpointing::StepShape RunRanks::rank_step(checkpointing::StepShape whole) con
   if (!communicator_) return whole;
   whole.held =
       data_parallel::held_elements(whole.model, count_, 0, options_.zero, options_.bucket_bytes);
-  whole.batch = dist::share_of(whole.batch, count_, 0).size;
+  whole.batch = rank_batch(whole.batch);
   whole.micro_batch = std::min(whole.micro_batch, whole.batch);
   return whole;
+}
+
+std::int64_t RunRanks::rank_batch(std::int64_t batch) const {
+  return communicator_ ? dist::share_of(batch, count_, 0).size : batch;
 }
 
 std::optional<int> RunRanks::planned_ranks() const {

@@ -35,10 +35,16 @@ class RunRanks {
   int rank() const { return communicator_ ? communicator_->rank() : 0; }
   /// Whether this process prints, saves and logs: rank 0.
   bool writes() const { return rank() == 0; }
+  /// On every rank but 0: stdout silenced, and no --save, --log or --eval-every, so that
+  /// rank 0 alone prints and writes.
+  void quiet_other_ranks(TrainOptions& options) const;
 
   /// Refuses a run the ranks cannot split: a batch (the epoch's short last one included)
-  /// with fewer samples than ranks, BatchNorm (each rank would normalise and update its
-  /// running statistics by its share alone), a CUDA device (MPI sums host memory).
+  /// with fewer samples than ranks, a CUDA device the ranks cannot sum on (the simulation
+  /// adds on the CPU; a bigbatch without NCCL).
+  void check_run(const TrainOptions& options, std::int64_t samples) const;
+  /// The same for the MLP, and BatchNorm (each rank would normalise and update its running
+  /// statistics by its share alone).
   void check_run(const TrainOptions& options, const nn::ModelConfig& model,
                  std::int64_t samples) const;
   /// The run's settings with the ranks' own when they are on: "ranks" (R: the rank-order
@@ -48,19 +54,22 @@ class RunRanks {
   /// Under MPI: every rank must have the same settings and start from the same state (the
   /// parameters, the optimizer's state and the steps done, fresh or resumed); otherwise
   /// every rank throws UsageError naming the first rank that differs.
-  void check_agreement(const train::RunConfig& settings, const nn::Model& model,
+  void check_agreement(const train::RunConfig& settings, const nn::Network& model,
                        const nn::Optimizer& optimizer, std::int64_t steps_done) const;
   /// Under MPI, after training: every rank's parameters are still rank 0's (they see the
   /// same summed gradients, so only a bug parts them): those the model holds, so under
   /// ZeRO in 16 bits the working copies and not the masters' shards, unless gathered;
   /// otherwise every rank throws std::runtime_error.
-  void check_parameters_agree(const nn::Model& model) const;
+  void check_parameters_agree(const nn::Network& model) const;
   /// Whether `mine` holds on any rank (a collective under MPI, so that the ranks stop after
   /// the same step when a signal reaches them at different moments); `mine` when alone.
   bool any(bool mine) const;
   /// The trainer's ranks (null when off), made on the first call (under --zero 2 and MPI
   /// the ranks take over the model's gradients: RankGroup::take_model).
   data_parallel::RankGroup* group(nn::Model& model);
+  /// The same for any model, whose ranks sum whole gradients once per step: the caller
+  /// has refused --zero and --bucket-size (std::invalid_argument otherwise).
+  data_parallel::RankGroup* group(nn::Network& model);
   /// Between steps, before the model's f32 masters are read (a snapshot, a save, the
   /// check that the ranks agree): the ranks' shards of them gathered into the model
   /// (RankGroup::gather_master_weights, a collective under --zero 1 and 2 in fp16 or bf16).
@@ -88,6 +97,9 @@ class RunRanks {
   /// ZeRO stage 1 the largest shard of the optimizer state), of `whole`, the batch's step.
   /// Unchanged in one process: the simulation holds every rank's gradients besides.
   checkpointing::StepShape rank_step(checkpointing::StepShape whole) const;
+  /// The samples of a batch of `batch` that each rank's memory must hold under MPI: rank
+  /// 0's share, the largest; `batch` in one process.
+  std::int64_t rank_batch(std::int64_t batch) const;
   /// The ranks `bigbatch train --plan auto` plans rank 0's share of (nullopt when off).
   std::optional<int> planned_ranks() const;
   /// The plan every rank trains with: `plan`'s on rank 0, sent to the others (which wait
@@ -99,6 +111,9 @@ class RunRanks {
                        nn::Precision precision) const;
 
  private:
+  /// The group, made on the first call (the simulation copies the model's gradients' shapes).
+  data_parallel::RankGroup* make_group(const nn::Network& model);
+
   const ParallelOptions& options_;
   dist::Communicator* communicator_ = nullptr;
   int count_ = 1;

@@ -42,12 +42,7 @@ int run_train(TrainOptions options) {
   check_mlp_flags(options);
   if (options.plan.automatic) check_plan_flags(options);
   RunRanks ranks(options);  // chapter 07; under MPI, rank 0 alone prints and writes files
-  if (!ranks.writes()) {
-    if (!std::freopen("/dev/null", "w", stdout)) throw std::runtime_error("rank " + std::to_string(ranks.rank()) + ": cannot silence stdout");
-    options.output.save.clear();
-    options.output.log.clear();
-    options.output.eval_every = 0;
-  }
+  ranks.quiet_other_ranks(options);
   if (!options.output.save.empty()) check_writable(options.output.save);
   const Splits splits = load_data(options);  // once, --plan auto included
   nn::ModelConfig model_shape = model_config(options, splits);
