@@ -96,6 +96,19 @@ void causal_attention_forward(const Tensor& qkv, const Tensor& y, const Tensor& 
   cpu::causal_attention_forward(qkv, y, probabilities, heads, dropout);
 }
 
+void causal_attention_probabilities(const Tensor& qkv, const Tensor& probabilities,
+                                    std::int64_t heads) {
+  constexpr const char* op = "causal_attention_probabilities";
+  const AttentionShape s = check_qkv(op, qkv, heads);
+  check_like(op, "probabilities", probabilities, qkv, {s.B, s.heads, s.T, s.T});
+  const Device device = detail::common_device(op, {&qkv, &probabilities});
+  refuse_sharing(op, {{"probabilities", &probabilities}}, {{"qkv", &qkv}});
+  if (device.is_cuda()) {
+    BIGBATCH_RUN_CUDA(op, cuda::causal_attention_forward(qkv, Tensor(), probabilities, heads, {}));
+  }
+  cpu::causal_attention_forward(qkv, Tensor(), probabilities, heads, {});
+}
+
 void causal_attention_backward(const Tensor& qkv, const Tensor& probabilities, const Tensor& dy,
                                const Tensor& dqkv, std::int64_t heads, const DropoutSpec& dropout) {
   constexpr const char* op = "causal_attention_backward";
@@ -177,7 +190,7 @@ void forward_typed(const Tensor& qkv, const Tensor& y, const Tensor& probabiliti
   using A = ComputeType<T>;
   const A scale = attention_scale(s.D);
   const T* in = qkv.data<T>();     // [B, T, 3C]
-  T* out = y.data<T>();            // [B, T, C]
+  T* out = y.defined() ? y.data<T>() : nullptr;  // [B, T, C]; null: P alone
   T* P = probabilities.data<T>();  // [B, heads, T, T]
   const std::int64_t T_ = s.T, D = s.D;
   parallel_for(s.B * s.heads, 1, [&](std::int64_t begin, std::int64_t end) {
@@ -203,6 +216,7 @@ void forward_typed(const Tensor& qkv, const Tensor& y, const Tensor& probabiliti
           T* p_row = P + (bh * T_ + i) * T_;
           for (std::int64_t j = 0; j < keys; ++j) store(p_row + j, row[j] / sum);
           for (std::int64_t j = keys; j < T_; ++j) store(p_row + j, A(0));
+          if (out == nullptr) continue;
           // y_i = sum_j m_ij P_ij v_j, with P_ij read back as stored.
           mask_factors(mask, b, h, i, scratch.factors.data());
           for (std::int64_t j = 0; j < keys; ++j) row[j] = load(p_row + j) * scratch.factors[j];

@@ -90,6 +90,7 @@ __global__ void forward_kernel(const T* qkv, T* y, T* probabilities, HeadLayout 
       p_row[j] = from_float<T>(0.0f);
     }
   }
+  if (y == nullptr) return;  // P alone (the same for every thread of the block)
   __syncthreads();
   store_weighted_sum(row, keys, qkv + layout.v(b, 0, h), 3 * layout.C, D,
                      y + (b * T_ + i) * layout.C + h * D);
@@ -181,7 +182,8 @@ void causal_attention_forward(const Tensor& qkv, const Tensor& y, const Tensor& 
   const std::size_t shared = static_cast<std::size_t>(T_) * sizeof(float);
   const dim3 grid = row_grid(op, B, heads, T_, shared);
   dispatch_floating(op, qkv.dtype(), [&]<class T>(ElementType<T>) {
-    forward_kernel<T><<<grid, kThreadsPerBlock, shared>>>(qkv.data<T>(), y.data<T>(),
+    forward_kernel<T><<<grid, kThreadsPerBlock, shared>>>(qkv.data<T>(),
+                                                          y.defined() ? y.data<T>() : nullptr,
                                                           probabilities.data<T>(), layout,
                                                           attention_scale(layout.D), mask);
     BIGBATCH_CHECK_LAUNCH("attention forward_kernel");

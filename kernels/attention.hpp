@@ -9,6 +9,10 @@
 //     y:             [B, T, C]   the dtype of qkv                 the heads side by side     (=)
 //     probabilities: [B, heads, T, T]  the dtype of qkv           P, saved for the backward  (=)
 //
+//   causal_attention_probabilities(qkv, probabilities, heads)
+//     P alone (=), the bits the forward stores: selective attention recomputation keeps qkv
+//     and y, drops P after the forward and rebuilds it here for the backward
+//
 //   causal_attention_backward(qkv, probabilities, dy, dqkv, heads, dropout)
 //     qkv, probabilities as the forward left them; dy: [B, T, C] the dtype of qkv
 //     dqkv:          [B, T, 3C]  the dtype of qkv                 dq, dk, dv side by side    (=)
@@ -77,6 +81,10 @@ namespace bigbatch {
 /// says (p = 0: none); shapes and dtypes above.
 void causal_attention_forward(const Tensor& qkv, const Tensor& y, const Tensor& probabilities,
                               std::int64_t heads, const DropoutSpec& dropout = {});
+/// probabilities (=) from qkv alone: the P causal_attention_forward stores, bit for bit (P
+/// does not depend on the dropout, which acts after it), without computing y.
+void causal_attention_probabilities(const Tensor& qkv, const Tensor& probabilities,
+                                    std::int64_t heads);
 /// dqkv (=) from dy, the forward's qkv and probabilities, and the same dropout spec.
 void causal_attention_backward(const Tensor& qkv, const Tensor& probabilities, const Tensor& dy,
                                const Tensor& dqkv, std::int64_t heads,
@@ -86,7 +94,7 @@ void causal_attention_backward(const Tensor& qkv, const Tensor& probabilities, c
 float attention_scale(std::int64_t head_channels);
 
 namespace cpu {
-/// The CPU reference of bigbatch::causal_attention_forward.
+/// The CPU reference of bigbatch::causal_attention_forward; an undefined y computes P alone.
 void causal_attention_forward(const Tensor& qkv, const Tensor& y, const Tensor& probabilities,
                               std::int64_t heads, const DropoutSpec& dropout);
 /// The CPU reference of bigbatch::causal_attention_backward; row_sums: r, [B, heads, T] f32.
@@ -96,7 +104,8 @@ void causal_attention_backward(const Tensor& qkv, const Tensor& probabilities, c
 }  // namespace cpu
 
 namespace cuda {
-/// The CUDA implementation of bigbatch::causal_attention_forward.
+/// The CUDA implementation of bigbatch::causal_attention_forward; an undefined y computes P
+/// alone.
 void causal_attention_forward(const Tensor& qkv, const Tensor& y, const Tensor& probabilities,
                               std::int64_t heads, const DropoutSpec& dropout);
 /// The CUDA implementation of bigbatch::causal_attention_backward (row_sums as the CPU's).

@@ -327,6 +327,33 @@ TEST(AttentionBatchInvariance, MicroBatchesOfSequencesGiveTheBatchBitsForBit) {
   }
 }
 
+// Selective attention recomputation rebuilds P from qkv alone: the forward's P, bit for bit,
+// whatever the forward's dropout (which acts after P), on every dtype and backend.
+void expect_probabilities_of_the_forward(Device device, std::initializer_list<DType> dtypes) {
+  for (const DType dtype : dtypes) {
+    SCOPED_TRACE(device.name() + " " + std::string(dtype_name(dtype)));
+    const Problem problem = make_problem(3, 37, 2, 8, dtype, 61, 0.3f);
+    const Outputs forward = run(problem, device, /*backward=*/false);
+    const Tensor P({problem.B, problem.heads, problem.T, problem.T}, dtype, device);
+    testing::poison(P);
+    causal_attention_probabilities(qkv_tensor(problem, device), P, problem.heads);
+    EXPECT_TRUE(testing::bitwise_equal(P.to(Device::cpu()),
+                                       forward.probabilities.to(Device::cpu())));
+  }
+}
+
+TEST(AttentionProbabilities, AreTheForwardsStoredPBitForBit) {
+  expect_probabilities_of_the_forward(Device::cpu(),
+                                      {DType::f32, DType::f16, DType::bf16, DType::f64});
+  const Tensor qkv({2, 4, 18}, DType::f32), wrong({2, 3, 4, 5}, DType::f32);
+  EXPECT_THROW(causal_attention_probabilities(qkv, wrong, 3), std::invalid_argument);
+}
+
+TEST(AttentionProbabilities, AreTheForwardsStoredPBitForBitOnTheGpu) {
+  BIGBATCH_SKIP_WITHOUT_DEVICE(Device::cuda());
+  expect_probabilities_of_the_forward(Device::cuda(), {DType::f32, DType::f16, DType::bf16});
+}
+
 TEST(AttentionBackends, CudaComputesTheCpuBits) {
   BIGBATCH_SKIP_WITHOUT_DEVICE(Device::cuda());
   for (const DType dtype : {DType::f32, DType::f16, DType::bf16}) {
