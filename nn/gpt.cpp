@@ -261,7 +261,9 @@ Tensor Gpt::forward(const Tensor& tokens, const ForwardContext& context) {
 }
 
 Tensor Gpt::block_forward(std::size_t index, const Tensor& x, const ForwardContext& context,
-                          GptBlockActivations& saved) {
+                          GptBlockActivations& saved, BlockKeep keep) {
+  BIGBATCH_CHECK(keep != BlockKeep::gemm_outputs, "Gpt::block_forward: BlockKeep::gemm_outputs "
+                 "is the MLP block's selective recomputation");
   const GptBlock& block = blocks_.at(index);
   const std::int64_t b = x.dim(0), T = x.dim(1), n = b * T, C = config_.width;
   const bool dropout = dropout_active(config_, context);
@@ -280,6 +282,8 @@ Tensor Gpt::block_forward(std::size_t index, const Tensor& x, const ForwardConte
   causal_attention_forward(saved.qkv, saved.attention, saved.probabilities, config_.heads,
                            dropout ? site(config_, context, attention_stream(index))
                                    : DropoutSpec{});
+  // Selective attention recomputation: P goes now, block_backward rebuilds it.
+  if (keep == BlockKeep::all_but_probabilities) saved.probabilities = Tensor();
   saved.middle = activation_tensor({b, T, C});
   linear_forward(block.attn_proj, rows(saved.attention), rows(saved.middle));
   if (dropout) {
@@ -342,9 +346,15 @@ Tensor Gpt::block_backward(std::size_t index, const GptBlockActivations& saved,
   linear_backward_input(block.attn_proj, rows(d_branch), rows(d_attention));
   d_branch = Tensor();
   Tensor d_qkv = workspace_tensor({b, T, 3 * C});
-  causal_attention_backward(saved.qkv, saved.probabilities, d_attention, d_qkv, config_.heads,
+  Tensor probabilities = saved.probabilities;
+  if (!probabilities.defined()) {  // dropped by the forward: the same bits again, from q and k
+    probabilities = activation_tensor({b, config_.heads, T, T});
+    causal_attention_probabilities(saved.qkv, probabilities, config_.heads);
+  }
+  causal_attention_backward(saved.qkv, probabilities, d_attention, d_qkv, config_.heads,
                             dropout ? site(config_, context, attention_stream(index))
                                     : DropoutSpec{});
+  probabilities = Tensor();
   d_attention = Tensor();
   linear_backward_parameters(block.c_attn, saved.ln_1_out, rows(d_qkv));
   Tensor d_input = workspace_tensor({b, T, C});

@@ -195,9 +195,13 @@ class Gpt : public Network {
   void set_block_runner(std::shared_ptr<GptBlockRunner> runner) { runner_ = std::move(runner); }
 
   /// One block's forward on x [b, T, C]: returns the block's output and fills `saved`.
+  /// BlockKeep::all_but_probabilities leaves saved.probabilities undefined (selective
+  /// attention recomputation); BlockKeep::gemm_outputs is the MLP's (std::invalid_argument).
   Tensor block_forward(std::size_t index, const Tensor& x, const ForwardContext& context,
-                       GptBlockActivations& saved);
-  /// One block's backward: adds its parameter gradients (+=), returns dL/dx (=).
+                       GptBlockActivations& saved, BlockKeep keep = BlockKeep::all);
+  /// One block's backward: adds its parameter gradients (+=), returns dL/dx (=). Without
+  /// saved probabilities it rebuilds them from qkv (causal_attention_probabilities: the
+  /// forward's bits, MemoryCategory::activations) for the attention's backward alone.
   Tensor block_backward(std::size_t index, const GptBlockActivations& saved,
                         const Tensor& d_output, const ForwardContext& context);
 

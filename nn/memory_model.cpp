@@ -194,6 +194,8 @@ Bytes ModelLedger::checkpoint(std::int64_t state) {
 
 Bytes ModelLedger::block_forward(std::int64_t index, Bytes h, BlockBytes& saved, BlockKeep keep,
                                  bool recompute) {
+  BIGBATCH_CHECK(keep != BlockKeep::all_but_probabilities,
+                 "ModelLedger: the MLP's block has no attention probabilities");
   const std::string block =
       "block " + std::to_string(index) + (recompute ? " forward (recomputed): " : " forward: ");
   const std::size_t state = hidden_state_bytes(), inner = state * to_size(config_.expansion);
@@ -420,6 +422,11 @@ std::size_t GptLedger::state_bytes(std::int64_t channels_per_position) const {
 
 std::size_t GptLedger::statistics_bytes() const { return 4 * to_size(sequences_ * length_); }
 
+std::size_t GptLedger::scores_bytes() const {
+  return to_size(sequences_ * config_.heads * length_ * length_) *
+         to_size(dtype_size(working_dtype(config_.precision)));
+}
+
 std::string GptLedger::moment(const std::string& what) const { return label_ + ", " + what; }
 
 Bytes GptLedger::activation(std::size_t bytes, const std::string& what) {
@@ -437,11 +444,11 @@ Bytes GptLedger::checkpoint(std::int64_t state) {
 
 Bytes GptLedger::block_forward(std::int64_t index, Bytes h, GptBlockBytes& saved,
                                BlockKeep keep, bool recompute) {
-  BIGBATCH_CHECK(keep == BlockKeep::all, "GptLedger: a transformer block keeps all it tapes");
+  BIGBATCH_CHECK(keep != BlockKeep::gemm_outputs,
+                 "GptLedger: BlockKeep::gemm_outputs is the MLP block's");
   const std::string block = "block " + std::to_string(index) +
                             (recompute ? " forward (recomputed): " : " forward: ");
-  const std::size_t scores = to_size(sequences_ * config_.heads * length_ * length_) *
-                             to_size(dtype_size(working_dtype(config_.precision)));
+  const std::size_t scores = scores_bytes();
   saved.input = std::move(h);
   saved.ln_1_out = activation(state_bytes(), block + "ln_1's output");
   saved.ln_1_mean = activation(statistics_bytes(), block + "ln_1's mean");
@@ -449,6 +456,7 @@ Bytes GptLedger::block_forward(std::int64_t index, Bytes h, GptBlockBytes& saved
   saved.qkv = activation(state_bytes(3), block + "c_attn's output (q, k, v)");
   saved.attention = activation(state_bytes(), block + "the heads' output");
   saved.probabilities = activation(scores, block + "the attention's probabilities");
+  if (keep == BlockKeep::all_but_probabilities) saved.probabilities = nullptr;  // recomputed
   saved.middle = activation(state_bytes(), block + "the attention's residual sum");
   saved.ln_2_out = activation(state_bytes(), block + "ln_2's output");
   saved.ln_2_mean = activation(statistics_bytes(), block + "ln_2's mean");
@@ -458,7 +466,7 @@ Bytes GptLedger::block_forward(std::int64_t index, Bytes h, GptBlockBytes& saved
   return activation(state_bytes(), block + "the block's output");
 }
 
-Bytes GptLedger::block_backward(std::int64_t index, const GptBlockBytes&) {
+Bytes GptLedger::block_backward(std::int64_t index, const GptBlockBytes& saved) {
   const std::string block = "block " + std::to_string(index) + " backward: ";
   const bool dropout = config_.dropout > 0.0f;  // a training step's dropout is on
   // The MLP branch: through its dropout (a copy), c_proj, gelu, c_fc, ln_2.
@@ -474,8 +482,13 @@ Bytes GptLedger::block_backward(std::int64_t index, const GptBlockBytes&) {
   Bytes d_attention = workspace(state_bytes(), block + "the heads' output gradient");
   d_branch = nullptr;
   Bytes d_qkv = workspace(state_bytes(3), block + "c_attn's output gradient");
+  Bytes probabilities;  // the forward's, or rebuilt here when it dropped them
+  if (!saved.probabilities) {
+    probabilities = activation(scores_bytes(), block + "the attention's probabilities, recomputed");
+  }
   workspace(4 * to_size(sequences_ * config_.heads * length_),
             block + "the attention's row sums (f32)");  // freed by the kernel
+  probabilities = nullptr;
   d_attention = nullptr;
   Bytes d_input = workspace(state_bytes(), block + "the block's input gradient");
   d_qkv = nullptr;

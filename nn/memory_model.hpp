@@ -224,12 +224,13 @@ class GptLedger {
   /// prefixes their moments ("micro-batch 2").
   void start_micro_batch(std::int64_t sequences, std::int64_t length, std::string label);
 
-  /// Gpt::block_forward of block `index` from h (recompute: named so in the moments; keep
-  /// must be BlockKeep::all, the only one a transformer block has).
+  /// Gpt::block_forward of block `index` from h (recompute: named so in the moments; keep:
+  /// BlockKeep::all or all_but_probabilities, which drops P after the attention).
   MemoryLedger::Bytes block_forward(std::int64_t index, MemoryLedger::Bytes h,
                                     GptBlockBytes& saved, BlockKeep keep, bool recompute);
   /// Gpt::block_backward: returns d_input (the gradient of the block's output stays the
-  /// caller's, held throughout).
+  /// caller's, held throughout); rebuilds P for the attention's backward when `saved` has
+  /// none.
   MemoryLedger::Bytes block_backward(std::int64_t index, const GptBlockBytes& saved);
   /// A copy of a block input into MemoryCategory::checkpoints.
   MemoryLedger::Bytes checkpoint(std::int64_t state);
@@ -242,6 +243,8 @@ class GptLedger {
   std::size_t state_bytes(std::int64_t channels_per_position = 1) const;
   /// A LayerNorm's mean or rstd over the n rows (f32).
   std::size_t statistics_bytes() const;
+  /// The attention's probabilities P [b, heads, T, T] in the activations' dtype.
+  std::size_t scores_bytes() const;
 
  private:
   std::string moment(const std::string& what) const;

@@ -265,6 +265,8 @@ Tensor Model::norm_backward(const NormLayer& layer, const Tensor& x, const Tenso
 
 Tensor Model::block_forward(std::size_t index, const Tensor& h, const ForwardContext& context,
                             BlockActivations& saved, BlockKeep keep) {
+  BIGBATCH_CHECK(keep != BlockKeep::all_but_probabilities, "Model::block_forward: the MLP's "
+                 "block has no attention probabilities to recompute");
   const Block& block = blocks_.at(index);
   const std::int64_t rows = h.dim(0), inner = config_.expansion * config_.hidden;
   saved.input = h;

@@ -192,6 +192,9 @@ enum class BlockKeep {
   gemm_outputs,  ///< selective recomputation: the input, the norm's statistics and fc1's
                  ///< output only; block_backward recomputes the norm's output and the
                  ///< activation after dropout, which cost no matrix product
+  all_but_probabilities,  ///< a transformer block's (nn::Gpt) selective attention
+                          ///< recomputation: everything but the attention's probabilities
+                          ///< (b heads T^2), which block_backward rebuilds from q and k
 };
 
 /// Everything one forward() saved: the stem, the blocks, the head.

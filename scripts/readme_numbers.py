@@ -435,6 +435,46 @@ def checkpointing_table():
     return "\n".join(lines)
 
 
+def attention_memory_table():
+    """Chapter 08: attention's memory against T (bench_training's BM_GptAttentionMemory)."""
+    path = RESULTS / "cpu-attention-memory.json"
+    data = json.loads(path.read_text())
+    runs = {b["label"]: b for b in data["benchmarks"] if b.get("aggregate_name") == "median"}
+    lines = [wrap(f"From `{path.relative_to(ROOT)}` ({data['context']['date'].split('T')[0]}, "
+                  f"medians of {repetitions_of(data)}; `scripts/run-benchmarks.sh`): one "
+                  "sequence through 2 blocks of width 384 with 6 heads, fp32, one forward and "
+                  "backward."),
+             "",
+             "| T | policy | kept per block | activations at the peak (measured = predicted) "
+             "| less | block forwards | time | ratio |",
+             "|---|---|---|---|---|---|---|---|"]
+    for T in sorted({int(b["T"]) for b in runs.values()}):
+        none = runs[f"none T {T}"]
+        for policy in ("none", "every:1", "attention"):
+            b = runs[f"{policy} T {T}"]
+            exact = "" if b["activation_bytes"] == b["predicted_activation_bytes"] else " (predicted " + \
+                f"{mib(b['predicted_activation_bytes'])})"
+            lines.append(
+                f"| {T} | {policy} | {mib(b['kept_per_block'])} MiB | "
+                f"{mib(b['activation_bytes'])} MiB{exact} | "
+                f"{none['activation_bytes'] / b['activation_bytes']:.2f}x | "
+                f"{b['block_forwards']:.0f} | {b['real_time']:.0f} ms | "
+                f"{b['real_time'] / none['real_time']:.2f}x |")
+    return "\n".join(lines)
+
+
+def attention_memory_numbers(T, *columns):
+    """Of BM_GptAttentionMemory at T: "kept" (none's kept bytes per block over attention's),
+    "time" (attention's time over none's), "full" (every:1's time over none's)."""
+    data = json.loads((RESULTS / "cpu-attention-memory.json").read_text())
+    runs = {b["label"]: b for b in data["benchmarks"] if b.get("aggregate_name") == "median"}
+    none, attention, full = (runs[f"{p} T {T}"] for p in ("none", "attention", "every:1"))
+    value = {"kept": none["kept_per_block"] / attention["kept_per_block"],
+             "time": attention["real_time"] / none["real_time"],
+             "full": full["real_time"] / none["real_time"]}
+    return [f"{value[c]:.2f}" for c in columns]
+
+
 def checkpointing_spread():
     """The date and the spread of chapter 05's table: the coefficients of variation."""
     data = json.loads((RESULTS / "cpu-checkpointing.json").read_text())
@@ -739,6 +779,12 @@ FIXED = r"parameters \+ gradients \+ optimizer state = ([\d.]+) MiB"
 
 # (README, the sentence with {} for each number, the function giving the numbers)
 SENTENCES = [
+    (CH08, "a block keeps {}x fewer bytes under `attention` at T = 1024 for {}x the time, and "
+           "{}x fewer at T = 4096 for {}x.",
+     lambda: attention_memory_numbers(1024, "kept", "time") +
+     attention_memory_numbers(4096, "kept", "time")),
+    (CH08, "Full recomputation (`every:1`) costs {}x at T = 1024 and {}x at 4096.",
+     lambda: attention_memory_numbers(1024, "full") + attention_memory_numbers(4096, "full")),
     (CH08, "makes the mistake and measures it: the gradient is off by {}% of its norm, as predicted ({}%).",
      lambda: report("08", r"off by ([\d.]+)% of its norm \(predicted from the weights N / \(M n_k\): "
                           r"([\d.]+)%\)")),
@@ -871,6 +917,7 @@ PARAGRAPHS = [
     ("README.md", "gpt-techniques", lambda: techniques_table("gpt-techniques.md")),
     ("README.md", "gpt-steps", gpt_step_table),
     ("chapters/08_transformer/README.md", "gpt-vs-pytorch", gpt_versus_pytorch),
+    ("chapters/08_transformer/README.md", "attention-memory", attention_memory_table),
     ("README.md", "equivalence", equivalence_summary),
     ("README.md", "curves", curves_summary),
     ("README.md", "accumulation", accumulation_summary),

@@ -6,7 +6,8 @@
 # every folder present, the other figures the AVX-512 one, the README's tables both): the kernels to cpu-kernels.json, the whole-step benchmarks (fp32
 # and fp16) to cpu-training.json and their PyTorch peer (bench/pytorch_step.py) to
 # pytorch-training.json, chapter 08's GPT step to cpu-gpt.json and its PyTorch peer to
-# pytorch-gpt.json, the accumulation sweep (batch 1024 as micro-batches of 1 to 1024,
+# pytorch-gpt.json, attention's memory against T to cpu-attention-memory.json, the
+# accumulation sweep (batch 1024 as micro-batches of 1 to 1024,
 # naive and memory-free; 3 repetitions, the longest part) to cpu-accumulation.json, then
 # chapter 05's checkpoint policies over depths 4 to 64 to cpu-checkpointing.json and
 # chapter 06's planned steps across device budgets to cpu-planner.json; last, the README
@@ -67,6 +68,12 @@ build/bench/bench_training --benchmark_out="$results/cpu-gpt.json" \
 echo "wrote $results/cpu-gpt.json"
 /usr/bin/python3 bench/pytorch_step.py --model gpt --out "$results/pytorch-gpt.json" \
   --threads "${OMP_NUM_THREADS:-$(nproc)}" --steps 1 --repetitions 5
+# Attention's memory against T (256, 1024, 4096) under none, every:1 and attention.
+build/bench/bench_training --benchmark_out="$results/cpu-attention-memory.json" \
+  --benchmark_out_format=json --benchmark_repetitions=3 \
+  --benchmark_report_aggregates_only=true --benchmark_enable_random_interleaving=true \
+  --benchmark_filter=BM_GptAttentionMemory "$@"
+echo "wrote $results/cpu-attention-memory.json"
 build/bench/bench_training --benchmark_out="$results/cpu-accumulation.json" \
   --benchmark_out_format=json --benchmark_repetitions=3 \
   --benchmark_report_aggregates_only=true --benchmark_enable_random_interleaving=true \

@@ -384,11 +384,12 @@ TEST(ParsePolicy, ReadsTheFourForms) {
 TEST(ParsePolicy, EveryPolicyPrintsBackAsItReads) {
   using checkpointing::Policy;
   std::vector<std::string> texts = {"selective", "sqrt+selective", "budget:96MiB",
-                                    "budget:1000", "budget:1GiB", "budget:1536KiB"};
+                                    "budget:1000", "budget:1GiB", "budget:1536KiB",
+                                    "attention", "sqrt+attention", "every:3+attention"};
   for (const Policy& candidate : checkpointing::checkpoint_candidates(8)) {
     texts.push_back(candidate.text());
   }
-  EXPECT_EQ(texts.size(), 6u + 2u + 2u * 2u * 8u);  // the budget search's 34 candidates
+  EXPECT_EQ(texts.size(), 9u + 2u + 2u * 2u * 8u);  // the budget search's 34 candidates
   for (const std::string& text : texts) {
     const Policy policy = Policy::parse(text);
     EXPECT_EQ(policy.text(), text);
@@ -402,6 +403,14 @@ TEST(ParsePolicy, EveryPolicyPrintsBackAsItReads) {
             (Policy{.schedule = checkpointing::ScheduleKind::optimal, .argument = 3,
                     .keep = nn::BlockKeep::gemm_outputs, .budget = {}}));
   EXPECT_EQ(Policy::parse("none+selective"), Policy::parse("selective"));
+  EXPECT_EQ(Policy::parse("optimal:2+attention"),
+            (Policy{.schedule = checkpointing::ScheduleKind::optimal, .argument = 2,
+                    .keep = nn::BlockKeep::all_but_probabilities, .budget = {}}));
+  EXPECT_EQ(Policy::parse("none+attention"), Policy::parse("attention"));
+  EXPECT_TRUE(Policy::parse("attention").needs_runner());
+  EXPECT_TRUE(testing::mentions(policy_rejection("+attention"), {"unknown policy"}));
+  EXPECT_TRUE(testing::mentions(policy_rejection("sqrt+selective+attention"),
+                                {"unknown policy"}));
   EXPECT_EQ(Policy::parse("budget:1.5GiB").text(), "budget:1536MiB");
   EXPECT_EQ(*Policy::parse("budget:1.5GiB").budget, std::size_t{3} << 29);
   EXPECT_EQ(Policy::parse("budget:123457").text(), "budget:123457");

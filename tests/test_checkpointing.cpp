@@ -180,6 +180,10 @@ TEST(CheckpointingMemory, KeepingLessMeasuresLess) {
 
 const std::vector<std::string> kWholeBlockPolicies = {"every:1", "every:3", "sqrt",
                                                       "optimal:1", "optimal:2", "optimal:3"};
+/// Selective attention recomputation, alone and on whole-block schedules: a taped block
+/// drops its attention's probabilities and rebuilds them in its backward.
+const std::vector<std::string> kAttentionPolicies = {"attention", "every:2+attention",
+                                                     "optimal:1+attention"};
 
 /// Token sequences of 12 positions (documents of 2 to 30 bytes: most are padded).
 Dataset gpt_data() {
@@ -235,7 +239,9 @@ TEST_P(GptCheckpointing, EveryPolicyTrainsTheBitsOfNoCheckpointing) {
        {nn::Precision::fp32, nn::Precision::bf16, nn::Precision::fp16}) {
     for (const std::int64_t layers : {1, 2, 5}) {
       const GptRun reference = trained_gpt(layers, precision, "none", device());
-      for (const std::string& policy : kWholeBlockPolicies) {
+      std::vector<std::string> policies = kWholeBlockPolicies;
+      policies.insert(policies.end(), kAttentionPolicies.begin(), kAttentionPolicies.end());
+      for (const std::string& policy : policies) {
         SCOPED_TRACE(policy + ", " + std::to_string(layers) + " blocks, " +
                      nn::precision_name(precision));
         const GptRun checkpointed = trained_gpt(layers, precision, policy, device());
@@ -256,11 +262,17 @@ TEST_P(GptCheckpointing, EveryPolicyTrainsTheBitsOfNoCheckpointing) {
 INSTANTIATE_TEST_SUITE_P(Backends, GptCheckpointing, ::testing::ValuesIn(testing::all_devices()),
                          testing::device_test_name);
 
-TEST(GptCheckpointingPolicies, SelectiveRecomputationIsRefusedForTransformerBlocks) {
+TEST(GptCheckpointingPolicies, EachModelRefusesTheOthersSelectiveRecomputation) {
   for (const std::string policy : {"selective", "sqrt+selective"}) {
     EXPECT_THROW(GptScheduledRunner::for_policy(checkpointing::Policy::parse(policy), 4),
                  std::invalid_argument)
         << policy;
+  }
+  for (const std::string policy : {"attention", "sqrt+attention"}) {
+    EXPECT_THROW(ScheduledRunner::for_policy(checkpointing::Policy::parse(policy), 4),
+                 std::invalid_argument)
+        << policy;
+    EXPECT_NO_THROW(GptScheduledRunner::for_policy(checkpointing::Policy::parse(policy), 4));
   }
 }
 
@@ -291,10 +303,14 @@ TEST(GptCheckpointingMemory, KeepingLessMeasuresLess) {
   const std::size_t none = gpt_activation_peak("none");
   const std::size_t sqrt = gpt_activation_peak("sqrt");
   const std::size_t optimal = gpt_activation_peak("optimal:2");
+  const std::size_t attention = gpt_activation_peak("attention");
   std::printf("GPT of 12 blocks, activations + checkpoints at the step's peak: none %zu, "
-              "sqrt %zu, optimal:2 %zu bytes\n", none, sqrt, optimal);
+              "sqrt %zu, optimal:2 %zu, attention %zu bytes\n", none, sqrt, optimal, attention);
   EXPECT_LT(sqrt, none / 2);
   EXPECT_LT(optimal, sqrt);
+  // attention keeps every block's activations but P: 11 blocks' P fewer at least (the
+  // block in its backward holds its own again). P: 16 sequences x 4 heads x 32^2 x 4 bytes.
+  EXPECT_LE(attention + 11 * 16 * 4 * 32 * 32 * 4, none);
 }
 
 }  // namespace

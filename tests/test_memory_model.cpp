@@ -137,7 +137,8 @@ TEST_P(GptMemoryModel, EveryPrecisionPolicyAndDepthIsPredictedToTheByte) {
        {nn::Precision::fp32, nn::Precision::bf16, nn::Precision::fp16}) {
     for (const float dropout : {0.0f, 0.1f}) {
       for (const std::int64_t layers : {0, 1, 3, 6}) {
-        for (const std::string policy : {"none", "every:2", "sqrt", "optimal:1", "optimal:2"}) {
+        for (const std::string policy : {"none", "every:2", "sqrt", "optimal:1", "optimal:2",
+                                         "attention", "sqrt+attention", "optimal:1+attention"}) {
           if (layers == 0 && policy != "none") continue;
           const nn::GptConfig config{.vocabulary = 256, .context = 12, .layers = layers,
                                      .width = 16, .heads = 2, .dropout = dropout, .seed = 2,

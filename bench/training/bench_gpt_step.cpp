@@ -18,11 +18,16 @@
 #include <benchmark/benchmark.h>
 
 #include <cstdint>
+#include <iterator>
+#include <memory>
 #include <string>
 
 #include "bench/training/step_counters.hpp"
+#include "chapters/05_activation_checkpointing/memory_plan.hpp"
+#include "chapters/05_activation_checkpointing/scheduled_runner.hpp"
 #include "chapters/train/trainer.hpp"
 #include "common/data/text_corpus.hpp"
+#include "common/memory.hpp"
 #include "common/rng.hpp"
 #include "nn/gpt.hpp"
 #include "nn/training.hpp"
@@ -92,6 +97,73 @@ void gpu_gpt_arguments(benchmark::internal::Benchmark* b) {
   }
   b->Unit(benchmark::kMillisecond)->UseRealTime();
 }
+
+/// Attention's memory against the sequence length (issue: chapter 08's second half): one
+/// forward and backward of one sequence of T tokens through a GPT of 2 blocks of
+/// shakespeare-char's width (384, 6 heads, fp32, no dropout), under each way of keeping
+/// the attention: none (every block keeps its probabilities P, b heads T^2), every:1 (full
+/// recomputation: each block's input kept, the block run again in its backward), attention
+/// (selective attention recomputation: everything but P kept, P rebuilt from q and k).
+/// Counters: activation_bytes, the activations and checkpoints at the step's peak (measured
+/// by the tracking allocator); predicted_activation_bytes, the same from the memory model;
+/// block_forwards per step; kept_per_block, what each block holds from its forward to its
+/// backward (nn::gpt_saved_bytes' per-block count, less P under attention, and a block
+/// input alone under every:1, whose one taped block at a time the peak holds besides).
+const char* const kAttentionPolicies[] = {"none", "every:1", "attention"};
+
+void BM_GptAttentionMemory(benchmark::State& state) {
+  const std::string text = kAttentionPolicies[state.range(0)];
+  const checkpointing::Policy policy = checkpointing::Policy::parse(text);
+  const std::int64_t T = state.range(1), layers = 2;
+  const nn::GptConfig config{.vocabulary = kVocabulary, .context = T, .layers = layers,
+                             .width = 384, .heads = 6, .seed = 1};
+  nn::Gpt model(config, Device::cpu());
+  std::shared_ptr<checkpointing::GptScheduledRunner> runner;
+  if (policy.needs_runner()) {
+    runner = checkpointing::GptScheduledRunner::for_policy(policy, layers);
+    model.set_block_runner(runner);
+  }
+  const Dataset data = random_tokens(1, T);
+  TrackingAllocator& allocator = allocator_for(Device::cpu());
+  std::size_t activation_bytes = 0;
+  for (auto _ : state) {
+    allocator.reset_peak();
+    model.zero_grad();
+    benchmark::DoNotOptimize(
+        nn::accumulate_gradients(model, data.features, data.labels, 1, {true, 3, 0}));
+    const MemoryStats stats = allocator.stats();
+    activation_bytes = stats.at_peak_of(MemoryCategory::activations) +
+                       stats.at_peak_of(MemoryCategory::checkpoints);
+  }
+  const nn::StepPrediction predicted =
+      checkpointing::predict_policy({config, 1, 1, T, AdamWOptions{}}, policy);
+  state.counters["activation_bytes"] = static_cast<double>(activation_bytes);
+  state.counters["predicted_activation_bytes"] =
+      static_cast<double>(predicted.stats.at_peak_of(MemoryCategory::activations) +
+                          predicted.stats.at_peak_of(MemoryCategory::checkpoints));
+  state.counters["block_forwards"] = static_cast<double>(
+      runner ? runner->evaluations() / static_cast<std::int64_t>(state.iterations()) : layers);
+  const std::size_t per_block = nn::gpt_saved_bytes(config, 1, T).per_block;
+  const std::size_t scores = static_cast<std::size_t>(config.heads * T * T) * sizeof(float);
+  const std::size_t input = static_cast<std::size_t>(T * config.width) * sizeof(float);
+  state.counters["kept_per_block"] = static_cast<double>(
+      text == "none" ? per_block : text == "attention" ? per_block - scores : input);
+  state.counters["T"] = static_cast<double>(T);
+  state.SetItemsProcessed(state.iterations() * T);
+  state.SetLabel(text + " T " + std::to_string(T));
+}
+
+void attention_memory_arguments(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"policy", "T"});
+  for (const std::int64_t T : {256, 1024, 4096}) {
+    for (std::int64_t p = 0; p < static_cast<std::int64_t>(std::size(kAttentionPolicies)); ++p) {
+      b->Args({p, T});
+    }
+  }
+  b->Unit(benchmark::kMillisecond)->UseRealTime();
+}
+
+BENCHMARK(BM_GptAttentionMemory)->Apply(attention_memory_arguments);
 
 BENCHMARK_CAPTURE(BM_GptStep, cpu, Device::cpu())->Apply(gpt_arguments);
 BENCHMARK_CAPTURE(BM_GptStep, cuda, Device::cuda())->Apply(gpu_gpt_arguments);

@@ -6,6 +6,7 @@
 #include <stdexcept>
 
 #include "chapters/05_activation_checkpointing/scheduled_runner.hpp"
+#include "common/check.hpp"
 #include "common/format.hpp"
 
 namespace bigbatch::checkpointing {
@@ -29,6 +30,9 @@ nn::StepPrediction predict_policy(const GptStepShape& step, const Policy& policy
 
 double recompute_cost(const Policy& policy, std::int64_t depth) {
   if (!policy.needs_runner()) return 0;
+  BIGBATCH_CHECK(policy.keep != nn::BlockKeep::all_but_probabilities, "recompute_cost: ",
+                 policy.text(), " recomputes the attention's probabilities, whose cost grows "
+                 "with T and has no price in block forwards");
   const bool selective = policy.keep == nn::BlockKeep::gemm_outputs;
   return static_cast<double>(advances(policy.schedule_for(depth))) +
          (selective ? kSelectiveCost * static_cast<double>(depth) : 0.0);

@@ -11,14 +11,17 @@
 namespace bigbatch::checkpointing {
 namespace {
 
-constexpr std::string_view kSelectiveSuffix = "+selective";
+/// The selective keeps by name: "selective" and "attention", alone or after "+".
+constexpr std::pair<std::string_view, nn::BlockKeep> kKeeps[] = {
+    {"selective", nn::BlockKeep::gemm_outputs},
+    {"attention", nn::BlockKeep::all_but_probabilities}};
 constexpr std::string_view kBudgetPrefix = "budget:";
 
 /// A schedule family's name and its argument, from "none", "every:K", "sqrt" or
 /// "optimal:SLOTS"; `quoted` names the whole text in errors.
 void read_schedule(std::string_view text, const std::string& quoted, Policy& policy) {
   const std::string expected = "expected none, every:K, sqrt, optimal:SLOTS, selective, "
-                               "POLICY+selective or budget:BYTES";
+                               "POLICY+selective, attention, POLICY+attention or budget:BYTES";
   const std::size_t colon = text.find(':');
   const std::string_view name = text.substr(0, colon);
   const bool has_argument = colon != std::string_view::npos;
@@ -68,16 +71,17 @@ Policy Policy::parse(std::string_view text) {
     }
     return policy;
   }
-  if (text == "selective") {
-    policy.keep = nn::BlockKeep::gemm_outputs;
-    return policy;
-  }
   std::string_view schedule = text;
-  if (text.size() > kSelectiveSuffix.size() &&
-      text.compare(text.size() - kSelectiveSuffix.size(), kSelectiveSuffix.size(),
-                   kSelectiveSuffix) == 0) {
-    policy.keep = nn::BlockKeep::gemm_outputs;
-    schedule = text.substr(0, text.size() - kSelectiveSuffix.size());
+  for (const auto& [name, keep] : kKeeps) {
+    if (text == name) {
+      policy.keep = keep;
+      return policy;
+    }
+    if (text.size() > name.size() + 1 && text.ends_with(name) &&
+        text[text.size() - name.size() - 1] == '+') {
+      policy.keep = keep;
+      schedule = text.substr(0, text.size() - name.size() - 1);
+    }
   }
   read_schedule(schedule, quoted, policy);
   return policy;
@@ -85,15 +89,18 @@ Policy Policy::parse(std::string_view text) {
 
 std::string Policy::text() const {
   if (budget) return std::string(kBudgetPrefix) + exact_bytes(*budget);
-  const bool selective = keep == nn::BlockKeep::gemm_outputs;
+  std::string_view keep_name;
+  for (const auto& [name, named] : kKeeps) {
+    if (named == keep) keep_name = name;
+  }
   std::string schedule_text;
   switch (schedule) {
-    case ScheduleKind::none: return selective ? "selective" : "none";
+    case ScheduleKind::none: return keep_name.empty() ? "none" : std::string(keep_name);
     case ScheduleKind::every: schedule_text = "every:" + std::to_string(argument); break;
     case ScheduleKind::sqrt: schedule_text = "sqrt"; break;
     case ScheduleKind::optimal: schedule_text = "optimal:" + std::to_string(argument); break;
   }
-  return selective ? schedule_text + std::string(kSelectiveSuffix) : schedule_text;
+  return keep_name.empty() ? schedule_text : schedule_text + "+" + std::string(keep_name);
 }
 
 Schedule Policy::schedule_for(std::int64_t depth) const {

@@ -9,10 +9,14 @@
 //   optimal:SLOTS      optimal          SLOTS     all           -
 //   selective          none             0         gemm_outputs  -
 //   POLICY+selective   POLICY's         POLICY's  gemm_outputs  -
+//   attention          none             0         all_but_probabilities  -
+//   POLICY+attention   POLICY's         POLICY's  all_but_probabilities  -
 //   budget:BYTES       (resolved by memory_plan.hpp's resolve_policy)  BYTES
 //
 // K and SLOTS are whole numbers >= 1. "none+selective" reads as "selective" (the same
-// runner). A budget's BYTES are read by common/format's parse_bytes (96MiB, 1.5GiB,
+// runner), "none+attention" as "attention". selective is the MLP block's (its norm's output
+// and activation recomputed), attention the transformer block's (its attention's
+// probabilities recomputed); each model's runner refuses the other's. A budget's BYTES are read by common/format's parse_bytes (96MiB, 1.5GiB,
 // 123456) and printed in the largest binary unit that holds them exactly, so
 // parse(p.text()) == p for every policy, and text(parse(t)) == t for every text printed.
 #pragma once
@@ -34,7 +38,9 @@ enum class ScheduleKind { none, every, sqrt, optimal };
 struct Policy {
   ScheduleKind schedule = ScheduleKind::none;
   std::int64_t argument = 0;                ///< K of every:K, SLOTS of optimal:SLOTS; else 0
-  nn::BlockKeep keep = nn::BlockKeep::all;  ///< gemm_outputs: selective recomputation
+  /// gemm_outputs: selective recomputation (the MLP); all_but_probabilities: selective
+  /// attention recomputation (the GPT).
+  nn::BlockKeep keep = nn::BlockKeep::all;
   std::optional<std::size_t> budget;        ///< budget:BYTES (then the fields above are unused)
 
   /// Reads a policy as --checkpoint takes it. Throws std::invalid_argument naming the text

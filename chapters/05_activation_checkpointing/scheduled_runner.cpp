@@ -31,11 +31,7 @@ struct NetworkExecutor {
                        bool recompute) {
     nn::ForwardContext run = context;
     run.recompute = recompute;
-    if constexpr (std::is_same_v<Net, nn::Model>) {
-      return model.block_forward(static_cast<std::size_t>(i), h, run, saved, keep);
-    } else {  // a transformer block keeps all it tapes: the runner refuses other keeps
-      return model.block_forward(static_cast<std::size_t>(i), h, run, saved);
-    }
+    return model.block_forward(static_cast<std::size_t>(i), h, run, saved, keep);
   }
   Tensor block_backward(std::int64_t i, const Saved& saved, const Tensor& gradient) {
     return model.block_backward(static_cast<std::size_t>(i), saved, gradient, context);
@@ -98,11 +94,16 @@ ScheduledRunnerFor<Net>::ScheduledRunnerFor(Schedule schedule, nn::BlockKeep kee
     : schedule_(std::move(schedule)), keep_(keep) {
   validate(schedule_);
   if constexpr (std::is_same_v<Net, nn::Gpt>) {
-    if (keep_ != nn::BlockKeep::all) {
+    if (keep_ == nn::BlockKeep::gemm_outputs) {
       throw std::invalid_argument(
           "selective recomputation keeps the MLP block's GEMM outputs; a transformer block "
-          "keeps all it tapes (checkpoint whole blocks: every:K, sqrt, optimal:SLOTS)");
+          "recomputes whole blocks (every:K, sqrt, optimal:SLOTS) or its attention's "
+          "probabilities (attention, POLICY+attention)");
     }
+  } else if (keep_ == nn::BlockKeep::all_but_probabilities) {
+    throw std::invalid_argument(
+        "attention recomputes a transformer block's attention probabilities; the MLP's blocks "
+        "have none (its selective recomputation: selective, POLICY+selective)");
   }
   execution_ = std::make_unique<ScheduleExecution<NetworkExecutor<Net>>>(schedule_, keep_);
 }

@@ -38,6 +38,8 @@ run bf16_micro3 --precision bf16 --micro-batch 3
 run fp16 --precision fp16 --loss-scale dynamic --micro-batch 3
 run optimal1 --micro-batch 3 --checkpoint optimal:1
 run bf16_every1 --precision bf16 --micro-batch 3 --checkpoint every:1
+run attention --micro-batch 3 --checkpoint attention
+run bf16_every1_attention --precision bf16 --micro-batch 3 --checkpoint every:1+attention
 cat micro3.txt
 grep -q '^bigbatch train: text:corpus.txt ([0-9]* sequences of 24 tokens, [0-9]* target tokens, [0-9.]*% padding), GPT of 2 blocks, width 32, 4 heads' micro3.txt ||
   fail "the header does not describe the token data and the GPT"
@@ -93,12 +95,19 @@ cmp -s whole.safetensors optimal1.safetensors ||
   fail "--checkpoint optimal:1 did not give the bits of the batch of 8"
 cmp -s bf16_whole.safetensors bf16_every1.safetensors ||
   fail "bf16: --checkpoint every:1 did not give the bits of the batch of 8"
+# Selective attention recomputation: each block's probabilities rebuilt in its backward.
+cmp -s whole.safetensors attention.safetensors ||
+  fail "--checkpoint attention did not give the bits of the batch of 8"
+cmp -s bf16_whole.safetensors bf16_every1_attention.safetensors ||
+  fail "bf16: --checkpoint every:1+attention did not give the bits of the batch of 8"
+grep -q "; each block drops its attention's probabilities after its forward and rebuilds them" attention.txt ||
+  fail "--checkpoint attention does not say what it recomputes: $(grep '^activation checkpointing' attention.txt)"
 # The step's memory predicted to the byte (nn::predict_gpt_step): the printed prediction is
 # the largest step peak of the log (every batch of 8 is whole here), with --explain too.
 predicted() { sed -n 's/^predicted step peak .* (\([0-9]*\) bytes), at: .*/\1/p' "$1"; }
 largest_peak() { sed 's/.*"peak_bytes_total":\([0-9]*\).*/\1/' "$1" | sort -n | tail -n 1; }
 run explained --precision fp16 --loss-scale dynamic --micro-batch 3 --explain
-for name in explained optimal1 bf16_every1; do
+for name in explained optimal1 bf16_every1 attention bf16_every1_attention; do
   [ -n "$(predicted $name.txt)" ] && [ "$(predicted $name.txt)" = "$(largest_peak $name.jsonl)" ] ||
     fail "$name: predicted step peak $(predicted $name.txt), measured $(largest_peak $name.jsonl)"
 done
@@ -182,6 +191,7 @@ refused "--depth shapes the MLP" $shape --depth 3
 refused "budget:1048576: no checkpoint policy fits the step" $shape --checkpoint budget:1MiB
 refused "--device-memory 64.00 KiB is below the" $shape --device-memory 64KiB
 refused "--checkpoint: selective recomputation keeps the MLP block's" $shape --checkpoint sqrt+selective
+refused "--checkpoint: attention recomputes a transformer block's" --data synthetic --checkpoint attention
 refused "--snapshot-every and --snapshot-keep need --snapshot-dir" $shape --snapshot-every 2
 refused "--zero is the MLP's: --model gpt's ranks sum whole gradients" $shape --simulate-ranks 2 --zero 1
 refused "--bucket-size is the MLP's" $shape --data-parallel --bucket-size 1MiB

@@ -368,7 +368,9 @@ void add_train_flags(CLI::App& train, TrainOptions& o) {
       "block inputs: the fewest recomputations), selective (keep only the GEMM outputs, "
       "recompute the norms and activations), POLICY+selective, or budget:BYTES (the policy "
       "of fewest recomputations whose predicted step peak fits in BYTES, e.g. 96MiB); "
-      "--model gpt checkpoints its transformer blocks (every policy but selective)",
+      "--model gpt checkpoints its transformer blocks (every policy but selective) and "
+      "also takes attention (each block drops its attention's probabilities, b heads T^2, "
+      "and rebuilds them in its backward) and POLICY+attention",
       [](const std::string& text) {
         return refusal_of([&] { checkpointing::Policy::parse(text); });
       },

@@ -352,7 +352,12 @@ std::string checkpointing_lines(const checkpointing::Policy& asked,
         << (stats.max_checkpoints == 1 ? " block input" : " block inputs") << " kept and "
         << stats.max_taped << (stats.max_taped == 1 ? " block's" : " blocks'")
         << " activations at a time; " << stats.advances + stats.tapes
-        << " block forwards per micro-batch instead of " << schedule->depth << "\n";
+        << " block forwards per micro-batch instead of " << schedule->depth
+        << (policy.keep == nn::BlockKeep::all_but_probabilities
+                ? "; each block drops its attention's probabilities after its forward and "
+                  "rebuilds them from q and k in its backward"
+                : "")
+        << "\n";
     if (explain) out << checkpointing::explain(*schedule) << "\n";
   }
   if (schedule || explain) {
