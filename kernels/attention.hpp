@@ -57,8 +57,8 @@
 // sequence alone: micro-batches of sequences give the big batch's bits (batch invariance).
 // The CPU vectorises across keys or channels, never along a sum; CUDA runs the same chains
 // one thread per output element. The sums are sequential, O(T) long: the reference is
-// written to be checked, not to be the fastest attention (memory-efficient attention, tiled
-// over keys, is the next chapter's).
+// written to be checked, not to be the fastest attention (the memory-efficient kernels below,
+// tiled over keys, keep no P at all).
 //
 // Memory. The backward takes one workspace tensor, r: [B, heads, T] f32, on the device of
 // qkv (counted under workspace). The CPU keeps O(T * D) floats of host scratch per thread
@@ -77,6 +77,55 @@
 
 namespace bigbatch {
 
+// ---- memory-efficient attention ---------------------------------------------------------
+//
+//   efficient_attention_forward(qkv, y, row_stats, heads, dropout)
+//     y:          [B, T, C]        the dtype of qkv                                         (=)
+//     row_stats:  [B, heads, T, 2] f32 (f64 for f64 data): per query row its running max m
+//                                  and sum l at the end (FlashAttention's first version's
+//                                  two statistics; its second keeps m + ln l, one float, but a
+//                                  logarithm both backends would have to round alike)    (=)
+//   efficient_attention_backward(qkv, y, row_stats, dy, dqkv, heads, dropout)
+//     qkv, y, row_stats as the forward left them; dy [B, T, C]; dqkv [B, T, 3C]           (=)
+//
+// The same function as causal_attention_forward/backward, computed without P: nothing of
+// size T x T exists, only O(T) per row (Dao et al. 2022). The forward visits a query row's
+// keys 0..i in tiles of kKeyTile keys, keeping the running max m, the running sum l of
+// exponentials and the running output acc (D floats); per tile [t0, t1):
+//   s_j = (q_i . k_j) * scale                  as the plain kernel's
+//   m' = max(m, max_j s_j)                     (m = -inf before the first tile)
+//   a = exp(m - m')                            the rescaling of what came before (0 at first)
+//   e_j = exp(s_j - m')
+//   l = l * a, then l = l + e_j in key order
+//   acc_d = acc_d * a, then acc_d = acc_d + (e_j * m_ij) * v_jd in key order
+//   m = m'
+// and at the end y_id = acc_d / l, stored rounded to the dtype, and (m, l) to row_stats.
+// m is then the row's exact max, so exp(s_j - m) is the plain kernel's e_j; l and y differ
+// from the plain kernel's by the rescalings' roundings (a bound the tests derive).
+// The backward recomputes the scores row by row, never storing them:
+//   D_i = dy_i . y_i                           (= sum_j P_ij dP_ij, FlashAttention-2's
+//                                               identity; y read back as stored)
+//   P_ij = exp(s_ij - m_i) / l_i               (float, not rounded to the dtype)
+//   dP_ij = m_ij (dy_i . v_j);  g_ij = (P_ij (dP_ij - D_i)) * scale
+//   dq_i = sum_{j <= i} g_ij k_j (key order); dk_j = sum_{i >= j} g_ij q_i and
+//   dv_j = sum_{i >= j} (m_ij P_ij) dy_i (query order)
+// with every operation rounded once in float (double for f64), as the plain kernels, so the
+// CPU and CUDA give the same bits and micro-batches of sequences the batch's. The backward
+// takes one workspace tensor, D: [B, heads, T] f32 (MemoryCategory::workspace). The
+// attention's memory is y and row_stats: O(T) per head, against the plain kernel's T^2.
+
+/// Keys per tile of the memory-efficient forward: the tiles set where the running max is
+/// rescaled, and so the bits.
+inline constexpr std::int64_t kKeyTile = 64;
+
+/// y and row_stats (=) from qkv, as above.
+void efficient_attention_forward(const Tensor& qkv, const Tensor& y, const Tensor& row_stats,
+                                 std::int64_t heads, const DropoutSpec& dropout = {});
+/// dqkv (=) from dy and what the forward read and left, with the same dropout spec.
+void efficient_attention_backward(const Tensor& qkv, const Tensor& y, const Tensor& row_stats,
+                                  const Tensor& dy, const Tensor& dqkv, std::int64_t heads,
+                                  const DropoutSpec& dropout = {});
+
 /// y and probabilities (=) from qkv, `heads` heads, dropout on the probabilities as `dropout`
 /// says (p = 0: none); shapes and dtypes above.
 void causal_attention_forward(const Tensor& qkv, const Tensor& y, const Tensor& probabilities,
@@ -94,6 +143,13 @@ void causal_attention_backward(const Tensor& qkv, const Tensor& probabilities, c
 float attention_scale(std::int64_t head_channels);
 
 namespace cpu {
+/// The CPU reference of bigbatch::efficient_attention_forward.
+void efficient_attention_forward(const Tensor& qkv, const Tensor& y, const Tensor& row_stats,
+                                 std::int64_t heads, const DropoutSpec& dropout);
+/// The CPU reference of bigbatch::efficient_attention_backward; d_row: D, [B, heads, T] f32.
+void efficient_attention_backward(const Tensor& qkv, const Tensor& y, const Tensor& row_stats,
+                                  const Tensor& dy, const Tensor& dqkv, std::int64_t heads,
+                                  const DropoutSpec& dropout, const Tensor& d_row);
 /// The CPU reference of bigbatch::causal_attention_forward; an undefined y computes P alone.
 void causal_attention_forward(const Tensor& qkv, const Tensor& y, const Tensor& probabilities,
                               std::int64_t heads, const DropoutSpec& dropout);
@@ -104,6 +160,13 @@ void causal_attention_backward(const Tensor& qkv, const Tensor& probabilities, c
 }  // namespace cpu
 
 namespace cuda {
+/// The CUDA implementation of bigbatch::efficient_attention_forward.
+void efficient_attention_forward(const Tensor& qkv, const Tensor& y, const Tensor& row_stats,
+                                 std::int64_t heads, const DropoutSpec& dropout);
+/// The CUDA implementation of bigbatch::efficient_attention_backward; d_row: D, [B, heads, T].
+void efficient_attention_backward(const Tensor& qkv, const Tensor& y, const Tensor& row_stats,
+                                  const Tensor& dy, const Tensor& dqkv, std::int64_t heads,
+                                  const DropoutSpec& dropout, const Tensor& d_row);
 /// The CUDA implementation of bigbatch::causal_attention_forward; an undefined y computes P
 /// alone.
 void causal_attention_forward(const Tensor& qkv, const Tensor& y, const Tensor& probabilities,

@@ -417,8 +417,7 @@ def accumulation_summary():
 
 def checkpointing_table():
     """Chapter 05's table of the policies at depth 32 (bench_checkpointing's medians)."""
-    data = json.loads((RESULTS / "cpu-checkpointing.json").read_text())
-    runs = {b["label"]: b for b in data["benchmarks"] if b.get("aggregate_name") == "median"}
+    runs = medians_by_label(RESULTS / "cpu-checkpointing.json")[1]
     none = runs["none depth 32"]
     lines = ["| policy | activations + checkpoints at the peak | less | step peak (measured = "
              "predicted) | block forwards | time per step | ratio |",
@@ -435,11 +434,16 @@ def checkpointing_table():
     return "\n".join(lines)
 
 
+def medians_by_label(path):
+    """A Google Benchmark file's JSON and its medians by label."""
+    data = json.loads(path.read_text())
+    return data, {b["label"]: b for b in data["benchmarks"] if b.get("aggregate_name") == "median"}
+
+
 def attention_memory_table():
     """Chapter 08: attention's memory against T (bench_training's BM_GptAttentionMemory)."""
     path = RESULTS / "cpu-attention-memory.json"
-    data = json.loads(path.read_text())
-    runs = {b["label"]: b for b in data["benchmarks"] if b.get("aggregate_name") == "median"}
+    data, runs = medians_by_label(path)
     lines = [wrap(f"From `{path.relative_to(ROOT)}` ({data['context']['date'].split('T')[0]}, "
                   f"medians of {repetitions_of(data)}; `scripts/run-benchmarks.sh`): one "
                   "sequence through 2 blocks of width 384 with 6 heads, fp32, one forward and "
@@ -463,11 +467,37 @@ def attention_memory_table():
     return "\n".join(lines)
 
 
+def attention_kernels_table():
+    """Chapter 08: the plain and memory-efficient attention kernels against T (BM_Attention)."""
+    path = RESULTS / "cpu-attention-kernels.json"
+    data, runs = medians_by_label(path)
+    lines = [wrap(f"From `{path.relative_to(ROOT)}` ({data['context']['date'].split('T')[0]}, "
+                  f"medians of {repetitions_of(data)}; `scripts/run-benchmarks.sh`): one "
+                  "sequence, 6 heads of 64 channels, f32, dropout 0.1, one forward and one "
+                  "backward."),
+             "",
+             "| T | kernel | kept for the backward | peak | time | ratio |",
+             "|---|---|---|---|---|---|"]
+    for T in sorted({int(b["T"]) for b in runs.values()}):
+        plain = runs[f"plain T {T}"]
+        for kernel in ("plain", "efficient"):
+            b = runs[f"{kernel} T {T}"]
+            lines.append(f"| {T} | {kernel} | {mib(b['kept_bytes'])} MiB | "
+                         f"{mib(b['peak_bytes'])} MiB | {b['real_time']:.0f} ms | "
+                         f"{b['real_time'] / plain['real_time']:.2f}x |")
+    return "\n".join(lines)
+
+
+def attention_kernel_ratio(T):
+    """BM_Attention at T: the memory-efficient kernels' time over the plain ones'."""
+    runs = medians_by_label(RESULTS / "cpu-attention-kernels.json")[1]
+    return [f"{runs[f'efficient T {T}']['real_time'] / runs[f'plain T {T}']['real_time']:.2f}"]
+
+
 def attention_memory_numbers(T, *columns):
     """Of BM_GptAttentionMemory at T: "kept" (none's kept bytes per block over attention's),
     "time" (attention's time over none's), "full" (every:1's time over none's)."""
-    data = json.loads((RESULTS / "cpu-attention-memory.json").read_text())
-    runs = {b["label"]: b for b in data["benchmarks"] if b.get("aggregate_name") == "median"}
+    runs = medians_by_label(RESULTS / "cpu-attention-memory.json")[1]
     none, attention, full = (runs[f"{p} T {T}"] for p in ("none", "attention", "every:1"))
     value = {"kept": none["kept_per_block"] / attention["kept_per_block"],
              "time": attention["real_time"] / none["real_time"],
@@ -779,6 +809,9 @@ FIXED = r"parameters \+ gradients \+ optimizer state = ([\d.]+) MiB"
 
 # (README, the sentence with {} for each number, the function giving the numbers)
 SENTENCES = [
+    (CH08, "the memory-efficient kernels take {}x the plain ones' time at T = 1024 and {}x at "
+           "4096",
+     lambda: attention_kernel_ratio(1024) + attention_kernel_ratio(4096)),
     (CH08, "a block keeps {}x fewer bytes under `attention` at T = 1024 for {}x the time, and "
            "{}x fewer at T = 4096 for {}x.",
      lambda: attention_memory_numbers(1024, "kept", "time") +
@@ -918,6 +951,7 @@ PARAGRAPHS = [
     ("README.md", "gpt-steps", gpt_step_table),
     ("chapters/08_transformer/README.md", "gpt-vs-pytorch", gpt_versus_pytorch),
     ("chapters/08_transformer/README.md", "attention-memory", attention_memory_table),
+    ("chapters/08_transformer/README.md", "attention-kernels", attention_kernels_table),
     ("README.md", "equivalence", equivalence_summary),
     ("README.md", "curves", curves_summary),
     ("README.md", "accumulation", accumulation_summary),

@@ -3,7 +3,8 @@
 # (scripts/results-folder.sh: bench/results/cpu-2core-avx512/ for the 2-core AVX-512 CPU that
 # made the committed results, cpu-2core-avx2/ where the kernels run AVX2, as on a CPU
 # without AVX-512 or under BIGBATCH_MAX_ISA=avx2; the GEMM and accumulation figures draw
-# every folder present, the other figures the AVX-512 one, the README's tables both): the kernels to cpu-kernels.json, the whole-step benchmarks (fp32
+# every folder present, the other figures the AVX-512 one, the README's tables both): the kernels to cpu-kernels.json (the attention kernels against T to
+# cpu-attention-kernels.json), the whole-step benchmarks (fp32
 # and fp16) to cpu-training.json and their PyTorch peer (bench/pytorch_step.py) to
 # pytorch-training.json, chapter 08's GPT step to cpu-gpt.json and its PyTorch peer to
 # pytorch-gpt.json, attention's memory against T to cpu-attention-memory.json, the
@@ -47,8 +48,15 @@ done
 results=$results_dir
 build/bench/bench_kernels --benchmark_out="$results/cpu-kernels.json" \
   --benchmark_out_format=json --benchmark_repetitions=5 \
-  --benchmark_report_aggregates_only=true --benchmark_enable_random_interleaving=true "$@"
+  --benchmark_report_aggregates_only=true --benchmark_enable_random_interleaving=true \
+  --benchmark_filter=-BM_Attention "$@"
 echo "wrote $results/cpu-kernels.json"
+# The attention kernels against T (seconds a call at T = 4096): a file of their own.
+build/bench/bench_kernels --benchmark_out="$results/cpu-attention-kernels.json" \
+  --benchmark_out_format=json --benchmark_repetitions=3 \
+  --benchmark_report_aggregates_only=true --benchmark_enable_random_interleaving=true \
+  --benchmark_filter=BM_Attention/cpu/ "$@"
+echo "wrote $results/cpu-attention-kernels.json"
 build/bench/bench_training --benchmark_out="$results/cpu-training.json" \
   --benchmark_out_format=json --benchmark_repetitions=5 \
   --benchmark_report_aggregates_only=true --benchmark_enable_random_interleaving=true \

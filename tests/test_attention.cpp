@@ -3,10 +3,15 @@
 // the float64 backward against finite differences of the float64 forward; the causal mask;
 // micro-batches of sequences against the batch, bit for bit; scores past fp16's range; the
 // argument checks; and CUDA against the CPU, bit for bit (skipped, saying why, without a GPU).
+// The memory-efficient kernels (tiles of keys, the running max and sum) the same way, and
+// against the plain kernels within both bounds.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
+#include <string>
+#include <tuple>
 #include <vector>
 
 #include "common/rng.hpp"
@@ -93,6 +98,16 @@ double store_roundoff(DType dtype) {
   return dtype == DType::f16 || dtype == DType::bf16 ? testing::unit_roundoff(dtype) : 0.0;
 }
 
+/// A result rounded to a 16-bit dtype where it is stored: the relative rounding, and half the
+/// spacing of the dtype's subnormals, the absolute error of a value stored below its
+/// smallest normal (fp16's 2^-14: the small gradients of long rows land there), where the
+/// relative bound does not hold.
+Bounded stored(Bounded x, DType dtype) {
+  const Bounded rounded = RoundingModel::store(x, store_roundoff(dtype));
+  const double half_spacing = dtype == DType::f16 ? 0x1p-25 : dtype == DType::bf16 ? 0x1p-134 : 0.0;
+  return {rounded.v, rounded.e + half_spacing};
+}
+
 /// m_ij as the header defines it: the global index, Philox's uniform, the kept scale.
 double mask_factor(const Problem& p, std::int64_t b, std::int64_t h, std::int64_t i,
                    std::int64_t j) {
@@ -109,7 +124,6 @@ struct Oracle {
 
 Oracle oracle(const Problem& p) {
   const RoundingModel m = model_for(p.dtype);
-  const double s = store_roundoff(p.dtype);
   const std::int64_t T = p.T, C = p.C(), D = p.D, H = p.heads;
   const double exact_scale = 1.0 / std::sqrt(static_cast<double>(D));
   const Bounded scale{exact_scale, (0x1p-23 + 0x1p-48) * exact_scale};
@@ -147,7 +161,7 @@ Oracle oracle(const Problem& p) {
         }
         for (std::int64_t j = 0; j < T; ++j) {
           Bounded& out = o.probabilities[((b * H + h) * T + i) * T + j];
-          out = j <= i ? RoundingModel::store(m.div(score[j], sum), s) : Bounded{0, 0};
+          out = j <= i ? stored(m.div(score[j], sum), p.dtype) : Bounded{0, 0};
           if (j <= i) {
             P[j] = out;
             dropped[j] = m.mul(P[j], {mask_factor(p, b, h, i, j), 0});
@@ -156,7 +170,7 @@ Oracle oracle(const Problem& p) {
         for (std::int64_t d = 0; d < D; ++d) {
           Bounded acc;
           for (std::int64_t j = 0; j <= i; ++j) acc = m.add(acc, m.mul(dropped[j], v(b, j, h, d)));
-          o.y[(b * T + i) * C + h * D + d] = RoundingModel::store(acc, s);
+          o.y[(b * T + i) * C + h * D + d] = stored(acc, p.dtype);
         }
         // The backward of row i.
         Bounded r;
@@ -172,7 +186,7 @@ Oracle oracle(const Problem& p) {
         for (std::int64_t d = 0; d < D; ++d) {
           Bounded acc;
           for (std::int64_t j = 0; j <= i; ++j) acc = m.add(acc, m.mul(g[j], k(b, j, h, d)));
-          o.dqkv[(b * T + i) * 3 * C + h * D + d] = RoundingModel::store(acc, s);
+          o.dqkv[(b * T + i) * 3 * C + h * D + d] = stored(acc, p.dtype);
           for (std::int64_t j = 0; j <= i; ++j) {
             dk[j * D + d] = m.add(dk[j * D + d], m.mul(g[j], q(b, i, h, d)));
             dv[j * D + d] = m.add(dv[j * D + d], m.mul(dropped[j], dy(b, i, h, d)));
@@ -181,8 +195,8 @@ Oracle oracle(const Problem& p) {
       }
       for (std::int64_t t = 0; t < T; ++t) {
         for (std::int64_t d = 0; d < D; ++d) {
-          o.dqkv[(b * T + t) * 3 * C + C + h * D + d] = RoundingModel::store(dk[t * D + d], s);
-          o.dqkv[(b * T + t) * 3 * C + 2 * C + h * D + d] = RoundingModel::store(dv[t * D + d], s);
+          o.dqkv[(b * T + t) * 3 * C + C + h * D + d] = stored(dk[t * D + d], p.dtype);
+          o.dqkv[(b * T + t) * 3 * C + 2 * C + h * D + d] = stored(dv[t * D + d], p.dtype);
         }
       }
     }
@@ -252,26 +266,283 @@ INSTANTIATE_TEST_SUITE_P(Backends, AttentionOracle, ::testing::ValuesIn(testing:
 // step and fifth-derivative bound of NormalizationFiniteDifference with sigma = 1 apply: L is
 // a composition of products, exponentials and one division by a sum >= 1, whose derivatives
 // stay far below 1e6 at this size; the evaluation error is the oracle's bound on L.
-TEST(AttentionFiniteDifferences, BackwardIsTheDerivativeOfTheForward) {
-  Problem problem = make_problem(2, 5, 2, 3, DType::f64, 21, 0.3f);
-  const Outputs out = run(problem, Device::cpu());
-  const std::vector<double> analytic = testing::to_doubles(out.dqkv);
+/// The f64 backward that `run_kernels(problem, true)` computes against finite differences of
+/// L = sum(G * y) by the f64 forward `run_kernels(problem, false)`, the evaluation error
+/// from the oracle's bounds on y.
+template <class Run>
+void expect_backward_is_derivative(Problem problem, Run run_kernels,
+                                   const std::vector<Bounded>& y_bound) {
+  const std::vector<double> analytic = testing::to_doubles(run_kernels(problem, true).dqkv);
   const auto loss = [&] {
-    const Problem& p = problem;
-    const Outputs forward = run(p, Device::cpu(), false);
-    const std::vector<double> y = testing::to_doubles(forward.y);
+    const std::vector<double> y = testing::to_doubles(run_kernels(problem, false).y);
     double total = 0;
-    for (std::size_t n = 0; n < y.size(); ++n) total += p.dy[n] * y[n];
+    for (std::size_t n = 0; n < y.size(); ++n) total += problem.dy[n] * y[n];
     return total;
   };
   double evaluation_error = 0;
-  const Oracle bound = oracle(problem);
-  for (std::size_t n = 0; n < bound.y.size(); ++n) {
-    evaluation_error += std::abs(problem.dy[n]) * (bound.y[n].e + 0x1p-52 * std::abs(bound.y[n].v));
+  for (std::size_t n = 0; n < y_bound.size(); ++n) {
+    evaluation_error += std::abs(problem.dy[n]) * (y_bound[n].e + 0x1p-52 * std::abs(y_bound[n].v));
   }
-  evaluation_error *= 1 + testing::gamma(static_cast<std::int64_t>(bound.y.size()), DType::f64);
+  evaluation_error *= 1 + testing::gamma(static_cast<std::int64_t>(y_bound.size()), DType::f64);
   const testing::NormalizationFiniteDifference fd(1.0);
   fd.expect_gradient("dqkv", analytic, problem.qkv, loss, evaluation_error);
+}
+
+TEST(AttentionFiniteDifferences, BackwardIsTheDerivativeOfTheForward) {
+  const Problem problem = make_problem(2, 5, 2, 3, DType::f64, 21, 0.3f);
+  expect_backward_is_derivative(
+      problem, [](const Problem& p, bool backward) { return run(p, Device::cpu(), backward); },
+      oracle(problem).y);
+}
+
+// ---- memory-efficient attention ------------------------------------------------------------
+//
+// The oracle below runs the header's tiles in double with the same running error model: the
+// rescalings a = exp(m - m') and the products by them are each one more rounding on what a
+// tile carries forward, so the bound grows with the number of tiles a row crosses (its
+// derivation is the model's arithmetic, operation by operation). The exact values are the
+// plain kernel's (in exact arithmetic the rescaled sums equal the sums from the final max),
+// so against the plain kernel the two kernels' results may differ by at most the sum of
+// their two bounds. The problems cross tiles: T = 150 is three tiles of kKeyTile = 64 keys,
+// the last one partial.
+
+struct EfficientOutputs {
+  Tensor y, stats, dqkv;
+};
+
+EfficientOutputs run_efficient(const Problem& p, Device device, bool backward = true) {
+  const Tensor qkv = qkv_tensor(p, device);
+  const DType stats_dtype = p.dtype == DType::f64 ? DType::f64 : DType::f32;
+  EfficientOutputs out{Tensor({p.B, p.T, p.C()}, p.dtype, device),
+                       Tensor({p.B, p.heads, p.T, 2}, stats_dtype, device),
+                       Tensor({p.B, p.T, 3 * p.C()}, p.dtype, device)};
+  testing::poison(out.y);
+  testing::poison(out.stats);
+  testing::poison(out.dqkv);
+  efficient_attention_forward(qkv, out.y, out.stats, p.heads, p.dropout);
+  if (backward) {
+    efficient_attention_backward(qkv, out.y, out.stats, dy_tensor(p, device), out.dqkv, p.heads,
+                                 p.dropout);
+  }
+  return out;
+}
+
+struct EfficientOracle {
+  std::vector<Bounded> y, stats, dqkv;  // the kernel's shapes
+};
+
+EfficientOracle efficient_oracle(const Problem& p) {
+  const RoundingModel m = model_for(p.dtype);
+  const std::int64_t T = p.T, C = p.C(), D = p.D, H = p.heads;
+  const double exact_scale = 1.0 / std::sqrt(static_cast<double>(D));
+  const Bounded scale{exact_scale, (0x1p-23 + 0x1p-48) * exact_scale};
+  const auto at = [&](std::int64_t b, std::int64_t t, std::int64_t part, std::int64_t h,
+                      std::int64_t d) {
+    return Bounded{p.qkv[(b * T + t) * 3 * C + part * C + h * D + d], 0};
+  };
+  const auto dy = [&](std::int64_t b, std::int64_t t, std::int64_t h, std::int64_t d) {
+    return Bounded{p.dy[(b * T + t) * C + h * D + d], 0};
+  };
+  const auto score = [&](std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t j) {
+    Bounded dot;
+    for (std::int64_t d = 0; d < D; ++d) dot = m.add(dot, m.mul(at(b, i, 0, h, d), at(b, j, 1, h, d)));
+    return m.mul(dot, scale);
+  };
+  EfficientOracle o{std::vector<Bounded>(p.B * T * C), std::vector<Bounded>(p.B * H * T * 2),
+                    std::vector<Bounded>(p.B * T * 3 * C)};
+  for (std::int64_t b = 0; b < p.B; ++b) {
+    for (std::int64_t h = 0; h < H; ++h) {
+      // The forward, tile by tile.
+      for (std::int64_t i = 0; i < T; ++i) {
+        Bounded run_max{-INFINITY, 0}, sum;
+        std::vector<Bounded> acc(D);
+        for (std::int64_t t0 = 0; t0 <= i; t0 += kKeyTile) {
+          const std::int64_t t1 = std::min(i + 1, t0 + kKeyTile);
+          std::vector<Bounded> e;
+          Bounded tile_max{-INFINITY, 0};
+          for (std::int64_t j = t0; j < t1; ++j) {
+            e.push_back(score(b, h, i, j));
+            tile_max = RoundingModel::max(tile_max, e.back());
+          }
+          const Bounded new_max = RoundingModel::max(run_max, tile_max);
+          // Before the first tile there is nothing to rescale: the kernel's exp(-inf) is 0.
+          const Bounded rescale = t0 == 0 ? Bounded{0, 0} : m.exp(m.sub(run_max, new_max));
+          for (Bounded& x : e) x = m.exp(m.sub(x, new_max));
+          sum = m.mul(sum, rescale);
+          for (const Bounded& x : e) sum = m.add(sum, x);
+          for (std::int64_t d = 0; d < D; ++d) {
+            acc[d] = m.mul(acc[d], rescale);
+            for (std::int64_t j = t0; j < t1; ++j) {
+              const Bounded weight = m.mul(e[j - t0], {mask_factor(p, b, h, i, j), 0});
+              acc[d] = m.add(acc[d], m.mul(weight, at(b, j, 2, h, d)));
+            }
+          }
+          run_max = new_max;
+        }
+        for (std::int64_t d = 0; d < D; ++d) {
+          o.y[(b * T + i) * C + h * D + d] = stored(m.div(acc[d], sum), p.dtype);
+        }
+        o.stats[((b * H + h) * T + i) * 2] = run_max;
+        o.stats[((b * H + h) * T + i) * 2 + 1] = sum;
+      }
+      // The backward, row by row, from the stored y and statistics.
+      std::vector<Bounded> dk(T * D), dv(T * D);
+      for (std::int64_t i = 0; i < T; ++i) {
+        Bounded d_i;
+        for (std::int64_t d = 0; d < D; ++d) {
+          d_i = m.add(d_i, m.mul(dy(b, i, h, d), o.y[(b * T + i) * C + h * D + d]));
+        }
+        const Bounded row_max = o.stats[((b * H + h) * T + i) * 2];
+        const Bounded row_sum = o.stats[((b * H + h) * T + i) * 2 + 1];
+        std::vector<Bounded> g(i + 1), dropped(i + 1);
+        for (std::int64_t j = 0; j <= i; ++j) {
+          const Bounded P = m.div(m.exp(m.sub(score(b, h, i, j), row_max)), row_sum);
+          Bounded dot;
+          for (std::int64_t d = 0; d < D; ++d) dot = m.add(dot, m.mul(dy(b, i, h, d), at(b, j, 2, h, d)));
+          const Bounded factor{mask_factor(p, b, h, i, j), 0};
+          g[j] = m.mul(m.mul(P, m.sub(m.mul(dot, factor), d_i)), scale);
+          dropped[j] = m.mul(P, factor);
+        }
+        for (std::int64_t d = 0; d < D; ++d) {
+          Bounded acc;
+          for (std::int64_t j = 0; j <= i; ++j) acc = m.add(acc, m.mul(g[j], at(b, j, 1, h, d)));
+          o.dqkv[(b * T + i) * 3 * C + h * D + d] = stored(acc, p.dtype);
+          for (std::int64_t j = 0; j <= i; ++j) {
+            dk[j * D + d] = m.add(dk[j * D + d], m.mul(g[j], at(b, i, 0, h, d)));
+            dv[j * D + d] = m.add(dv[j * D + d], m.mul(dropped[j], dy(b, i, h, d)));
+          }
+        }
+      }
+      for (std::int64_t t = 0; t < T; ++t) {
+        for (std::int64_t d = 0; d < D; ++d) {
+          o.dqkv[(b * T + t) * 3 * C + C + h * D + d] = stored(dk[t * D + d], p.dtype);
+          o.dqkv[(b * T + t) * 3 * C + 2 * C + h * D + d] = stored(dv[t * D + d], p.dtype);
+        }
+      }
+    }
+  }
+  return o;
+}
+
+class EfficientAttentionOracle : public DeviceTest {};
+
+TEST_P(EfficientAttentionOracle, ForwardAndBackwardWithinTheRoundingBoundOfEveryDtype) {
+  for (const DType dtype : {DType::f64, DType::f32, DType::f16, DType::bf16}) {
+    if (dtype == DType::f64 && device().is_cuda()) continue;  // f64 exists on the CPU only
+    for (const float p : {0.0f, 0.25f}) {
+      SCOPED_TRACE(std::string(dtype_name(dtype)) + (p > 0 ? ", dropout 0.25" : ", no dropout"));
+      // 150 positions: three tiles of keys, the last partial; 2 heads of 5 channels.
+      const Problem problem = make_problem(2, 150, 2, 5, dtype, 13, p);
+      const EfficientOutputs out = run_efficient(problem, device());
+      const EfficientOracle want = efficient_oracle(problem);
+      const RoundingModel model = model_for(dtype);
+      EXPECT_TRUE(within_bounds("row statistics", out.stats, want.stats, model));
+      EXPECT_TRUE(within_bounds("y", out.y, want.y, model));
+      EXPECT_TRUE(within_bounds("dqkv", out.dqkv, want.dqkv, model));
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, EfficientAttentionOracle,
+                         ::testing::ValuesIn(testing::all_devices()), testing::device_test_name);
+
+// Both kernels compute the same exact function: each result lies within its own bound of
+// the exact value, so the two lie within the sum of the two bounds of each other.
+TEST(EfficientAttention, AgreesWithThePlainKernelWithinBothBounds) {
+  for (const DType dtype : {DType::f32, DType::bf16}) {
+    SCOPED_TRACE(dtype_name(dtype));
+    const Problem problem = make_problem(1, 150, 2, 8, dtype, 17, 0.1f);
+    const Outputs plain = run(problem, Device::cpu());
+    const EfficientOutputs efficient = run_efficient(problem, Device::cpu());
+    const Oracle plain_bound = oracle(problem);
+    const EfficientOracle efficient_bound = efficient_oracle(problem);
+    const RoundingModel model = model_for(dtype);
+    for (const auto& [name, a, b, bound_a, bound_b] :
+         {std::tuple{"y", plain.y, efficient.y, &plain_bound.y, &efficient_bound.y},
+          std::tuple{"dqkv", plain.dqkv, efficient.dqkv, &plain_bound.dqkv,
+                     &efficient_bound.dqkv}}) {
+      const std::vector<double> x = testing::to_doubles(a), z = testing::to_doubles(b);
+      std::int64_t differing = 0;
+      for (std::size_t n = 0; n < x.size(); ++n) {
+        const double allowed =
+            testing::tolerance((*bound_a)[n], model) + testing::tolerance((*bound_b)[n], model);
+        ASSERT_LE(std::abs(x[n] - z[n]), allowed) << name << " element " << n;
+        differing += x[n] != z[n];
+      }
+      // The rescalings did change some bits: a bound with nothing to bound tests nothing.
+      EXPECT_GT(differing, 0) << name;
+    }
+  }
+}
+
+TEST(EfficientAttention, MicroBatchesOfSequencesGiveTheBatchBitsForBit) {
+  for (const DType dtype : {DType::f32, DType::bf16}) {
+    SCOPED_TRACE(dtype_name(dtype));
+    const Problem batch = make_problem(4, 70, 2, 4, dtype, 43, 0.2f);
+    const EfficientOutputs whole = run_efficient(batch, Device::cpu());
+    std::int64_t first = 0;
+    for (const std::int64_t size : {1, 2, 1}) {
+      Problem micro = batch;
+      micro.B = size;
+      micro.dropout.first_row = first;
+      const std::int64_t per_qkv = batch.T * 3 * batch.C(), per_y = batch.T * batch.C();
+      micro.qkv.assign(batch.qkv.begin() + first * per_qkv,
+                       batch.qkv.begin() + (first + size) * per_qkv);
+      micro.dy.assign(batch.dy.begin() + first * per_y, batch.dy.begin() + (first + size) * per_y);
+      const EfficientOutputs part = run_efficient(micro, Device::cpu());
+      EXPECT_TRUE(testing::bitwise_equal(part.y, whole.y.rows(first, first + size))) << first;
+      EXPECT_TRUE(testing::bitwise_equal(part.stats, whole.stats.rows(first, first + size)))
+          << first;
+      EXPECT_TRUE(testing::bitwise_equal(part.dqkv, whole.dqkv.rows(first, first + size)))
+          << first;
+      first += size;
+    }
+  }
+}
+
+// The same finite differences through 70 positions: two tiles of keys.
+TEST(EfficientAttention, BackwardIsTheDerivativeOfTheForward) {
+  const Problem problem = make_problem(1, 70, 1, 2, DType::f64, 23, 0.3f);
+  expect_backward_is_derivative(
+      problem,
+      [](const Problem& p, bool backward) { return run_efficient(p, Device::cpu(), backward); },
+      efficient_oracle(problem).y);
+}
+
+TEST(EfficientAttention, CudaComputesTheCpuBits) {
+  BIGBATCH_SKIP_WITHOUT_DEVICE(Device::cuda());
+  for (const DType dtype : {DType::f32, DType::f16, DType::bf16}) {
+    SCOPED_TRACE(dtype_name(dtype));
+    // 300 positions: five tiles, and more keys than a block has threads.
+    const Problem problem = make_problem(2, 300, 3, 24, dtype, 53, 0.1f);
+    const EfficientOutputs cpu = run_efficient(problem, Device::cpu());
+    const EfficientOutputs gpu = run_efficient(problem, Device::cuda());
+    EXPECT_TRUE(testing::bitwise_equal(gpu.stats.to(Device::cpu()), cpu.stats));
+    EXPECT_TRUE(testing::bitwise_equal(gpu.y.to(Device::cpu()), cpu.y));
+    EXPECT_TRUE(testing::bitwise_equal(gpu.dqkv.to(Device::cpu()), cpu.dqkv));
+  }
+}
+
+TEST(EfficientAttention, ArgumentsAreCheckedWithReadableErrors) {
+  const Tensor qkv({2, 4, 18}, DType::f32);  // C = 6
+  const Tensor y({2, 4, 6}, DType::f32), stats({2, 3, 4, 2}, DType::f32);
+  const auto refusal = [](const std::function<void()>& call) {
+    try {
+      call();
+    } catch (const std::invalid_argument& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(refusal([&] { efficient_attention_forward(qkv, y, Tensor({2, 3, 4}, DType::f32), 3); })
+                .find("row_stats"),
+            std::string::npos);
+  EXPECT_NE(refusal([&] { efficient_attention_forward(qkv, y, Tensor({2, 3, 4, 2}, DType::bf16), 3); })
+                .find("row_stats"),
+            std::string::npos);
+  EXPECT_NE(refusal([&] { efficient_attention_forward(qkv, qkv, stats, 3); }).find("y"),
+            std::string::npos);
+  EXPECT_NO_THROW(efficient_attention_forward(qkv, y, stats, 3));
 }
 
 // ---- what the contract promises beyond the values ------------------------------------------
