@@ -440,14 +440,18 @@ def medians_by_label(path):
     return data, {b["label"]: b for b in data["benchmarks"] if b.get("aggregate_name") == "median"}
 
 
+def medians_source(path, data, what):
+    """"From `PATH` (DATE, medians of N; `scripts/run-benchmarks.sh`): WHAT", wrapped."""
+    return wrap(f"From `{path.relative_to(ROOT)}` ({data['context']['date'].split('T')[0]}, "
+                f"medians of {repetitions_of(data)}; `scripts/run-benchmarks.sh`): {what}")
+
+
 def attention_memory_table():
     """Chapter 08: attention's memory against T (bench_training's BM_GptAttentionMemory)."""
     path = RESULTS / "cpu-attention-memory.json"
     data, runs = medians_by_label(path)
-    lines = [wrap(f"From `{path.relative_to(ROOT)}` ({data['context']['date'].split('T')[0]}, "
-                  f"medians of {repetitions_of(data)}; `scripts/run-benchmarks.sh`): one "
-                  "sequence through 2 blocks of width 384 with 6 heads, fp32, one forward and "
-                  "backward."),
+    lines = [medians_source(path, data, "one sequence through 2 blocks of width 384 with 6 "
+                            "heads, fp32, one forward and backward."),
              "",
              "| T | policy | kept per block | activations at the peak (measured = predicted) "
              "| less | block forwards | time | ratio |",
@@ -471,10 +475,8 @@ def attention_kernels_table():
     """Chapter 08: the plain and memory-efficient attention kernels against T (BM_Attention)."""
     path = RESULTS / "cpu-attention-kernels.json"
     data, runs = medians_by_label(path)
-    lines = [wrap(f"From `{path.relative_to(ROOT)}` ({data['context']['date'].split('T')[0]}, "
-                  f"medians of {repetitions_of(data)}; `scripts/run-benchmarks.sh`): one "
-                  "sequence, 6 heads of 64 channels, f32, dropout 0.1, one forward and one "
-                  "backward."),
+    lines = [medians_source(path, data, "one sequence, 6 heads of 64 channels, f32, dropout "
+                            "0.1, one forward and one backward."),
              "",
              "| T | kernel | kept for the backward | peak | time | ratio |",
              "|---|---|---|---|---|---|"]
