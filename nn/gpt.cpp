@@ -83,13 +83,20 @@ GptSavedBytes gpt_saved_bytes(const GptConfig& config, std::int64_t sequences,
   const auto W = static_cast<std::size_t>(dtype_size(working_dtype(config.precision)));
   const auto n = static_cast<std::size_t>(sequences * length);
   const auto C = static_cast<std::size_t>(config.width);
-  const auto scores = static_cast<std::size_t>(sequences * config.heads * length * length);
+  const auto rows = static_cast<std::size_t>(sequences * config.heads * length);
   constexpr std::size_t f32 = 4;
+  const std::size_t attention = config.attention == AttentionKernel::efficient
+                                    ? 2 * f32 * rows  // each query row's (m, l)
+                                    : W * rows * static_cast<std::size_t>(length);  // P
   GptSavedBytes bytes;
   bytes.embeddings = W * n * C;
-  bytes.per_block = 16 * W * n * C + W * scores + 4 * f32 * n;
+  bytes.per_block = 16 * W * n * C + attention + 4 * f32 * n;
   bytes.head = W * n * C + 2 * f32 * n + f32 * n * static_cast<std::size_t>(config.vocabulary);
   return bytes;
+}
+
+std::string attention_kernel_name(AttentionKernel kernel) {
+  return kernel == AttentionKernel::efficient ? "efficient" : "plain";
 }
 
 Gpt::Gpt(const GptConfig& config, Device device) : Gpt(config, device, DType::f32) {}
@@ -264,6 +271,10 @@ Tensor Gpt::block_forward(std::size_t index, const Tensor& x, const ForwardConte
                           GptBlockActivations& saved, BlockKeep keep) {
   BIGBATCH_CHECK(keep != BlockKeep::gemm_outputs, "Gpt::block_forward: BlockKeep::gemm_outputs "
                  "is the MLP block's selective recomputation");
+  BIGBATCH_CHECK(keep != BlockKeep::all_but_probabilities ||
+                     config_.attention == AttentionKernel::plain,
+                 "Gpt::block_forward: BlockKeep::all_but_probabilities drops the probabilities "
+                 "that efficient attention never keeps");
   const GptBlock& block = blocks_.at(index);
   const std::int64_t b = x.dim(0), T = x.dim(1), n = b * T, C = config_.width;
   const bool dropout = dropout_active(config_, context);
@@ -278,12 +289,20 @@ Tensor Gpt::block_forward(std::size_t index, const Tensor& x, const ForwardConte
   saved.qkv = activation_tensor({b, T, 3 * C});
   linear_forward(block.c_attn, saved.ln_1_out, rows(saved.qkv));
   saved.attention = activation_tensor({b, T, C});
-  saved.probabilities = activation_tensor({b, config_.heads, T, T});
-  causal_attention_forward(saved.qkv, saved.attention, saved.probabilities, config_.heads,
-                           dropout ? site(config_, context, attention_stream(index))
-                                   : DropoutSpec{});
-  // Selective attention recomputation: P goes now, block_backward rebuilds it.
-  if (keep == BlockKeep::all_but_probabilities) saved.probabilities = Tensor();
+  const DropoutSpec attention_dropout =
+      dropout ? site(config_, context, attention_stream(index)) : DropoutSpec{};
+  if (config_.attention == AttentionKernel::efficient) {
+    saved.row_stats = Tensor({b, config_.heads, T, 2}, parameter_dtype_, device_,
+                             MemoryCategory::activations);
+    efficient_attention_forward(saved.qkv, saved.attention, saved.row_stats, config_.heads,
+                                attention_dropout);
+  } else {
+    saved.probabilities = activation_tensor({b, config_.heads, T, T});
+    causal_attention_forward(saved.qkv, saved.attention, saved.probabilities, config_.heads,
+                             attention_dropout);
+    // Selective attention recomputation: P goes now, block_backward rebuilds it.
+    if (keep == BlockKeep::all_but_probabilities) saved.probabilities = Tensor();
+  }
   saved.middle = activation_tensor({b, T, C});
   linear_forward(block.attn_proj, rows(saved.attention), rows(saved.middle));
   if (dropout) {
@@ -346,15 +365,20 @@ Tensor Gpt::block_backward(std::size_t index, const GptBlockActivations& saved,
   linear_backward_input(block.attn_proj, rows(d_branch), rows(d_attention));
   d_branch = Tensor();
   Tensor d_qkv = workspace_tensor({b, T, 3 * C});
-  Tensor probabilities = saved.probabilities;
-  if (!probabilities.defined()) {  // dropped by the forward: the same bits again, from q and k
-    probabilities = activation_tensor({b, config_.heads, T, T});
-    causal_attention_probabilities(saved.qkv, probabilities, config_.heads);
+  const DropoutSpec attention_dropout =
+      dropout ? site(config_, context, attention_stream(index)) : DropoutSpec{};
+  if (config_.attention == AttentionKernel::efficient) {
+    efficient_attention_backward(saved.qkv, saved.attention, saved.row_stats, d_attention, d_qkv,
+                                 config_.heads, attention_dropout);
+  } else {
+    Tensor probabilities = saved.probabilities;
+    if (!probabilities.defined()) {  // dropped by the forward: the same bits again, from q, k
+      probabilities = activation_tensor({b, config_.heads, T, T});
+      causal_attention_probabilities(saved.qkv, probabilities, config_.heads);
+    }
+    causal_attention_backward(saved.qkv, probabilities, d_attention, d_qkv, config_.heads,
+                              attention_dropout);
   }
-  causal_attention_backward(saved.qkv, probabilities, d_attention, d_qkv, config_.heads,
-                            dropout ? site(config_, context, attention_stream(index))
-                                    : DropoutSpec{});
-  probabilities = Tensor();
   d_attention = Tensor();
   linear_backward_parameters(block.c_attn, saved.ln_1_out, rows(d_qkv));
   Tensor d_input = workspace_tensor({b, T, C});

@@ -53,6 +53,18 @@ namespace bigbatch::nn {
 
 struct StateEntry;  // layers.hpp
 
+/// How each block computes its attention (kernels/attention.hpp): plain keeps the
+/// probabilities P, b heads T^2 elements a block, for the backward; efficient keeps each query
+/// row's running max and sum instead (two f32 a row, b heads T 8 bytes a block) and rebuilds P
+/// tile by tile in the backward. The two round differently (the online softmax rescales its
+/// sums), so the choice is part of a run's trajectory.
+enum class AttentionKernel { plain, efficient };
+
+/// "plain", "efficient".
+std::string attention_kernel_name(AttentionKernel kernel);
+/// The attention kernel as a setting (common/settings.hpp): attention_kernel_name.
+inline std::string setting_text(AttentionKernel kernel) { return attention_kernel_name(kernel); }
+
 /// The transformer's sizes and choices.
 struct GptConfig {
   std::int64_t vocabulary = 256;  ///< V, token ids in [0, V) (256: bytes)
@@ -63,6 +75,7 @@ struct GptConfig {
   float dropout = 0.0f;           ///< p of every dropout
   std::uint64_t seed = 0;         ///< initialisation seed
   Precision precision = Precision::fp32;  ///< fp16, bf16: mixed precision
+  AttentionKernel attention = AttentionKernel::plain;  ///< the attention's kernels
 };
 
 /// GptConfig's settings (common/settings.hpp), named by `bigbatch train --model gpt`'s flags;
@@ -77,6 +90,7 @@ constexpr void visit_settings(Self& c, Visit&& visit) {
   visit("dropout", c.dropout, SettingRole::trajectory);
   visit("seed", c.seed, SettingRole::trajectory);
   visit("precision", c.precision, SettingRole::trajectory);
+  visit("attention", c.attention, SettingRole::trajectory);
 }
 static_assert(every_field_visited<GptConfig>(), "classify GptConfig's new field above");
 
@@ -105,7 +119,8 @@ struct GptBlockActivations {
   Tensor ln_1_mean;                   ///< ln_1's row means                 [n] f32 (f64)
   Tensor ln_1_rstd;                   ///< ln_1's 1 / sqrt(var + eps)        [n] f32 (f64)
   Tensor qkv;                         ///< c_attn's output, attention's input [b, T, 3C]
-  Tensor probabilities;               ///< the attention's P                 [b, heads, T, T]
+  Tensor probabilities;               ///< plain attention's P               [b, heads, T, T]
+  Tensor row_stats;                   ///< efficient attention's (m, l) [b, heads, T, 2] f32 (f64)
   Tensor attention;                   ///< the heads' output, c_proj's input  [b, T, C]
   Tensor middle;                      ///< x after the attention's residual   [b, T, C]
   Tensor ln_2_out;                    ///< ln_2(middle), c_fc's input             [n, C]
@@ -121,7 +136,8 @@ struct GptBlockActivations {
 ///   embeddings: the blocks' input x0                                       W n C
 ///   per block:  ln_1(x), qkv (3), the heads' output, middle, ln_2(middle), c_fc's output (4),
 ///               GELU's output (4) and the block's output, the next one's input: 16 W n C;
-///               the attention's P: W b heads T^2; four LayerNorm statistics: 16 n
+///               the attention's P: W b heads T^2 (AttentionKernel::efficient: its rows' max
+///               and sum instead, 8 b heads T); four LayerNorm statistics: 16 n
 ///   head:       ln_f(x) W n C, its two statistics 8 n, the logits 4 n V
 /// No dropout mask is kept (the counter-based RNG draws each again in the backward), nor the
 /// dropped probabilities (recomputed from P): in 16 bits a block keeps 32 n C + 2 b heads T^2

@@ -427,6 +427,10 @@ std::size_t GptLedger::scores_bytes() const {
          to_size(dtype_size(working_dtype(config_.precision)));
 }
 
+std::size_t GptLedger::attention_rows_bytes() const {
+  return 4 * to_size(sequences_ * config_.heads * length_);
+}
+
 std::string GptLedger::moment(const std::string& what) const { return label_ + ", " + what; }
 
 Bytes GptLedger::activation(std::size_t bytes, const std::string& what) {
@@ -455,8 +459,15 @@ Bytes GptLedger::block_forward(std::int64_t index, Bytes h, GptBlockBytes& saved
   saved.ln_1_rstd = activation(statistics_bytes(), block + "ln_1's rstd");
   saved.qkv = activation(state_bytes(3), block + "c_attn's output (q, k, v)");
   saved.attention = activation(state_bytes(), block + "the heads' output");
-  saved.probabilities = activation(scores, block + "the attention's probabilities");
-  if (keep == BlockKeep::all_but_probabilities) saved.probabilities = nullptr;  // recomputed
+  if (config_.attention == AttentionKernel::efficient) {
+    BIGBATCH_CHECK(keep != BlockKeep::all_but_probabilities,
+                   "GptLedger: efficient attention keeps no probabilities to drop");
+    saved.row_stats = activation(2 * attention_rows_bytes(),
+                                 block + "the attention's row max and sum (f32)");
+  } else {
+    saved.probabilities = activation(scores, block + "the attention's probabilities");
+    if (keep == BlockKeep::all_but_probabilities) saved.probabilities = nullptr;  // recomputed
+  }
   saved.middle = activation(state_bytes(), block + "the attention's residual sum");
   saved.ln_2_out = activation(state_bytes(), block + "ln_2's output");
   saved.ln_2_mean = activation(statistics_bytes(), block + "ln_2's mean");
@@ -482,11 +493,11 @@ Bytes GptLedger::block_backward(std::int64_t index, const GptBlockBytes& saved) 
   Bytes d_attention = workspace(state_bytes(), block + "the heads' output gradient");
   d_branch = nullptr;
   Bytes d_qkv = workspace(state_bytes(3), block + "c_attn's output gradient");
-  Bytes probabilities;  // the forward's, or rebuilt here when it dropped them
-  if (!saved.probabilities) {
+  Bytes probabilities;  // plain: the forward's, or rebuilt here when it dropped them
+  if (config_.attention == AttentionKernel::plain && !saved.probabilities) {
     probabilities = activation(scores_bytes(), block + "the attention's probabilities, recomputed");
   }
-  workspace(4 * to_size(sequences_ * config_.heads * length_),
+  workspace(attention_rows_bytes(),
             block + "the attention's row sums (f32)");  // freed by the kernel
   probabilities = nullptr;
   d_attention = nullptr;

@@ -204,7 +204,8 @@ struct GptBlockBytes {
   MemoryLedger::Bytes ln_1_rstd;      ///< ln_1's 1 / sqrt(var + eps) (f32)
   MemoryLedger::Bytes qkv;            ///< c_attn's output
   MemoryLedger::Bytes attention;      ///< the heads' output
-  MemoryLedger::Bytes probabilities;  ///< P [b, heads, T, T]
+  MemoryLedger::Bytes probabilities;  ///< plain attention's P [b, heads, T, T]
+  MemoryLedger::Bytes row_stats;      ///< efficient attention's (m, l) [b, heads, T, 2] f32
   MemoryLedger::Bytes middle;         ///< x after the attention's residual
   MemoryLedger::Bytes ln_2_out;       ///< ln_2(middle)
   MemoryLedger::Bytes ln_2_mean;      ///< ln_2's means (f32)
@@ -245,6 +246,9 @@ class GptLedger {
   std::size_t statistics_bytes() const;
   /// The attention's probabilities P [b, heads, T, T] in the activations' dtype.
   std::size_t scores_bytes() const;
+  /// One f32 for each of the attention's query rows, [b, heads, T]: the backward's row sums
+  /// (r or D), and half of efficient attention's row statistics.
+  std::size_t attention_rows_bytes() const;
 
  private:
   std::string moment(const std::string& what) const;

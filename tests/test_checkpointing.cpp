@@ -199,10 +199,10 @@ struct GptRun {
 /// 3 AdamW steps of 10 sequences in micro-batches of 4 (4 + 4 + 2), dropout on; fp16 under
 /// the dynamic scaler from 2^20, which overflows once, then trains (1 step of 3 skipped).
 GptRun trained_gpt(std::int64_t layers, nn::Precision precision, const std::string& policy,
-                   Device device) {
+                   Device device, nn::AttentionKernel attention = nn::AttentionKernel::plain) {
   const Dataset data = gpt_data();
   nn::Gpt model({.vocabulary = 256, .context = 12, .layers = layers, .width = 16, .heads = 2,
-                 .dropout = 0.2f, .seed = 9, .precision = precision},
+                 .dropout = 0.2f, .seed = 9, .precision = precision, .attention = attention},
                 device);
   std::shared_ptr<GptScheduledRunner> runner;
   if (policy != "none") {
@@ -257,6 +257,25 @@ TEST_P(GptCheckpointing, EveryPolicyTrainsTheBitsOfNoCheckpointing) {
   // fp16's run must have skipped a step, or the scaler's path was not exercised.
   EXPECT_EQ(trained_gpt(2, nn::Precision::fp16, "none", device()).parameters.back(),
             std::vector<float>{1.0f});
+}
+
+// Memory-efficient attention's blocks recomputed: the same bits as its run without
+// checkpointing (which are not plain attention's: the online softmax rounds otherwise).
+TEST_P(GptCheckpointing, EfficientAttentionRecomputedTrainsItsOwnBits) {
+  constexpr nn::AttentionKernel kEfficient = nn::AttentionKernel::efficient;
+  for (const nn::Precision precision :
+       {nn::Precision::fp32, nn::Precision::bf16, nn::Precision::fp16}) {
+    for (const std::int64_t layers : {1, 3}) {
+      const GptRun reference = trained_gpt(layers, precision, "none", device(), kEfficient);
+      EXPECT_NE(reference.parameters, trained_gpt(layers, precision, "none", device()).parameters);
+      for (const std::string policy : {"every:1", "sqrt", "optimal:1"}) {
+        SCOPED_TRACE(policy + ", " + std::to_string(layers) + " blocks, " +
+                     nn::precision_name(precision));
+        EXPECT_EQ(trained_gpt(layers, precision, policy, device(), kEfficient).parameters,
+                  reference.parameters);
+      }
+    }
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, GptCheckpointing, ::testing::ValuesIn(testing::all_devices()),

@@ -157,8 +157,12 @@ TEST(GptParameters, InitialisationIsNanoGpts) {
 // are O(1) vectors of 8 channels whose spread stays far above the step. The loss is O(1) and a
 // few thousand f64 operations deep, each rounding at most 2^-53 relative on values O(10) at
 // most: 1e-12 bounds its evaluation error with room to spare.
-TEST(GptGradients, Float64BackwardIsTheDerivativeOfTheLoss) {
-  const GptConfig config{7, 6, 2, 8, 2, 0.2f, 3, nn::Precision::fp32};
+// Both attention kernels: the memory-efficient one rebuilds P from its rows' max and sum.
+class GptGradients : public ::testing::TestWithParam<nn::AttentionKernel> {};
+
+TEST_P(GptGradients, Float64BackwardIsTheDerivativeOfTheLoss) {
+  GptConfig config{7, 6, 2, 8, 2, 0.2f, 3, nn::Precision::fp32};
+  config.attention = GetParam();
   Gpt model = Gpt::float64(config);
   const Sequences s = random_sequences({5, 3}, 5, config.vocabulary, 9);
   const float count = static_cast<float>(s.real_targets());
@@ -190,13 +194,26 @@ TEST(GptGradients, Float64BackwardIsTheDerivativeOfTheLoss) {
   EXPECT_EQ(checked, model.parameter_count());
 }
 
+std::string kernel_test_name(const ::testing::TestParamInfo<nn::AttentionKernel>& info) {
+  return nn::attention_kernel_name(info.param);
+}
+
+INSTANTIATE_TEST_SUITE_P(Kernels, GptGradients,
+                         ::testing::Values(nn::AttentionKernel::plain,
+                                           nn::AttentionKernel::efficient),
+                         kernel_test_name);
+
 // Five sequences of uneven lengths (padding ignored), run as one batch and as micro-batches
 // of 2, 1 and 2 sequences with the step's global target count: every gradient, the tied
-// wte's included, is the batch's bit for bit, in fp32 and in bf16, dropout on.
+// wte's included, is the batch's bit for bit, in fp32 and in bf16, dropout on, with either
+// attention kernel.
 TEST(GptAccumulation, MicroBatchesOfSequencesGiveTheBatchGradientsBitForBit) {
+  for (const nn::AttentionKernel kernel :
+       {nn::AttentionKernel::plain, nn::AttentionKernel::efficient}) {
   for (const nn::Precision precision : {nn::Precision::fp32, nn::Precision::bf16}) {
-    SCOPED_TRACE(nn::precision_name(precision));
-    const GptConfig config{11, 8, 2, 12, 3, 0.1f, 5, precision};
+    SCOPED_TRACE(nn::precision_name(precision) + ", " + nn::attention_kernel_name(kernel));
+    GptConfig config{11, 8, 2, 12, 3, 0.1f, 5, precision};
+    config.attention = kernel;
     const Sequences s = random_sequences({8, 3, 6, 1, 7}, 8, config.vocabulary, 21);
     const float count = static_cast<float>(s.real_targets());
     Gpt batch(config, Device::cpu()), micro(config, Device::cpu());
@@ -214,6 +231,7 @@ TEST(GptAccumulation, MicroBatchesOfSequencesGiveTheBatchGradientsBitForBit) {
     for (std::size_t k = 0; k < want.size(); ++k) {
       EXPECT_TRUE(testing::bitwise_equal(got[k].grad, want[k].grad)) << want[k].name;
     }
+  }
   }
 }
 
@@ -356,14 +374,18 @@ TEST(GptModel, ForwardIsCausal) {
 // ---- memory ---------------------------------------------------------------------------------
 
 // A training forward keeps exactly gpt_saved_bytes' activations, to the byte, in fp32, fp16
-// and bf16, with and without dropout (no mask is kept), and an inference forward only its
-// logits.
+// and bf16, with and without dropout (no mask is kept), with either attention kernel, and an
+// inference forward only its logits.
 TEST(GptMemory, ForwardKeepsThePredictedBytes) {
+  for (const nn::AttentionKernel kernel :
+       {nn::AttentionKernel::plain, nn::AttentionKernel::efficient}) {
   for (const nn::Precision precision :
        {nn::Precision::fp32, nn::Precision::fp16, nn::Precision::bf16}) {
     for (const float dropout : {0.0f, 0.1f}) {
-      SCOPED_TRACE(nn::precision_name(precision) + (dropout > 0 ? " with dropout" : ""));
-      const GptConfig config{256, 12, 3, 16, 4, dropout, 2, precision};
+      SCOPED_TRACE(nn::precision_name(precision) + (dropout > 0 ? " with dropout, " : ", ") +
+                   nn::attention_kernel_name(kernel));
+      GptConfig config{256, 12, 3, 16, 4, dropout, 2, precision};
+      config.attention = kernel;
       Gpt model(config, Device::cpu());
       const Sequences s = random_sequences({12, 7, 12}, 12, 256, 3);
       const Tensor tokens = Tensor::from_vector(s.tokens, {3, 12});
@@ -379,6 +401,7 @@ TEST(GptMemory, ForwardKeepsThePredictedBytes) {
       EXPECT_EQ(live() - before, logits.nbytes());
     }
   }
+  }
 }
 
 // Per block in 16 bits, against Korthikanti et al.'s 34 s b h + 5 a s^2 b (s = T, h = C,
@@ -392,6 +415,27 @@ TEST(GptMemory, ABlockKeepsKorthikantisCountLessWhatTheCounterRngRecomputes) {
   const std::int64_t masks = 2 * s * b * h + a * s * s * b, dropped = 2 * a * s * s * b;
   EXPECT_EQ(static_cast<std::int64_t>(nn::gpt_saved_bytes(config, b, s).per_block),
             korthikanti - masks - dropped + 16 * s * b);
+  // Memory-efficient attention keeps no a s^2 b term at all: two f32 (its max and sum) for
+  // each of the a s b query rows in place of P's 2 a s^2 b bytes.
+  GptConfig efficient = config;
+  efficient.attention = nn::AttentionKernel::efficient;
+  EXPECT_EQ(static_cast<std::int64_t>(nn::gpt_saved_bytes(efficient, b, s).per_block),
+            korthikanti - masks - dropped - 2 * a * s * s * b + 8 * a * s * b + 16 * s * b);
+}
+
+// Selective attention recomputation drops P; memory-efficient attention has none to drop.
+TEST(GptModel, EfficientAttentionRefusesToDropProbabilities) {
+  GptConfig config{16, 4, 1, 8, 2, 0.0f, 1, nn::Precision::fp32};
+  config.attention = nn::AttentionKernel::efficient;
+  Gpt model(config, Device::cpu());
+  nn::GptBlockActivations saved;
+  const Tensor x = Tensor::zeros({1, 4, 8}, DType::f32);
+  EXPECT_THROW(model.block_forward(0, x, ForwardContext{}, saved,
+                                   nn::BlockKeep::all_but_probabilities),
+               std::invalid_argument);
+  EXPECT_NO_THROW(model.block_forward(0, x, ForwardContext{}, saved, nn::BlockKeep::all));
+  EXPECT_TRUE(saved.row_stats.defined());
+  EXPECT_FALSE(saved.probabilities.defined());
 }
 
 TEST(GptModel, SaveAndLoadRoundTripEveryParameter) {

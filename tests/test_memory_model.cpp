@@ -138,17 +138,25 @@ TEST_P(GptMemoryModel, EveryPrecisionPolicyAndDepthIsPredictedToTheByte) {
     for (const float dropout : {0.0f, 0.1f}) {
       for (const std::int64_t layers : {0, 1, 3, 6}) {
         for (const std::string policy : {"none", "every:2", "sqrt", "optimal:1", "optimal:2",
-                                         "attention", "sqrt+attention", "optimal:1+attention"}) {
+                                         "attention", "sqrt+attention", "optimal:1+attention",
+                                         "efficient", "every:2 efficient",
+                                         "optimal:1 efficient"}) {
           if (layers == 0 && policy != "none") continue;
-          const nn::GptConfig config{.vocabulary = 256, .context = 12, .layers = layers,
-                                     .width = 16, .heads = 2, .dropout = dropout, .seed = 2,
-                                     .precision = precision};
+          // "POLICY efficient": memory-efficient attention, checkpointed by POLICY.
+          const std::size_t space = policy.find(' ');
+          const bool efficient = policy.ends_with("efficient");
+          const std::string checkpoint =
+              policy == "efficient" ? "none" : policy.substr(0, space);
+          const nn::GptConfig config{
+              .vocabulary = 256, .context = 12, .layers = layers, .width = 16, .heads = 2,
+              .dropout = dropout, .seed = 2, .precision = precision,
+              .attention = efficient ? nn::AttentionKernel::efficient : nn::AttentionKernel::plain};
           train::TrainConfig train;
           if (precision == nn::Precision::fp16) train.loss_scaling = train::LossScaling::dynamic;
           const std::string what = nn::precision_name(precision) + ", dropout " +
                                    std::to_string(dropout) + ", " + std::to_string(layers) +
                                    " blocks, " + policy;
-          const checkpointing::Policy parsed = checkpointing::Policy::parse(policy);
+          const checkpointing::Policy parsed = checkpointing::Policy::parse(checkpoint);
           std::unique_ptr<nn::GptBlockLedgerRunner> ledger;
           if (parsed.needs_runner()) {
             ledger = checkpointing::GptScheduledRunner::for_policy(parsed, layers)->ledger();

@@ -279,6 +279,12 @@ TEST(GptPlanner, TheCalibrationHasItsOwnKeyAndIsReused) {
   planning::calibration_for(path.str(), model, 8, AdamWOptions{}, Device::cpu(), 8, false,
                             &measured);
   EXPECT_TRUE(measured);
+  // So is memory-efficient attention: other kernels, another cost.
+  nn::GptConfig efficient = model;
+  efficient.attention = nn::AttentionKernel::efficient;
+  planning::calibration_for(path.str(), efficient, 16, AdamWOptions{}, Device::cpu(), 8, false,
+                            &measured);
+  EXPECT_TRUE(measured);
   // The MLP's entries and the GPT's do not meet.
   EXPECT_EQ(planning::cost_key(model, 16, AdamWOptions{}, Device::cpu()).rfind("gpt, ", 0), 0u);
 }

@@ -206,8 +206,8 @@ std::string shape_key(const nn::GptConfig& model, std::int64_t length,
   std::ostringstream key;
   key << "gpt, vocabulary " << model.vocabulary << ", context " << model.context
       << ", length " << length << ", layers " << model.layers << ", width " << model.width
-      << ", heads " << model.heads << ", dropout " << model.dropout << ", optimizer "
-      << optimizer_word(optimizer);
+      << ", heads " << model.heads << ", attention " << nn::attention_kernel_name(model.attention)
+      << ", dropout " << model.dropout << ", optimizer " << optimizer_word(optimizer);
   return key.str();
 }
 

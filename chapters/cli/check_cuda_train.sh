@@ -65,4 +65,17 @@ gpt="--device cuda --model gpt --data text:corpus.txt --seq-len 24 --layers 2 --
   { cat gpt.txt; echo "FAIL: the GPT as one rank on the GPU"; exit 1; }
 cmp -s gpt-single.st gpt-rank.st || { echo "FAIL: the GPT as one NCCL rank did not save the single run's bytes"; exit 1; }
 echo "the GPT as one rank on one GPU (NCCL): the single run's bytes"
+# Memory-efficient attention's CUDA kernels in the model: its blocks recomputed (every:1) save
+# the bytes of its run that keeps them.
+# shellcheck disable=SC2086
+"$bigbatch" train $gpt --attention efficient --save gpt-efficient.st > gpt.txt 2>&1 ||
+  { cat gpt.txt; echo "FAIL: the GPT with --attention efficient on the GPU"; exit 1; }
+# shellcheck disable=SC2086
+"$bigbatch" train $gpt --attention efficient --checkpoint every:1 --save gpt-efficient-every1.st > gpt.txt 2>&1 ||
+  { cat gpt.txt; echo "FAIL: the GPT with --attention efficient --checkpoint every:1 on the GPU"; exit 1; }
+cmp -s gpt-efficient.st gpt-efficient-every1.st ||
+  { echo "FAIL: --attention efficient with every:1 on the GPU did not save its run's bytes"; exit 1; }
+cmp -s gpt-single.st gpt-efficient.st &&
+  { echo "FAIL: --attention efficient on the GPU saved plain attention's bytes"; exit 1; }
+echo "memory-efficient attention on one GPU, its blocks recomputed: its run's bytes"
 echo ok

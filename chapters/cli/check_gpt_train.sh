@@ -8,7 +8,8 @@
 # dropout: the loss of every target over the step's count, the tied head completed once),
 # and so does one simulated rank, while three count the whole batch's tokens;
 # and so do checkpointed transformer blocks (optimal:1, every:1, budget:BYTES), whose
-# step peaks are predicted to the byte;
+# step peaks are predicted to the byte; --attention efficient trains its own batch's bits in
+# micro-batches, close to plain attention's;
 # fp16 runs under the dynamic loss scaler; a run resumed from a snapshot ends on the bits and
 # the log of the uninterrupted one, a changed setting (or model) is refused by name, SIGTERM
 # leaves a snapshot; `bigbatch plan` and --plan auto plan its step; --init continues from
@@ -40,6 +41,10 @@ run optimal1 --micro-batch 3 --checkpoint optimal:1
 run bf16_every1 --precision bf16 --micro-batch 3 --checkpoint every:1
 run attention --micro-batch 3 --checkpoint attention
 run bf16_every1_attention --precision bf16 --micro-batch 3 --checkpoint every:1+attention
+run efficient --attention efficient
+run efficient_every1 --attention efficient --micro-batch 3 --checkpoint every:1
+run bf16_efficient --precision bf16 --attention efficient
+run bf16_efficient_micro1 --precision bf16 --attention efficient --micro-batch 1
 cat micro3.txt
 grep -q '^bigbatch train: text:corpus.txt ([0-9]* sequences of 24 tokens, [0-9]* target tokens, [0-9.]*% padding), GPT of 2 blocks, width 32, 4 heads' micro3.txt ||
   fail "the header does not describe the token data and the GPT"
@@ -102,12 +107,26 @@ cmp -s bf16_whole.safetensors bf16_every1_attention.safetensors ||
   fail "bf16: --checkpoint every:1+attention did not give the bits of the batch of 8"
 grep -q "; each block drops its attention's probabilities after its forward and rebuilds them" attention.txt ||
   fail "--checkpoint attention does not say what it recomputes: $(grep '^activation checkpointing' attention.txt)"
+# Memory-efficient attention (its rows' max and sum kept, P rebuilt tile by tile in the
+# backward): micro-batches and recomputed blocks give its batch's bits, which are not plain
+# attention's (the online softmax rounds otherwise), and the runs agree to 1e-3 after 6
+# steps (ulp-sized differences spread by AdamW, as the ranks' sums above).
+cmp -s efficient.safetensors efficient_every1.safetensors ||
+  fail "--attention efficient: micro-batches of 3 with every:1 did not give the batch's bits"
+cmp -s bf16_efficient.safetensors bf16_efficient_micro1.safetensors ||
+  fail "bf16 --attention efficient: micro-batches of 1 did not give the batch's bits"
+cmp -s whole.safetensors efficient.safetensors &&
+  fail "--attention efficient saved plain attention's bits: did it run?"
+grep -q '^bigbatch train: .*, GPT of 2 blocks, width 32, 4 heads (efficient attention)' efficient.txt ||
+  fail "the header does not name efficient attention: $(head -n 1 efficient.txt)"
+awk "BEGIN { d = $(last_loss efficient.jsonl) - $(last_loss whole.jsonl); exit !(d < 1e-3 && d > -1e-3) }" ||
+  fail "efficient attention ended on loss $(last_loss efficient.jsonl), plain on $(last_loss whole.jsonl)"
 # The step's memory predicted to the byte (nn::predict_gpt_step): the printed prediction is
 # the largest step peak of the log (every batch of 8 is whole here), with --explain too.
 predicted() { sed -n 's/^predicted step peak .* (\([0-9]*\) bytes), at: .*/\1/p' "$1"; }
 largest_peak() { sed 's/.*"peak_bytes_total":\([0-9]*\).*/\1/' "$1" | sort -n | tail -n 1; }
 run explained --precision fp16 --loss-scale dynamic --micro-batch 3 --explain
-for name in explained optimal1 bf16_every1 attention bf16_every1_attention; do
+for name in explained optimal1 bf16_every1 attention bf16_every1_attention efficient_every1; do
   [ -n "$(predicted $name.txt)" ] && [ "$(predicted $name.txt)" = "$(largest_peak $name.jsonl)" ] ||
     fail "$name: predicted step peak $(predicted $name.txt), measured $(largest_peak $name.jsonl)"
 done
@@ -150,6 +169,9 @@ resume_refused() {  # resume_refused WORDS FLAGS...: --resume from2 refused, WOR
 }
 resume_refused "written with --heads 4, this run has --heads 2" \
   --model gpt --data text:corpus.txt --seq-len 24 --layers 2 --width 32 --heads 2
+resume_refused "written with --attention plain, this run has --attention efficient" \
+  --model gpt --data text:corpus.txt --seq-len 24 --layers 2 --width 32 --heads 4 \
+  --attention efficient
 resume_refused "written with --model gpt, this run has --model mlp" \
   --data synthetic --samples 200 --depth 1 --hidden 8
 # SIGTERM finishes the step, writes its snapshot and exits with 143 (a run too long to end
@@ -182,11 +204,13 @@ refused() {  # refused WORDS FLAGS...: exit code 2 and a message holding WORDS
 refused "give --data text:FILE" --model gpt --data synthetic
 refused "give --model gpt" --data text:corpus.txt
 refused "give --model gpt" --data tokens:corpus-tokens.npy
-refused "--vocabulary shapes --model gpt" --vocabulary 300
+refused "--vocabulary is --model gpt's" --vocabulary 300
 refused "give --vocabulary 256 or more" $shape --vocabulary 200
 refused "give --seq-len 24 or more" --model gpt --data tokens:corpus-tokens.npy --seq-len 16
 refused "padding may only end a row" --model gpt --data tokens:padded-inside.npy
-refused "--seq-len shapes --model gpt" --seq-len 16
+refused "--seq-len is --model gpt's" --seq-len 16
+refused "--attention is --model gpt's" --attention efficient
+refused "--attention efficient never keeps" $shape --attention efficient --checkpoint every:1+attention
 refused "--depth shapes the MLP" $shape --depth 3
 refused "budget:1048576: no checkpoint policy fits the step" $shape --checkpoint budget:1MiB
 refused "--device-memory 64.00 KiB is below the" $shape --device-memory 64KiB

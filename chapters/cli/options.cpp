@@ -25,6 +25,8 @@ const Words<nn::Activation> kActivations = {{"gelu", nn::Activation::gelu},
 const Words<nn::Precision> kPrecisions = {{"fp32", nn::Precision::fp32},
                                           {"fp16", nn::Precision::fp16},
                                           {"bf16", nn::Precision::bf16}};
+const Words<nn::AttentionKernel> kAttentionKernels = {
+    {"plain", nn::AttentionKernel::plain}, {"efficient", nn::AttentionKernel::efficient}};
 const Words<ModelKind> kModels = {{"mlp", ModelKind::mlp}, {"gpt", ModelKind::gpt}};
 const Words<OptimizerKind> kOptimizers = {{"sgd", OptimizerKind::sgd},
                                           {"adamw", OptimizerKind::adamw}};
@@ -272,6 +274,11 @@ void add_train_flags(CLI::App& train, TrainOptions& o) {
       ->capture_default_str()->check(positive);
   train.add_option("--heads", o.gpt.heads, "--model gpt: attention heads, dividing --width")
       ->capture_default_str()->check(positive);
+  add_word_option(train, "--attention", o.gpt.attention, kAttentionKernels,
+                  "--model gpt: plain (each block keeps its attention's probabilities, b heads "
+                  "T^2, for the backward) or efficient (tiles of keys with a running max and "
+                  "sum: each block keeps two floats a query row and rebuilds the "
+                  "probabilities in its backward; other roundings, so other bits)");
   train.add_option("--depth", o.model.depth, "residual blocks (with --init: the file's)")
       ->capture_default_str()->check(non_negative);
   train.add_option("--hidden", o.model.hidden,

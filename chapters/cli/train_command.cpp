@@ -25,9 +25,10 @@
 
 namespace bigbatch::cli {
 void check_mlp_flags(const TrainOptions& options) {
-  for (const char* flag : {"--seq-len", "--layers", "--width", "--heads", "--vocabulary"}) {
+  for (const char* flag : {"--seq-len", "--layers", "--width", "--heads", "--vocabulary",
+                           "--attention"}) {
     if (options.was_given(flag)) {
-      throw UsageError(std::string(flag) + " shapes --model gpt; the MLP's shape is --depth, "
+      throw UsageError(std::string(flag) + " is --model gpt's; the MLP's shape is --depth, "
                        "--hidden and --expansion");
     }
   }

@@ -44,6 +44,12 @@ void check_gpt_flags(const TrainOptions& options) {
                        "it, which the GPT does not yet)");
     }
   }
+  if (options.gpt.attention == nn::AttentionKernel::efficient &&
+      options.checkpoint.keep == nn::BlockKeep::all_but_probabilities) {
+    throw UsageError("--checkpoint " + options.checkpoint.text() + " drops the attention's "
+                     "probabilities, which --attention efficient never keeps: give one or the "
+                     "other");
+  }
   if (!options.source.data.holds_tokens()) {
     throw UsageError("--model gpt trains on token sequences: give --data text:FILE (e.g. "
                      "text:/usr/share/games/fortunes/fortunes from Debian's fortunes package) "
@@ -143,6 +149,7 @@ int run_train_gpt(TrainOptions options) {
   std::cout << "bigbatch train: " << describe_tokens(splits.train) << ", GPT of "
             << shape.layers << (shape.layers == 1 ? " block" : " blocks") << ", width "
             << shape.width << ", " << shape.heads << (shape.heads == 1 ? " head" : " heads")
+            << (shape.attention == nn::AttentionKernel::efficient ? " (efficient attention)" : "")
             << ", context " << shape.context << " (" << model.parameter_count()
             << " parameters), " << trainer.total_steps()
             << (trainer.total_steps() == 1 ? " step" : " steps") << " ("
