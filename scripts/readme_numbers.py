@@ -458,7 +458,7 @@ def attention_memory_table():
              "|---|---|---|---|---|---|---|---|"]
     for T in sorted({int(b["T"]) for b in runs.values()}):
         none = runs[f"none T {T}"]
-        for policy in ("none", "every:1", "attention"):
+        for policy in ("none", "every:1", "attention", "efficient"):
             b = runs[f"{policy} T {T}"]
             exact = "" if b["activation_bytes"] == b["predicted_activation_bytes"] else " (predicted " + \
                 f"{mib(b['predicted_activation_bytes'])})"
@@ -498,12 +498,17 @@ def attention_kernel_ratio(T):
 
 def attention_memory_numbers(T, *columns):
     """Of BM_GptAttentionMemory at T: "kept" (none's kept bytes per block over attention's),
-    "time" (attention's time over none's), "full" (every:1's time over none's)."""
+    "time" (attention's time over none's), "full" (every:1's time over none's),
+    "efficient_peak" (none's activation bytes at the peak over efficient's),
+    "efficient_time" (efficient's time over none's)."""
     runs = medians_by_label(RESULTS / "cpu-attention-memory.json")[1]
-    none, attention, full = (runs[f"{p} T {T}"] for p in ("none", "attention", "every:1"))
+    none, attention, full, efficient = (runs[f"{p} T {T}"] for p in
+                                        ("none", "attention", "every:1", "efficient"))
     value = {"kept": none["kept_per_block"] / attention["kept_per_block"],
              "time": attention["real_time"] / none["real_time"],
-             "full": full["real_time"] / none["real_time"]}
+             "full": full["real_time"] / none["real_time"],
+             "efficient_peak": none["activation_bytes"] / efficient["activation_bytes"],
+             "efficient_time": efficient["real_time"] / none["real_time"]}
     return [f"{value[c]:.2f}" for c in columns]
 
 
@@ -645,6 +650,13 @@ def checkpointed_block_row(policy):
                                    r"([\d.]+)% \| [\d.]+ \| ([\d.]+)x \| (\d+) = \3 \| "
                                    r"none's bits \|$")
     return [share, ratio]
+
+
+def budget_row(way):
+    """Chapter 08 (f): a way's share of plain attention's step peak and its time over plain
+    attention's (a row whose peak was predicted to the byte)."""
+    return report("08", r"^   \| " + re.escape(way) + r" \| (\d+) = \1 \| ([\d.]+)% \| [\d.]+ \| "
+                        r"([\d.]+)x \|")[1:]
 
 
 def report(chapter, pattern):
@@ -818,6 +830,18 @@ SENTENCES = [
            "{}x fewer at T = 4096 for {}x.",
      lambda: attention_memory_numbers(1024, "kept", "time") +
      attention_memory_numbers(4096, "kept", "time")),
+    (CH08, "at T = 4096 its step holds {}x fewer activation bytes than `none` at the peak, "
+           "for {}x the time.",
+     lambda: attention_memory_numbers(4096, "efficient_peak", "efficient_time")),
+    (CH08, "on a device of {} MiB, the largest of the three techniques' predicted step peaks. "
+           "Plain attention's step is predicted at {} MiB and runs out of memory there.",
+     lambda: report("08", r"on a device of ([\d.]+) MiB$") +
+     report("08", r"^   plain attention \(none\), predicted step peak ([\d.]+) MiB, under the cap: "
+                  r"out of memory")),
+    (CH08, "Full recomputation (`every:1`) trains in {}% of plain attention's peak for {}x its "
+           "time, selective attention recomputation (`attention`) in {}% for {}x, and "
+           "memory-efficient attention (`--attention efficient`) in {}% for {}x.",
+     lambda: budget_row("every:1") + budget_row("attention") + budget_row("efficient")),
     (CH08, "Full recomputation (`every:1`) costs {}x at T = 1024 and {}x at 4096.",
      lambda: attention_memory_numbers(1024, "full") + attention_memory_numbers(4096, "full")),
     (CH08, "makes the mistake and measures it: the gradient is off by {}% of its norm, as predicted ({}%).",

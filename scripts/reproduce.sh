@@ -2,7 +2,8 @@
 # Regenerates every committed result and figure, in order, on this machine (the results go
 # to its own folder, scripts/results-folder.sh: bench/results/cpu-2core-avx512/ on the 2-core
 # AVX-512 CPU that made the committed ones, which the READMEs quote):
-#   scripts/run-benchmarks.sh             cpu-{kernels,training,gpt,accumulation,checkpointing}.json
+#   scripts/run-benchmarks.sh             cpu-{kernels,attention-kernels,training,gpt,attention-memory,
+#                                         accumulation,checkpointing,planner}.json
 #                                         and the PyTorch peers' pytorch-{training,gpt}.json
 #   scripts/fashion-mnist-equivalence.sh  fashion-mnist-equivalence.txt
 #   scripts/large-batch-learning-rate.sh  fashion-mnist-large-batch-16-epochs.json

@@ -76,7 +76,8 @@ build/bench/bench_training --benchmark_out="$results/cpu-gpt.json" \
 echo "wrote $results/cpu-gpt.json"
 /usr/bin/python3 bench/pytorch_step.py --model gpt --out "$results/pytorch-gpt.json" \
   --threads "${OMP_NUM_THREADS:-$(nproc)}" --steps 1 --repetitions 5
-# Attention's memory against T (256, 1024, 4096) under none, every:1 and attention.
+# Attention's memory against T (256, 1024, 4096) under none, every:1, attention and
+# efficient (memory-efficient attention).
 build/bench/bench_training --benchmark_out="$results/cpu-attention-memory.json" \
   --benchmark_out_format=json --benchmark_repetitions=3 \
   --benchmark_report_aggregates_only=true --benchmark_enable_random_interleaving=true \

@@ -103,20 +103,25 @@ void gpu_gpt_arguments(benchmark::internal::Benchmark* b) {
 /// shakespeare-char's width (384, 6 heads, fp32, no dropout), under each way of keeping
 /// the attention: none (every block keeps its probabilities P, b heads T^2), every:1 (full
 /// recomputation: each block's input kept, the block run again in its backward), attention
-/// (selective attention recomputation: everything but P kept, P rebuilt from q and k).
+/// (selective attention recomputation: everything but P kept, P rebuilt from q and k),
+/// efficient (memory-efficient attention: no P at all, each query row's max and sum kept,
+/// P rebuilt tile by tile in the backward; no checkpointing).
 /// Counters: activation_bytes, the activations and checkpoints at the step's peak (measured
 /// by the tracking allocator); predicted_activation_bytes, the same from the memory model;
 /// block_forwards per step; kept_per_block, what each block holds from its forward to its
 /// backward (nn::gpt_saved_bytes' per-block count, less P under attention, and a block
 /// input alone under every:1, whose one taped block at a time the peak holds besides).
-const char* const kAttentionPolicies[] = {"none", "every:1", "attention"};
+const char* const kAttentionPolicies[] = {"none", "every:1", "attention", "efficient"};
 
 void BM_GptAttentionMemory(benchmark::State& state) {
   const std::string text = kAttentionPolicies[state.range(0)];
-  const checkpointing::Policy policy = checkpointing::Policy::parse(text);
+  const bool efficient = text == "efficient";
+  const checkpointing::Policy policy = checkpointing::Policy::parse(efficient ? "none" : text);
   const std::int64_t T = state.range(1), layers = 2;
-  const nn::GptConfig config{.vocabulary = kVocabulary, .context = T, .layers = layers,
-                             .width = 384, .heads = 6, .seed = 1};
+  const nn::GptConfig config{
+      .vocabulary = kVocabulary, .context = T, .layers = layers, .width = 384, .heads = 6,
+      .seed = 1,
+      .attention = efficient ? nn::AttentionKernel::efficient : nn::AttentionKernel::plain};
   nn::Gpt model(config, Device::cpu());
   std::shared_ptr<checkpointing::GptScheduledRunner> runner;
   if (policy.needs_runner()) {
@@ -147,7 +152,7 @@ void BM_GptAttentionMemory(benchmark::State& state) {
   const std::size_t scores = static_cast<std::size_t>(config.heads * T * T) * sizeof(float);
   const std::size_t input = static_cast<std::size_t>(T * config.width) * sizeof(float);
   state.counters["kept_per_block"] = static_cast<double>(
-      text == "none" ? per_block : text == "attention" ? per_block - scores : input);
+      text == "attention" ? per_block - scores : text == "every:1" ? input : per_block);
   state.counters["T"] = static_cast<double>(T);
   state.SetItemsProcessed(state.iterations() * T);
   state.SetLabel(text + " T " + std::to_string(T));

@@ -4,13 +4,16 @@
 // tokens, (b) what a block keeps for its backward, against the sequence length T, (c) fp32,
 // fp16 with the dynamic scaler, and bf16 on the same run, and what the trained model writes,
 // (d) where attention's 1/sqrt(D) goes so that fp16 does not overflow, (e) chapter 05's
-// checkpoint policies on the transformer's blocks: the same bits for fewer bytes.
+// checkpoint policies on the transformer's blocks: the same bits for fewer bytes, (f) a
+// sequence length whose attention no micro-batch fits, fitted by recomputing the blocks, by
+// recomputing the attention's probabilities, and by memory-efficient attention.
 // See README.md in this folder; --quick is the CTest setting.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -18,6 +21,7 @@
 #include "chapters/05_activation_checkpointing/scheduled_runner.hpp"
 #include "chapters/train/trainer.hpp"
 #include "common/data/text_corpus.hpp"
+#include "common/format.hpp"
 #include "common/memory.hpp"
 #include "common/report.hpp"
 #include "kernels/attention.hpp"
@@ -483,6 +487,141 @@ void checkpointed_blocks(bb::SelfCheck& report, const Corpus& corpus, bool quick
   report.check(predicted, "nn::predict_gpt_step predicted every policy's step peak to the byte");
 }
 
+// ---- (f) a length plain attention cannot fit -------------------------------------------
+
+struct BudgetRun {
+  std::string way;            // a checkpoint policy, or "efficient" (the kernel)
+  std::size_t predicted = 0;  // nn::predict_gpt_step's peak, before the run
+  std::size_t peak = 0;       // the largest step's measured peak, every category
+  double ms_per_step = 0;
+  float last_loss = 0;
+  std::vector<std::vector<float>> parameters;
+};
+
+// A way of keeping the attention as the model's configuration and a checkpoint policy.
+struct Way {
+  nn::GptConfig config;
+  bb::checkpointing::Policy policy;
+};
+
+Way way_of(const std::string& way, const nn::GptConfig& plain) {
+  const bool efficient = way == "efficient";
+  nn::GptConfig config = plain;
+  if (efficient) config.attention = nn::AttentionKernel::efficient;
+  return {config, bb::checkpointing::Policy::parse(efficient ? "none" : way)};
+}
+
+// nn::predict_gpt_step's peak of a step of `batch` sequences of T at micro-batch 1.
+std::size_t predicted_peak(const Way& w, std::int64_t batch, std::int64_t T) {
+  return bb::checkpointing::predict_policy({w.config, batch, 1, T, bb::AdamWOptions{.lr = 3e-3}},
+                                           w.policy)
+      .peak();
+}
+
+// One way of keeping the attention, trained `steps` steps at micro-batch 1 (the smallest
+// there is); the allocator's cap, if any, is the caller's.
+BudgetRun train_budget_way(const std::string& way, const nn::GptConfig& plain,
+                           const bb::Dataset& data, std::int64_t batch, std::int64_t steps) {
+  const Way w = way_of(way, plain);
+  const nn::GptConfig& config = w.config;
+  const bb::checkpointing::Policy& policy = w.policy;
+  BudgetRun run;
+  run.way = way;
+  run.predicted = predicted_peak(w, batch, data.feature_dim());
+  nn::Gpt model(config, bb::Device::cpu());
+  if (policy.needs_runner()) {
+    model.set_block_runner(
+        bb::checkpointing::GptScheduledRunner::for_policy(policy, config.layers));
+  }
+  nn::Optimizer optimizer(model.parameters(), bb::AdamWOptions{.lr = 3e-3});
+  bb::train::Trainer trainer(model, optimizer, data, steps_of(batch, 1, steps));
+  double seconds = 0;
+  trainer.run([&](const bb::train::StepRecord& record) {
+    seconds += record.seconds;
+    run.peak = std::max(run.peak, record.memory.peak_total);
+    run.last_loss = record.loss;
+  });
+  run.ms_per_step = 1e3 * seconds / static_cast<double>(steps);
+  for (const nn::NamedParameter& p : model.parameters()) {
+    run.parameters.push_back(p.value.to_vector<float>());
+  }
+  return run;
+}
+
+// A device of a few tens of MiB and sequences long enough that one sequence's attention
+// probabilities, kept by every block, do not fit: micro-batch 1 is the smallest there is, so
+// accumulation alone cannot help. Each of the three ways that keep less fits it: full
+// recomputation (every:1), selective attention recomputation, memory-efficient attention.
+// The device is the largest of their predicted peaks.
+void attention_budget(bb::SelfCheck& report, bool quick) {
+  const std::int64_t T = quick ? 512 : 1024, layers = 4, batch = 2, steps = 2;
+  const nn::GptConfig plain{.vocabulary = 256, .context = T, .layers = layers, .width = 64,
+                            .heads = 4, .dropout = 0.1f, .seed = 8};
+  // Random bytes: the bytes and the time do not depend on what the tokens say.
+  const bb::Dataset data = bb::make_token_dataset(
+      bb::make_sequences(bb::synthetic_documents(batch, T + 1, T + 1, 6), T), "random bytes");
+  const std::vector<std::string> ways = {"every:1", "attention", "efficient"};
+  std::size_t device = 0;
+  for (const std::string& way : ways) {
+    device = std::max(device, predicted_peak(way_of(way, plain), batch, T));
+  }
+  report.section("(f) A length no micro-batch fits with plain attention: " +
+                 std::to_string(batch) + " sequences of T = " + std::to_string(T) +
+                 ", a GPT of " + std::to_string(layers) + " blocks (width 64, 4 heads, fp32), " +
+                 "micro-batch 1, on a device of " + bb::format_bytes(device));
+  const BudgetRun reference = train_budget_way("none", plain, data, batch, steps);  // no cap
+  std::optional<std::string> out_of_memory;
+  std::vector<BudgetRun> runs;
+  {
+    bb::ScopedMemoryCap cap(bb::Device::cpu(), device);
+    try {
+      train_budget_way("none", plain, data, batch, 1);
+    } catch (const bb::OutOfMemoryError& error) {
+      out_of_memory = error.what();
+    }
+    for (const std::string& way : ways) runs.push_back(train_budget_way(way, plain, data, batch, steps));
+  }
+  report.note("plain attention (none), predicted step peak " +
+              bb::format_bytes(reference.predicted) + ", under the cap: " +
+              out_of_memory.value_or("(no error)"));
+  report.check(reference.predicted > device && out_of_memory.has_value(),
+               "plain attention's step at micro-batch 1 is predicted over the device and runs "
+               "out of memory on it");
+  report.note("| way | step peak: measured = predicted | of none's | ms per step (this CPU) | "
+              "of none's time | loss after " + std::to_string(steps) + " steps | parameters |");
+  bool fit = true, predicted = true, same_bits = true, close = true;
+  std::vector<const BudgetRun*> table = {&reference};
+  for (const BudgetRun& run : runs) table.push_back(&run);
+  for (const BudgetRun* run : table) {
+    const bool same = run->parameters == reference.parameters;
+    report.note("| " + run->way + (run == &reference ? " (no cap)" : "") + " | " +
+                std::to_string(run->peak) + (run->peak == run->predicted ? " = " : " != ") +
+                std::to_string(run->predicted) + " | " +
+                fixed(100.0 * static_cast<double>(run->peak) /
+                          static_cast<double>(reference.peak), 1) +
+                "% | " + fixed(run->ms_per_step, 1) + " | " +
+                fixed(run->ms_per_step / reference.ms_per_step, 2) + "x | " +
+                fixed(run->last_loss, 5) + " | " + (same ? "none's bits" : "its own bits") +
+                " |");
+    predicted = predicted && run->peak == run->predicted;
+    if (run == &reference) continue;
+    fit = fit && run->peak <= device;
+    if (run->way == "efficient") {
+      // Its own roundings (the online softmax), so its own bits: 2 AdamW steps from the same
+      // start leave the loss within 1e-3 of plain attention's (ulp-sized gradient
+      // differences, which AdamW's normalised update carries but does not grow).
+      close = !same && std::abs(run->last_loss - reference.last_loss) < 1e-3f;
+    } else {
+      same_bits = same_bits && same;
+    }
+  }
+  report.check(fit, "every:1, attention and efficient each train within the device");
+  report.check(predicted, "nn::predict_gpt_step predicted every step peak to the byte");
+  report.check(same_bits, "every:1 and attention train plain attention's bits");
+  report.check(close, "efficient attention trains its own bits, within 1e-3 of plain "
+                      "attention's loss");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -490,7 +629,8 @@ int main(int argc, char** argv) {
   if (const auto status = bb::parse_demo_options(
           argc, argv,
           "  Chapter 08's GPT: accumulation by tokens, a block's bytes against T, three\n"
-          "  precisions on one run, attention's scale in fp16, and checkpointed blocks\n"
+          "  precisions on one run, attention's scale in fp16, checkpointed blocks, and\n"
+          "  a sequence length only recomputation or memory-efficient attention fits\n"
           "  (see chapters/08_transformer/README.md).",
           options)) {
     return *status;
@@ -508,5 +648,6 @@ int main(int argc, char** argv) {
   three_precisions(report, corpus, options.quick);
   scale_before_rounding(report);
   checkpointed_blocks(report, corpus, options.quick);
+  attention_budget(report, options.quick);
   return report.finish();
 }
