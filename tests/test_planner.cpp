@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <optional>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -31,9 +32,9 @@ using planning::PlanRequest;
 CostModel fixed_cost_model() {
   CostModel cost;
   cost.key = "test";
-  cost.fp32 = {{2e-3, 1e-4}, {0.7e-3, 0.35e-4}, 5e-3};
-  cost.fp16 = {{2.5e-3, 0.6e-4}, {0.9e-3, 0.2e-4}, 6e-3};
-  cost.bf16 = {{2.4e-3, 0.8e-4}, {0.8e-3, 0.3e-4}, 5.5e-3};
+  cost.fp32 = {{2e-3, 1e-4}, {0.7e-3, 0.35e-4}, 5e-3, {0.1e-3, 0.1e-4}};
+  cost.fp16 = {{2.5e-3, 0.6e-4}, {0.9e-3, 0.2e-4}, 6e-3, {0.15e-3, 0.05e-4}};
+  cost.bf16 = {{2.4e-3, 0.8e-4}, {0.8e-3, 0.3e-4}, 5.5e-3, {0.12e-3, 0.07e-4}};
   return cost;
 }
 
@@ -54,6 +55,9 @@ TEST(Planner, StepTimeFollowsTheFormula) {
   EXPECT_DOUBLE_EQ(cost.step_seconds(100, 30, nn::Precision::fp32, 6, 3), expected);
   EXPECT_DOUBLE_EQ(cost.step_seconds(100, 100, nn::Precision::fp16, 0, 3), 6e-3 + 2.5e-3 + 100 * 0.6e-4);
   EXPECT_DOUBLE_EQ(cost.step_seconds(100, 100, nn::Precision::bf16, 0, 3), 5.5e-3 + 2.4e-3 + 100 * 0.8e-4);
+  // A = 3 blocks rebuild their probabilities in each of the n = 4 micro-batches.
+  EXPECT_DOUBLE_EQ(cost.step_seconds(100, 30, nn::Precision::fp32, 6, 3, 3),
+                   expected + 3 * (4 * 0.1e-3 + 100 * 0.1e-4));
   // JSON and back: the same numbers.
   const CostModel back = CostModel::from_json(Json::parse(cost.to_json().dump()));
   EXPECT_EQ(back.to_json(), cost.to_json());
@@ -207,7 +211,8 @@ TEST(GptPlanner, TheChosenPlanFitsIsMeasuredAsPredictedAndNothingFasterFits) {
                             .heads = 2, .dropout = 0.1f};
   planning::GptPlanRequest request{model, 12, 16, AdamWOptions{}, 0};
   // Every triple the planner could choose: the micro-batches, the precisions and the
-  // policies that keep whole blocks.
+  // policies that keep whole blocks, each also with the attention's probabilities rebuilt
+  // (A = 4 blocks rebuild them in each micro-batch).
   std::vector<Triple> all;
   const auto step_of = [&](nn::Precision precision, std::int64_t micro) {
     nn::GptConfig config = model;
@@ -218,12 +223,15 @@ TEST(GptPlanner, TheChosenPlanFitsIsMeasuredAsPredictedAndNothingFasterFits) {
   };
   for (const nn::Precision precision : request.precisions) {
     for (const std::int64_t micro : planning::micro_batch_candidates(nn::ModelConfig{}, 12)) {
-      for (const checkpointing::Policy& policy : checkpointing::checkpoint_candidates(4)) {
+      for (checkpointing::Policy policy : checkpointing::checkpoint_candidates(4)) {
         if (policy.keep != nn::BlockKeep::all) continue;
-        all.push_back({micro, precision, policy,
-                       checkpointing::predict_policy(step_of(precision, micro), policy).peak(),
-                       cost.step_seconds(12, micro, precision,
-                                         checkpointing::recompute_cost(policy, 4), 4)});
+        const double recompute = checkpointing::recompute_cost(policy, 4);
+        for (const std::int64_t rebuilt : {0, 4}) {
+          policy.keep = rebuilt ? nn::BlockKeep::all_but_probabilities : nn::BlockKeep::all;
+          all.push_back({micro, precision, policy,
+                         checkpointing::predict_policy(step_of(precision, micro), policy).peak(),
+                         cost.step_seconds(12, micro, precision, recompute, 4, rebuilt)});
+        }
       }
     }
   }
@@ -237,7 +245,7 @@ TEST(GptPlanner, TheChosenPlanFitsIsMeasuredAsPredictedAndNothingFasterFits) {
     ASSERT_FALSE(result.feasible.empty()) << where;
     const Plan& best = result.best();
     EXPECT_LE(best.prediction.peak(), request.budget) << where;
-    EXPECT_EQ(best.checkpoint.keep, nn::BlockKeep::all) << where;
+    EXPECT_NE(best.checkpoint.keep, nn::BlockKeep::gemm_outputs) << where;
     for (const Triple& t : all) {
       if (t.peak <= request.budget) {
         EXPECT_GE(t.seconds, best.seconds)
@@ -251,6 +259,33 @@ TEST(GptPlanner, TheChosenPlanFitsIsMeasuredAsPredictedAndNothingFasterFits) {
         testing::measure_gpt(step_of(best.precision, best.micro_batch), best.checkpoint,
                              Device::cpu());
     EXPECT_EQ(measured.stats.peak_total, best.prediction.peak()) << where;
+  }
+  // Rebuilding the probabilities is weighed: some budget makes a plan that rebuilds them
+  // the fastest that fits, and it is measured as predicted.
+  std::optional<Plan> rebuilding;
+  for (const std::size_t budget : peaks) {
+    request.budget = budget;
+    const Plan best = planning::make_plan(request, cost).best();
+    if (best.checkpoint.keep == nn::BlockKeep::all_but_probabilities) {
+      rebuilding = best;
+      break;
+    }
+  }
+  ASSERT_TRUE(rebuilding.has_value()) << "no budget chose a plan that rebuilds P";
+  EXPECT_EQ(testing::measure_gpt(step_of(rebuilding->precision, rebuilding->micro_batch),
+                                 rebuilding->checkpoint, Device::cpu())
+                .stats.peak_total,
+            rebuilding->prediction.peak())
+      << planning::describe(*rebuilding, request.batch);
+  // Memory-efficient attention keeps no probabilities: nothing rebuilds them.
+  planning::GptPlanRequest efficient = request;
+  efficient.model.attention = nn::AttentionKernel::efficient;
+  for (const std::size_t budget : peaks) {
+    efficient.budget = budget;
+    const planning::PlanResult result = planning::make_plan(efficient, cost);
+    for (const Plan& plan : result.feasible) {
+      EXPECT_EQ(plan.checkpoint.keep, nn::BlockKeep::all) << plan.checkpoint.text();
+    }
   }
   request.budget = peaks.front() - 1;
   const planning::PlanResult none = planning::make_plan(request, cost);
@@ -271,6 +306,7 @@ TEST(GptPlanner, TheCalibrationHasItsOwnKeyAndIsReused) {
   for (const auto* c : {&first.fp32, &first.fp16, &first.bf16}) {
     EXPECT_GT(c->micro_batch.fixed + 8 * c->micro_batch.per_row, 0);  // a step takes time
     EXPECT_GT(c->optimizer, 0);
+    EXPECT_GT(c->probabilities.fixed + c->probabilities.per_row, 0);  // and rebuilding P
   }
   planning::calibration_for(path.str(), model, 16, AdamWOptions{}, Device::cpu(), 8, false,
                             &measured);
@@ -282,9 +318,11 @@ TEST(GptPlanner, TheCalibrationHasItsOwnKeyAndIsReused) {
   // So is memory-efficient attention: other kernels, another cost.
   nn::GptConfig efficient = model;
   efficient.attention = nn::AttentionKernel::efficient;
-  planning::calibration_for(path.str(), efficient, 16, AdamWOptions{}, Device::cpu(), 8, false,
-                            &measured);
+  const CostModel without_p = planning::calibration_for(
+      path.str(), efficient, 16, AdamWOptions{}, Device::cpu(), 8, false, &measured);
   EXPECT_TRUE(measured);
+  // It keeps no probabilities, so none are rebuilt: that cost is not measured.
+  EXPECT_EQ(without_p.fp32.probabilities.fixed + without_p.fp32.probabilities.per_row, 0);
   // The MLP's entries and the GPT's do not meet.
   EXPECT_EQ(planning::cost_key(model, 16, AdamWOptions{}, Device::cpu()).rfind("gpt, ", 0), 0u);
 }

@@ -13,6 +13,7 @@
 #include "common/cuda_runtime.hpp"
 #include "common/format.hpp"
 #include "common/rng.hpp"
+#include "kernels/attention.hpp"
 #include "kernels/cpu_parallel.hpp"
 
 namespace bigbatch::planning {
@@ -119,7 +120,21 @@ PrecisionCost measure_precision(const nn::GptConfig& config, std::int64_t length
   }
   const Tensor x = Tensor::from_vector(inputs, {r2, length}).to(device);
   const Tensor y = Tensor::from_vector(targets, {r2, length}).to(device);
-  return measure_costs(model, optimizer, x, y, device, batch, repeats);
+  PrecisionCost cost = measure_costs(model, optimizer, x, y, device, batch, repeats);
+  if (config.attention == nn::AttentionKernel::plain) {
+    // One block's P rebuilt from q and k, for one and two sequences (zeros: the kernel's
+    // work does not depend on the values).
+    const auto rebuild = [&](std::int64_t sequences) {
+      const DType dtype = nn::working_dtype(config.precision);
+      const Tensor qkv = Tensor::zeros({sequences, length, 3 * config.width}, dtype, device);
+      const Tensor p({sequences, config.heads, length, length}, dtype, device,
+                     MemoryCategory::activations);
+      return median_seconds(device, repeats,
+                            [&] { causal_attention_probabilities(qkv, p, config.heads); });
+    };
+    cost.probabilities = fit_line(1, rebuild(1), 2, rebuild(2));
+  }
+  return cost;
 }
 
 Json linear_json(const LinearCost& c) { return {{"fixed_s", c.fixed}, {"per_row_s", c.per_row}}; }
@@ -129,24 +144,30 @@ LinearCost linear_from(const Json& j) {
 Json precision_json(const PrecisionCost& c) {
   return {{"micro_batch", linear_json(c.micro_batch)},
           {"forward", linear_json(c.forward)},
-          {"optimizer_s", c.optimizer}};
+          {"optimizer_s", c.optimizer},
+          {"probabilities", linear_json(c.probabilities)}};
 }
+/// An entry written before the probabilities were priced has none: it reads as zero (the
+/// MLP's, whose blocks rebuild none; a GPT's entries written then have another key).
 PrecisionCost precision_from(const Json& j) {
   return {linear_from(j.at("micro_batch")), linear_from(j.at("forward")),
-          j.at("optimizer_s").get<double>()};
+          j.at("optimizer_s").get<double>(),
+          j.contains("probabilities") ? linear_from(j.at("probabilities")) : LinearCost{}};
 }
 
 }  // namespace
 
 double CostModel::step_seconds(std::int64_t batch, std::int64_t micro_batch,
-                               nn::Precision precision, double recompute,
-                               std::int64_t depth) const {
+                               nn::Precision precision, double recompute, std::int64_t depth,
+                               std::int64_t rebuilt) const {
   const PrecisionCost& c = of(precision);
   const double n = static_cast<double>(ceil_div(batch, micro_batch));
   const double rows = static_cast<double>(batch);
   const double per_block = depth > 0 ? recompute / static_cast<double>(depth) : 0.0;
   return c.optimizer + n * c.micro_batch.fixed + rows * c.micro_batch.per_row +
-         per_block * (n * c.forward.fixed + rows * c.forward.per_row);
+         per_block * (n * c.forward.fixed + rows * c.forward.per_row) +
+         static_cast<double>(rebuilt) *
+             (n * c.probabilities.fixed + rows * c.probabilities.per_row);
 }
 
 Json CostModel::to_json() const {
@@ -330,11 +351,35 @@ namespace {
 std::int64_t depth_of(const nn::ModelConfig& model) { return model.depth; }
 std::int64_t depth_of(const nn::GptConfig& model) { return model.layers; }
 
-/// The policies a request weighs: chapter 05's candidates; for the GPT those that keep
-/// whole blocks (a transformer block has no selective recomputation).
-bool weighs(const PlanRequest&, const checkpointing::Policy&) { return true; }
-bool weighs(const GptPlanRequest&, const checkpointing::Policy& policy) {
-  return policy.keep == nn::BlockKeep::all;
+/// The policies a request weighs: chapter 05's candidates for the MLP; for the GPT those
+/// that keep whole blocks, and with plain attention each of them again with the attention's
+/// probabilities rebuilt (`attention`, POLICY+attention).
+std::vector<checkpointing::Policy> policies_of(const PlanRequest& request) {
+  return checkpointing::checkpoint_candidates(request.model.depth);
+}
+std::vector<checkpointing::Policy> policies_of(const GptPlanRequest& request) {
+  std::vector<checkpointing::Policy> policies;
+  for (checkpointing::Policy policy : checkpointing::checkpoint_candidates(request.model.layers)) {
+    if (policy.keep != nn::BlockKeep::all) continue;  // the MLP block's selective
+    policies.push_back(policy);
+    if (request.model.attention == nn::AttentionKernel::plain) {
+      policy.keep = nn::BlockKeep::all_but_probabilities;
+      policies.push_back(policy);
+    }
+  }
+  return policies;
+}
+
+/// R and A of the cost model for `policy` on `depth` blocks: the block forwards its
+/// whole-block schedule recomputes, and the blocks that rebuild their probabilities.
+std::pair<double, std::int64_t> recomputation_of(checkpointing::Policy policy,
+                                                 std::int64_t depth) {
+  std::int64_t rebuilt = 0;
+  if (policy.keep == nn::BlockKeep::all_but_probabilities) {
+    rebuilt = depth;
+    policy.keep = nn::BlockKeep::all;
+  }
+  return {checkpointing::recompute_cost(policy, depth), rebuilt};
 }
 
 std::vector<std::int64_t> micro_batches_of(const nn::ModelConfig& model, std::int64_t batch) {
@@ -357,14 +402,7 @@ checkpointing::GptStepShape step_of(const GptPlanRequest& request, const nn::Gpt
 template <class Request>
 PlanResult search(const Request& request, const CostModel& cost) {
   const std::int64_t depth = depth_of(request.model);
-  // The checkpoint policies by increasing recomputation (stable: chapter 05's order on ties).
-  std::vector<std::pair<double, checkpointing::Policy>> policies;
-  for (const checkpointing::Policy& policy : checkpointing::checkpoint_candidates(depth)) {
-    if (!weighs(request, policy)) continue;
-    policies.emplace_back(checkpointing::recompute_cost(policy, depth), policy);
-  }
-  std::stable_sort(policies.begin(), policies.end(),
-                   [](const auto& a, const auto& b) { return a.first < b.first; });
+  const std::vector<checkpointing::Policy> policies = policies_of(request);
 
   PlanResult result;
   for (const nn::Precision precision : request.precisions) {
@@ -375,21 +413,27 @@ PlanResult search(const Request& request, const CostModel& cost) {
                                                    .clip_grad_norm = request.clip_grad_norm};
       const auto step =
           step_of(request, config, micro, loss_scaling::boundary_workspace_bytes(boundary));
+      // The fastest policy that fits, the smaller peak on a tie (chapter 05's order on
+      // ties of both).
       std::optional<Plan> chosen;
-      for (const auto& [recompute, policy] : policies) {
-        if (chosen && recompute > chosen->recompute) break;  // every further one is slower
+      for (const checkpointing::Policy& policy : policies) {
+        const auto [recompute, rebuilt] = recomputation_of(policy, depth);
+        const double seconds =
+            cost.step_seconds(request.batch, micro, precision, recompute, depth, rebuilt);
+        if (chosen && seconds > chosen->seconds) continue;  // slower than one that fits
         Plan plan{micro, precision, policy, checkpointing::predict_policy(step, policy),
-                  recompute, cost.step_seconds(request.batch, micro, precision, recompute, depth)};
+                  recompute, seconds};
         ++result.weighed;
         if (!result.smallest || plan.prediction.peak() < result.smallest->prediction.peak()) {
           result.smallest = plan;
         }
         if (plan.prediction.peak() > request.budget) continue;
-        if (!chosen || plan.prediction.peak() < chosen->prediction.peak()) chosen = plan;
+        if (!chosen || faster(plan, *chosen)) chosen = plan;
       }
       if (!chosen) continue;
       result.feasible.push_back(*chosen);
-      if (chosen->recompute == 0) break;  // smaller micro-batches only add fixed costs
+      // Without recomputation, smaller micro-batches only add fixed costs.
+      if (chosen->checkpoint == checkpointing::Policy{}) break;
     }
   }
   std::stable_sort(result.feasible.begin(), result.feasible.end(), faster);

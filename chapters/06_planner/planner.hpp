@@ -15,9 +15,15 @@
 //   micro-batch forward + backward   a_p + b_p r        (fitted at two sizes)
 //   forward alone                    c_p + d_p r        (what a recomputed block costs)
 //   optimizer boundary               o_p
+//   one block's P rebuilt            e_p + f_p r        (the GPT's selective attention)
 //   step(m, p, policy) = o_p + n a_p + B b_p + (R / depth) (n c_p + B d_p)
+//                        + A (n e_p + B f_p)
 // where R is the policy's recomputation in block forwards per micro-batch
-// (checkpointing::recompute_cost). The fit is linear in r: fixed costs per micro-batch
+// (checkpointing::recompute_cost of its whole-block schedule) and A the blocks that rebuild
+// their attention's probabilities in each micro-batch's backward: every block under
+// `attention` and POLICY+attention, none otherwise. Rebuilding P costs heads T^2 work a
+// sequence, which a block forward's c_p + d_p r does not scale with, so it is measured on
+// its own (the kernel alone, at one and two sequences: P is heads T^2 elements a sequence). The fit is linear in r: fixed costs per micro-batch
 // (launches, the head, the weights' reads) against costs per row. On a 2-core CPU the
 // fixed part is small; on a GPU at small r it dominates, which is what makes tiny
 // micro-batches slow there.
@@ -58,6 +64,9 @@ struct PrecisionCost {
   LinearCost micro_batch;  ///< a_p, b_p: forward + backward of one micro-batch
   LinearCost forward;      ///< c_p, d_p: the forward pass alone
   double optimizer = 0;    ///< o_p: the optimizer's step over every parameter
+  /// e_p, f_p: one block's attention probabilities rebuilt from q and k (the GPT with plain
+  /// attention; zero for a model that has none to rebuild).
+  LinearCost probabilities;
 };
 
 /// A cost model: what it was measured for (key) and the costs of fp32, fp16 and bf16.
@@ -74,9 +83,10 @@ struct CostModel {
     }
     return fp32;
   }
-  /// The predicted seconds of one optimizer step (the formula above); `recompute` is R.
+  /// The predicted seconds of one optimizer step (the formula above); `recompute` is R,
+  /// `rebuilt` is A.
   double step_seconds(std::int64_t batch, std::int64_t micro_batch, nn::Precision precision,
-                      double recompute, std::int64_t depth) const;
+                      double recompute, std::int64_t depth, std::int64_t rebuilt = 0) const;
   /// The model as JSON (for the calibration file) and back; from_json throws
   /// std::runtime_error for a file that does not hold one (or one measured before bf16,
   /// which calibration_for measures again).

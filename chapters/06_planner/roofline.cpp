@@ -146,7 +146,8 @@ CostModel roofline_cost_model(const nn::ModelConfig& model,
     };
     return PrecisionCost{fit_line(r1, at(r1, false), r2, at(r2, false)),
                          fit_line(r1, at(r1, true), r2, at(r2, true)),
-                         roofline_optimizer_seconds(config, optimizer, spec)};
+                         roofline_optimizer_seconds(config, optimizer, spec),
+                         LinearCost{}};  // the MLP rebuilds no attention probabilities
   };
   CostModel cost;
   cost.key = "modelled, not measured: " + shape_key(model, optimizer) + ", device " + spec.name;
