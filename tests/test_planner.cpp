@@ -24,6 +24,7 @@ namespace {
 
 using planning::CostModel;
 using planning::Plan;
+using planning::PrecisionCost;
 using planning::PlanRequest;
 
 /// Fixed costs that make every trade visible: a micro-batch's fixed cost, the rows' cost,
@@ -205,90 +206,126 @@ TEST(Planner, TheCalibrationIsMeasuredOnceAndReused) {
 
 // ---- the GPT (chapter 08) ----------------------------------------------------------------
 
+/// A cost model for memory-efficient attention beside fixed_cost_model()'s plain one: a
+/// micro-batch 1.5x dearer (the rows' exponentials again in the backward), no probabilities
+/// to rebuild. Dear enough that rebuilding P is the cheaper way to keep less where both fit,
+/// so that some budget chooses each.
+CostModel efficient_cost_model() {
+  CostModel cost = fixed_cost_model();
+  for (PrecisionCost* c : {&cost.fp32, &cost.fp16, &cost.bf16}) {
+    c->micro_batch.fixed *= 1.5;
+    c->micro_batch.per_row *= 1.5;
+    c->probabilities = {};
+  }
+  return cost;
+}
+
+/// A plan the GPT's planner could choose, with its kernel.
+struct GptTriple {
+  Triple triple;
+  nn::AttentionKernel kernel;
+};
+
 TEST(GptPlanner, TheChosenPlanFitsIsMeasuredAsPredictedAndNothingFasterFits) {
-  const CostModel cost = fixed_cost_model();
+  const planning::GptCostModels costs = {{nn::AttentionKernel::plain, fixed_cost_model()},
+                                         {nn::AttentionKernel::efficient, efficient_cost_model()}};
   const nn::GptConfig model{.vocabulary = 256, .context = 16, .layers = 4, .width = 16,
                             .heads = 2, .dropout = 0.1f};
   planning::GptPlanRequest request{model, 12, 16, AdamWOptions{}, 0};
-  // Every triple the planner could choose: the micro-batches, the precisions and the
-  // policies that keep whole blocks, each also with the attention's probabilities rebuilt
-  // (A = 4 blocks rebuild them in each micro-batch).
-  std::vector<Triple> all;
-  const auto step_of = [&](nn::Precision precision, std::int64_t micro) {
+  // Every plan the planner could choose: the attention kernels, the micro-batches, the
+  // precisions and the policies that keep whole blocks, with plain attention each also
+  // with the probabilities rebuilt (A = 4 blocks rebuild them in each micro-batch).
+  std::vector<GptTriple> all;
+  const auto step_of = [&](nn::AttentionKernel kernel, nn::Precision precision,
+                           std::int64_t micro) {
     nn::GptConfig config = model;
     config.precision = precision;
+    config.attention = kernel;
     return checkpointing::GptStepShape{config, request.batch, micro, request.length,
                                        request.optimizer,
                                        precision == nn::Precision::fp16 ? 12u : 0u};
   };
-  for (const nn::Precision precision : request.precisions) {
-    for (const std::int64_t micro : planning::micro_batch_candidates(nn::ModelConfig{}, 12)) {
-      for (checkpointing::Policy policy : checkpointing::checkpoint_candidates(4)) {
-        if (policy.keep != nn::BlockKeep::all) continue;
-        const double recompute = checkpointing::recompute_cost(policy, 4);
-        for (const std::int64_t rebuilt : {0, 4}) {
-          policy.keep = rebuilt ? nn::BlockKeep::all_but_probabilities : nn::BlockKeep::all;
-          all.push_back({micro, precision, policy,
-                         checkpointing::predict_policy(step_of(precision, micro), policy).peak(),
-                         cost.step_seconds(12, micro, precision, recompute, 4, rebuilt)});
+  for (const nn::AttentionKernel kernel : request.kernels) {
+    const CostModel& cost = costs.at(kernel);
+    for (const nn::Precision precision : request.precisions) {
+      for (const std::int64_t micro : planning::micro_batch_candidates(nn::ModelConfig{}, 12)) {
+        for (checkpointing::Policy policy : checkpointing::checkpoint_candidates(4)) {
+          if (policy.keep != nn::BlockKeep::all) continue;
+          const double recompute = checkpointing::recompute_cost(policy, 4);
+          for (const std::int64_t rebuilt : {0, 4}) {
+            if (rebuilt && kernel == nn::AttentionKernel::efficient) continue;  // no P kept
+            policy.keep = rebuilt ? nn::BlockKeep::all_but_probabilities : nn::BlockKeep::all;
+            const std::size_t peak =
+                checkpointing::predict_policy(step_of(kernel, precision, micro), policy).peak();
+            all.push_back({{micro, precision, policy, peak,
+                            cost.step_seconds(12, micro, precision, recompute, 4, rebuilt)},
+                           kernel});
+          }
         }
       }
     }
   }
   std::vector<std::size_t> peaks;
-  for (const Triple& t : all) peaks.push_back(t.peak);
+  for (const GptTriple& t : all) peaks.push_back(t.triple.peak);
   std::sort(peaks.begin(), peaks.end());
+  const auto measured_peak = [&](const Plan& plan) {
+    return testing::measure_gpt(step_of(*plan.attention, plan.precision, plan.micro_batch),
+                                plan.checkpoint, Device::cpu())
+        .stats.peak_total;
+  };
   for (const double quantile : {1.0, 0.5, 0.2, 0.0}) {
     request.budget = peaks[static_cast<std::size_t>(quantile * (peaks.size() - 1))];
     const std::string where = "budget " + std::to_string(request.budget);
-    const planning::PlanResult result = planning::make_plan(request, cost);
+    const planning::PlanResult result = planning::make_plan(request, costs);
     ASSERT_FALSE(result.feasible.empty()) << where;
     const Plan& best = result.best();
+    ASSERT_TRUE(best.attention.has_value()) << where;
     EXPECT_LE(best.prediction.peak(), request.budget) << where;
     EXPECT_NE(best.checkpoint.keep, nn::BlockKeep::gemm_outputs) << where;
-    for (const Triple& t : all) {
-      if (t.peak <= request.budget) {
-        EXPECT_GE(t.seconds, best.seconds)
-            << where << ": " << t.micro << " " << nn::precision_name(t.precision) << " "
-            << t.policy.text() << " fits and is predicted faster than "
-            << planning::describe(best, request.batch);
+    for (const GptTriple& t : all) {
+      if (t.triple.peak <= request.budget) {
+        EXPECT_GE(t.triple.seconds, best.seconds)
+            << where << ": " << t.triple.micro << " " << nn::precision_name(t.triple.precision)
+            << " " << t.triple.policy.text() << " " << nn::attention_kernel_name(t.kernel)
+            << " fits and is predicted faster than " << planning::describe(best, request.batch);
       }
     }
     // The chosen plan's step through the trainer: its peak is the prediction, to the byte.
-    const testing::Measured measured =
-        testing::measure_gpt(step_of(best.precision, best.micro_batch), best.checkpoint,
-                             Device::cpu());
-    EXPECT_EQ(measured.stats.peak_total, best.prediction.peak()) << where;
+    EXPECT_EQ(measured_peak(best), best.prediction.peak()) << where;
   }
-  // Rebuilding the probabilities is weighed: some budget makes a plan that rebuilds them
-  // the fastest that fits, and it is measured as predicted.
-  std::optional<Plan> rebuilding;
+  // Each kind of plan is weighed: some budget makes a plan that rebuilds P the fastest that
+  // fits, and some other budget one of memory-efficient attention; each is measured as
+  // predicted.
+  std::optional<Plan> rebuilding, efficient;
   for (const std::size_t budget : peaks) {
     request.budget = budget;
-    const Plan best = planning::make_plan(request, cost).best();
-    if (best.checkpoint.keep == nn::BlockKeep::all_but_probabilities) {
+    const Plan best = planning::make_plan(request, costs).best();
+    if (best.checkpoint.keep == nn::BlockKeep::all_but_probabilities && !rebuilding) {
       rebuilding = best;
-      break;
     }
+    if (best.attention == nn::AttentionKernel::efficient && !efficient) efficient = best;
   }
-  ASSERT_TRUE(rebuilding.has_value()) << "no budget chose a plan that rebuilds P";
-  EXPECT_EQ(testing::measure_gpt(step_of(rebuilding->precision, rebuilding->micro_batch),
-                                 rebuilding->checkpoint, Device::cpu())
-                .stats.peak_total,
-            rebuilding->prediction.peak())
-      << planning::describe(*rebuilding, request.batch);
-  // Memory-efficient attention keeps no probabilities: nothing rebuilds them.
-  planning::GptPlanRequest efficient = request;
-  efficient.model.attention = nn::AttentionKernel::efficient;
+  for (const std::optional<Plan>* found : {&rebuilding, &efficient}) {
+    ASSERT_TRUE(found->has_value()) << "no budget chose a plan that rebuilds P, or one of "
+                                       "memory-efficient attention";
+    EXPECT_EQ(measured_peak(**found), (*found)->prediction.peak())
+        << planning::describe(**found, request.batch);
+  }
+  // Memory-efficient attention alone keeps no probabilities: nothing rebuilds them.
+  planning::GptPlanRequest only_efficient = request;
+  only_efficient.kernels = {nn::AttentionKernel::efficient};
   for (const std::size_t budget : peaks) {
-    efficient.budget = budget;
-    const planning::PlanResult result = planning::make_plan(efficient, cost);
-    for (const Plan& plan : result.feasible) {
+    only_efficient.budget = budget;
+    for (const Plan& plan : planning::make_plan(only_efficient, costs).feasible) {
       EXPECT_EQ(plan.checkpoint.keep, nn::BlockKeep::all) << plan.checkpoint.text();
+      EXPECT_EQ(plan.attention, nn::AttentionKernel::efficient);
     }
   }
+  // A kernel without a cost model is refused.
+  EXPECT_THROW(planning::make_plan(request, {{nn::AttentionKernel::plain, fixed_cost_model()}}),
+               std::invalid_argument);
   request.budget = peaks.front() - 1;
-  const planning::PlanResult none = planning::make_plan(request, cost);
+  const planning::PlanResult none = planning::make_plan(request, costs);
   EXPECT_TRUE(none.feasible.empty());
   ASSERT_TRUE(none.smallest.has_value());
   EXPECT_EQ(none.smallest->prediction.peak(), peaks.front());

@@ -354,15 +354,15 @@ std::int64_t depth_of(const nn::GptConfig& model) { return model.layers; }
 /// The policies a request weighs: chapter 05's candidates for the MLP; for the GPT those
 /// that keep whole blocks, and with plain attention each of them again with the attention's
 /// probabilities rebuilt (`attention`, POLICY+attention).
-std::vector<checkpointing::Policy> policies_of(const PlanRequest& request) {
-  return checkpointing::checkpoint_candidates(request.model.depth);
+std::vector<checkpointing::Policy> policies_of(const nn::ModelConfig& model) {
+  return checkpointing::checkpoint_candidates(model.depth);
 }
-std::vector<checkpointing::Policy> policies_of(const GptPlanRequest& request) {
+std::vector<checkpointing::Policy> policies_of(const nn::GptConfig& model) {
   std::vector<checkpointing::Policy> policies;
-  for (checkpointing::Policy policy : checkpointing::checkpoint_candidates(request.model.layers)) {
+  for (checkpointing::Policy policy : checkpointing::checkpoint_candidates(model.layers)) {
     if (policy.keep != nn::BlockKeep::all) continue;  // the MLP block's selective
     policies.push_back(policy);
-    if (request.model.attention == nn::AttentionKernel::plain) {
+    if (model.attention == nn::AttentionKernel::plain) {
       policy.keep = nn::BlockKeep::all_but_probabilities;
       policies.push_back(policy);
     }
@@ -399,14 +399,23 @@ checkpointing::GptStepShape step_of(const GptPlanRequest& request, const nn::Gpt
   return {config, request.batch, micro, request.length, request.optimizer, boundary_bytes};
 }
 
-template <class Request>
-PlanResult search(const Request& request, const CostModel& cost) {
-  const std::int64_t depth = depth_of(request.model);
-  const std::vector<checkpointing::Policy> policies = policies_of(request);
+/// A model to plan (the GPT's with one attention kernel) and its cost model.
+template <class Config>
+struct Variant {
+  Config model;
+  const CostModel* cost;
+  std::optional<nn::AttentionKernel> attention;  // the GPT's kernel, for the plans
+};
 
-  PlanResult result;
+/// The plans of one variant, added to `result`: for each precision and micro-batch the
+/// fastest policy that fits.
+template <class Request, class Config>
+void add_plans(const Request& request, const Variant<Config>& variant, PlanResult& result) {
+  const CostModel& cost = *variant.cost;
+  const std::int64_t depth = depth_of(variant.model);
+  const std::vector<checkpointing::Policy> policies = policies_of(variant.model);
   for (const nn::Precision precision : request.precisions) {
-    auto config = request.model;
+    auto config = variant.model;
     config.precision = precision;
     for (const std::int64_t micro : micro_batches_of(config, request.batch)) {
       const loss_scaling::BoundaryOptions boundary{.rule = plan_loss_scale(precision),
@@ -422,7 +431,7 @@ PlanResult search(const Request& request, const CostModel& cost) {
             cost.step_seconds(request.batch, micro, precision, recompute, depth, rebuilt);
         if (chosen && seconds > chosen->seconds) continue;  // slower than one that fits
         Plan plan{micro, precision, policy, checkpointing::predict_policy(step, policy),
-                  recompute, seconds};
+                  recompute, seconds, variant.attention};
         ++result.weighed;
         if (!result.smallest || plan.prediction.peak() < result.smallest->prediction.peak()) {
           result.smallest = plan;
@@ -436,6 +445,12 @@ PlanResult search(const Request& request, const CostModel& cost) {
       if (chosen->checkpoint == checkpointing::Policy{}) break;
     }
   }
+}
+
+template <class Request, class Config>
+PlanResult search(const Request& request, const std::vector<Variant<Config>>& variants) {
+  PlanResult result;
+  for (const Variant<Config>& variant : variants) add_plans(request, variant, result);
   std::stable_sort(result.feasible.begin(), result.feasible.end(), faster);
   if (!result.feasible.empty()) {
     result.smallest.reset();
@@ -453,11 +468,20 @@ PlanResult search(const Request& request, const CostModel& cost) {
 }  // namespace
 
 PlanResult make_plan(const PlanRequest& request, const CostModel& cost) {
-  return search(request, cost);
+  return search(request, std::vector<Variant<nn::ModelConfig>>{{request.model, &cost, {}}});
 }
 
-PlanResult make_plan(const GptPlanRequest& request, const CostModel& cost) {
-  return search(request, cost);
+PlanResult make_plan(const GptPlanRequest& request, const GptCostModels& costs) {
+  std::vector<Variant<nn::GptConfig>> variants;
+  for (const nn::AttentionKernel kernel : request.kernels) {
+    const auto cost = costs.find(kernel);
+    BIGBATCH_CHECK(cost != costs.end(), "make_plan: no cost model for ",
+                   nn::attention_kernel_name(kernel), " attention");
+    nn::GptConfig model = request.model;
+    model.attention = kernel;
+    variants.push_back({model, &cost->second, kernel});
+  }
+  return search(request, variants);
 }
 
 std::string describe(const Plan& plan, std::int64_t batch) {
@@ -468,7 +492,8 @@ std::string describe(const Plan& plan, std::int64_t batch) {
          (plan_loss_scale(plan.precision) == loss_scaling::LossScaleRule::dynamic
               ? " + dynamic loss scaling"
               : "") +
-         ", checkpoint " + plan.checkpoint.text();
+         ", checkpoint " + plan.checkpoint.text() +
+         (plan.attention ? ", " + nn::attention_kernel_name(*plan.attention) + " attention" : "");
 }
 
 }  // namespace bigbatch::planning

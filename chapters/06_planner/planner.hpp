@@ -31,6 +31,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <utility>
@@ -157,7 +158,7 @@ struct PlanRequest {
 /// The question for chapter 08's GPT: the batch and its micro-batches in sequences of
 /// `length` positions.
 struct GptPlanRequest {
-  nn::GptConfig model;        ///< its precision is ignored: the planner chooses one
+  nn::GptConfig model;        ///< its precision and attention are ignored: the planner chooses
   std::int64_t batch = 0;     ///< sequences per optimizer step
   std::int64_t length = 0;    ///< T, positions per sequence
   nn::Optimizer::Options optimizer;  ///< its state is live through the step
@@ -166,7 +167,14 @@ struct GptPlanRequest {
   std::vector<nn::Precision> precisions = {nn::Precision::fp32, nn::Precision::fp16,
                                            nn::Precision::bf16};
   float clip_grad_norm = 0.0f;  ///< as PlanRequest's
+  /// The attention kernels to consider (default both). Like a precision, each computes its
+  /// own bits, and each has its own cost model (cost_key names the kernel).
+  std::vector<nn::AttentionKernel> kernels = {nn::AttentionKernel::plain,
+                                              nn::AttentionKernel::efficient};
 };
+
+/// The GPT's cost models, one for each attention kernel a request weighs.
+using GptCostModels = std::map<nn::AttentionKernel, CostModel>;
 
 /// The loss scale a plan of this precision trains with: dynamic for fp16 (whose range
 /// needs one, chapter 04), none for fp32 and bf16.
@@ -180,6 +188,8 @@ struct Plan {
   nn::StepPrediction prediction;    ///< its step, byte by byte
   double recompute = 0;             ///< R, block forwards per micro-batch
   double seconds = 0;               ///< predicted seconds per optimizer step
+  /// The GPT's attention kernel; none for the MLP.
+  std::optional<nn::AttentionKernel> attention = std::nullopt;
 };
 
 /// The planner's order: the faster plan first, the smaller peak on a tie.
@@ -193,7 +203,7 @@ struct PlanResult {
   /// master weights, optimizer state and that plan's micro-batch of samples on the device).
   std::optional<Plan> smallest;
   std::size_t fixed_bytes = 0;
-  std::size_t weighed = 0;  ///< (micro-batch, precision, policy) triples predicted
+  std::size_t weighed = 0;  ///< (micro-batch, precision, policy[, kernel]) plans predicted
   /// The fastest plan; throws std::logic_error when none is feasible.
   const Plan& best() const;
 };
@@ -209,10 +219,13 @@ std::vector<std::int64_t> micro_batch_candidates(const nn::ModelConfig& model, s
 /// micro-batch and precision is slower); once a micro-batch fits with no recomputation,
 /// smaller ones can only be slower (more fixed costs) and are not weighed.
 PlanResult make_plan(const PlanRequest& request, const CostModel& cost);
-/// The same for the GPT, over the checkpoint policies that keep whole blocks.
-PlanResult make_plan(const GptPlanRequest& request, const CostModel& cost);
+/// The same for the GPT, for each of request.kernels with its cost model in `costs`
+/// (std::invalid_argument when one is missing), over the checkpoint policies that keep whole
+/// blocks, and with plain attention those that rebuild its probabilities too.
+PlanResult make_plan(const GptPlanRequest& request, const GptCostModels& costs);
 
-/// "micro-batch 512 (8 per step), fp16 + dynamic loss scaling, checkpoint sqrt"
+/// "micro-batch 512 (8 per step), fp16 + dynamic loss scaling, checkpoint sqrt", and for
+/// the GPT ", efficient attention" or ", plain attention"
 std::string describe(const Plan& plan, std::int64_t batch);
 
 }  // namespace bigbatch::planning

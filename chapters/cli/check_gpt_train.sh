@@ -264,5 +264,31 @@ grep -q '^plan auto: micro-batch [0-9]* ([0-9]* per step), ' planned.txt ||
 "$bigbatch" plan $shape --batch 8 --device-memory 64KiB --calibration cal.json > refused.txt 2>&1
 [ $? -eq 3 ] && grep -q "no plan fits the step in 64.00 KiB" refused.txt ||
   fail "bigbatch plan --model gpt under 64 KiB: $(cat refused.txt)"
+# The planner weighs both attention kernels (a cost model each) and, with plain attention,
+# the policies that rebuild its probabilities. The plan of the smallest peak is memory-
+# efficient attention's (it keeps no P at all): on a device of exactly that peak,
+# --plan auto trains it, under that kernel, peaking where it predicted.
+python3 -c 'import json, sys; d = json.load(open("plan.json"))
+assert sorted(d["cost_models"]) == ["efficient", "plain"], d["cost_models"].keys()
+assert all(p["attention"] in ("plain", "efficient") for p in d["feasible"]), d["feasible"]' ||
+  fail "bigbatch plan --model gpt --json does not weigh both attention kernels: $(cat plan.json)"
+"$bigbatch" plan $shape --batch 8 --dropout 0.1 --seed 5 --device-memory 64KiB \
+  --calibration cal.json --json > tight.json 2> /dev/null
+smallest=$(python3 -c 'import json; s = json.load(open("tight.json"))["smallest"]
+assert s["attention"] == "efficient", s; print(s["peak_bytes"])') ||
+  fail "the smallest plan is not memory-efficient attention's: $(cat tight.json)"
+run tightest --plan auto --device-memory "$smallest" --calibration cal.json
+grep -q '^plan auto: .*, efficient attention$' tightest.txt ||
+  fail "--plan auto at the smallest peak did not choose efficient attention: $(head -n 3 tightest.txt)"
+grep -q '^bigbatch train: .* (efficient attention)' tightest.txt ||
+  fail "--plan auto chose efficient attention but trained another: $(head -n 3 tightest.txt)"
+[ "$(largest_peak tightest.jsonl)" = "$smallest" ] ||
+  fail "--plan auto, efficient attention: the steps peaked at $(largest_peak tightest.jsonl), the plan predicted $smallest"
+"$bigbatch" plan $shape --batch 8 --dropout 0.1 --seed 5 --device-memory "$budget" \
+  --calibration cal.json --attention plain > plain-plan.txt 2>&1 ||
+  fail "bigbatch plan --attention plain: $(cat plain-plan.txt)"
+grep -q 'efficient' plain-plan.txt && fail "--attention plain weighed efficient attention: $(cat plain-plan.txt)"
+grep -q -- '--attention plain (or --plan auto)$' plain-plan.txt ||
+  fail "bigbatch plan does not name the kernel to train with: $(tail -n 1 plain-plan.txt)"
 "$bigbatch" train --help | grep -q -- '--model' || fail "--help does not list --model"
 echo "ok"

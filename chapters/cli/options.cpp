@@ -278,7 +278,8 @@ void add_train_flags(CLI::App& train, TrainOptions& o) {
                   "--model gpt: plain (each block keeps its attention's probabilities, b heads "
                   "T^2, for the backward) or efficient (tiles of keys with a running max and "
                   "sum: each block keeps two floats a query row and rebuilds the "
-                  "probabilities in its backward; other roundings, so other bits)");
+                  "probabilities in its backward; other roundings, so other bits). bigbatch "
+                  "plan and --plan auto weigh both unless it is given");
   train.add_option("--depth", o.model.depth, "residual blocks (with --init: the file's)")
       ->capture_default_str()->check(non_negative);
   train.add_option("--hidden", o.model.hidden,

@@ -35,15 +35,22 @@ std::string calibration_path(const TrainOptions& options) {
 /// One plan as JSON (bigbatch plan --json): its settings, predicted peak in bytes (and the
 /// moment that holds it) and predicted seconds per step.
 Json plan_json(const planning::Plan& plan, std::int64_t batch) {
-  return {{"micro_batch", plan.micro_batch},
-          {"micro_batches", (batch + plan.micro_batch - 1) / plan.micro_batch},
-          {"precision", nn::precision_name(plan.precision)},
-          {"loss_scale", loss_scaling::setting_text(planning::plan_loss_scale(plan.precision))},
-          {"checkpoint", plan.checkpoint.text()},
-          {"recompute", plan.recompute},
-          {"peak_bytes", plan.prediction.peak()},
-          {"peak_moment", plan.prediction.peak_moment},
-          {"seconds", plan.seconds}};
+  Json json = {{"micro_batch", plan.micro_batch},
+               {"micro_batches", (batch + plan.micro_batch - 1) / plan.micro_batch},
+               {"precision", nn::precision_name(plan.precision)},
+               {"loss_scale", loss_scaling::setting_text(planning::plan_loss_scale(plan.precision))},
+               {"checkpoint", plan.checkpoint.text()},
+               {"recompute", plan.recompute},
+               {"peak_bytes", plan.prediction.peak()},
+               {"peak_moment", plan.prediction.peak_moment},
+               {"seconds", plan.seconds}};
+  if (plan.attention) json["attention"] = nn::attention_kernel_name(*plan.attention);
+  return json;
+}
+
+/// " --attention efficient" for a GPT's plan, "" for the MLP's.
+std::string attention_flag(const planning::Plan& plan) {
+  return plan.attention ? " --attention " + nn::attention_kernel_name(*plan.attention) : "";
 }
 
 /// "1.234 ms".
@@ -132,19 +139,24 @@ planning::PlanResult report_plans(const TrainOptions& options, const planning::P
         "optimizer state and one micro-batch's samples, which no plan can trade away");
   }
   if (options.plan.json) return result;
-  std::printf("  %-24s %-10s %-22s %12s %12s\n", "micro-batch (per step)", "precision",
-              "checkpoint", "peak", "step time");
+  // The GPT's plans name their attention kernel in a column of their own.
+  const bool kernels = result.feasible.front().attention.has_value();
+  std::printf("  %-24s %-10s %-22s%s %12s %12s\n", "micro-batch (per step)", "precision",
+              "checkpoint", kernels ? " attention " : "", "peak", "step time");
   for (std::size_t i = 0; i < result.feasible.size(); ++i) {
     const planning::Plan& p = result.feasible[i];
     const std::string micro = std::to_string(p.micro_batch) + " (" +
                               std::to_string((samples + p.micro_batch - 1) / p.micro_batch) +
                               ")";
+    const std::string kernel =
+        p.attention ? " " + nn::attention_kernel_name(*p.attention) : std::string();
     // Milliseconds below a tenth of a second (a modelled GPU's steps), else seconds.
     const bool small = p.seconds < 0.1;
-    std::printf("  %-24s %-10s %-22s %12s %10.4f %s%s\n", micro.c_str(),
+    std::printf("  %-24s %-10s %-22s%-*s %12s %10.4f %s%s\n", micro.c_str(),
                 nn::precision_name(p.precision).c_str(), p.checkpoint.text().c_str(),
-                format_bytes(p.prediction.peak()).c_str(), small ? p.seconds * 1e3 : p.seconds,
-                small ? "ms" : "s", i == 0 ? "  <- fastest" : "");
+                kernels ? 11 : 0, kernel.c_str(), format_bytes(p.prediction.peak()).c_str(),
+                small ? p.seconds * 1e3 : p.seconds, small ? "ms" : "s",
+                i == 0 ? "  <- fastest" : "");
   }
   std::cout << "  (" << result.weighed << " plans weighed; fp16 trains with dynamic loss "
             << "scaling, bf16 with none)\n";
@@ -268,17 +280,30 @@ planning::PlanResult plan_for_gpt(const TrainOptions& options, const nn::GptConf
                                    plan_budget(options)};
   request.clip_grad_norm = options.train.clip_grad_norm;
   if (options.was_given("--precision")) request.precisions = {model.precision};
+  if (options.was_given("--attention")) request.kernels = {model.attention};
+  // One cost model for each kernel weighed; the report names the first (the file holds all).
   CostSource source;
-  try {  // the calibration builds the model: a shape it refuses is the flags'
-    source = measured_costs(options, device, [&](const std::string& path, bool* measured) {
-      return planning::calibration_for(path, model, length, request.optimizer, device, batch,
-                                       options.plan.recalibrate, measured);
-    });
-  } catch (const std::invalid_argument& e) {
-    throw UsageError(std::string("--model gpt: ") + e.what());
+  planning::GptCostModels costs;
+  Json cost_models = Json::object();
+  for (const nn::AttentionKernel kernel : request.kernels) {
+    nn::GptConfig shape = model;
+    shape.attention = kernel;
+    try {  // the calibration builds the model: a shape it refuses is the flags'
+      const CostSource measured =
+          measured_costs(options, device, [&](const std::string& path, bool* now) {
+            return planning::calibration_for(path, shape, length, request.optimizer, device,
+                                             batch, options.plan.recalibrate, now);
+          });
+      if (costs.empty()) source = measured;
+      source.measured = source.measured || measured.measured;
+      costs[kernel] = measured.cost;
+      cost_models[nn::attention_kernel_name(kernel)] = measured.cost.to_json();
+    } catch (const std::invalid_argument& e) {
+      throw UsageError(std::string("--model gpt: ") + e.what());
+    }
   }
-  return report_plans(options, planning::make_plan(request, source.cost), request.budget, batch,
-                      source);
+  return report_plans(options, planning::make_plan(request, costs), request.budget, batch, source,
+                      [&](Json& answer) { answer["cost_models"] = cost_models; });
 }
 
 int run_plan(const TrainOptions& options) {
@@ -306,7 +331,8 @@ int run_plan(const TrainOptions& options) {
   std::cout << "train it with: --micro-batch " << best.micro_batch << " --precision "
             << nn::precision_name(best.precision)
             << loss_scale_flag(planning::plan_loss_scale(best.precision))
-            << " --checkpoint " << best.checkpoint.text() << " (or --plan auto)\n";
+            << " --checkpoint " << best.checkpoint.text() << attention_flag(best)
+            << " (or --plan auto)\n";
   return 0;
 }
 

@@ -313,6 +313,7 @@ void apply_plan(const planning::Plan& plan, TrainOptions& options) {
   options.model.precision = plan.precision;
   options.train.loss_scaling = planning::plan_loss_scale(plan.precision);
   options.checkpoint = plan.checkpoint;
+  if (plan.attention) options.gpt.attention = *plan.attention;
 }
 
 /// Fails early (before any training) when --save could not be written at the end.
