@@ -36,7 +36,7 @@
 #  8. Chapter 08's GPT: 3 ranks under mpirun save --simulate-ranks 3's bytes (fp32 with
 #     dropout in micro-batches, bf16 with checkpointed blocks), every rank's tokens over the
 #     whole batch's count; rank 0's peaks are its share's predicted step; the engine's sum
-#     runs; --plan auto plans rank 0's share.
+#     runs; --plan auto plans rank 0's share, and every rank trains its attention kernel.
 set -u
 bigbatch=$1 mpiexec=$2
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
@@ -435,5 +435,19 @@ grep -q '^plan auto: micro-batch [0-9]* ([0-9]* per step), ' gpt-planned.txt ||
 largest_gpt=$(sed 's/.*"peak_bytes_total":\([0-9]*\).*/\1/' gpt-planned.jsonl | sort -n | tail -n 1)
 [ "$largest_gpt" -le "$predicted_gpt" ] ||
   fail "--plan auto on ranks under $predicted_gpt bytes: rank 0's step peaked at $largest_gpt"
-echo "the GPT on 3 ranks: MPI and simulated saved the same bytes (fp32, bf16 checkpointed); rank 0's steps peaked at the predicted $predicted_gpt bytes; --plan auto on 2 ranks fits them"
+# At the smallest peak of rank 0's share (4 sequences) only memory-efficient attention's plan
+# fits: every rank trains that kernel (rank 0 sends it with the plan), rank 0 peaking there.
+gpt_share="--model gpt --data text:corpus.txt --seq-len 24 --layers 2 --width 32 --heads 4 --batch 4"
+"$bigbatch" plan $gpt_share --device-memory 64KiB --calibration gpt-cal.json --json > gpt-tight.json 2> /dev/null
+smallest_gpt=$(python3 -c 'import json; s = json.load(open("gpt-tight.json"))["smallest"]
+assert s["attention"] == "efficient", s; print(s["peak_bytes"])') ||
+  fail "the smallest plan of rank 0's share is not efficient attention's: $(cat gpt-tight.json)"
+mpirun -np 2 "$bigbatch" train $gpt --data-parallel --plan auto --device-memory "$smallest_gpt" \
+  --calibration gpt-cal.json --log gpt-tight.jsonl > gpt-tight.txt 2>&1 ||
+  fail "--plan auto for the GPT on 2 ranks at $smallest_gpt bytes: $(tail -n 3 gpt-tight.txt)"
+grep -q '^plan auto: .*, efficient attention$' gpt-tight.txt ||
+  fail "--plan auto on ranks at the smallest peak did not choose efficient attention: $(grep '^plan auto' gpt-tight.txt)"
+[ "$(sed 's/.*"peak_bytes_total":\([0-9]*\).*/\1/' gpt-tight.jsonl | sort -n | tail -n 1)" = "$smallest_gpt" ] ||
+  fail "--plan auto on ranks, efficient attention: rank 0 did not peak at the predicted $smallest_gpt"
+echo "the GPT on 3 ranks: MPI and simulated saved the same bytes (fp32, bf16 checkpointed); rank 0's steps peaked at the predicted $predicted_gpt bytes; --plan auto on 2 ranks fits them, and trains efficient attention on every rank at its smallest peak"
 echo "ok"

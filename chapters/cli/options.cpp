@@ -214,6 +214,10 @@ std::optional<nn::Norm> norm_named(std::string_view word) { return value_of(kNor
 std::optional<nn::Precision> precision_named(std::string_view word) {
   return value_of(kPrecisions, word);
 }
+
+std::optional<nn::AttentionKernel> attention_kernel_named(std::string_view word) {
+  return value_of(kAttentionKernels, word);
+}
 std::optional<nn::Activation> activation_named(std::string_view word) {
   return value_of(kActivations, word);
 }

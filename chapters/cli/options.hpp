@@ -168,5 +168,7 @@ std::optional<nn::Activation> activation_named(std::string_view word);
 /// The precision of a --precision word (nullopt for an unknown one): a plan sent between
 /// ranks names it so.
 std::optional<nn::Precision> precision_named(std::string_view word);
+/// The attention kernel --attention names `word` ("plain", "efficient"), if any.
+std::optional<nn::AttentionKernel> attention_kernel_named(std::string_view word);
 
 }  // namespace bigbatch::cli

@@ -276,22 +276,30 @@ std::optional<int> RunRanks::planned_ranks() const {
 
 planning::Plan RunRanks::agreed_plan(const std::function<planning::Plan()>& plan) const {
   if (!communicator_ || count_ == 1) return plan();
-  // Rank 0's choice as text: "MICRO_BATCH PRECISION CHECKPOINT".
+  // Rank 0's choice as text: "MICRO_BATCH PRECISION CHECKPOINT", and the GPT's attention
+  // kernel after them.
   planning::Plan chosen;
   std::string text;
   if (communicator_->rank() == 0) {
     chosen = plan();
     text = std::to_string(chosen.micro_batch) + " " + nn::precision_name(chosen.precision) +
            " " + chosen.checkpoint.text();
+    if (chosen.attention) text += " " + nn::attention_kernel_name(*chosen.attention);
   }
   text = communicator_->broadcast(text);
   if (communicator_->rank() == 0) return chosen;
   std::istringstream fields(text);
-  std::string precision, checkpoint;
+  std::string precision, checkpoint, kernel;
   fields >> chosen.micro_batch >> precision >> checkpoint;
   const std::optional<nn::Precision> named = precision_named(precision);
-  BIGBATCH_CHECK(named && chosen.micro_batch > 0, "rank ", communicator_->rank(),
-                 ": rank 0's plan '", text, "' does not read as a plan");
+  bool read = named && chosen.micro_batch > 0;
+  if (fields >> kernel) {
+    const std::optional<nn::AttentionKernel> attention = attention_kernel_named(kernel);
+    read = read && attention;
+    if (attention) chosen.attention = *attention;
+  }
+  BIGBATCH_CHECK(read, "rank ", communicator_->rank(), ": rank 0's plan '", text,
+                 "' does not read as a plan");
   chosen.precision = *named;
   chosen.checkpoint = checkpointing::Policy::parse(checkpoint);
   return chosen;
