@@ -268,6 +268,17 @@ TEST(GptPlanner, TheChosenPlanFitsIsMeasuredAsPredictedAndNothingFasterFits) {
   std::vector<std::size_t> peaks;
   for (const GptTriple& t : all) peaks.push_back(t.triple.peak);
   std::sort(peaks.begin(), peaks.end());
+  // The brute force's price of a plan the planner chose: the formula with R and A.
+  const auto priced = [&](const Plan& plan) {
+    for (const GptTriple& t : all) {
+      if (t.kernel == plan.attention && t.triple.micro == plan.micro_batch &&
+          t.triple.precision == plan.precision && t.triple.policy == plan.checkpoint) {
+        return t.triple.seconds;
+      }
+    }
+    ADD_FAILURE() << "a plan outside the brute force: " << planning::describe(plan, 12);
+    return 0.0;
+  };
   const auto measured_peak = [&](const Plan& plan) {
     return testing::measure_gpt(step_of(*plan.attention, plan.precision, plan.micro_batch),
                                 plan.checkpoint, Device::cpu())
@@ -300,6 +311,7 @@ TEST(GptPlanner, TheChosenPlanFitsIsMeasuredAsPredictedAndNothingFasterFits) {
   for (const std::size_t budget : peaks) {
     request.budget = budget;
     const Plan best = planning::make_plan(request, costs).best();
+    EXPECT_DOUBLE_EQ(best.seconds, priced(best)) << planning::describe(best, request.batch);
     if (best.checkpoint.keep == nn::BlockKeep::all_but_probabilities && !rebuilding) {
       rebuilding = best;
     }

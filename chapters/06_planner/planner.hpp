@@ -23,10 +23,10 @@
 // their attention's probabilities in each micro-batch's backward: every block under
 // `attention` and POLICY+attention, none otherwise. Rebuilding P costs heads T^2 work a
 // sequence, which a block forward's c_p + d_p r does not scale with, so it is measured on
-// its own (the kernel alone, at one and two sequences: P is heads T^2 elements a sequence). The fit is linear in r: fixed costs per micro-batch
-// (launches, the head, the weights' reads) against costs per row. On a 2-core CPU the
-// fixed part is small; on a GPU at small r it dominates, which is what makes tiny
-// micro-batches slow there.
+// its own (the kernel alone, at one and two sequences: P is heads T^2 elements a sequence).
+// The fit is linear in r: fixed costs per micro-batch (launches, the head, the weights'
+// reads) against costs per row. On a 2-core CPU the fixed part is small; on a GPU at small
+// r it dominates, which is what makes tiny micro-batches slow there.
 #pragma once
 
 #include <cstddef>

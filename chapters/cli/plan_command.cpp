@@ -35,10 +35,11 @@ std::string calibration_path(const TrainOptions& options) {
 /// One plan as JSON (bigbatch plan --json): its settings, predicted peak in bytes (and the
 /// moment that holds it) and predicted seconds per step.
 Json plan_json(const planning::Plan& plan, std::int64_t batch) {
+  const loss_scaling::LossScaleRule scale = planning::plan_loss_scale(plan.precision);
   Json json = {{"micro_batch", plan.micro_batch},
                {"micro_batches", (batch + plan.micro_batch - 1) / plan.micro_batch},
                {"precision", nn::precision_name(plan.precision)},
-               {"loss_scale", loss_scaling::setting_text(planning::plan_loss_scale(plan.precision))},
+               {"loss_scale", loss_scaling::setting_text(scale)},
                {"checkpoint", plan.checkpoint.text()},
                {"recompute", plan.recompute},
                {"peak_bytes", plan.prediction.peak()},
