@@ -427,12 +427,16 @@ predicted_gpt=$(sed -n 's/^predicted step peak .* (\([0-9]*\) bytes), at: .*/\1/
   fail "the GPT on ranks: rank 0's peaks are not the predicted ${predicted_gpt:-?}: $(grep -o '"peak_bytes_total":[0-9]*' mpi-gpt-fp32.jsonl | tr '\n' ' ')"
 mpirun -np 2 "$bigbatch" train $gpt --data-parallel --reduction engine > gpt-engine.txt 2>&1 ||
   fail "the GPT with the engine's reduction on 2 ranks: $(tail -n 3 gpt-engine.txt)"
-mpirun -np 2 "$bigbatch" train $gpt --data-parallel --plan auto --device-memory "$predicted_gpt" \
-  --calibration gpt-cal.json --log gpt-planned.jsonl > gpt-planned.txt 2>&1 ||
-  fail "--plan auto for the GPT on 2 ranks: $(tail -n 3 gpt-planned.txt)"
+planned_gpt() {  # planned_gpt NAME BYTES: --plan auto on 2 ranks under BYTES, logged to NAME.jsonl
+  mpirun -np 2 "$bigbatch" train $gpt --data-parallel --plan auto --device-memory "$2" \
+    --calibration gpt-cal.json --log "$1.jsonl" > "$1.txt" 2>&1 ||
+    fail "--plan auto for the GPT on 2 ranks under $2 bytes: $(tail -n 3 "$1.txt")"
+}
+largest_peak() { sed 's/.*"peak_bytes_total":\([0-9]*\).*/\1/' "$1" | sort -n | tail -n 1; }
+planned_gpt gpt-planned "$predicted_gpt"
 grep -q '^plan auto: micro-batch [0-9]* ([0-9]* per step), ' gpt-planned.txt ||
   fail "--plan auto on ranks does not say what it chose: $(head -n 3 gpt-planned.txt)"
-largest_gpt=$(sed 's/.*"peak_bytes_total":\([0-9]*\).*/\1/' gpt-planned.jsonl | sort -n | tail -n 1)
+largest_gpt=$(largest_peak gpt-planned.jsonl)
 [ "$largest_gpt" -le "$predicted_gpt" ] ||
   fail "--plan auto on ranks under $predicted_gpt bytes: rank 0's step peaked at $largest_gpt"
 # At the smallest peak of rank 0's share (4 sequences) only memory-efficient attention's plan
@@ -442,12 +446,10 @@ gpt_share="--model gpt --data text:corpus.txt --seq-len 24 --layers 2 --width 32
 smallest_gpt=$(python3 -c 'import json; s = json.load(open("gpt-tight.json"))["smallest"]
 assert s["attention"] == "efficient", s; print(s["peak_bytes"])') ||
   fail "the smallest plan of rank 0's share is not efficient attention's: $(cat gpt-tight.json)"
-mpirun -np 2 "$bigbatch" train $gpt --data-parallel --plan auto --device-memory "$smallest_gpt" \
-  --calibration gpt-cal.json --log gpt-tight.jsonl > gpt-tight.txt 2>&1 ||
-  fail "--plan auto for the GPT on 2 ranks at $smallest_gpt bytes: $(tail -n 3 gpt-tight.txt)"
+planned_gpt gpt-tight "$smallest_gpt"
 grep -q '^plan auto: .*, efficient attention$' gpt-tight.txt ||
   fail "--plan auto on ranks at the smallest peak did not choose efficient attention: $(grep '^plan auto' gpt-tight.txt)"
-[ "$(sed 's/.*"peak_bytes_total":\([0-9]*\).*/\1/' gpt-tight.jsonl | sort -n | tail -n 1)" = "$smallest_gpt" ] ||
+[ "$(largest_peak gpt-tight.jsonl)" = "$smallest_gpt" ] ||
   fail "--plan auto on ranks, efficient attention: rank 0 did not peak at the predicted $smallest_gpt"
 echo "the GPT on 3 ranks: MPI and simulated saved the same bytes (fp32, bf16 checkpointed); rank 0's steps peaked at the predicted $predicted_gpt bytes; --plan auto on 2 ranks fits them, and trains efficient attention on every rank at its smallest peak"
 echo "ok"
