@@ -368,6 +368,23 @@ void pack_panel(const Operand& x, std::int64_t first, bool lanes_contiguous,
   }
 }
 
+/// Asks the cache (Locality as __builtin_prefetch's: 3 for L1, 2 for L2) for elements
+/// [first, first + length) of the stored rows [row_begin, row_end) of x: every line of each
+/// run, its last included.
+template <int Locality>
+void prefetch_runs(const Operand& x, std::int64_t row_begin, std::int64_t row_end,
+                   std::int64_t first, std::int64_t length) {
+  const auto bytes = length * static_cast<std::int64_t>(dtype_size(x.dtype));
+  for (std::int64_t row = row_begin; row < row_end; ++row) {
+    const auto* run =
+        static_cast<const char*>(element_address(x.data, x.dtype, row * x.ld + first));
+    for (std::int64_t byte = 0; byte < bytes; byte += 64) {
+      __builtin_prefetch(run + byte, 0, Locality);
+    }
+    __builtin_prefetch(run + bytes - 1, 0, Locality);
+  }
+}
+
 /// Steps of K per sweep across a block's panels, where each step is a run of lanes (a row
 /// of the stored matrix) and the block has several panels. A panel at a time, every step
 /// would read a line or two of a row that the next panel reads again, after rows enough to
@@ -387,17 +404,10 @@ void pack_panels(const Operand& x, std::int64_t lane0, std::int64_t block_lanes,
   const std::int64_t ld = x.ld;
   const bool sweeping = lanes_contiguous && block_lanes > width;
   const std::int64_t sweep = sweeping ? kSweepSteps : kc;
-  const auto run_bytes = block_lanes * static_cast<std::int64_t>(dtype_size(x.dtype));
   for (std::int64_t k1 = 0; k1 < kc; k1 += sweep) {
     const std::int64_t steps = std::min(sweep, kc - k1), k = k0 + k1;
-    for (std::int64_t row = k + steps; sweeping && row < std::min(k + 2 * sweep, k0 + kc);
-         ++row) {
-      const auto* run =
-          static_cast<const char*>(element_address(x.data, x.dtype, row * ld + lane0));
-      for (std::int64_t byte = 0; byte < run_bytes; byte += 64) {
-        __builtin_prefetch(run + byte, 0, 3);
-      }
-      __builtin_prefetch(run + run_bytes - 1, 0, 3);
+    if (sweeping) {  // the next sweep's rows
+      prefetch_runs<3>(x, k + steps, std::min(k + steps + sweep, k0 + kc), lane0, block_lanes);
     }
     for (std::int64_t q = 0; q * width < block_lanes; ++q) {
       const std::int64_t lane = lane0 + q * width;
@@ -429,23 +439,10 @@ void pack_b_block(const Problem& p, const IsaKernels& isa, std::int64_t k0, std:
 /// packing: while the tiles of one panel are computed, the next panel's source arrives.
 void prefetch_b_panel(const Problem& p, std::int64_t k0, std::int64_t kc, std::int64_t col0,
                       std::int64_t cols) {
-  const auto element = static_cast<std::int64_t>(dtype_size(p.b.dtype));
-  const char* base = static_cast<const char*>(p.b.data);
   if (p.b.trans) {  // B stored [N, K]: one run of kc elements per column
-    for (std::int64_t j = col0; j < col0 + cols; ++j) {
-      const char* run = base + (j * p.b.ld + k0) * element;
-      for (std::int64_t byte = 0; byte < kc * element; byte += 64) {
-        __builtin_prefetch(run + byte, 0, 2);
-      }
-    }
-    return;
-  }
-  for (std::int64_t k = k0; k < k0 + kc; ++k) {  // B stored [K, N]: one run per step k
-    const char* run = base + (k * p.b.ld + col0) * element;
-    for (std::int64_t byte = 0; byte < cols * element; byte += 64) {
-      __builtin_prefetch(run + byte, 0, 2);
-    }
-    __builtin_prefetch(run + cols * element - 1, 0, 2);
+    prefetch_runs<2>(p.b, col0, col0 + cols, k0, kc);
+  } else {  // B stored [K, N]: one run of cols elements per step k
+    prefetch_runs<2>(p.b, k0, k0 + kc, col0, cols);
   }
 }
 
