@@ -96,6 +96,19 @@ std::size_t optimizer_state_bytes_per_parameter(const Optimizer::Options& option
 
 // ---- the ledger ---------------------------------------------------------------------------
 
+Moment Moment::labelled(std::string_view label, const Moment& what) {
+  BIGBATCH_CHECK(what.count_ <= 2, "Moment: at most two pieces after a label");
+  Moment joined(label, ", ");
+  for (std::size_t i = 0; i < what.count_; ++i) joined.pieces_[joined.count_++] = what.pieces_[i];
+  return joined;
+}
+
+std::string Moment::text() const {
+  std::string joined;
+  for (std::size_t i = 0; i < count_; ++i) joined += pieces_[i];
+  return joined;
+}
+
 struct MemoryLedger::Entry {
   Entry(MemoryLedger* ledger, MemoryCategory category, std::size_t bytes)
       : ledger(ledger), category(category), bytes(bytes) {}
@@ -108,7 +121,7 @@ struct MemoryLedger::Entry {
 };
 
 Bytes MemoryLedger::allocate(MemoryCategory category, std::size_t bytes,
-                             const std::string& moment) {
+                             const Moment& moment) {
   if (bytes == 0) return nullptr;
   // The allocator's rules (common/memory.cpp): per-category peaks, and the breakdown when
   // the device total rises above its peak; host_data stays out of the totals.
@@ -121,7 +134,7 @@ Bytes MemoryLedger::allocate(MemoryCategory category, std::size_t bytes,
     if (stats_.live_total > stats_.peak_total) {
       stats_.peak_total = stats_.live_total;
       stats_.at_peak = stats_.live;
-      peak_moment_ = moment;
+      peak_moment_ = moment.text();
     }
   }
   return std::make_shared<const Entry>(this, category, bytes);
@@ -146,7 +159,7 @@ ModelLedger::ModelLedger(const ModelConfig& config, MemoryLedger& ledger,
     : config_(config), ledger_(ledger), released_gradients_(released_gradients),
       bucket_bytes_(bucket_bytes) {}
 
-Bytes ModelLedger::gradients(std::int64_t elements, const std::string& what) {
+Bytes ModelLedger::gradients(std::int64_t elements, const Moment& what) {
   if (!released_gradients_) return nullptr;
   return ledger_.allocate(MemoryCategory::gradients, 4 * to_size(elements), moment(what));
 }
@@ -177,13 +190,11 @@ std::size_t ModelLedger::statistics_bytes() const {
   return 4 * to_size(config_.norm == Norm::layer ? rows_ : config_.hidden);
 }
 
-std::string ModelLedger::moment(const std::string& what) const { return label_ + ", " + what; }
-
-Bytes ModelLedger::activation(std::size_t bytes, const std::string& what) {
+Bytes ModelLedger::activation(std::size_t bytes, const Moment& what) {
   return ledger_.allocate(MemoryCategory::activations, bytes, moment(what));
 }
 
-Bytes ModelLedger::workspace(std::size_t bytes, const std::string& what) {
+Bytes ModelLedger::workspace(std::size_t bytes, const Moment& what) {
   return ledger_.allocate(MemoryCategory::workspace, bytes, moment(what));
 }
 
@@ -200,12 +211,12 @@ Bytes ModelLedger::block_forward(std::int64_t index, Bytes h, BlockBytes& saved,
       "block " + std::to_string(index) + (recompute ? " forward (recomputed): " : " forward: ");
   const std::size_t state = hidden_state_bytes(), inner = state * to_size(config_.expansion);
   saved.input = std::move(h);
-  saved.normed = activation(state, block + "ln's output");
-  saved.mean = activation(statistics_bytes(), block + "ln's mean");
-  saved.rstd = activation(statistics_bytes(), block + "ln's rstd");
-  saved.pre_activation = activation(inner, block + "fc1's output");
-  saved.hidden = activation(inner, block + "the activation after dropout");
-  Bytes output = activation(state, block + "the block's output");
+  saved.normed = activation(state, {block, "ln's output"});
+  saved.mean = activation(statistics_bytes(), {block, "ln's mean"});
+  saved.rstd = activation(statistics_bytes(), {block, "ln's rstd"});
+  saved.pre_activation = activation(inner, {block, "fc1's output"});
+  saved.hidden = activation(inner, {block, "the activation after dropout"});
+  Bytes output = activation(state, {block, "the block's output"});
   if (keep == BlockKeep::gemm_outputs) saved.normed = saved.hidden = nullptr;
   return output;
 }
@@ -216,22 +227,22 @@ Bytes ModelLedger::block_backward(std::int64_t index, const BlockBytes& saved) {
   const std::int64_t h = config_.hidden, e = config_.expansion * config_.hidden;
   // ln's weight and bias, fc1's and fc2's weight and bias.
   Bytes gradients_of_block =
-      gradients(2 * h + (e * h + e) + (h * e + h), block + "the block's gradients");
-  const Bytes d_hidden = workspace(inner, block + "fc2's input gradient");
+      gradients(2 * h + (e * h + e) + (h * e + h), {block, "the block's gradients"});
+  const Bytes d_hidden = workspace(inner, {block, "fc2's input gradient"});
   Bytes hidden = saved.hidden;
-  if (!hidden) hidden = activation(inner, block + "the activation after dropout, recomputed");
+  if (!hidden) hidden = activation(inner, {block, "the activation after dropout, recomputed"});
   hidden = nullptr;
   Bytes normed = saved.normed;
   if (!normed) {
-    normed = activation(state, block + "ln's output, recomputed");
-    const Bytes mean = activation(statistics_bytes(), block + "ln's mean, recomputed");
-    const Bytes rstd = activation(statistics_bytes(), block + "ln's rstd, recomputed");
+    normed = activation(state, {block, "ln's output, recomputed"});
+    const Bytes mean = activation(statistics_bytes(), {block, "ln's mean, recomputed"});
+    const Bytes rstd = activation(statistics_bytes(), {block, "ln's rstd, recomputed"});
   }
-  const Bytes d_normed = workspace(state, block + "fc1's input gradient");
+  const Bytes d_normed = workspace(state, {block, "fc1's input gradient"});
   normed = nullptr;
-  Bytes d_input = workspace(state, block + "the block's input gradient");
+  Bytes d_input = workspace(state, {block, "the block's input gradient"});
   if (config_.norm == Norm::batch) {  // kernels/batchnorm: the batch means of dy, dy xhat
-    workspace(8 * to_size(config_.hidden), block + "BatchNorm's batch means");
+    workspace(8 * to_size(config_.hidden), {block, "BatchNorm's batch means"});
   }
   gradients_done(std::move(gradients_of_block), /*last=*/false);
   return d_input;
@@ -431,13 +442,11 @@ std::size_t GptLedger::attention_rows_bytes() const {
   return 4 * to_size(sequences_ * config_.heads * length_);
 }
 
-std::string GptLedger::moment(const std::string& what) const { return label_ + ", " + what; }
-
-Bytes GptLedger::activation(std::size_t bytes, const std::string& what) {
+Bytes GptLedger::activation(std::size_t bytes, const Moment& what) {
   return ledger_.allocate(MemoryCategory::activations, bytes, moment(what));
 }
 
-Bytes GptLedger::workspace(std::size_t bytes, const std::string& what) {
+Bytes GptLedger::workspace(std::size_t bytes, const Moment& what) {
   return ledger_.allocate(MemoryCategory::workspace, bytes, moment(what));
 }
 
@@ -454,27 +463,27 @@ Bytes GptLedger::block_forward(std::int64_t index, Bytes h, GptBlockBytes& saved
                             (recompute ? " forward (recomputed): " : " forward: ");
   const std::size_t scores = scores_bytes();
   saved.input = std::move(h);
-  saved.ln_1_out = activation(state_bytes(), block + "ln_1's output");
-  saved.ln_1_mean = activation(statistics_bytes(), block + "ln_1's mean");
-  saved.ln_1_rstd = activation(statistics_bytes(), block + "ln_1's rstd");
-  saved.qkv = activation(state_bytes(3), block + "c_attn's output (q, k, v)");
-  saved.attention = activation(state_bytes(), block + "the heads' output");
+  saved.ln_1_out = activation(state_bytes(), {block, "ln_1's output"});
+  saved.ln_1_mean = activation(statistics_bytes(), {block, "ln_1's mean"});
+  saved.ln_1_rstd = activation(statistics_bytes(), {block, "ln_1's rstd"});
+  saved.qkv = activation(state_bytes(3), {block, "c_attn's output (q, k, v)"});
+  saved.attention = activation(state_bytes(), {block, "the heads' output"});
   if (config_.attention == AttentionKernel::efficient) {
     BIGBATCH_CHECK(keep != BlockKeep::all_but_probabilities,
                    "GptLedger: efficient attention keeps no probabilities to drop");
     saved.row_stats = activation(2 * attention_rows_bytes(),
-                                 block + "the attention's row max and sum (f32)");
+                                 {block, "the attention's row max and sum (f32)"});
   } else {
-    saved.probabilities = activation(scores, block + "the attention's probabilities");
+    saved.probabilities = activation(scores, {block, "the attention's probabilities"});
     if (keep == BlockKeep::all_but_probabilities) saved.probabilities = nullptr;  // recomputed
   }
-  saved.middle = activation(state_bytes(), block + "the attention's residual sum");
-  saved.ln_2_out = activation(state_bytes(), block + "ln_2's output");
-  saved.ln_2_mean = activation(statistics_bytes(), block + "ln_2's mean");
-  saved.ln_2_rstd = activation(statistics_bytes(), block + "ln_2's rstd");
-  saved.fc = activation(state_bytes(4), block + "c_fc's output");
-  saved.gelu = activation(state_bytes(4), block + "gelu's output");
-  return activation(state_bytes(), block + "the block's output");
+  saved.middle = activation(state_bytes(), {block, "the attention's residual sum"});
+  saved.ln_2_out = activation(state_bytes(), {block, "ln_2's output"});
+  saved.ln_2_mean = activation(statistics_bytes(), {block, "ln_2's mean"});
+  saved.ln_2_rstd = activation(statistics_bytes(), {block, "ln_2's rstd"});
+  saved.fc = activation(state_bytes(4), {block, "c_fc's output"});
+  saved.gelu = activation(state_bytes(4), {block, "gelu's output"});
+  return activation(state_bytes(), {block, "the block's output"});
 }
 
 Bytes GptLedger::block_backward(std::int64_t index, const GptBlockBytes& saved) {
@@ -482,26 +491,26 @@ Bytes GptLedger::block_backward(std::int64_t index, const GptBlockBytes& saved) 
   const bool dropout = config_.dropout > 0.0f;  // a training step's dropout is on
   // The MLP branch: through its dropout (a copy), c_proj, gelu, c_fc, ln_2.
   Bytes d_branch;
-  if (dropout) d_branch = workspace(state_bytes(), block + "the MLP branch's output gradient");
-  Bytes d_hidden = workspace(state_bytes(4), block + "mlp.c_proj's input gradient");
-  const Bytes d_middle = workspace(state_bytes(), block + "ln_2's input gradient");
+  if (dropout) d_branch = workspace(state_bytes(), {block, "the MLP branch's output gradient"});
+  Bytes d_hidden = workspace(state_bytes(4), {block, "mlp.c_proj's input gradient"});
+  const Bytes d_middle = workspace(state_bytes(), {block, "ln_2's input gradient"});
   d_hidden = nullptr;
   d_branch = nullptr;  // the attention branch reads d_middle, through a copy under dropout
   if (dropout) {
-    d_branch = workspace(state_bytes(), block + "the attention branch's output gradient");
+    d_branch = workspace(state_bytes(), {block, "the attention branch's output gradient"});
   }
-  Bytes d_attention = workspace(state_bytes(), block + "the heads' output gradient");
+  Bytes d_attention = workspace(state_bytes(), {block, "the heads' output gradient"});
   d_branch = nullptr;
-  Bytes d_qkv = workspace(state_bytes(3), block + "c_attn's output gradient");
+  Bytes d_qkv = workspace(state_bytes(3), {block, "c_attn's output gradient"});
   Bytes probabilities;  // plain: the forward's, or rebuilt here when it dropped them
   if (config_.attention == AttentionKernel::plain && !saved.probabilities) {
-    probabilities = activation(scores_bytes(), block + "the attention's probabilities, recomputed");
+    probabilities = activation(scores_bytes(), {block, "the attention's probabilities, recomputed"});
   }
   workspace(attention_rows_bytes(),
-            block + "the attention's row sums (f32)");  // freed by the kernel
+            {block, "the attention's row sums (f32)"});  // freed by the kernel
   probabilities = nullptr;
   d_attention = nullptr;
-  Bytes d_input = workspace(state_bytes(), block + "the block's input gradient");
+  Bytes d_input = workspace(state_bytes(), {block, "the block's input gradient"});
   d_qkv = nullptr;
   return d_input;
 }

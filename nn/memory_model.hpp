@@ -32,10 +32,12 @@
 // own order through BlockLedgerRunner, as it runs through nn::BlockRunner.
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "common/memory.hpp"
@@ -74,6 +76,27 @@ std::vector<std::int64_t> master_weight_sizes(const ModelConfig& config);
 /// momentum 4, plain SGD 0.
 std::size_t optimizer_state_bytes_per_parameter(const Optimizer::Options& options);
 
+/// What a described allocation is, in at most four pieces of text, joined only where the
+/// allocation sets the peak (the one moment a ledger keeps): a prediction replays
+/// thousands of allocations, and naming each of them in a string of its own took most of
+/// its time. A Moment views its pieces: make it in the call that takes it.
+class Moment {
+ public:
+  Moment(const char* text) : Moment(std::string_view(text)) {}  // NOLINT: implicit, as a string
+  Moment(const std::string& text) : Moment(std::string_view(text)) {}  // NOLINT
+  Moment(std::string_view text) : pieces_{text}, count_(1) {}  // NOLINT
+  /// `prefix` then `what` ("block 3 backward: " and "fc2's input gradient").
+  Moment(std::string_view prefix, std::string_view what) : pieces_{prefix, what}, count_(2) {}
+  /// `label`, a comma and `what` ("micro-batch 1", what).
+  static Moment labelled(std::string_view label, const Moment& what);
+  /// The pieces joined.
+  std::string text() const;
+
+ private:
+  std::array<std::string_view, 4> pieces_{};
+  std::size_t count_ = 0;
+};
+
 /// The allocator's books for allocations that are only described. A Bytes handle is
 /// shared like a Tensor and gives its bytes back when its last copy goes. Handles must not
 /// outlive their ledger.
@@ -90,7 +113,7 @@ class MemoryLedger {
   /// `bytes` of `category` from now until the handle's last copy goes (0 bytes: a null
   /// handle, as the allocator returns nullptr). `moment` says what is allocated, e.g.
   /// "micro-batch 1, block 3 backward: fc2's input gradient"; kept when it sets the peak.
-  Bytes allocate(MemoryCategory category, std::size_t bytes, const std::string& moment);
+  Bytes allocate(MemoryCategory category, std::size_t bytes, const Moment& moment);
   /// What TrackingAllocator::stats() would report.
   const MemoryStats& stats() const { return stats_; }
   /// The allocation at which the total last rose to its peak ("" while nothing has).
@@ -145,7 +168,7 @@ class ModelLedger {
   MemoryLedger::Bytes block_backward(std::int64_t index, const BlockBytes& saved);
   /// Under released gradients, `elements` f32 of MemoryCategory::gradients that a
   /// backward allocates for a group of parameters (`what` names it); else nothing (null).
-  MemoryLedger::Bytes gradients(std::int64_t elements, const std::string& what);
+  MemoryLedger::Bytes gradients(std::int64_t elements, const Moment& what);
   /// The backward has finished a group's `gradients` (from gradients()): released now or,
   /// with buckets, once the bucket after its own is full or the backward ends (`last`: the
   /// stem's group, the backward's last).
@@ -154,9 +177,9 @@ class ModelLedger {
   MemoryLedger::Bytes checkpoint(std::int64_t state);
 
   /// `bytes` of MemoryCategory::activations in this micro-batch; `what` names the moment.
-  MemoryLedger::Bytes activation(std::size_t bytes, const std::string& what);
+  MemoryLedger::Bytes activation(std::size_t bytes, const Moment& what);
   /// `bytes` of MemoryCategory::workspace in this micro-batch; `what` names the moment.
-  MemoryLedger::Bytes workspace(std::size_t bytes, const std::string& what);
+  MemoryLedger::Bytes workspace(std::size_t bytes, const Moment& what);
 
   /// The configuration being replayed.
   const ModelConfig& config() const { return config_; }
@@ -164,7 +187,7 @@ class ModelLedger {
   std::size_t statistics_bytes() const;    ///< one of a norm's mean and rstd (f32)
 
  private:
-  std::string moment(const std::string& what) const;
+  Moment moment(const Moment& what) const { return Moment::labelled(label_, what); }
 
   ModelConfig config_;
   MemoryLedger& ledger_;
@@ -237,9 +260,9 @@ class GptLedger {
   MemoryLedger::Bytes checkpoint(std::int64_t state);
 
   /// `bytes` of MemoryCategory::activations in this micro-batch; `what` names the moment.
-  MemoryLedger::Bytes activation(std::size_t bytes, const std::string& what);
+  MemoryLedger::Bytes activation(std::size_t bytes, const Moment& what);
   /// `bytes` of MemoryCategory::workspace in this micro-batch; `what` names the moment.
-  MemoryLedger::Bytes workspace(std::size_t bytes, const std::string& what);
+  MemoryLedger::Bytes workspace(std::size_t bytes, const Moment& what);
   /// n C elements of the activations' dtype: one [b, T, C] state.
   std::size_t state_bytes(std::int64_t channels_per_position = 1) const;
   /// A LayerNorm's mean or rstd over the n rows (f32).
@@ -251,7 +274,7 @@ class GptLedger {
   std::size_t attention_rows_bytes() const;
 
  private:
-  std::string moment(const std::string& what) const;
+  Moment moment(const Moment& what) const { return Moment::labelled(label_, what); }
 
   GptConfig config_;
   MemoryLedger& ledger_;
