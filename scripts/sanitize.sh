@@ -4,7 +4,7 @@
 # error, a leak or undefined behaviour aborts the test that meets it, and the test fails.
 # The PyTorch comparisons are left out (they run the same program as the plain build's).
 #
-# Usage: scripts/sanitize.sh [extra ctest arguments]     (about 7 minutes to build and 8
+# Usage: scripts/sanitize.sh [extra ctest arguments]     (about 7 minutes to build and 7
 # to test on two cores)
 set -euo pipefail
 cd "$(dirname "$0")/.."
