@@ -82,8 +82,11 @@ std::size_t optimizer_state_bytes_per_parameter(const Optimizer::Options& option
 /// its time. A Moment views its pieces: make it in the call that takes it.
 class Moment {
  public:
-  Moment(const char* text) : Moment(std::string_view(text)) {}  // NOLINT: implicit, as a string
+  /// `text` alone (implicit, so that a string is a Moment).
+  Moment(const char* text) : Moment(std::string_view(text)) {}  // NOLINT
+  /// `text` alone; the string must outlive the Moment.
   Moment(const std::string& text) : Moment(std::string_view(text)) {}  // NOLINT
+  /// `text` alone.
   Moment(std::string_view text) : pieces_{text}, count_(1) {}  // NOLINT
   /// `prefix` then `what` ("block 3 backward: " and "fc2's input gradient").
   Moment(std::string_view prefix, std::string_view what) : pieces_{prefix, what}, count_(2) {}
