@@ -596,6 +596,13 @@ bool compute_block_from_stored_b(const Problem& p, const IsaKernels& isa, Scratc
     return false;
   }
   pack_a_block(p, isa, chunk0, rows, k0, kc, packed_a);
+  // The fewest equal slices of the kc steps (to a step) whose rows each span about
+  // strided_b_max_span bytes of op(B) or less.
+  const std::int64_t span = kc * p.b.ld * static_cast<std::int64_t>(sizeof(float));
+  const std::int64_t slices =
+      isa.strided_b_max_span > 0 ? (span + isa.strided_b_max_span - 1) / isa.strided_b_max_span
+                                 : 1;
+  const std::int64_t slice = (kc + slices - 1) / slices;
   for (std::int64_t j = 0; j < cols; j += nr) {
     const std::int64_t width = std::min(nr, cols - j);
     if (width < nr) {  // the last, narrow panel: packed, with its padding
@@ -604,13 +611,23 @@ bool compute_block_from_stored_b(const Problem& p, const IsaKernels& isa, Scratc
       continue;
     }
     const float* b_panel = b + k0 * p.b.ld + col0 + j;  // B[k0][col0 + j]
-    // The first row tile asks L2 for the next full panel's rows while it reads this one's
-    // from memory; the other tiles find this panel there.
     const float* next_panel = j + 2 * nr <= cols ? b_panel + nr : nullptr;
-    for (std::int64_t i = 0; i < rows; i += mr) {
-      isa.strided_b_micro_kernel(static_cast<int>(std::min(mr, rows - i)), kc,
-                                 packed_a + i * kc, b_panel, p.b.ld, acc + i * ld_acc + j,
-                                 ld_acc, start, p.beta, i == 0 ? next_panel : nullptr);
+    // The panel in slices of steps (one slice unless its rows lie far apart), every row
+    // tile through one slice before the next (C carries each chain from slice to slice,
+    // as from one kc block to the next). The first row tile of the last slice asks L2 for
+    // the next full panel's first slice while it reads its own from memory; the other
+    // tiles find their slice there. Not the next slice of this panel: its rows fall in
+    // the same sets of L2 as this slice's and would evict them.
+    for (std::int64_t s0 = 0; s0 < kc; s0 += slice) {
+      const std::int64_t steps = std::min(slice, kc - s0);
+      const float* next = s0 + steps == kc ? next_panel : nullptr;
+      for (std::int64_t i = 0; i < rows; i += mr) {
+        isa.strided_b_micro_kernel(static_cast<int>(std::min(mr, rows - i)), steps,
+                                   packed_a + i * kc + s0 * mr, b_panel + s0 * p.b.ld, p.b.ld,
+                                   acc + i * ld_acc + j, ld_acc,
+                                   s0 == 0 ? start : AccumulatorStart::c, p.beta,
+                                   i == 0 ? next : nullptr);
+      }
     }
   }
   return true;

@@ -96,6 +96,12 @@ struct IsaKernels {
   /// A panel row of one cache line (AVX2's nr of 16) whose rows lie pages apart costs a
   /// page walk per line read; packing the panel costs less there.
   std::int64_t strided_b_max_ldb = 0;
+  /// The most bytes of op(B) one strided_b_micro_kernel call may span (its steps times
+  /// the row stride); 0: any. A deeper block goes down the panel in slices of that span,
+  /// every row tile through one slice before the next: rows pages apart are not
+  /// prefetched by the hardware, and a deep panel of them evicts itself from L2 before
+  /// the next row tile reads it again.
+  std::int64_t strided_b_max_span = 0;
 };
 
 

@@ -567,11 +567,13 @@ TEST(GemmCpu, MicroBatchShapesGiveThePortableBits) {
   // A C of one row block (a micro-batch) reads op(B) where it is stored: the AVX-512 and
   // AVX2 paths broadcast a transposed op(B)'s rows against panels of op(A)^T (64 rows on
   // AVX-512, 16 on AVX2), with C itself transposed in and out, and take K in blocks of up
-  // to 2048; a plain op(B) is read a panel at a time. Rows past one panel (70 = 64 + 6),
-  // K past one block (2100), a beta that scales C, and a transposed A.
+  // to 2048; a plain op(B) is read a panel at a time, on AVX-512 in slices of steps where
+  // its rows lie far apart (20 x 2100 x 600: 512 steps of rows 8400 bytes apart in three
+  // slices, then 88 in one). Rows past one panel (70 = 64 + 6), K past one block (2100),
+  // a beta that scales C, and a transposed A.
   std::uint64_t seed = 1300;
   for (const auto& [m, n, k] : std::vector<std::array<std::int64_t, 3>>{
-           {70, 13, 2100}, {64, 97, 600}, {129, 40, 70}}) {
+           {70, 13, 2100}, {64, 97, 600}, {129, 40, 70}, {20, 2100, 600}}) {
     for (const bool trans_a : {false, true}) {
       for (const bool trans_b : {false, true}) {
         for (const AlphaBeta& ab : {AlphaBeta{1.0f, 0.0f}, AlphaBeta{0.6f, -1.7f}}) {
