@@ -158,10 +158,12 @@ BIGBATCH_AVX512 void transpose_pack(const float* src, std::int64_t ld, std::int6
 constexpr std::int64_t kKc = 512, kMc = 12 * kMr, kNc = 4096;
 static_assert(kMc % kMr == 0 && kNc % kNr == 0);
 // op(B) read where it is stored in slices spanning at most 2 MiB of it: a micro-batch's
-// dY W against chapter 01's fc2 at H 512 (rows of W 8 KiB apart, 512 steps) took 0.85 ms
-// in one pass down each panel, 0.52 ms in two slices of 256 steps and 0.59 ms in four
-// (OpenBLAS: 0.60), on a 2-core Intel Xeon (family 6, model 207). Against fc1 (2 KiB
-// apart) one pass of 512 steps spans 1 MiB and stays as it was (0.47 ms).
+// dY W against chapter 01's fc2 at H 512 (rows of W 8 KiB apart, 512 steps) took
+// 0.80-0.85 ms in one pass down each panel, 0.52-0.54 ms in two slices of 256 steps and
+// 0.59 ms in four (OpenBLAS: 0.59-0.61), on a 2-core Intel Xeon (family 6, model 207;
+// bench_kernels' BM_GemmTrainingShape, medians of 5 to 9). Against fc1 (2 KiB apart) one
+// pass of 512 steps spans 1 MiB and is not sliced (0.47-0.49 ms). Not measured on Zen 4,
+// whose one pass ran fc2's at 1.5 times OpenBLAS's speed.
 constexpr std::int64_t kStridedMaxSpan = std::int64_t{2} << 20;
 const IsaKernels kKernels{kMr,          kNr,        kKc,           kMc,
                           kNc,          &micro_kernel, &widen_f16, &narrow_to_f16,
