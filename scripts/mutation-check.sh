@@ -381,7 +381,7 @@ mkdir -p "$work/results"
 run_mutation() {
   local i=$1 position=$2
   local id="${ids[$i]}" file="$copy/${files[$i]}" mutation_start=$SECONDS
-  local verdict="" detail="" reason occurrences selection
+  local verdict="" detail="" reason occurrences selection build_seconds=0 test_seconds=0 t0
   local build_args=() test_args=("${all_tests[@]}") targets=() rebuild=1
   reason=$(skip_reason "$i")
   if [ -n "$reason" ]; then
@@ -416,14 +416,18 @@ run_mutation() {
           read -r -a test_args <<< "$selection"
         fi
       fi
+      t0=$SECONDS
       if [ -z "$verdict" ] && ((rebuild)) &&
          ! cmake --build "$build" -j "$jobs" "${build_args[@]}" > "$logs/$id.build.log" 2>&1; then
         verdict="DID NOT COMPILE"
         detail="the compiler says: $(grep -m 1 -E 'error' "$logs/$id.build.log" |
                                      sed "s|$copy/||" || true)"
       fi
+      build_seconds=$((SECONDS - t0))
       if [ -z "$verdict" ]; then
+        t0=$SECONDS
         run_tests "$logs/$id.tests.log" "${test_args[@]}"
+        test_seconds=$((SECONDS - t0))
         if ((${#failed_tests[@]})); then
           verdict="KILLED" detail=$(IFS=','; echo "${failed_tests[*]}" | sed 's/,/, /g')
         else
@@ -438,7 +442,8 @@ run_mutation() {
   printf '%s\t%s\t%s\n' "$verdict" "$((SECONDS - mutation_start))" "$detail" \
     > "$work/results/$i"
   local line
-  line=$(printf '[%d/%d] %s (%s) ... %s' "$position" "$count" "$id" "${files[$i]}" "$verdict")
+  line=$(printf '[%d/%d] %s (%s) ... %s (build %d s, tests %d s)' "$position" "$count" "$id" \
+         "${files[$i]}" "$verdict" "$build_seconds" "$test_seconds")
   [ "$verdict" != "SKIPPED" ] || line+=" ($detail)"
   echo "$line"
   if [ "$verdict" = "DID NOT COMPILE" ]; then
