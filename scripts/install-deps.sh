@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs the Debian packages bigbatch builds, tests and benchmarks with, if missing
-# (ccache lets scripts/mutation-check.sh build its second copy from the first's objects).
+# (ccache and Ninja let scripts/mutation-check.sh build its copies from a build's objects).
 #   scripts/install-deps.sh             everything scripts/test.sh and the benchmarks use
 #   scripts/install-deps.sh --tutorial  what the chapters and the program need, no more
 #                                       (scripts/tutorial.sh: no test or benchmark
@@ -15,7 +15,8 @@ set -euo pipefail
 
 tutorial=(build-essential cmake zlib1g-dev dataset-fashion-mnist fortunes libcli11-dev
           nlohmann-json3-dev openmpi-bin libopenmpi-dev)
-packages=("${tutorial[@]}" googletest libgtest-dev libbenchmark-dev libopenblas-dev doxygen ccache)
+packages=("${tutorial[@]}" googletest libgtest-dev libbenchmark-dev libopenblas-dev doxygen ccache
+          ninja-build)
 if [ "${1:-}" = "--tutorial" ]; then
   packages=("${tutorial[@]}")
 elif (($#)); then

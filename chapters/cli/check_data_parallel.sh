@@ -40,6 +40,9 @@
 set -u
 bigbatch=$1 mpiexec=$2
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+# One machine: Open MPI's shared-memory point-to-point layer, not UCX's probe of the network
+# at every start (tests/mpi/run_under_mpi.sh has the figures).
+export OMPI_MCA_pml="${OMPI_MCA_pml:-ob1}"
 # Under AddressSanitizer (scripts/sanitize.sh) leak detection is off for MPI's processes:
 # Open MPI keeps allocations from MPI_Init to exit, some in plugins it unloads before the
 # leak check runs, so they are reported with no frame to suppress them by. Memory errors

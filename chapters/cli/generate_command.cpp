@@ -1,6 +1,7 @@
 // generate_command.cpp: `bigbatch generate`.
 #include "chapters/cli/generate_command.hpp"
 
+#include <CLI/CLI.hpp>
 #include <charconv>
 #include <cstdint>
 #include <iostream>

@@ -2,11 +2,14 @@
 // --model gpt --save FILE` writes after a prompt (nn/generate.hpp), greedy or sampled.
 #pragma once
 
-#include <CLI/CLI.hpp>
 #include <string>
 
 #include "common/device.hpp"
 #include "nn/generate.hpp"
+
+namespace CLI {
+class App;  // CLI11's, included by generate_command.cpp (options.hpp says why)
+}  // namespace CLI
 
 namespace bigbatch::cli {
 

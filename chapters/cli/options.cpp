@@ -1,6 +1,7 @@
 // options.cpp: the flags, read into TrainOptions' typed fields, and every word of them.
 #include "chapters/cli/options.hpp"
 
+#include <CLI/CLI.hpp>
 #include <array>
 #include <charconv>
 #include <cmath>

@@ -6,7 +6,6 @@
 // trainer's configurations.
 #pragma once
 
-#include <CLI/CLI.hpp>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -23,6 +22,12 @@
 #include "nn/lr_schedule.hpp"
 #include "nn/gpt.hpp"
 #include "nn/model.hpp"
+
+// CLI11 is included where flags are declared (options.cpp, generate_command.cpp) and parsed
+// (bigbatch.cpp) only: its header costs about 5 s of compiling in every file that reads it.
+namespace CLI {
+class App;
+}  // namespace CLI
 
 namespace bigbatch::cli {
 
