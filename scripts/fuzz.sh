@@ -22,24 +22,39 @@ cmake --build --preset fuzz -j "$(nproc)" --target "${targets[@]}"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 limits=(-timeout=10 -rss_limit_mb=2048 -malloc_limit_mb=256)
-for target in "${targets[@]}"; do
-  program=build-fuzz/fuzz/$target
-  log=$work/$target.log
+# fuzz_target TARGET: replays its regressions, then fuzzes it; writes its report to
+# $work/TARGET.report and fails as the stage must.
+fuzz_target() {
+  local target=$1 program=build-fuzz/fuzz/$1 log=$work/$1.log report=$work/$1.report
   if [ -d "fuzz/regressions/$target" ]; then
     if ! "$program" "${limits[@]}" fuzz/regressions/"$target"/* > "$log" 2>&1; then
-      tail -n 40 "$log"
-      echo "$target: a regression input fails again" >&2
-      exit 1
+      { tail -n 40 "$log"; echo "$target: a regression input fails again"; } > "$report"
+      return 1
     fi
   fi
   mkdir -p "$work/$target"
   cp fuzz/corpus/"$target"/* "$work/$target/"
-  if ! "$program" "${limits[@]}" -max_total_time="$seconds" -artifact_prefix="$work/" \
+  if ! "$program" "${limits[@]}" -max_total_time="$seconds" -artifact_prefix="$work/$target-" \
        "$work/$target" > "$log" 2>&1; then
-    tail -n 60 "$log"
-    echo "$target: failed; the input is in the log above (keep it in fuzz/regressions/$target/)" >&2
-    exit 1
+    { tail -n 60 "$log"
+      echo "$target: failed; the input is in the log above (keep it in fuzz/regressions/$target/)"
+    } > "$report"
+    return 1
   fi
-  runs=$(sed -n 's/^Done \([0-9]*\) runs in \([0-9]*\) second.*/\1 executions in \2 s/p' "$log")
-  echo "$target: $runs, no failure"
+  echo "$target: $(sed -n 's/^Done \([0-9]*\) runs in \([0-9]*\) second.*/\1 executions in \2 s/p' "$log"), no failure" > "$report"
+}
+# A libFuzzer target runs on one core: as many at a time as there are cores, each for the
+# full SECONDS on a core of its own, so that a target executes as many inputs as alone.
+status=0
+pending=("${targets[@]}")
+while ((${#pending[@]})); do
+  batch=("${pending[@]:0:$(nproc)}")
+  pending=("${pending[@]:${#batch[@]}}")
+  pids=()
+  for target in "${batch[@]}"; do fuzz_target "$target" & pids+=($!); done
+  for i in "${!batch[@]}"; do
+    wait "${pids[$i]}" || status=1
+    cat "$work/${batch[$i]}.report" 2> /dev/null || echo "${batch[$i]}: failed before its report"
+  done
 done
+exit $status

@@ -22,6 +22,9 @@
 #                                             copy: the caller has just passed them on the same
 #                                             sources, built alike (.ci/run's tests stage)
 #   scripts/mutation-check.sh --mutations FILE  another list in the same format
+#   scripts/mutation-check.sh --catchers FILE   the tests that caught each mutation before
+#                                             (default scripts/mutation-catchers.txt), run first
+#   scripts/mutation-check.sh --write-catchers FILE  write that file from this run's verdicts
 #
 # The working tree is never touched: the tracked files (as they are now, edits included;
 # a new file must be tracked, `git add -N` is enough) are copied into a temporary folder,
@@ -45,7 +48,12 @@
 # and their CTest tests run, program by program in the order the entry names them (every
 # test when it names none), with OpenMP's idle threads asleep as in the test presets
 # (OMP_WAIT_POLICY=passive, see the README), until the first that fails; the verdict is
-# KILLED, with that test's name, or SURVIVED (every test of every program passed). A mutation that does not
+# KILLED, with that test's name, or SURVIVED (every test of every program passed).
+# The tests that caught a mutation last time (scripts/mutation-catchers.txt: "ID TEST...",
+# written by --write-catchers) run before all that: when one fails, the mutation is killed
+# without the rest. Only a catcher among the entry's own programs' tests is run, so the
+# verdict is the one the programs' tests give; a catcher that passes, or that is gone,
+# costs its run and the programs' tests follow as above. A mutation that does not
 # compile is an error of the list. The file is restored before the next mutation.
 #
 # An entry whose code runs only on some CPUs says which instruction sets it needs
@@ -61,6 +69,8 @@ set -euo pipefail
 
 repo=$(cd "$(dirname "$0")/.." && pwd)
 list_file="$repo/scripts/mutations.txt"
+catchers_file="$repo/scripts/mutation-catchers.txt"
+write_catchers=""
 jobs=$(nproc)
 only=""
 workers=""
@@ -89,6 +99,9 @@ while (($#)); do
     --cuda) cuda=AUTO; shift ;;
     --baseline-tested) baseline_tested=1; shift ;;
     --mutations) [ $# -ge 2 ] || die "--mutations needs a file"; list_file="$2"; shift 2 ;;
+    --catchers) [ $# -ge 2 ] || die "--catchers needs a file"; catchers_file="$2"; shift 2 ;;
+    --write-catchers) [ $# -ge 2 ] || die "--write-catchers needs a file"
+                      write_catchers="$2"; shift 2 ;;
     -h|--help) usage; exit 0 ;;
     *) usage >&2; die "unknown argument: $1" ;;
   esac
@@ -366,6 +379,40 @@ done < <(cd "$build" && ctest -N -V 2> /dev/null |
              printf '%s\t%s\t%s\n' "$n" "${path##*/}" "$arguments"
            done)
 ((${#test_program[@]})) || die "could not read the tests' commands from 'ctest -N -V'"
+# test_number[NAME]: the CTest number of each test (a GoogleTest parameter's comment dropped).
+declare -A test_number=()
+while IFS=$'\t' read -r number name; do
+  test_number[$name]=$number
+done < <(cd "$build" && ctest -N 2> /dev/null |
+           sed -n 's|^ *Test *#\([0-9][0-9]*\): \(.*\)$|\1\t\2|p' | sed 's/  # GetParam() = .*//')
+
+# last_catchers[ID]: the tests that caught mutation ID last time, from $catchers_file.
+declare -A last_catchers=()
+if [ -f "$catchers_file" ]; then
+  while read -r catcher_id catcher_tests; do
+    [[ -z "$catcher_id" || "$catcher_id" == \#* ]] || last_catchers[$catcher_id]="$catcher_tests"
+  done < "$catchers_file"
+fi
+
+# catcher_selection I: the CTest arguments that run the catchers of entry I that are tests
+# of its programs (empty when there are none).
+catcher_selection() {
+  local i=$1 name number numbers=() target names=()
+  read -r -a names <<< "${last_catchers[${ids[$i]}]:-}"
+  for name in "${names[@]}"; do
+    number=${test_number[$name]:-}
+    [ -n "$number" ] || continue
+    if [ -n "${programs[$i]}" ]; then
+      for target in ${programs[$i]}; do
+        [ "${test_program[$number]}" != "$target" ] || { numbers+=("$number"); break; }
+      done
+    else
+      numbers+=("$number")
+    fi
+  done
+  ((${#numbers[@]})) || return 0
+  echo "-I ${numbers[0]},${numbers[0]},1,$(IFS=','; echo "${numbers[*]}")"
+}
 
 # ctest_selection PROGRAM...: the CTest arguments that run exactly those programs' tests
 # (-I START,END,STRIDE,N,N,...); fails when a program has no test.
@@ -465,6 +512,9 @@ run_mutation() {
       if [ -z "$verdict" ]; then
         t0=$SECONDS
         # One failing test kills the mutation: CTest stops there, and so do the programs.
+        # Last time's catchers first.
+        selection=$(catcher_selection "$i")
+        [ -z "$selection" ] || selections=("$selection" "${selections[@]}")
         for selection in "${selections[@]}"; do
           part=$((part + 1))
           read -r -a test_args <<< "$selection"
@@ -547,4 +597,17 @@ summary="mutations: $killed killed, $survived survived"
 ((broken == 0)) || summary+=", $broken did not compile"
 ((skipped == 0)) || summary+=", $skipped skipped (this CPU lacks what they need)"
 echo "$summary"
+
+if [ -n "$write_catchers" ]; then
+  {
+    echo "# The tests that caught each mutation of scripts/mutations.txt when it was last run"
+    echo "# (scripts/mutation-check.sh --write-catchers): \"ID TEST...\". The script runs them"
+    echo "# first, and the mutation's programs only when none of them fails."
+    for i in "${selected[@]}"; do
+      [ "${verdicts[$i]}" = KILLED ] || continue
+      printf '%s %s\n' "${ids[$i]}" "$(echo "${catchers[$i]}" | sed 's/, / /g')"
+    done
+  } > "$write_catchers"
+  echo "wrote the catchers of the killed mutations to $write_catchers"
+fi
 ((survived == 0 && stale == 0 && broken == 0))
