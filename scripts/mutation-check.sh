@@ -41,7 +41,8 @@
 # "Every test" below means the CTest tests labelled unit, chapter or cli: the GoogleTest
 # cases, the chapter demos (chapter_NN_name, run with --quick) and the bigbatch smoke
 # tests; not the PyTorch comparison, which trains for minutes and needs torch. Every test
-# must pass on the unmutated copy. Then, for each mutation: its original snippet must
+# must pass on the unmutated copy (run first, unless --baseline-tested). Then, for each
+# mutation: its original snippet must
 # occur exactly once in its file and each program it names must have CTest tests (else
 # the entry is STALE); the snippet is replaced; the test programs the entry names are
 # rebuilt (incrementally; for a script, the built programs its tests' command lines name)
