@@ -411,12 +411,17 @@ catcher_selection() {
       numbers+=("$number")
     fi
   done
-  ((${#numbers[@]})) || return 0
-  echo "-I ${numbers[0]},${numbers[0]},1,$(IFS=','; echo "${numbers[*]}")"
+  ((${#numbers[@]} == 0)) || numbers_selection "${numbers[@]}"
 }
 
-# ctest_selection PROGRAM...: the CTest arguments that run exactly those programs' tests
-# (-I START,END,STRIDE,N,N,...); fails when a program has no test.
+# numbers_selection N...: the CTest arguments that run exactly the tests numbered N...
+# (-I START,END,STRIDE,N,N,...).
+numbers_selection() {
+  echo "-I $1,$1,1,$(IFS=','; echo "$*")"
+}
+
+# ctest_selection PROGRAM...: the CTest arguments that run exactly those programs' tests;
+# fails when a program has no test.
 ctest_selection() {
   local numbers=() program number found
   for program in "$@"; do
@@ -426,10 +431,7 @@ ctest_selection() {
     done
     ((found)) || { echo "no CTest test runs the program '$program'" >&2; return 1; }
   done
-  local first="${numbers[0]}"
-  local joined
-  joined=$(IFS=','; echo "${numbers[*]}")
-  echo "-I $first,$first,1,$joined"
+  numbers_selection "${numbers[@]}"
 }
 
 # apply FILE ORIGINAL REPLACEMENT: replaces the one occurrence of ORIGINAL; prints the
