@@ -25,6 +25,7 @@
 #   scripts/mutation-check.sh --catchers FILE   the tests that caught each mutation before
 #                                             (default scripts/mutation-catchers.txt), run first
 #   scripts/mutation-check.sh --write-catchers FILE  write that file from this run's verdicts
+#                                             (the mutations not run keep their catchers)
 #
 # The working tree is never touched: the tracked files (as they are now, edits included;
 # a new file must be tracked, `git add -N` is enough) are copied into a temporary folder,
@@ -51,11 +52,13 @@
 # (OMP_WAIT_POLICY=passive, see the README), until the first that fails; the verdict is
 # KILLED, with that test's name, or SURVIVED (every test of every program passed).
 # The tests that caught a mutation last time (scripts/mutation-catchers.txt: "ID TEST...",
-# written by --write-catchers) run before all that: when one fails, the mutation is killed
-# without the rest. Only a catcher among the entry's own programs' tests is run, so the
-# verdict is the one the programs' tests give; a catcher that passes, or that is gone,
-# costs its run and the programs' tests follow as above. A mutation that does not
-# compile is an error of the list. The file is restored before the next mutation.
+# written by --write-catchers) run before all that, with only the programs they need built:
+# when one fails, the mutation is killed without the rest (a plant in a header then
+# recompiles the libraries that catcher links, not every program of the entry). Only a
+# catcher among the entry's own programs' tests is run, so the verdict is the one the
+# programs' tests give; a catcher that passes, or that is gone, costs its run and the
+# programs are built and their tests run as above. A mutation that does not compile (in
+# what was built) is an error of the list. The file is restored before the next mutation.
 #
 # An entry whose code runs only on some CPUs says which instruction sets it needs
 # (`needs: avx512f`). The script reads them as the kernels do (common/cpu_features.hpp):
@@ -330,11 +333,14 @@ failed_log="$build/Testing/Temporary/LastTestsFailed.log"
 all_tests=(-L '^(unit|chapter|cli)$')
 
 # run_tests LOG [CTEST ARGS...]: runs CTest in the build folder; sets `failed_tests` to the
-# names of the tests that failed (empty when all passed).
+# names of the tests that failed (empty when all passed). CTest's record of earlier runs
+# (their times, the tests that failed) is removed first: it would reorder the tests, the
+# last mutation's failures first, and make the test that kills a mutation depend on which
+# mutation came before it. Without it the tests run in the order they were added.
 run_tests() {
   local log="$1"
   shift
-  rm -f "$failed_log"
+  rm -f "$failed_log" "$build/Testing/Temporary/CTestCostData.txt"
   local status=0
   (cd "$build" && OMP_WAIT_POLICY=passive ctest -j "$jobs" --timeout 120 "$@") > "$log" 2>&1 ||
     status=$?
@@ -362,10 +368,11 @@ fi
 # Which program each CTest test runs: `ctest -N -V` prints "N: Test command: PATH ARGS"
 # before "Test #N: NAME". test_program[N] is the basename of PATH; test_runs[N] the
 # basenames of the built programs among ARGS (a script's test names the programs it runs:
-# check_plan.sh gets bigbatch's path, run_under_mpi.sh a test program's).
-declare -A test_program=() test_runs=()
-while IFS=$'\t' read -r number program arguments; do
-  test_program[$number]="$program"
+# check_plan.sh gets bigbatch's path, run_under_mpi.sh a test program's); test_targets[N]
+# every built program the test needs (PATH when it is built, and those of ARGS).
+declare -A test_program=() test_runs=() test_targets=()
+while IFS=$'\t' read -r number path arguments; do
+  test_program[$number]="${path##*/}"
   runs=()
   for argument in $arguments; do
     argument=${argument//\"/}
@@ -374,11 +381,10 @@ while IFS=$'\t' read -r number program arguments; do
     fi
   done
   test_runs[$number]="${runs[*]}"
+  test_targets[$number]="${runs[*]}"
+  if [[ "$path" == "$build"/* ]]; then test_targets[$number]="${path##*/} ${runs[*]}"; fi
 done < <(cd "$build" && ctest -N -V 2> /dev/null |
-           sed -n 's|^ *\([0-9][0-9]*\): Test command: \([^ ]*\) *\(.*\)|\1\t\2\t\3|p' |
-           while IFS=$'\t' read -r n path arguments; do
-             printf '%s\t%s\t%s\n' "$n" "${path##*/}" "$arguments"
-           done)
+           sed -n 's|^ *\([0-9][0-9]*\): Test command: \([^ ]*\) *\(.*\)|\1\t\2\t\3|p')
 ((${#test_program[@]})) || die "could not read the tests' commands from 'ctest -N -V'"
 # test_number[NAME]: the CTest number of each test (a GoogleTest parameter's comment dropped).
 declare -A test_number=()
@@ -395,23 +401,23 @@ if [ -f "$catchers_file" ]; then
   done < "$catchers_file"
 fi
 
-# catcher_selection I: the CTest arguments that run the catchers of entry I that are tests
-# of its programs (empty when there are none).
-catcher_selection() {
-  local i=$1 name number numbers=() target names=()
+# catchers_of I: sets `catcher_numbers` to the CTest numbers of the catchers of entry I that
+# are tests of its programs (empty when there are none).
+catchers_of() {
+  local i=$1 name number target names=()
+  catcher_numbers=()
   read -r -a names <<< "${last_catchers[${ids[$i]}]:-}"
   for name in "${names[@]}"; do
     number=${test_number[$name]:-}
     [ -n "$number" ] || continue
     if [ -n "${programs[$i]}" ]; then
       for target in ${programs[$i]}; do
-        [ "${test_program[$number]}" != "$target" ] || { numbers+=("$number"); break; }
+        [ "${test_program[$number]}" != "$target" ] || { catcher_numbers+=("$number"); break; }
       done
     else
-      numbers+=("$number")
+      catcher_numbers+=("$number")
     fi
   done
-  ((${#numbers[@]} == 0)) || numbers_selection "${numbers[@]}"
 }
 
 # numbers_selection N...: the CTest arguments that run exactly the tests numbered N...
@@ -458,6 +464,20 @@ apply() {
 }
 
 # ---- the mutations ---------------------------------------------------------------------
+# build_targets ID [TARGET...]: builds the targets (every target when none is named) in the
+# current copy, adding to `build_seconds`; on a compiler error sets `verdict` and `detail`.
+build_targets() {
+  local id=$1 t0=$SECONDS
+  shift
+  local args=()
+  (($# == 0)) || args=(--target "$@")
+  if ! cmake --build "$build" -j "$jobs" "${args[@]}" >> "$logs/$id.build.log" 2>&1; then
+    verdict="DID NOT COMPILE"
+    detail="the compiler says: $(grep -m 1 -E 'error' "$logs/$id.build.log" |
+                                 sed "s|$copy/||" || true)"
+  fi
+  build_seconds=$((build_seconds + SECONDS - t0))
+}
 # run_mutation I POSITION: plants entry I in the current copy ($copy, $build), rebuilds and
 # tests, restores the file; writes "VERDICT<TAB>SECONDS<TAB>DETAIL" to $work/results/I and
 # prints its line.
@@ -492,7 +512,7 @@ run_mutation() {
             built_targets+=("$target")
           fi
         done
-        build_args=(--target "${built_targets[@]}")
+        build_args=("${built_targets[@]}")
         ((${#built_targets[@]})) || rebuild=0
         # One selection per program, in the entry's order (put the quickest to fail first).
         selections=()
@@ -504,27 +524,35 @@ run_mutation() {
           selections+=("$selection")
         done
       fi
-      t0=$SECONDS
-      if [ -z "$verdict" ] && ((rebuild)) &&
-         ! cmake --build "$build" -j "$jobs" "${build_args[@]}" > "$logs/$id.build.log" 2>&1; then
-        verdict="DID NOT COMPILE"
-        detail="the compiler says: $(grep -m 1 -E 'error' "$logs/$id.build.log" |
-                                     sed "s|$copy/||" || true)"
+      # Last time's catchers first, with only the programs they need built (a header's
+      # plant in a library then recompiles that library, not every program of the entry);
+      # when none of them fails, every program of the entry is built and its tests run.
+      # One failing test kills the mutation: CTest stops there, and so do the programs.
+      failed_tests=()
+      catchers_of "$i"
+      if [ -z "$verdict" ] && ((${#catcher_numbers[@]})); then
+        local catcher_targets=()
+        for number in "${catcher_numbers[@]}"; do catcher_targets+=(${test_targets[$number]}); done
+        build_targets "$id" "${catcher_targets[@]}"
+        if [ -z "$verdict" ]; then
+          t0=$SECONDS
+          run_tests "$logs/$id.tests-0.log" --stop-on-failure \
+            $(numbers_selection "${catcher_numbers[@]}")
+          test_seconds=$((SECONDS - t0))
+        fi
       fi
-      build_seconds=$((SECONDS - t0))
-      if [ -z "$verdict" ]; then
+      if [ -z "$verdict" ] && ((${#failed_tests[@]} == 0)); then
+        if ((rebuild)); then build_targets "$id" "${build_args[@]}"; fi
         t0=$SECONDS
-        # One failing test kills the mutation: CTest stops there, and so do the programs.
-        # Last time's catchers first.
-        selection=$(catcher_selection "$i")
-        [ -z "$selection" ] || selections=("$selection" "${selections[@]}")
         for selection in "${selections[@]}"; do
           part=$((part + 1))
           read -r -a test_args <<< "$selection"
           run_tests "$logs/$id.tests-$part.log" --stop-on-failure "${test_args[@]}"
           ((${#failed_tests[@]} == 0)) || break
         done
-        test_seconds=$((SECONDS - t0))
+        test_seconds=$((test_seconds + SECONDS - t0))
+      fi
+      if [ -z "$verdict" ]; then
         if ((${#failed_tests[@]})); then
           verdict="KILLED" detail=$(IFS=','; echo "${failed_tests[*]}" | sed 's/,/, /g')
         else
@@ -602,15 +630,25 @@ summary="mutations: $killed killed, $survived survived"
 echo "$summary"
 
 if [ -n "$write_catchers" ]; then
+  # The mutations of this run get their catchers of this run (none when not killed); the
+  # others of the list keep theirs from the catchers read (--catchers), so that a run with
+  # --only updates its entries alone.
+  declare -A ran=()
+  for i in "${selected[@]}"; do ran[$i]=1; done
   {
     echo "# The tests that caught each mutation of scripts/mutations.txt when it was last run"
     echo "# (scripts/mutation-check.sh --write-catchers): \"ID TEST...\". The script runs them"
     echo "# first, and the mutation's programs only when none of them fails."
-    for i in "${selected[@]}"; do
-      [ "${verdicts[$i]}" = KILLED ] || continue
-      printf '%s %s\n' "${ids[$i]}" "$(echo "${catchers[$i]}" | sed 's/, / /g')"
+    for i in "${!ids[@]}"; do
+      if [ -n "${ran[$i]:-}" ]; then
+        [ "${verdicts[$i]}" = KILLED ] || continue
+        printf '%s %s\n' "${ids[$i]}" "$(echo "${catchers[$i]}" | sed 's/, / /g')"
+      elif [ -n "${last_catchers[${ids[$i]}]:-}" ]; then
+        printf '%s %s\n' "${ids[$i]}" "${last_catchers[${ids[$i]}]}"
+      fi
     done
   } > "$write_catchers"
-  echo "wrote the catchers of the killed mutations to $write_catchers"
+  echo "wrote the catchers of the killed mutations to $write_catchers (those not run: as" \
+       "they were in $catchers_file)"
 fi
 ((survived == 0 && stale == 0 && broken == 0))
