@@ -235,6 +235,24 @@ TEST(Snapshot, TheFolderKeepsTheNewestAndForgetsPartialWrites) {
   EXPECT_FALSE(std::filesystem::exists(folder.file("step-00000003.safetensors.tmp")));
 }
 
+TEST(Snapshot, KeepingTheNewestNeverRemovesTheFileJustWritten) {
+  const testing::TemporaryDirectory folder;
+  // Another run's later step in the folder. `bigbatch train` refuses such a folder before
+  // training; the folder must not delete what it writes even so, nor the other file.
+  const std::string other = folder.file("step-00000120.safetensors");
+  testing::write_file(other, "another run's");
+  const Snapshots snapshots(folder.str(), 1);
+  TinyRun run;
+  run.trainer.step();
+  const std::string first = snapshots.write(run.model, run.optimizer, run.trainer, kConfig);
+  EXPECT_TRUE(std::filesystem::exists(first)) << "keep 1 removed the snapshot just written";
+  run.trainer.step();
+  const std::string second = snapshots.write(run.model, run.optimizer, run.trainer, kConfig);
+  EXPECT_TRUE(std::filesystem::exists(second));
+  EXPECT_FALSE(std::filesystem::exists(first)) << "keep 1: the older of the run's two stays";
+  EXPECT_EQ(testing::read_file(other), "another run's");
+}
+
 TEST(Snapshot, ADamagedFileIsRefusedAndChangesNothing) {
   const testing::TemporaryDirectory folder;
   const std::string path = snapshot_after_one_step(folder);

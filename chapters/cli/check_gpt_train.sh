@@ -144,6 +144,7 @@ grep -q '^loss scale: ' fp16.txt || fail "the fp16 run does not report its loss 
 # were; resumed from its step-2 snapshot alone (the dynamic scaler's state in it), the run
 # ends on the uninterrupted bits, and its log, kept up to step 2 and appended to, is the
 # uninterrupted log line for line, the clock's two fields aside.
+rm -rf snaps
 run snapped --precision fp16 --loss-scale dynamic --micro-batch 3 --snapshot-dir snaps \
   --snapshot-every 2 --snapshot-keep 3
 cmp -s fp16.safetensors snapped.safetensors || fail "writing snapshots changed the run's bits"

@@ -13,7 +13,7 @@ set -u
 bigbatch=$1
 run="--data synthetic --samples 2000 --depth 3 --hidden 32 --dropout 0.2 --steps 300 --batch 64 --micro-batch 24 --precision fp16 --loss-scale dynamic --scale-init 1073741824 --scale-max 1073741824 --scale-interval 3 --checkpoint sqrt --lr-schedule cosine --warmup-steps 5 --clip-grad-norm 1"
 fail() { echo "FAIL: $1"; exit 1; }
-rm -rf snaps run.jsonl
+rm -rf snaps elsewhere run.jsonl
 "$bigbatch" train $run --save straight.safetensors --log straight.jsonl > straight.txt ||
   fail "the uninterrupted run failed"
 

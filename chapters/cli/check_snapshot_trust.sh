@@ -6,6 +6,8 @@
 #   moved aside, the run resumes from that older one and ends with the uninterrupted
 #   run's parameters, byte for byte;
 # - a bit flipped in a --save file: --init exits 2 naming the file and the tensor;
+# - a folder that holds another run's snapshots: a new run there exits 2 naming the folder,
+#   its newest snapshot and --resume, and changes nothing in it;
 # - a folder another run is using: a second run exits 2 naming the folder and the first
 #   run's pid, and once the first is killed (SIGKILL) a third run takes the folder.
 set -u
@@ -64,6 +66,30 @@ cat err.txt
 [ $code -eq 2 ] && grep -q -- '--init: init.safetensors: tensor ".*" is damaged' err.txt ||
   fail "a damaged --init file was not refused by name (exit $code)"
 
+# One run per folder: a new run (another --lr) in a folder that holds another run's
+# snapshots is refused before training, naming the folder, its newest snapshot and
+# --resume, and the folder is left as it was (keeping the newest would have counted the
+# other run's later steps as newer and deleted the new run's); so is --resume from one
+# folder with --snapshot-dir naming one that holds snapshots.
+"$bigbatch" train $run --steps 6 --snapshot-dir older --snapshot-every 3 > /dev/null ||
+  fail "the run that fills the folder failed"
+ls -l --time-style=+%s.%N older > older.before
+"$bigbatch" train $run --lr 0.05 --steps 14 --snapshot-dir older --snapshot-every 7 \
+  --snapshot-keep 1 > newer.txt 2> err.txt
+code=$?
+cat err.txt
+[ $code -eq 2 ] && [ "$(wc -l < err.txt)" -eq 1 ] &&
+  grep -q -- '--snapshot-dir older holds the snapshots of another run (the newest: older/step-00000006.safetensors): continue that run with --resume older' err.txt ||
+  fail "a new run in another run's snapshot folder was not refused by name (exit $code)"
+ls -l --time-style=+%s.%N older | cmp -s - older.before ||
+  fail "the refused run changed the folder: $(ls older)"
+"$bigbatch" train $run --steps 8 --resume snaps --snapshot-dir older > /dev/null 2> err.txt
+code=$?
+[ $code -eq 2 ] && grep -q -- '--snapshot-dir older holds the snapshots of another run' err.txt ||
+  fail "--resume into a folder with another run's snapshots was not refused (exit $code)"
+"$bigbatch" train $run --steps 6 --resume older --snapshot-every 1 > /dev/null ||
+  fail "continuing the folder's own run with --resume was refused"
+
 # One run at a time per folder.
 "$bigbatch" train $run --steps 100000 --snapshot-dir busy > holder.txt 2>&1 &
 holder=$!
@@ -87,4 +113,4 @@ wait $holder 2> /dev/null
   fail "after the holder was killed the folder stays locked: $(cat after.txt)"
 
 if [ $failures -gt 0 ]; then echo "$failures check(s) failed"; exit 1; fi
-echo "PASSED: damaged snapshots and parameter files refused by name, folders used one run at a time"
+echo "PASSED: damaged snapshots and parameter files refused by name, a folder holds one run and serves one at a time"

@@ -393,7 +393,8 @@ void add_train_flags(CLI::App& train, TrainOptions& o) {
   train.add_option("--snapshot-dir", o.output.snapshot_dir,
                    "save the training state (parameters, optimizer, loss scaler, counters, "
                    "settings) to DIR/step-N.safetensors: every --snapshot-every steps, at the "
-                   "end, and on SIGINT or SIGTERM (the step in progress finishes first)");
+                   "end, and on SIGINT or SIGTERM (the step in progress finishes first); a "
+                   "folder holds one run: one with another run's snapshots is refused");
   train.add_option("--snapshot-every", o.output.snapshot_every,
                    "steps between snapshots [default: 0, only at the end and when stopped]")
       ->check(non_negative);

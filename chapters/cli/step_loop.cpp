@@ -68,6 +68,7 @@ SnapshotSetup::SnapshotSetup(const TrainOptions& options, bool writer)
   }
   if (dir_.empty()) return;
   enabled_ = true;
+  refuse_another_runs_folder();
   if (!writer_) return;
   try {
     snapshots_.emplace(dir_, output.snapshot_keep);  // and its folder's lock
@@ -75,6 +76,28 @@ SnapshotSetup::SnapshotSetup(const TrainOptions& options, bool writer)
     const char* flag = output.snapshot_dir.empty() ? "--resume: " : "--snapshot-dir: ";
     throw UsageError(flag + std::string(e.what()));
   }
+}
+
+void SnapshotSetup::refuse_another_runs_folder() const {
+  // A folder holds the snapshots of one run. A run that does not continue them (--resume
+  // from that folder) would put its own among them, and keeping the newest would count the
+  // other run's later steps as newer than its own and delete those. Every rank reads the
+  // folder alike, so every rank refuses alike.
+  const std::string& from = output_.resume;
+  std::error_code unknown;  // a folder that is not there holds nothing
+  if (!from.empty() && std::filesystem::equivalent(dir_, from, unknown)) return;
+  if (!std::filesystem::is_directory(dir_, unknown)) return;
+  std::vector<train::SnapshotFile> files;
+  try {
+    files = train::list_snapshots(dir_);
+  } catch (const std::filesystem::filesystem_error& e) {
+    throw UsageError("--snapshot-dir " + dir_ + ": cannot read the folder (" +
+                     e.code().message() + ")");
+  }
+  if (files.empty()) return;
+  throw UsageError("--snapshot-dir " + dir_ + " holds the snapshots of another run (the newest: " +
+                   files.back().path + "): continue that run with --resume " + dir_ +
+                   ", or give a folder without snapshots");
 }
 
 std::int64_t SnapshotSetup::resume(nn::Network& model, nn::Optimizer& optimizer,

@@ -30,7 +30,8 @@ namespace bigbatch::cli {
 class SnapshotSetup {
  public:
   /// Checks the flags (UsageError: --snapshot-every or --snapshot-keep without a folder, a
-  /// --resume folder that does not exist) and, on the writer, takes the folder's lock.
+  /// --resume folder that does not exist, a folder that holds another run's snapshots, that
+  /// is one the run does not --resume from) and, on the writer, takes the folder's lock.
   SnapshotSetup(const TrainOptions& options, bool writer);
 
   /// With --resume: restores the newest snapshot of its folder into the run (UsageError
@@ -56,6 +57,9 @@ class SnapshotSetup {
              const train::Trainer& trainer, const train::RunConfig& settings);
 
  private:
+  /// UsageError when the snapshot folder holds snapshots and the run does not resume them.
+  void refuse_another_runs_folder() const;
+
   const OutputOptions& output_;
   std::string dir_;
   bool writer_ = true;

@@ -193,11 +193,14 @@ std::string Snapshots::write(const nn::Network& model, const nn::Optimizer& opti
   for (const auto& [key, value] : config) metadata["config." + key] = value;
   const std::string path = (fs::path(dir_) / file_name(state.steps_done)).string();
   save_safetensors(path, tensors, metadata);
-  // The newest `keep` stay.
-  const std::vector<SnapshotFile> files = list();
-  for (std::size_t i = 0; i + static_cast<std::size_t>(keep_) < files.size(); ++i) {
+  // The newest `keep` stay: this one and the keep - 1 steps before it. A later step's file
+  // is not this run's (the program refuses such a folder before training): it is neither
+  // counted as newer than this one nor removed.
+  std::vector<SnapshotFile> older = list();
+  std::erase_if(older, [&](const SnapshotFile& file) { return file.step >= state.steps_done; });
+  for (std::size_t i = 0; i + static_cast<std::size_t>(keep_ - 1) < older.size(); ++i) {
     std::error_code ignored;
-    fs::remove(files[i].path, ignored);
+    fs::remove(older[i].path, ignored);
   }
   return path;
 }

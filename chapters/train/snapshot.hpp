@@ -90,7 +90,9 @@ class Snapshots {
   Snapshots(std::string dir, std::int64_t keep);
 
   /// Writes the snapshot of the trainer's steps done (atomically, see above), removes
-  /// older ones beyond `keep` and leftover temporary files; returns its path.
+  /// older ones beyond `keep` and leftover temporary files; returns its path. The file it
+  /// writes is never among those removed: a later step's file in the folder (not this
+  /// run's) is left alone, not counted as newer.
   std::string write(const nn::Network& model, const nn::Optimizer& optimizer,
                     const Trainer& trainer, const RunConfig& config) const;
 
