@@ -12,12 +12,12 @@
 
 #include <nlohmann/json.hpp>
 
+#include <string>
 #include <string_view>
 
-namespace bigbatch {
+#include "common/json_fwd.hpp"
 
-/// A JSON value whose objects keep their members in insertion (or file) order.
-using Json = nlohmann::ordered_json;
+namespace bigbatch {
 
 /// `value` as a JSON number with the fewest decimal digits that read back as the same
 /// float (0.1f becomes 0.1); NaN and infinities become null.

@@ -142,13 +142,7 @@ class SettingsRecord {
   }
 
   /// Records `text` under `name`, the same rule.
-  void put(const std::string& name, const std::string& text) {
-    const auto [place, inserted] = values_.emplace(name, text);
-    if (!inserted && place->second != text) {
-      throw std::logic_error("setting " + name + " recorded as " + place->second + " and as " +
-                             text);
-    }
-  }
+  void put(const std::string& name, const std::string& text);
 
   /// Every trajectory setting recorded so far, by name.
   const std::map<std::string, std::string>& values() const { return values_; }

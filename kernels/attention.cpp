@@ -6,20 +6,15 @@
 #include <vector>
 
 #include "common/half.hpp"
+#include "kernels/attention_cpu.hpp"
 #include "kernels/cpu_parallel.hpp"
 #include "kernels/cpu_vector.hpp"
 #include "kernels/dispatch.hpp"
 
 namespace bigbatch {
-namespace {
 
-/// The sizes of one call: B sequences of T positions, C channels split into `heads` heads
-/// of D channels.
-struct AttentionShape {
-  std::int64_t B, T, C, heads, D;
-};
+namespace cpu::attention_rows {
 
-/// qkv: [B, T, 3C] floating (f64 on the CPU only), C a positive multiple of heads.
 AttentionShape check_qkv(const char* op, const Tensor& qkv, std::int64_t heads) {
   detail::check_rank(op, "qkv", qkv, 3);
   detail::check_floating(op, "qkv", qkv);
@@ -31,6 +26,13 @@ AttentionShape check_qkv(const char* op, const Tensor& qkv, std::int64_t heads) 
   const std::int64_t C = width / 3;
   return {qkv.dim(0), qkv.dim(1), C, heads, C / heads};
 }
+
+}  // namespace cpu::attention_rows
+
+namespace {
+
+using cpu::attention_rows::AttentionShape;
+using cpu::attention_rows::check_qkv;
 
 /// The row statistics' dtype: the compute type, f32 (f64 for f64 data).
 DType stats_dtype(const Tensor& qkv) { return qkv.dtype() == DType::f64 ? DType::f64 : DType::f32; }
@@ -177,100 +179,7 @@ void causal_attention_backward(const Tensor& qkv, const Tensor& probabilities, c
 namespace cpu {
 namespace {
 
-using scalar_math::ComputeType;
-
-/// One head of one sequence, widened to the compute type A: the rows of q, k and v (each
-/// [T, D]) and their transposes where a loop runs across positions. Reused per thread.
-template <class A>
-struct HeadScratch {
-  std::vector<A> q, k, v, k_t, v_t;  // [T, D] and [D, T]
-  std::vector<A> row, factors;       // [T]: scores or gradients of one row, mask factors
-  std::vector<A> out;                // [D]
-  std::vector<A> dk, dv;             // [T, D] accumulators of the backward
-
-  /// Copies head h of sequence b out of qkv ([B, T, 3C]).
-  template <class T>
-  void load_head(const T* qkv, const AttentionShape& s, std::int64_t b, std::int64_t h) {
-    const std::int64_t T_ = s.T, D = s.D;
-    for (auto* buffer : {&q, &k, &v, &k_t, &v_t}) buffer->resize(T_ * D);
-    row.resize(T_);
-    factors.resize(T_);
-    out.resize(D);
-    for (std::int64_t t = 0; t < T_; ++t) {
-      const T* position = qkv + (b * T_ + t) * 3 * s.C + h * D;
-      for (std::int64_t d = 0; d < D; ++d) {
-        q[t * D + d] = load(position + d);
-        k[t * D + d] = k_t[d * T_ + t] = load(position + s.C + d);
-        v[t * D + d] = v_t[d * T_ + t] = load(position + 2 * s.C + d);
-      }
-    }
-  }
-};
-
-/// acc[x] = acc[x] + weights[r] * rows[r * stride + x] for r < count in order, for x < width:
-/// one chain per x, run across x (so it vectorises without reordering a sum).
-/// Both of the header's sums are this: a dot product q_i . k_j for every key j is the
-/// weights q_i over the rows of k^T ([D, T], stride T); y_i is the weights m_ij P_ij over
-/// the rows of v ([T, D], stride D).
-template <class A>
-void add_weighted_rows(const A* weights, const A* rows, std::int64_t count, std::int64_t stride,
-                       std::int64_t width, A* acc) {
-  for (std::int64_t r = 0; r < count; ++r) {
-    const A w = weights[r];
-    const A* row = rows + r * stride;
-    for (std::int64_t x = 0; x < width; ++x) acc[x] = acc[x] + w * row[x];
-  }
-}
-
-/// The same sum from acc = 0.
-template <class A>
-void weighted_row_sum(const A* weights, const A* rows, std::int64_t count, std::int64_t stride,
-                      std::int64_t width, A* acc) {
-  for (std::int64_t x = 0; x < width; ++x) acc[x] = 0;
-  add_weighted_rows(weights, rows, count, stride, width, acc);
-}
-
-/// Row i's share of the backward, given its score gradients g_ij and dropped probabilities
-/// m_ij P_ij for j <= i: dq_i = sum_j g_ij k_j (key order) stored at dq, and dk_j += g_ij q_i,
-/// dv_j += m_ij P_ij dy_i into the head's accumulators (called for i ascending).
-template <class T, class A>
-void add_row_gradients(HeadScratch<A>& scratch, const A* g, const A* dropped, const A* dy_row,
-                       std::int64_t i, std::int64_t D, T* dq) {
-  const std::int64_t keys = i + 1;
-  weighted_row_sum(g, scratch.k.data(), keys, D, D, scratch.out.data());
-  for (std::int64_t d = 0; d < D; ++d) store(dq + d, scratch.out[d]);
-  const A* q_i = scratch.q.data() + i * D;
-  for (std::int64_t j = 0; j < keys; ++j) {
-    A* dk = scratch.dk.data() + j * D;
-    A* dv = scratch.dv.data() + j * D;
-    const A gj = g[j], pj = dropped[j];
-    for (std::int64_t d = 0; d < D; ++d) {
-      dk[d] = dk[d] + gj * q_i[d];
-      dv[d] = dv[d] + pj * dy_row[d];
-    }
-  }
-}
-
-/// The head's accumulated dk and dv into dqkv ([B, T, 3C]) of sequence b, head h.
-template <class T, class A>
-void store_key_value_gradients(const HeadScratch<A>& scratch, const AttentionShape& s,
-                               std::int64_t b, std::int64_t h, T* d_in) {
-  const std::int64_t D = s.D;
-  for (std::int64_t t = 0; t < s.T; ++t) {
-    T* position = d_in + (b * s.T + t) * 3 * s.C + h * D;
-    for (std::int64_t d = 0; d < D; ++d) {
-      store(position + s.C + d, scratch.dk[t * D + d]);
-      store(position + 2 * s.C + d, scratch.dv[t * D + d]);
-    }
-  }
-}
-
-/// The mask factors m_ij of query row i for j <= i (1 when p = 0).
-template <class A>
-void mask_factors(const detail::AttentionMask& mask, std::int64_t b, std::int64_t h, std::int64_t i,
-                  A* factors) {
-  for (std::int64_t j = 0; j <= i; ++j) factors[j] = mask.factor(b, h, i, j);
-}
+using namespace attention_rows;
 
 template <class T>
 void forward_typed(const Tensor& qkv, const Tensor& y, const Tensor& probabilities,
@@ -369,120 +278,6 @@ void backward_typed(const Tensor& qkv, const Tensor& probabilities, const Tensor
   });
 }
 
-/// The memory-efficient forward (the header's tiles): per query row, the running max, sum
-/// and output over tiles of kKeyTile keys.
-template <class T>
-void efficient_forward_typed(const Tensor& qkv, const Tensor& y, const Tensor& row_stats,
-                             const AttentionShape& s, const detail::AttentionMask& mask) {
-  using A = ComputeType<T>;
-  const A scale = attention_scale(s.D);
-  const T* in = qkv.data<T>();             // [B, T, 3C]
-  T* out = y.data<T>();                    // [B, T, C]
-  A* stats = row_stats.data<A>();  // [B, heads, T, 2]
-  const std::int64_t T_ = s.T, D = s.D;
-  parallel_for(s.B * s.heads, 1, [&](std::int64_t begin, std::int64_t end) {
-    HeadScratch<A> scratch;
-    std::vector<A> weights(kKeyTile);
-    run_vectorized([&] {
-      for (std::int64_t bh = begin; bh < end; ++bh) {
-        const std::int64_t b = bh / s.heads, h = bh % s.heads;
-        scratch.load_head(in, s, b, h);
-        A* score = scratch.row.data();
-        A* acc = scratch.out.data();
-        for (std::int64_t i = 0; i < T_; ++i) {
-          const std::int64_t keys = i + 1;  // causal: the keys up to the query's own
-          A m = -std::numeric_limits<A>::infinity(), l = 0;
-          for (std::int64_t d = 0; d < D; ++d) acc[d] = 0;
-          mask_factors(mask, b, h, i, scratch.factors.data());
-          for (std::int64_t t0 = 0; t0 < keys; t0 += kKeyTile) {
-            const std::int64_t t1 = std::min(keys, t0 + kKeyTile), n = t1 - t0;
-            // The tile's scores s_j = (q_i . k_j) * scale, and their max.
-            weighted_row_sum(scratch.q.data() + i * D, scratch.k_t.data() + t0, D, T_, n, score);
-            A tile_max = -std::numeric_limits<A>::infinity();
-            for (std::int64_t j = 0; j < n; ++j) {
-              score[j] = score[j] * scale;
-              tile_max = std::max(tile_max, score[j]);
-            }
-            const A m_new = std::max(m, tile_max);
-            const A rescale = activation_math::exp_nonpositive(m - m_new);  // 0 at the first
-            for (std::int64_t j = 0; j < n; ++j) {
-              score[j] = activation_math::exp_nonpositive(score[j] - m_new);
-            }
-            l = l * rescale;
-            for (std::int64_t j = 0; j < n; ++j) l = l + score[j];
-            for (std::int64_t d = 0; d < D; ++d) acc[d] = acc[d] * rescale;
-            for (std::int64_t j = 0; j < n; ++j) weights[j] = score[j] * scratch.factors[t0 + j];
-            add_weighted_rows(weights.data(), scratch.v.data() + t0 * D, n, D, D, acc);
-            m = m_new;
-          }
-          T* y_row = out + (b * T_ + i) * s.C + h * D;
-          for (std::int64_t d = 0; d < D; ++d) store(y_row + d, acc[d] / l);
-          stats[(bh * T_ + i) * 2] = m;
-          stats[(bh * T_ + i) * 2 + 1] = l;
-        }
-      }
-    });
-  });
-}
-
-/// The memory-efficient backward: D_i = dy_i . y_i for every row, then each row's
-/// probabilities and score gradients rebuilt from the row's statistics, one row at a time.
-template <class T>
-void efficient_backward_typed(const Tensor& qkv, const Tensor& y, const Tensor& row_stats,
-                              const Tensor& dy, const Tensor& dqkv, const AttentionShape& s,
-                              const detail::AttentionMask& mask, const Tensor& d_row) {
-  using A = ComputeType<T>;
-  const A scale = attention_scale(s.D);
-  const T* in = qkv.data<T>();                   // [B, T, 3C]
-  const T* out = y.data<T>();                    // [B, T, C]
-  const A* stats = row_stats.data<A>();          // [B, heads, T, 2]
-  const T* d_out = dy.data<T>();                 // [B, T, C]
-  T* d_in = dqkv.data<T>();                      // [B, T, 3C]
-  float* D_row = d_row.data<float>();            // [B, heads, T]
-  const std::int64_t T_ = s.T, D = s.D;
-  parallel_for(s.B * s.heads, 1, [&](std::int64_t begin, std::int64_t end) {
-    HeadScratch<A> scratch;
-    std::vector<A> dy_row(D), P(T_), dropped(T_);
-    run_vectorized([&] {
-      for (std::int64_t bh = begin; bh < end; ++bh) {
-        const std::int64_t b = bh / s.heads, h = bh % s.heads;
-        scratch.load_head(in, s, b, h);
-        scratch.dk.assign(T_ * D, A(0));
-        scratch.dv.assign(T_ * D, A(0));
-        A* g = scratch.row.data();
-        A* factors = scratch.factors.data();
-        for (std::int64_t i = 0; i < T_; ++i) {
-          const std::int64_t keys = i + 1;
-          const T* dy_at = d_out + (b * T_ + i) * s.C + h * D;
-          const T* y_at = out + (b * T_ + i) * s.C + h * D;
-          A d_i = 0;  // dy_i . y_i, y as stored
-          for (std::int64_t d = 0; d < D; ++d) {
-            dy_row[d] = load(dy_at + d);
-            d_i = d_i + dy_row[d] * static_cast<A>(load(y_at + d));
-          }
-          D_row[bh * T_ + i] = static_cast<float>(d_i);
-          const A m = stats[(bh * T_ + i) * 2], l = stats[(bh * T_ + i) * 2 + 1];
-          // P_ij = exp(s_ij - m_i) / l_i from the scores again.
-          weighted_row_sum(scratch.q.data() + i * D, scratch.k_t.data(), D, T_, keys, P.data());
-          for (std::int64_t j = 0; j < keys; ++j) {
-            P[j] = activation_math::exp_nonpositive(P[j] * scale - m) / l;
-          }
-          mask_factors(mask, b, h, i, scratch.factors.data());  // factors: m_ij, j <= i
-          // dP_ij = m_ij (dy_i . v_j), g_ij = (P_ij (dP_ij - D_i)) scale.
-          weighted_row_sum(dy_row.data(), scratch.v_t.data(), D, T_, keys, g);
-          for (std::int64_t j = 0; j < keys; ++j) {
-            g[j] = detail::attention_score_gradient(P[j], g[j] * factors[j], d_i, scale);
-            dropped[j] = P[j] * factors[j];
-          }
-          add_row_gradients(scratch, g, dropped.data(), dy_row.data(), i, D,
-                            d_in + (b * T_ + i) * 3 * s.C + h * D);
-        }
-        store_key_value_gradients(scratch, s, b, h, d_in);
-      }
-    });
-  });
-}
-
 }  // namespace
 
 void causal_attention_forward(const Tensor& qkv, const Tensor& y, const Tensor& probabilities,
@@ -500,25 +295,6 @@ void causal_attention_backward(const Tensor& qkv, const Tensor& probabilities, c
   const detail::AttentionMask mask = detail::attention_mask(dropout, heads, s.T);
   with_float_type("causal_attention_backward", qkv.dtype(), [&]<class T>(T) {
     backward_typed<T>(qkv, probabilities, dy, dqkv, s, mask, row_sums);
-  });
-}
-
-void efficient_attention_forward(const Tensor& qkv, const Tensor& y, const Tensor& row_stats,
-                                 std::int64_t heads, const DropoutSpec& dropout) {
-  const AttentionShape s = check_qkv("efficient_attention_forward", qkv, heads);
-  const detail::AttentionMask mask = detail::attention_mask(dropout, heads, s.T);
-  with_float_type("efficient_attention_forward", qkv.dtype(), [&]<class T>(T) {
-    efficient_forward_typed<T>(qkv, y, row_stats, s, mask);
-  });
-}
-
-void efficient_attention_backward(const Tensor& qkv, const Tensor& y, const Tensor& row_stats,
-                                  const Tensor& dy, const Tensor& dqkv, std::int64_t heads,
-                                  const DropoutSpec& dropout, const Tensor& d_row) {
-  const AttentionShape s = check_qkv("efficient_attention_backward", qkv, heads);
-  const detail::AttentionMask mask = detail::attention_mask(dropout, heads, s.T);
-  with_float_type("efficient_attention_backward", qkv.dtype(), [&]<class T>(T) {
-    efficient_backward_typed<T>(qkv, y, row_stats, dy, dqkv, s, mask, d_row);
   });
 }
 

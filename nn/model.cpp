@@ -93,6 +93,15 @@ PointwiseActivation pointwise(Activation kind) {
 
 }  // namespace
 
+DType working_dtype(Precision precision) {
+  switch (precision) {
+    case Precision::fp32: return DType::f32;
+    case Precision::fp16: return DType::f16;
+    case Precision::bf16: return DType::bf16;
+  }
+  return DType::f32;
+}
+
 std::string norm_name(Norm norm) { return norm == Norm::layer ? "layer" : "batch"; }
 std::string activation_name(Activation act) { return act == Activation::gelu ? "gelu" : "relu"; }
 std::string precision_name(Precision precision) {

@@ -78,14 +78,7 @@ enum class Precision { fp32, fp16, bf16 };
 constexpr bool is_mixed(Precision precision) { return precision != Precision::fp32; }
 
 /// The dtype of activations, their gradients and the working copies: f32, f16 or bf16.
-constexpr DType working_dtype(Precision precision) {
-  switch (precision) {
-    case Precision::fp32: return DType::f32;
-    case Precision::fp16: return DType::f16;
-    case Precision::bf16: return DType::bf16;
-  }
-  return DType::f32;
-}
+DType working_dtype(Precision precision);
 /// The activation after the stem and inside every block.
 enum class Activation { gelu, relu };
 

@@ -15,6 +15,7 @@
 
 #include "chapters/05_activation_checkpointing/memory_plan.hpp"
 #include "chapters/06_planner/planner.hpp"
+#include "common/json.hpp"
 #include "tests/measure_step.hpp"
 #include "tests/temp_files.hpp"
 #include "tests/tiny_training.hpp"

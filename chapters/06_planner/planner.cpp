@@ -3,8 +3,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <filesystem>
-#include <fstream>
 #include <sstream>
 #include <stdexcept>
 #include <variant>
@@ -137,25 +135,16 @@ PrecisionCost measure_precision(const nn::GptConfig& config, std::int64_t length
   return cost;
 }
 
-Json linear_json(const LinearCost& c) { return {{"fixed_s", c.fixed}, {"per_row_s", c.per_row}}; }
-LinearCost linear_from(const Json& j) {
-  return {j.at("fixed_s").get<double>(), j.at("per_row_s").get<double>()};
-}
-Json precision_json(const PrecisionCost& c) {
-  return {{"micro_batch", linear_json(c.micro_batch)},
-          {"forward", linear_json(c.forward)},
-          {"optimizer_s", c.optimizer},
-          {"probabilities", linear_json(c.probabilities)}};
-}
-/// An entry written before the probabilities were priced has none: it reads as zero (the
-/// MLP's, whose blocks rebuild none; a GPT's entries written then have another key).
-PrecisionCost precision_from(const Json& j) {
-  return {linear_from(j.at("micro_batch")), linear_from(j.at("forward")),
-          j.at("optimizer_s").get<double>(),
-          j.contains("probabilities") ? linear_from(j.at("probabilities")) : LinearCost{}};
-}
-
 }  // namespace
+
+const PrecisionCost& CostModel::of(nn::Precision precision) const {
+  switch (precision) {
+    case nn::Precision::fp32: return fp32;
+    case nn::Precision::fp16: return fp16;
+    case nn::Precision::bf16: return bf16;
+  }
+  return fp32;
+}
 
 double CostModel::step_seconds(std::int64_t batch, std::int64_t micro_batch,
                                nn::Precision precision, double recompute, std::int64_t depth,
@@ -170,21 +159,6 @@ double CostModel::step_seconds(std::int64_t batch, std::int64_t micro_batch,
              (n * c.probabilities.fixed + rows * c.probabilities.per_row);
 }
 
-Json CostModel::to_json() const {
-  return {{"key", key},
-          {"fp32", precision_json(fp32)},
-          {"fp16", precision_json(fp16)},
-          {"bf16", precision_json(bf16)}};
-}
-
-CostModel CostModel::from_json(const Json& json) {
-  try {
-    return {json.at("key").get<std::string>(), precision_from(json.at("fp32")),
-            precision_from(json.at("fp16")), precision_from(json.at("bf16"))};
-  } catch (const Json::exception& e) {
-    throw std::runtime_error(std::string("not a cost model: ") + e.what());
-  }
-}
 
 namespace {
 
@@ -254,38 +228,6 @@ CostModel calibrate_each(std::string key, const Config& model, Measure&& measure
   return cost;
 }
 
-/// The cost model under `key` in the JSON file at `path`, or `calibrate()`'s, added to the
-/// file, when it is not there (or was measured before bf16) or `fresh` is set.
-template <class Calibrate>
-CostModel cached(const std::string& path, const std::string& key, bool fresh, bool* measured,
-                 Calibrate&& calibrate) {
-  Json file = Json::object();
-  if (std::ifstream in(path); in) {
-    std::stringstream text;
-    text << in.rdbuf();
-    file = parse_json_limited(text.str(), 16, path);
-    if (!file.is_object()) throw std::runtime_error(path + ": not a JSON object");
-  }
-  // An entry written before bf16 was a precision lacks its costs: measured again.
-  if (!fresh && file.contains(key) && file[key].contains("bf16")) {
-    if (measured != nullptr) *measured = false;
-    return CostModel::from_json(file[key]);
-  }
-  const CostModel cost = calibrate();
-  file[key] = cost.to_json();
-  const std::filesystem::path target(path);
-  if (target.has_parent_path()) std::filesystem::create_directories(target.parent_path());
-  const std::string temporary = path + ".tmp";
-  {
-    std::ofstream out(temporary, std::ios::trunc);
-    out << file.dump(2) << "\n";
-    if (!out) throw std::runtime_error(temporary + ": cannot write the calibration");
-  }
-  std::filesystem::rename(temporary, path);
-  if (measured != nullptr) *measured = true;
-  return cost;
-}
-
 }  // namespace
 
 CostModel calibrate(const nn::ModelConfig& model, const nn::Optimizer::Options& optimizer,
@@ -309,15 +251,15 @@ CostModel calibrate(const nn::GptConfig& model, std::int64_t length,
 CostModel calibration_for(const std::string& path, const nn::ModelConfig& model,
                           const nn::Optimizer::Options& optimizer, Device device,
                           std::int64_t batch, bool fresh, bool* measured) {
-  return cached(path, cost_key(model, optimizer, device), fresh, measured,
-                [&] { return calibrate(model, optimizer, device, batch); });
+  return cached_cost_model(path, cost_key(model, optimizer, device), fresh, measured,
+                           [&] { return calibrate(model, optimizer, device, batch); });
 }
 
 CostModel calibration_for(const std::string& path, const nn::GptConfig& model,
                           std::int64_t length, const nn::Optimizer::Options& optimizer,
                           Device device, std::int64_t batch, bool fresh, bool* measured) {
-  return cached(path, cost_key(model, length, optimizer, device), fresh, measured,
-                [&] { return calibrate(model, length, optimizer, device, batch); });
+  return cached_cost_model(path, cost_key(model, length, optimizer, device), fresh, measured,
+                           [&] { return calibrate(model, length, optimizer, device, batch); });
 }
 
 const Plan& PlanResult::best() const {

@@ -31,6 +31,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -40,7 +41,7 @@
 #include "chapters/04_dynamic_loss_scaling/optimizer_boundary.hpp"
 #include "chapters/05_activation_checkpointing/policy.hpp"
 #include "common/device.hpp"
-#include "common/json.hpp"
+#include "common/json_fwd.hpp"
 #include "nn/gpt.hpp"
 #include "nn/memory_model.hpp"
 #include "nn/model.hpp"
@@ -76,14 +77,7 @@ struct CostModel {
   PrecisionCost fp32, fp16, bf16;
 
   /// The costs of `precision`.
-  const PrecisionCost& of(nn::Precision precision) const {
-    switch (precision) {
-      case nn::Precision::fp32: return fp32;
-      case nn::Precision::fp16: return fp16;
-      case nn::Precision::bf16: return bf16;
-    }
-    return fp32;
-  }
+  const PrecisionCost& of(nn::Precision precision) const;
   /// The predicted seconds of one optimizer step (the formula above); `recompute` is R,
   /// `rebuilt` is A.
   double step_seconds(std::int64_t batch, std::int64_t micro_batch, nn::Precision precision,
@@ -135,6 +129,12 @@ CostModel calibration_for(const std::string& path, const nn::GptConfig& model,
                           std::int64_t length, const nn::Optimizer::Options& optimizer,
                           Device device, std::int64_t batch, bool fresh = false,
                           bool* measured = nullptr);
+
+/// calibration_for's file (cost_file.cpp): the cost model under `key` in the JSON file at
+/// `path`, or `calibrate()`'s, added to the file (written whole, then renamed over it), when
+/// it is not there (or was measured before bf16) or `fresh` is set.
+CostModel cached_cost_model(const std::string& path, const std::string& key, bool fresh,
+                            bool* measured, const std::function<CostModel()>& calibrate);
 
 /// The question: this model, this batch, this optimizer, this much device memory.
 struct PlanRequest {

@@ -10,6 +10,7 @@
 
 #include "common/cuda_runtime.hpp"
 #include "common/format.hpp"
+#include "common/json.hpp"
 
 namespace bigbatch::cli {
 namespace {

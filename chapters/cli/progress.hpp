@@ -9,7 +9,7 @@
 #include "chapters/cli/setup.hpp"
 #include "chapters/train/trainer.hpp"
 #include "common/device.hpp"
-#include "common/json.hpp"
+#include "common/json_fwd.hpp"
 #include "common/memory.hpp"
 
 namespace bigbatch::cli {

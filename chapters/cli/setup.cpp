@@ -274,6 +274,11 @@ std::int64_t checked_micro_batch(const TrainOptions& options, const Dataset& tra
   return options.train.micro_batch > 0 ? options.train.micro_batch : batch;
 }
 
+train::RunConfig with_program_settings(SettingsRecord record, const TrainOptions& options) {
+  record.add(options.source);
+  return record.values();
+}
+
 void check_batchnorm_micro_batches(std::int64_t batch, std::int64_t micro_batch,
                                    std::int64_t short_batch) {
   auto leaves_one = [&](std::int64_t rows) {

@@ -87,6 +87,10 @@ void check_batchnorm_micro_batches(std::int64_t batch, std::int64_t micro_batch,
 /// the shared --dropout, --precision and --seed.
 nn::GptConfig gpt_config(const TrainOptions& options);
 
+/// `record` with the program's own trajectory settings (RunSource) added: resume_settings's
+/// last step, the same for every model.
+train::RunConfig with_program_settings(SettingsRecord record, const TrainOptions& options);
+
 /// The settings a snapshot of this run records, and a --resume must repeat: the model's
 /// (nn::ModelConfig or nn::GptConfig), the optimizer's and the trainer's trajectory settings
 /// and the program's (RunSource).
@@ -94,9 +98,7 @@ template <class ModelShape>
 train::RunConfig resume_settings(const TrainOptions& options, const ModelShape& model,
                                  const nn::Optimizer::Options& optimizer,
                                  const train::TrainConfig& train) {
-  SettingsRecord record = train::run_settings(model, optimizer, train);
-  record.add(options.source);
-  return record.values();
+  return with_program_settings(train::run_settings(model, optimizer, train), options);
 }
 
 /// --plan auto refuses the flags the plan chooses itself (--micro-batch, --checkpoint,

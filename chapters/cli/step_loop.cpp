@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "chapters/cli/setup.hpp"
+#include "common/json.hpp"
 
 namespace bigbatch::cli {
 namespace {

@@ -16,7 +16,7 @@
 #include "chapters/train/run_settings.hpp"
 #include "chapters/train/snapshot.hpp"
 #include "chapters/train/trainer.hpp"
-#include "common/json.hpp"
+#include "common/json_fwd.hpp"
 #include "nn/network.hpp"
 #include "nn/training.hpp"
 

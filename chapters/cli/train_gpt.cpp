@@ -23,6 +23,7 @@
 #include "chapters/cli/setup.hpp"
 #include "chapters/cli/step_loop.hpp"
 #include "chapters/cli/train_command.hpp"
+#include "common/json.hpp"
 #include "common/memory.hpp"
 #include "nn/gpt.hpp"
 
