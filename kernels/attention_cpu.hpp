@@ -16,7 +16,11 @@ namespace bigbatch::cpu::attention_rows {
 /// The sizes of one call: B sequences of T positions, C channels split into `heads` heads
 /// of D channels.
 struct AttentionShape {
-  std::int64_t B, T, C, heads, D;
+  std::int64_t B;      ///< sequences
+  std::int64_t T;      ///< positions of each
+  std::int64_t C;      ///< channels
+  std::int64_t heads;  ///< heads
+  std::int64_t D;      ///< channels of a head: C / heads
 };
 
 /// qkv: [B, T, 3C] floating (f64 on the CPU only), C a positive multiple of heads.
@@ -28,10 +32,16 @@ using scalar_math::ComputeType;
 /// [T, D]) and their transposes where a loop runs across positions. Reused per thread.
 template <class A>
 struct HeadScratch {
-  std::vector<A> q, k, v, k_t, v_t;  // [T, D] and [D, T]
-  std::vector<A> row, factors;       // [T]: scores or gradients of one row, mask factors
-  std::vector<A> out;                // [D]
-  std::vector<A> dk, dv;             // [T, D] accumulators of the backward
+  std::vector<A> q;        ///< [T, D]
+  std::vector<A> k;        ///< [T, D]
+  std::vector<A> v;        ///< [T, D]
+  std::vector<A> k_t;      ///< [D, T]: k transposed
+  std::vector<A> v_t;      ///< [D, T]: v transposed
+  std::vector<A> row;      ///< [T]: the scores or score gradients of one query row
+  std::vector<A> factors;  ///< [T]: that row's mask factors
+  std::vector<A> out;      ///< [D]: one output row
+  std::vector<A> dk;       ///< [T, D]: the backward's accumulator of dk
+  std::vector<A> dv;       ///< [T, D]: the backward's accumulator of dv
 
   /// Copies head h of sequence b out of qkv ([B, T, 3C]).
   template <class T>
