@@ -40,6 +40,17 @@ std::int32_t sample_token(const std::vector<float>& logits, float temperature, f
 
 std::vector<std::int32_t> generate(Gpt& model, const std::vector<std::int32_t>& prompt,
                                    const SamplingOptions& options) {
+  std::vector<std::int32_t> written;
+  generate(model, prompt, options, [&written](std::int32_t token) {
+    written.push_back(token);
+    return true;
+  });
+  return written;
+}
+
+std::int64_t generate(Gpt& model, const std::vector<std::int32_t>& prompt,
+                      const SamplingOptions& options,
+                      const std::function<bool(std::int32_t)>& take) {
   const GptConfig& config = model.config();
   BIGBATCH_CHECK(!prompt.empty(), "generate: the prompt needs at least one token");
   BIGBATCH_CHECK(options.tokens >= 0, "generate: the tokens to draw must be >= 0, got ",
@@ -48,9 +59,13 @@ std::vector<std::int32_t> generate(Gpt& model, const std::vector<std::int32_t>& 
     BIGBATCH_CHECK(0 <= token && token < config.vocabulary, "generate: the prompt's token ",
                    token, " is outside the vocabulary [0, ", config.vocabulary, ")");
   }
-  std::vector<std::int32_t> context = prompt, written;
+  std::vector<std::int32_t> context = prompt;
   const ForwardContext inference{/*training=*/false, 0, 0};
   for (std::int64_t k = 0; k < options.tokens; ++k) {
+    // Only the last T tokens are read again: at 2T tokens, all but those go.
+    if (static_cast<std::int64_t>(context.size()) >= 2 * config.context) {
+      context.erase(context.begin(), context.end() - config.context);
+    }
     const auto length =
         std::min<std::int64_t>(static_cast<std::int64_t>(context.size()), config.context);
     const std::vector<std::int32_t> window(context.end() - length, context.end());
@@ -60,9 +75,9 @@ std::vector<std::int32_t> generate(Gpt& model, const std::vector<std::int32_t>& 
     const std::int32_t next = sample_token(
         last, options.temperature, random_uniform(options.seed, 0, static_cast<std::uint64_t>(k)));
     context.push_back(next);
-    written.push_back(next);
+    if (!take(next)) return k + 1;
   }
-  return written;
+  return options.tokens;
 }
 
 }  // namespace bigbatch::nn

@@ -15,6 +15,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "nn/gpt.hpp"
@@ -40,5 +41,12 @@ std::int32_t sample_token(const std::vector<float>& logits, float temperature, f
 /// or a negative count.
 std::vector<std::int32_t> generate(Gpt& model, const std::vector<std::int32_t>& prompt,
                                    const SamplingOptions& options);
+
+/// The same draws, each handed to `take` as it is drawn, and kept nowhere: the memory is
+/// the model's context's, whatever n. Stops after a token `take` returns false for.
+/// Returns the tokens drawn (n, or fewer when `take` stopped it).
+std::int64_t generate(Gpt& model, const std::vector<std::int32_t>& prompt,
+                      const SamplingOptions& options,
+                      const std::function<bool(std::int32_t)>& take);
 
 }  // namespace bigbatch::nn

@@ -101,14 +101,28 @@ std::vector<std::int32_t> by_hand(nn::Gpt& model, std::vector<std::int32_t> cont
 
 TEST(Generate, IsTheLoopWrittenOutAndSlidesItsWindowPastTheContext) {
   nn::Gpt model = tiny_gpt();
-  // 3 prompt tokens and 7 drawn: from the second draw on the text outgrows the context of 4.
+  // 3 prompt tokens and 14 drawn: from the second draw on the text outgrows the context of
+  // 4, and generate() drops what it will not read again three times (each time it holds 8).
   for (const float temperature : {0.0f, 1.0f}) {
     SCOPED_TRACE(temperature);
-    const nn::SamplingOptions options{.tokens = 7, .temperature = temperature, .seed = 3};
+    const nn::SamplingOptions options{.tokens = 14, .temperature = temperature, .seed = 3};
     const std::vector<std::int32_t> written = nn::generate(model, {5, 1, 9}, options);
-    ASSERT_EQ(written.size(), 7u);
+    ASSERT_EQ(written.size(), 14u);
     EXPECT_EQ(written, by_hand(model, {5, 1, 9}, options));
   }
+}
+
+TEST(Generate, HandsEachTokenOverAsDrawnAndStopsWhenTold) {
+  nn::Gpt model = tiny_gpt();
+  const nn::SamplingOptions options{.tokens = 12, .temperature = 1.0f, .seed = 5};
+  const std::vector<std::int32_t> whole = nn::generate(model, {5, 1, 9}, options);
+  std::vector<std::int32_t> taken;
+  const std::int64_t drawn = nn::generate(model, {5, 1, 9}, options, [&](std::int32_t token) {
+    taken.push_back(token);
+    return taken.size() < 5;  // "stop" with the fifth
+  });
+  EXPECT_EQ(drawn, 5);
+  EXPECT_EQ(taken, std::vector<std::int32_t>(whole.begin(), whole.begin() + 5));
 }
 
 TEST(Generate, OnlyTheLastContextLengthOfTokensIsRead) {

@@ -7,6 +7,9 @@
 # at fault, in words (no number of 10 or more digits: a type's limits, as CLI11's range
 # checks print them), and leave no output file behind (every row also asks for --log).
 # INIT_FILE is a --save of a model of depth 1, hidden 32 on --data synthetic.
+# Output paths (chapters/cli/output_files.hpp): a folder, a pipe, two outputs naming one
+# file, an output naming an input are refused before training, the input left as it was;
+# and a --save that names a link writes the file the link names, the link left in place.
 set -u
 bigbatch=$1 init=$2
 small="--data synthetic --samples 2000 --steps 1"
@@ -50,6 +53,10 @@ for f in train-images-idx3-ubyte train-labels-idx1-ubyte t10k-images-idx3-ubyte 
   cp /usr/share/datasets/fashion-mnist/$f.gz cut/ 2>/dev/null || printf 'x' > "cut/$f.gz"
 done
 head -c 5000 /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz > cut/train-images-idx3-ubyte.gz 2>/dev/null
+# Outputs that must not be written: a pipe, and copies of inputs (a wrong build that wrote
+# them spoils its copies, not the files other rows read).
+rm -f pipe.safetensors && mkfifo pipe.safetensors
+cp x.npy x-in.npy && cp "$init" init-in.safetensors
 
 # Each row: what the message must name | environment | the command line's arguments.
 while IFS='|' read -r flag environment arguments; do
@@ -126,7 +133,39 @@ train-images-idx3-ubyte.gz|BIGBATCH_FASHION_MNIST_DIR=cut|--data fashion-mnist -
 --validation||--data npy:x.npy,y.npy --test-data npy:x.npy,y.npy --validation 10 --steps 1
 --device-memory||$small --device-memory 100KiB
 --device-memory||$small --device-memory lots
+--eval-every: --data npy:x.npy,y.npy holds out no samples||--data npy:x.npy,y.npy --steps 1 --eval-every 1
+--save: . is a folder||$small --save .
+--save: pipe.safetensors is a pipe||$small --save pipe.safetensors
+--save and --log both name partial.jsonl||$small --save partial.jsonl
+--save: x-in.npy is the file --data reads||--data npy:x-in.npy,y.npy --steps 1 --save x-in.npy
+--save: init-in.safetensors is the file --init reads||$small --init init-in.safetensors --save init-in.safetensors
 TABLE
 rm -f stderr.txt
-if [ "$failures" -ne 0 ]; then echo "$failures of $cases bad inputs were not refused as expected"; exit 1; fi
-echo "$cases bad inputs refused, each with exit code 2 and one line naming the flag or file"
+# The inputs the rows above named as outputs: unchanged.
+for pair in "x.npy x-in.npy" "$init init-in.safetensors"; do
+  # shellcheck disable=SC2086 # two words
+  if ! cmp -s $pair; then
+    echo "FAIL: ${pair#* } was changed by a run that named it as an output"
+    failures=$((failures + 1))
+  fi
+done
+# A --save that names a link (to a file, or to nothing yet): the write lands on the file the
+# link names, which holds what a --save of it by name holds; the link stays a link.
+"$bigbatch" train $small --depth 1 --hidden 32 --save direct.safetensors > /dev/null 2>&1
+for linked in existing missing; do
+  cases=$((cases + 1))
+  rm -f "$linked-target.safetensors" "$linked-link.safetensors"
+  [ $linked = missing ] || cp "$init" "$linked-target.safetensors"
+  ln -s "$linked-target.safetensors" "$linked-link.safetensors"
+  "$bigbatch" train $small --depth 1 --hidden 32 --save "$linked-link.safetensors" > /dev/null 2>&1
+  what="a link to a file"
+  [ $linked = existing ] || what="a link to no file yet"
+  if [ -L "$linked-link.safetensors" ] && cmp -s direct.safetensors "$linked-target.safetensors"; then
+    echo "ok   --save to $what: the file it names written, the link kept"
+  else
+    echo "FAIL --save to $what: $( [ -L "$linked-link.safetensors" ] && echo 'the link kept' || echo 'the link replaced'), $(cmp -s direct.safetensors "$linked-target.safetensors" && echo 'its file written' || echo 'its file not written')"
+    failures=$((failures + 1))
+  fi
+done
+if [ "$failures" -ne 0 ]; then echo "$failures of $cases cases did not go as expected"; exit 1; fi
+echo "$((cases - 2)) bad inputs refused, each with exit code 2 and one line naming the flag or file, the inputs left as they were; --save through a link, twice"

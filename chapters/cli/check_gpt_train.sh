@@ -15,7 +15,9 @@
 # leaves a snapshot; `bigbatch plan` and --plan auto plan its step; --init continues from
 # --save; what the GPT's run does not take is
 # refused with exit code 2, naming the flag; and `bigbatch generate` prints
-# the prompt and what the saved model writes after it, refusing a file that is no GPT.
+# the prompt and what the saved model writes after it, each byte as it is drawn (SIGINT
+# stops it cleanly, what was written kept), refusing a file that is no GPT, a temperature
+# that is no number and a seed out of range, as train does.
 set -u
 bigbatch=$(cd "$(dirname "$1")" && pwd)/$(basename "$1")
 fail() { echo "FAIL: $1"; exit 1; }
@@ -249,6 +251,34 @@ generate_refused "holds no GPT" --init mlp.safetensors --prompt "x"
 generate_refused "--init: " --init no-such-file.safetensors --prompt "x"
 generate_refused "--prompt: give at least one" --init whole.safetensors --prompt ""
 generate_refused "--temperature" --init whole.safetensors --prompt "x" --temperature -1
+generate_refused "--temperature: expected a number, got 'nan'" --init whole.safetensors --prompt "x" --temperature nan
+generate_refused "--seed: must be 0 or more, got -1" --init whole.safetensors --prompt "x" --seed -1
+generate_refused "--seed: '18446744073709551616' is too large" --init whole.safetensors --prompt "x" --seed 18446744073709551616
+# Each byte printed as it is drawn: SIGINT stops the longest run after the byte being drawn,
+# with what it wrote kept (the prompt, the bytes it says, a newline) and exit code 130.
+"$bigbatch" generate --init whole.safetensors --prompt "Sentence 1" --tokens 2000000000 \
+  > endless.txt 2> endless.err &
+endless=$!
+waited=0
+until [ "$(wc -c < endless.txt)" -ge 40 ] || [ $waited -ge 600 ]; do
+  sleep 0.05
+  waited=$((waited + 1))
+done
+kill -INT $endless
+waited=0
+while kill -0 $endless 2> /dev/null && [ $waited -lt 200 ]; do
+  sleep 0.05
+  waited=$((waited + 1))
+done
+if kill -0 $endless 2> /dev/null; then
+  kill -KILL $endless
+  fail "generate went on for 10 s after SIGINT"
+fi
+wait $endless
+code=$?
+drawn=$(sed -n 's/^bigbatch generate: stopped by SIGINT after \([0-9]*\) of 2000000000 bytes$/\1/p' endless.err)
+[ $code -eq 130 ] && [ -n "$drawn" ] && [ "$(wc -c < endless.txt)" -eq $((10 + drawn + 1)) ] ||
+  fail "generate stopped by SIGINT: exit $code, $(wc -c < endless.txt) bytes written, stderr: $(cat endless.err)"
 # Chapter 06's planner on the GPT, its cost model measured here (kept in cal.json), under
 # optimal:1's peak: --plan auto trains the plan `bigbatch plan` chose, and its steps peak
 # where that plan predicted.

@@ -9,7 +9,10 @@
 # - a folder that holds another run's snapshots: a new run there exits 2 naming the folder,
 #   its newest snapshot and --resume, and changes nothing in it;
 # - a folder another run is using: a second run exits 2 naming the folder and the first
-#   run's pid, and once the first is killed (SIGKILL) a third run takes the folder.
+#   run's pid, and once the first is killed (SIGKILL) a third run takes the folder;
+# - a snapshot written without ranks resumed with --simulate-ranks, and one written on
+#   ranks resumed without: exit 2, one line naming --resume and the rule (no --ranks flag,
+#   which does not exist).
 set -u
 bigbatch=$1
 run="--data synthetic --samples 2000 --depth 2 --hidden 32 --batch 64 --micro-batch 24 --precision fp16 --loss-scale dynamic"
@@ -90,6 +93,23 @@ code=$?
 "$bigbatch" train $run --steps 6 --resume older --snapshot-every 1 > /dev/null ||
   fail "continuing the folder's own run with --resume was refused"
 
+# Ranks on one side only: the rule named, in the flags that exist.
+"$bigbatch" train $run --steps 6 --resume older --simulate-ranks 2 > /dev/null 2> err.txt
+code=$?
+cat err.txt
+[ $code -eq 2 ] && [ "$(wc -l < err.txt)" -eq 1 ] &&
+  grep -q -- 'bigbatch train: --resume: older/step-00000006.safetensors was written by a run without ranks, and this run has 2: a snapshot written on ranks resumes on ranks' err.txt &&
+  ! grep -q -- '--ranks' err.txt ||
+  fail "a snapshot without ranks resumed with --simulate-ranks 2 was not refused by its rule (exit $code)"
+"$bigbatch" train $run --steps 4 --simulate-ranks 2 --snapshot-dir ranked > /dev/null ||
+  fail "the run on simulated ranks failed"
+"$bigbatch" train $run --steps 4 --resume ranked > /dev/null 2> err.txt
+code=$?
+cat err.txt
+[ $code -eq 2 ] && grep -q -- 'was written by a run on ranks, and this run has none' err.txt &&
+  ! grep -q -- '--ranks' err.txt ||
+  fail "a snapshot on ranks resumed without them was not refused by its rule (exit $code)"
+
 # One run at a time per folder.
 "$bigbatch" train $run --steps 100000 --snapshot-dir busy > holder.txt 2>&1 &
 holder=$!
@@ -113,4 +133,4 @@ wait $holder 2> /dev/null
   fail "after the holder was killed the folder stays locked: $(cat after.txt)"
 
 if [ $failures -gt 0 ]; then echo "$failures check(s) failed"; exit 1; fi
-echo "PASSED: damaged snapshots and parameter files refused by name, a folder holds one run and serves one at a time"
+echo "PASSED: damaged snapshots and parameter files refused by name, a folder holds one run and serves one at a time, ranks resume on ranks"

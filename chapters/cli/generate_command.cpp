@@ -3,6 +3,7 @@
 
 #include <CLI/CLI.hpp>
 #include <charconv>
+#include <csignal>
 #include <cstdint>
 #include <iostream>
 #include <map>
@@ -11,7 +12,9 @@
 #include <string>
 #include <vector>
 
+#include "chapters/cli/options.hpp"
 #include "chapters/cli/setup.hpp"
+#include "chapters/cli/stop_signals.hpp"
 #include "common/io/safetensors.hpp"
 #include "nn/gpt.hpp"
 
@@ -57,16 +60,17 @@ void add_generate_flags(CLI::App& generate, GenerateOptions& o) {
       ->required();
   generate.add_option("--prompt", o.prompt, "the text to continue (its bytes are the tokens)")
       ->required();
-  generate.add_option("--tokens", o.sampling.tokens, "bytes to write after the prompt")
+  generate.add_option("--tokens", o.sampling.tokens,
+                      "bytes to write after the prompt, each printed as it is drawn (SIGINT "
+                      "stops after the byte being drawn)")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(whole_number_from(0));
   generate.add_option("--temperature", o.sampling.temperature,
                       "0: always the most likely byte (greedy); else draw from the softmax of "
                       "the logits divided by it (below 1 sharper, above 1 flatter)")
       ->capture_default_str()
-      ->check(CLI::Range(0.0, 100.0));
-  generate.add_option("--seed", o.sampling.seed, "the draws' seed (the same seed, the same text)")
-      ->capture_default_str();
+      ->check(real_number_in(0.0, 100.0, "from 0 to 100"));
+  add_seed_option(generate, o.sampling.seed, "the draws' seed (the same seed, the same text)");
   generate.add_option_function<std::string>(
       "--device", [&o](const std::string& text) { o.device = parse_device(text); },
       "cpu, cuda or cuda:N")
@@ -102,21 +106,35 @@ int run_generate(const GenerateOptions& options) {
   }
   if (options.prompt.empty()) throw UsageError("--prompt: give at least one character");
   std::vector<std::int32_t> prompt;
-  for (const char c : options.prompt) prompt.push_back(static_cast<unsigned char>(c));
+  for (const char c : options.prompt) {
+    const int byte = static_cast<unsigned char>(c);
+    if (byte >= shape.vocabulary) {
+      throw UsageError("--prompt: its byte " + std::to_string(byte) + " is past the model's "
+                       "vocabulary of " + std::to_string(shape.vocabulary) + " bytes");
+    }
+    prompt.push_back(byte);
+  }
   if (static_cast<std::int64_t>(prompt.size()) > shape.context) {
     std::cerr << "bigbatch generate: note: the prompt has " << prompt.size()
               << " bytes and the model's context is " << shape.context
               << ": it reads the last " << shape.context << "\n";
   }
-  std::vector<std::int32_t> written;
-  try {
-    written = nn::generate(*built, prompt, options.sampling);
-  } catch (const std::invalid_argument& e) {  // a byte past a vocabulary smaller than 256
-    throw UsageError(std::string("--prompt: ") + e.what());
+  // Each byte printed as it is drawn; SIGINT or SIGTERM stops after the byte being drawn,
+  // what was written kept on the screen.
+  std::cout << options.prompt << std::flush;
+  const StopSignals signals;
+  const std::int64_t drawn =
+      nn::generate(*built, prompt, options.sampling, [](std::int32_t token) {
+        std::cout.put(static_cast<char>(token)).flush();
+        return StopSignals::received() == 0;
+      });
+  std::cout << "\n";
+  if (StopSignals::received() != 0) {
+    std::cerr << "bigbatch generate: stopped by "
+              << (StopSignals::received() == SIGINT ? "SIGINT" : "SIGTERM") << " after " << drawn
+              << " of " << options.sampling.tokens << " bytes\n";
+    return 128 + StopSignals::received();
   }
-  std::string text = options.prompt;
-  for (const std::int32_t token : written) text.push_back(static_cast<char>(token));
-  std::cout << text << "\n";
   return 0;
 }
 

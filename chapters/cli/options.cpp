@@ -100,8 +100,8 @@ CLI::Option* add_word_option(CLI::App& app, const std::string& flag, E& field,
   return option;
 }
 
-/// A whole number >= minimum, refused in words ("--batch: must be at least 1, got 0")
-/// rather than with CLI11's range check, which prints the type's limits.
+}  // namespace
+
 CLI::Validator whole_number_from(std::int64_t minimum) {
   const std::string what = minimum == 0 ? "0 or more" : "at least " + std::to_string(minimum);
   return CLI::Validator(
@@ -118,7 +118,6 @@ CLI::Validator whole_number_from(std::int64_t minimum) {
       minimum == 0 ? ">=0" : ">=" + std::to_string(minimum));
 }
 
-/// A real number in [low, high], refused in words.
 CLI::Validator real_number_in(double low, double high, const std::string& what) {
   return CLI::Validator(
       [low, high, what](std::string& text) -> std::string {
@@ -132,6 +131,12 @@ CLI::Validator real_number_in(double low, double high, const std::string& what) 
       },
       what);
 }
+
+CLI::Option* add_seed_option(CLI::App& app, std::uint64_t& seed, const std::string& help) {
+  return app.add_option("--seed", seed, help)->capture_default_str()->check(whole_number_from(0));
+}
+
+namespace {
 
 /// --loss-scale: none, static:S or dynamic, into the trainer's rule and fixed scale.
 std::string read_loss_scale(const std::string& text, train::TrainConfig* config) {
@@ -337,8 +342,7 @@ void add_train_flags(CLI::App& train, TrainOptions& o) {
   steps->excludes(epochs);
   train.add_flag("--drop-last", o.train.drop_last,
                  "drop each epoch's short last batch: floor(N / batch) steps per epoch");
-  train.add_option("--seed", o.train.seed, "initialisation, shuffling and dropout seed")
-      ->capture_default_str()->check(non_negative);
+  add_seed_option(train, o.train.seed, "initialisation, shuffling and dropout seed");
   add_word_option(train, "--shuffle", o.train.shuffle, kOnOff,
                   "on: a fresh permutation per epoch; off: data order");
   add_read_option(
@@ -355,7 +359,10 @@ void add_train_flags(CLI::App& train, TrainOptions& o) {
   train.add_option("--init", o.output.init,
                    "initial parameters from a safetensors file (from --save); the model's "
                    "shape is the file's, a shape flag that disagrees is refused");
-  train.add_option("--save", o.output.save, "write the trained parameters as safetensors");
+  train.add_option("--save", o.output.save,
+                   "write the trained parameters as safetensors (like --log and --calibration: "
+                   "a regular file, or a link followed to one, checked before training; "
+                   "refused when it names a folder, a device, another output or an input)");
   train.add_option("--log", o.output.log,
                    "one JSON line per step: step, epoch (fractional), loss, lr, samples, "
                    "time_s (since the start), step_time_s, loss_scale, skipped (an overflow), "

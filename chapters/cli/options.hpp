@@ -27,6 +27,8 @@
 // (bigbatch.cpp) only: its header costs about 5 s of compiling in every file that reads it.
 namespace CLI {
 class App;
+class Option;
+class Validator;
 }  // namespace CLI
 
 namespace bigbatch::cli {
@@ -154,6 +156,15 @@ struct TrainOptions {
 
 /// The flags of `bigbatch train` (and `bigbatch plan`, which takes them to describe the run).
 void add_train_flags(CLI::App& app, TrainOptions& options);
+
+/// A flag's check, the same on every subcommand: a whole number >= minimum, refused in
+/// words ("must be at least 1, got 0", "'99999999999999999999' is too large") rather than by
+/// CLI11's range check, which prints the type's limits.
+CLI::Validator whole_number_from(std::int64_t minimum);
+/// A flag's check: a finite real number in [low, high], refused in words naming `what`.
+CLI::Validator real_number_in(double low, double high, const std::string& what);
+/// --seed, the same on every subcommand: a whole number from 0 to 2^63 - 1.
+CLI::Option* add_seed_option(CLI::App& app, std::uint64_t& seed, const std::string& help);
 /// The planner's flags, on both subcommands.
 void add_plan_flags(CLI::App& app, TrainOptions& options);
 /// --data-parallel, --simulate-ranks, --reduction, --bucket-size and --zero, of `bigbatch

@@ -307,12 +307,13 @@ planning::PlanResult plan_for_gpt(const TrainOptions& options, const nn::GptConf
                       [&](Json& answer) { answer["cost_models"] = cost_models; });
 }
 
-int run_plan(const TrainOptions& options) {
+int run_plan(TrainOptions options) {
   if (options.model_kind == ModelKind::gpt) {
     check_gpt_flags(options);
   } else {
     check_mlp_flags(options);
   }
+  check_outputs(options);
   const Splits splits = load_data(options);
   const Device device = available_device(options);
   const planning::Plan best =

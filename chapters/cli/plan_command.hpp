@@ -25,6 +25,6 @@ planning::PlanResult plan_for_gpt(const TrainOptions& options, const nn::GptConf
                                   std::int64_t length, Device device);
 
 /// bigbatch plan: the table, and the train flags of the fastest plan.
-int run_plan(const TrainOptions& options);
+int run_plan(TrainOptions options);
 
 }  // namespace bigbatch::cli

@@ -13,6 +13,7 @@
 #include <variant>
 #include <vector>
 
+#include "chapters/cli/output_files.hpp"
 #include "common/cuda_runtime.hpp"
 #include "common/format.hpp"
 #include "common/memory.hpp"
@@ -134,6 +135,10 @@ Splits load_data(const TrainOptions& options) {
                        " features per sample, the training data " +
                        std::to_string(splits.train.feature_dim()));
     }
+  }
+  if (options.output.eval_every > 0 && !splits.test) {
+    throw UsageError("--eval-every: --data " + options.source.data.text() + " holds out no "
+                     "samples to evaluate: give --test-data or --validation N");
   }
   return splits;
 }
@@ -321,13 +326,26 @@ void apply_plan(const planning::Plan& plan, TrainOptions& options) {
   if (plan.attention) options.gpt.attention = *plan.attention;
 }
 
-/// Fails early (before any training) when --save could not be written at the end.
-void check_writable(const std::string& path) {
-  const std::string probe = path + ".tmp";
-  std::ofstream out(probe);
-  if (!out) throw UsageError("--save: cannot write " + path);
-  out.close();
-  std::remove(probe.c_str());
+void check_outputs(TrainOptions& options) {
+  std::vector<std::string*> paths;
+  std::vector<NamedFile> outputs, inputs;
+  const auto output = [&](const char* flag, std::string& path) {
+    if (path.empty()) return;
+    outputs.push_back({flag, path});
+    paths.push_back(&path);
+  };
+  output("--save", options.output.save);
+  output("--log", options.output.log);
+  output("--calibration", options.plan.calibration);
+  for (const std::string& file : files_of(options.source.data)) inputs.push_back({"--data", file});
+  if (options.test_data) {
+    for (const std::string& file : files_of(*options.test_data)) {
+      inputs.push_back({"--test-data", file});
+    }
+  }
+  if (!options.output.init.empty()) inputs.push_back({"--init", options.output.init});
+  const std::vector<std::string> targets = check_output_files(outputs, inputs);
+  for (std::size_t i = 0; i < paths.size(); ++i) *paths[i] = targets[i];
 }
 
 void cap_device_memory(const TrainOptions& options, const nn::StepPrediction& plain,

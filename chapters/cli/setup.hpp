@@ -110,8 +110,11 @@ void check_plan_flags(const TrainOptions& options);
 /// precision from them).
 void apply_plan(const planning::Plan& plan, TrainOptions& options);
 
-/// Fails early (before any training) when --save could not be written at the end.
-void check_writable(const std::string& path);
+/// The files the command line names for writing (--save, --log, --calibration) checked
+/// before any work by output_files.hpp's rule, against each other and the files the run
+/// reads (--data, --test-data, --init); each path that is a link is replaced by the file
+/// it names, which is what the writes then replace.
+void check_outputs(TrainOptions& options);
 
 /// --device-memory: refuses a cap below what is live before any step (parameters,
 /// gradients, optimizer state and one micro-batch's samples: `plain`, the step predicted

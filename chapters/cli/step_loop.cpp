@@ -11,18 +11,11 @@
 #include <vector>
 
 #include "chapters/cli/setup.hpp"
+#include "chapters/cli/stop_signals.hpp"
 #include "common/json.hpp"
 
 namespace bigbatch::cli {
 namespace {
-
-/// The signal that asked the run to stop (SIGINT or SIGTERM), 0 while none has.
-volatile std::sig_atomic_t g_stop_signal = 0;
-
-extern "C" void request_stop(int signal) {
-  g_stop_signal = signal;
-  std::signal(signal, SIG_DFL);  // a second one stops at once
-}
 
 /// Thrown from the step callback to leave the training loop after a signal.
 struct Interrupted {
@@ -133,10 +126,17 @@ std::int64_t SnapshotSetup::resume(nn::Network& model, nn::Optimizer& optimizer,
               " ranks would give";
     }
   } catch (const train::SnapshotMismatchError& e) {  // a changed setting
-    // Every recorded setting is a flag but the ranks (mpirun -np R, or --simulate-ranks R).
-    std::string message = e.what();
-    for (std::size_t at; (at = message.find("--ranks ")) != std::string::npos;) {
-      message.replace(at, 8, "ranks ");
+    // Every recorded setting is a flag but the ranks (mpirun -np R, or --simulate-ranks R),
+    // which only one side has here: both sides having them, R may change.
+    const std::string message = e.what();
+    if (message.find("--ranks") != std::string::npos) {
+      throw UsageError(
+          "--resume: " + files.back().path +
+          (settings.count("ranks") != 0
+               ? " was written by a run without ranks, and this run has " + settings.at("ranks")
+               : std::string(" was written by a run on ranks, and this run has none")) +
+          ": a snapshot written on ranks resumes on ranks, any R (mpirun -np R or "
+          "--simulate-ranks R), and one written without ranks resumes without them");
     }
     throw UsageError("--resume: " + message);
   } catch (const std::runtime_error& e) {  // a damaged file: is an older one whole?
@@ -193,9 +193,7 @@ int StepLoop::run() {
     if (log_.is_open()) log_.flush();  // every line up to the snapshot's step is in the file
     hooks_.write_snapshot();
   };
-  g_stop_signal = 0;
-  std::signal(SIGINT, request_stop);
-  std::signal(SIGTERM, request_stop);
+  const StopSignals signals;
   try {
     trainer_.run([&](const train::StepRecord& record) {
       last_loss_ = record.loss;
@@ -206,13 +204,13 @@ int StepLoop::run() {
       reduce_seconds_ += record.reduce_seconds;
       hooks_.complete_line(record, progress, line);
       if (log_.is_open()) log_ << line.dump() << '\n';
-      const bool stop = hooks_.any_rank(g_stop_signal != 0);
+      const bool stop = hooks_.any_rank(StopSignals::received() != 0);
       if (snapshots_.enabled() &&
           (stop || (output_.snapshot_every > 0 && record.step % output_.snapshot_every == 0))) {
         write_snapshot();
       }
       // A rank that saw no signal itself stops with the others' (mpirun sends SIGTERM).
-      if (stop) throw Interrupted{g_stop_signal != 0 ? static_cast<int>(g_stop_signal) : SIGTERM};
+      if (stop) throw Interrupted{StopSignals::received() != 0 ? StopSignals::received() : SIGTERM};
     });
   } catch (const Interrupted& stop) {
     progress.break_line();
@@ -233,8 +231,6 @@ int StepLoop::run() {
                                   : "; the last snapshot is " + snapshots_.last() + " (step " +
                                         std::to_string(snapshots_.last_step()) + ")"));
   }
-  std::signal(SIGINT, SIG_DFL);
-  std::signal(SIGTERM, SIG_DFL);
   return 0;
 }
 

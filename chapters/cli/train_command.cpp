@@ -44,7 +44,7 @@ int run_train(TrainOptions options) {
   if (options.plan.automatic) check_plan_flags(options);
   RunRanks ranks(options);  // chapter 07; under MPI, rank 0 alone prints and writes files
   ranks.quiet_other_ranks(options);
-  if (!options.output.save.empty()) check_writable(options.output.save);
+  check_outputs(options);
   const Splits splits = load_data(options);  // once, --plan auto included
   nn::ModelConfig model_shape = model_config(options, splits);
   ranks.check_run(options, model_shape, splits.train.size());  // before a plan of its share

@@ -80,8 +80,8 @@ int run_train_gpt(TrainOptions options) {
   if (options.plan.automatic) check_plan_flags(options);
   RunRanks ranks(options);  // chapter 07; under MPI, rank 0 alone prints and writes files
   ranks.quiet_other_ranks(options);
+  check_outputs(options);
   const OutputOptions& output = options.output;
-  if (!output.save.empty()) check_writable(output.save);
   const Splits splits = load_data(options);
   ranks.check_run(options, splits.train.size());
   options.source.device = ranks.device_of_this_rank(options.source.device);
