@@ -69,6 +69,29 @@ TEST(TrainerStream, ShuffleOffTakesWholeEpochsWithAShortLastBatch) {
   EXPECT_EQ(trainer_dropping.batch_indices(3), range(4, 8));
 }
 
+TEST(TrainerStream, SamplesAfterCountsWholeEpochsThenWholeBatchesAndAResumeChecksThem) {
+  // N = 10, B = 4: steps take 4, 4, 2 | 4, 4, 2 | ... samples; with --drop-last 4, 4 | 4, 4.
+  Fixture f(10, tiny_model(0, 0.0f));
+  TrainConfig config;
+  config.batch = 4;
+  config.epochs = 3;
+  train::Trainer trainer(f.model, f.optimizer, f.data, config);
+  const std::vector<std::int64_t> expected = {0, 4, 8, 10, 14, 18, 20, 24, 28, 30};
+  for (std::int64_t k = 0; k <= trainer.total_steps(); ++k) {
+    EXPECT_EQ(trainer.samples_after(k), expected[static_cast<std::size_t>(k)]) << k;
+  }
+  config.drop_last = true;
+  EXPECT_EQ(train::Trainer(f.model, f.optimizer, f.data, config).samples_after(5), 20);
+  // A state whose samples are not its steps' is refused; its steps' are taken.
+  train::TrainerState state = trainer.state();
+  state.steps_done = state.optimizer_steps = 4;
+  state.samples_done = 15;
+  EXPECT_THROW(trainer.restore(state), std::invalid_argument);
+  state.samples_done = 14;
+  trainer.restore(state);
+  EXPECT_EQ(trainer.steps_done(), 4);
+}
+
 TEST(TrainerStream, BatchesPerEpochAreCeilOrFloorOfNOverB) {
   // N = 2000, B = 64: 2000 = 31 x 64 + 16, so 32 batches per epoch (the last of 16
   // samples) and 31 with drop_last.

@@ -6,6 +6,10 @@
 #   moved aside, the run resumes from that older one and ends with the uninterrupted
 #   run's parameters, byte for byte;
 # - a bit flipped in a --save file: --init exits 2 naming the file and the tensor;
+# - a snapshot's header edited (python3): its counters changed consistently, its counters
+#   inconsistent under a recomputed header checksum, a tensor's checksum deleted, the
+#   header's checksum deleted: --resume exits 2 with one line naming the file, what is
+#   wrong and the older snapshot that is intact;
 # - a folder that holds another run's snapshots: a new run there exits 2 naming the folder,
 #   its newest snapshot and --resume, and changes nothing in it;
 # - a folder another run is using: a second run exits 2 naming the folder and the first
@@ -60,6 +64,56 @@ grep -q 'resumed from snaps/step-00000002.safetensors after step 2' resumed.txt 
   fail "the run did not resume after step 2: $(grep resumed resumed.txt)"
 cmp straight.safetensors resumed.safetensors ||
   fail "resumed from the older snapshot, the run ends with other parameters"
+
+# Edited headers. edit FILE WHAT rewrites FILE's header (the same length, padded with
+# spaces as the format allows): "steps" makes it a step-4 snapshot (steps, steps taken and
+# samples together), "samples" adds one to the samples seen and recomputes the header's
+# checksum as bigbatch does (so only the counters' cross-check is left to catch it),
+# "tensor-crc" deletes a tensor's checksum, "header-crc" the header's own.
+edit() {
+  python3 - "$1" "$2" <<'EDIT'
+import json, struct, sys, zlib
+path, what = sys.argv[1], sys.argv[2]
+data = open(path, "rb").read()
+(length,) = struct.unpack("<Q", data[:8])
+header = json.loads(data[8:8 + length])
+meta = header["__metadata__"]
+if what == "steps":
+    done = int(meta["state.steps_done"])
+    meta["state.samples_done"] = str(int(meta["state.samples_done"]) // done * 4)
+    meta["state.optimizer_steps"] = str(int(meta["state.optimizer_steps"]) - (done - 4))
+    meta["state.steps_done"] = "4"
+elif what == "samples":
+    meta["state.samples_done"] = str(int(meta["state.samples_done"]) + 1)
+    text = "".join(f"{k}={v}\n" for k, v in sorted(meta.items())
+                   if not k.startswith("crc32.") and k != "snapshot.crc32")
+    meta["snapshot.crc32"] = "%08x" % zlib.crc32(text.encode())
+elif what == "tensor-crc":
+    del meta[next(k for k in meta if k.startswith("crc32.model."))]
+elif what == "header-crc":
+    del meta["snapshot.crc32"]
+text = json.dumps(header, separators=(",", ":")).encode()
+assert len(text) <= length, "the edit makes the header longer"
+open(path, "wb").write(data[:8] + text + b" " * (length - len(text)) + data[8 + length:])
+EDIT
+}
+"$bigbatch" train $run --steps 6 --snapshot-dir pristine --snapshot-every 2 --snapshot-keep 3 \
+  > /dev/null || fail "the run that writes the snapshots to edit failed"
+for case in "steps|its settings and counters are damaged: they have CRC-32" \
+            "samples|its counters do not agree (Trainer::restore: 385 samples seen, but 6 steps take 384)" \
+            "tensor-crc|\" has no checksum (no \"crc32.model." \
+            "header-crc|its settings and counters carry no checksum (no \"snapshot.crc32\")"; do
+  what=${case%%|*} expected=${case#*|}
+  rm -rf "edited-$what" && cp -r pristine "edited-$what"
+  edit "edited-$what/step-00000006.safetensors" "$what" || fail "cannot edit a header ($what)"
+  "$bigbatch" train $run --steps 6 --resume "edited-$what" > /dev/null 2> err.txt
+  code=$?
+  cat err.txt
+  [ $code -eq 2 ] && [ "$(wc -l < err.txt)" -eq 1 ] &&
+    grep -qF -- "edited-$what/step-00000006.safetensors: " err.txt && grep -qF -- "$expected" err.txt &&
+    grep -qF -- "the older snapshot edited-$what/step-00000004.safetensors is intact" err.txt ||
+    fail "a snapshot edited ($what) was not refused by name (exit $code)"
+done
 
 cp straight.safetensors init.safetensors
 flip init.safetensors

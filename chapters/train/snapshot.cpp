@@ -25,6 +25,33 @@ namespace fs = std::filesystem;
 constexpr const char* kFormat = "bigbatch snapshot 1";
 constexpr const char* kModelPrefix = "model.";
 constexpr const char* kOptimizerPrefix = "optimizer.";
+/// The metadata key of the header's own checksum: the CRC-32 of every other entry (the
+/// settings, the counters, the scaler's state), as "key=value" lines in key order.
+constexpr const char* kHeaderChecksum = "snapshot.crc32";
+
+std::string header_checksum(const std::map<std::string, std::string>& metadata) {
+  std::string text;
+  for (const auto& [key, value] : metadata) {
+    if (key == kHeaderChecksum) continue;
+    text += key + "=" + value + "\n";
+  }
+  return crc32_text(text.data(), text.size());
+}
+
+/// Throws std::runtime_error naming `path` unless its header carries the checksum of its
+/// settings and counters, and they still have it.
+void check_header(const std::map<std::string, std::string>& metadata, const std::string& path) {
+  const auto recorded = metadata.find(kHeaderChecksum);
+  if (recorded == metadata.end()) {
+    throw std::runtime_error(path + ": its settings and counters carry no checksum (no \"" +
+                             std::string(kHeaderChecksum) + "\"): the file was edited");
+  }
+  const std::string crc = header_checksum(metadata);
+  if (crc != recorded->second) {
+    throw std::runtime_error(path + ": its settings and counters are damaged: they have "
+                             "CRC-32 " + crc + ", the file recorded " + recorded->second);
+  }
+}
 
 /// The shortest text that reads back as the same value (std::to_chars).
 template <class T>
@@ -144,8 +171,9 @@ bool snapshot_is_intact(const std::string& path) {
     const auto metadata = load_safetensors_metadata(path);
     const auto format = metadata.find("format");
     if (format == metadata.end() || format->second != kFormat) return false;
+    check_header(metadata, path);
     // Every checksum. Host memory outside the device's count and cap, as a data set's.
-    load_safetensors(path, MemoryCategory::host_data);
+    load_safetensors(path, MemoryCategory::host_data, UncheckedTensors::refused);
     return true;
   } catch (const std::runtime_error&) {
     return false;
@@ -191,6 +219,7 @@ std::string Snapshots::write(const nn::Network& model, const nn::Optimizer& opti
     metadata["scaler.skipped"] = std::to_string(state.scaler->skipped);
   }
   for (const auto& [key, value] : config) metadata["config." + key] = value;
+  metadata[kHeaderChecksum] = header_checksum(metadata);
   const std::string path = (fs::path(dir_) / file_name(state.steps_done)).string();
   save_safetensors(path, tensors, metadata);
   // The newest `keep` stay: this one and the keep - 1 steps before it. A later step's file
@@ -214,6 +243,7 @@ RunConfig restore_snapshot(const std::string& path, nn::Network& model,
     throw std::runtime_error(path + ": not a bigbatch snapshot (its metadata has no \"format\": \"" +
                              std::string(kFormat) + "\")");
   }
+  check_header(metadata, path);  // an edited header is damage, not another setting
   // The configuration first: a mismatch is the user's to fix, and names the setting. The
   // model's kind before the rest: another model's snapshot differs in most of them.
   RunConfig changed;
@@ -253,7 +283,8 @@ RunConfig restore_snapshot(const std::string& path, nn::Network& model,
         read_number<std::int64_t>(metadata, "scaler.skipped", path)};
   }
   // The tensors: every one checked before any is written.
-  const std::map<std::string, Tensor> tensors = load_safetensors(path);
+  const std::map<std::string, Tensor> tensors =
+      load_safetensors(path, MemoryCategory::parameters, UncheckedTensors::refused);
   std::map<std::string, Tensor> model_tensors;
   std::map<std::string, Tensor> optimizer_tensors;
   for (const auto& [name, tensor] : tensors) {
@@ -282,7 +313,11 @@ RunConfig restore_snapshot(const std::string& path, nn::Network& model,
   // The trainer's counters are checked (and set) first, the model's tensors next; a
   // failure there puts the counters back, so nothing has changed.
   const TrainerState before = trainer.state();
-  trainer.restore(state);
+  try {
+    trainer.restore(state);
+  } catch (const std::invalid_argument& e) {  // counters that disagree: a damaged file
+    throw std::runtime_error(path + ": its counters do not agree (" + e.what() + ")");
+  }
   try {
     model.load_state_dict(model_tensors, path);
   } catch (...) {

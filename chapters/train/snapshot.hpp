@@ -19,8 +19,11 @@
 // whole (and at most a *.tmp file, removed by the next write). The newest `keep` are kept.
 //
 // Every tensor's bytes carry a CRC-32 (save_safetensors records them, load_safetensors
-// checks them), so a snapshot damaged on disk is refused, naming the file and the tensor,
-// instead of resumed. One run at a time writes to a folder: Snapshots holds an advisory
+// checks them, and a snapshot's tensor without one is refused), and so do the metadata's
+// settings and counters ("snapshot.crc32", over every other entry), which a resume also
+// cross-checks (Trainer::restore: steps taken and skipped add up to the steps done, the
+// samples are those steps'), so a snapshot damaged on disk or edited is refused, naming
+// the file and what is wrong, instead of resumed. One run at a time writes to a folder: Snapshots holds an advisory
 // lock (flock) on DIR/.lock, which records the holder's pid, for as long as it lives; a
 // second run is refused with that pid. The kernel drops the lock when the process ends,
 // however it ends, so a killed run leaves nothing to clean up.
@@ -110,8 +113,9 @@ class Snapshots {
 /// Continues a run from a snapshot file: checks that every setting of `config` has the
 /// snapshot's value (SnapshotMismatchError naming the first that differs, or is missing on
 /// either side), then loads the model's and optimizer's tensors and the trainer's
-/// counters. Throws std::runtime_error naming the file for a damaged (a tensor whose
-/// checksum differs names it) or foreign file; nothing is changed unless everything checks.
+/// counters. Throws std::runtime_error naming the file for a damaged (a checksum that
+/// differs or is missing, counters that disagree) or foreign file; nothing is changed
+/// unless everything checks.
 /// The settings named in `may_change` may hold another value (both sides must have
 /// them): returned, with the snapshot's values, those that do.
 RunConfig restore_snapshot(const std::string& path, nn::Network& model,

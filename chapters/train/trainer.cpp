@@ -216,6 +216,9 @@ void Trainer::restore(const TrainerState& s) {
                      s.optimizer_steps + s.skipped_steps == s.steps_done,
                  "Trainer::restore: ", s.optimizer_steps, " steps taken and ", s.skipped_steps,
                  " skipped do not add up to ", s.steps_done, " done");
+  BIGBATCH_CHECK(s.samples_done == samples_after(s.steps_done), "Trainer::restore: ",
+                 s.samples_done, " samples seen, but ", s.steps_done, " steps take ",
+                 samples_after(s.steps_done));
   const bool dynamic = boundary_.dynamic_state().has_value();
   BIGBATCH_CHECK(s.scaler.has_value() == dynamic, "Trainer::restore: the state ",
                  s.scaler ? "has" : "has no", " dynamic loss scaler, this run ",
@@ -225,6 +228,13 @@ void Trainer::restore(const TrainerState& s) {
   samples_done_ = s.samples_done;
   optimizer_steps_ = s.optimizer_steps;
   optimizer_.set_steps_taken(s.optimizer_steps);
+}
+
+std::int64_t Trainer::samples_after(std::int64_t steps) const {
+  const std::int64_t per_epoch = stream_.batches_per_epoch();
+  const std::int64_t epoch_samples =
+      (per_epoch - 1) * config_.batch + stream_.position(per_epoch - 1).size;
+  return steps / per_epoch * epoch_samples + steps % per_epoch * config_.batch;
 }
 
 void Trainer::run(const std::function<void(const StepRecord&)>& on_step) {

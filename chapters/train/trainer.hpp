@@ -187,6 +187,9 @@ class Trainer {
   std::vector<std::int64_t> batch_indices(std::int64_t step) const {
     return stream_.batch_indices(step);
   }
+  /// The samples the first `steps` steps take: whole epochs, then whole batches (an
+  /// epoch's short batch is its last).
+  std::int64_t samples_after(std::int64_t steps) const;
 
   /// Runs the next step.
   StepRecord step();
@@ -196,7 +199,8 @@ class Trainer {
   /// The counters to snapshot, and their restoration (with the optimizer's step count;
   /// the model's and optimizer's tensors are the snapshot's business). restore() throws
   /// std::invalid_argument for a state this run cannot continue: more steps done than it
-  /// has, a dynamic scaler's state without dynamic scaling or the reverse.
+  /// has, steps taken and skipped that do not add up to them, samples other than those
+  /// steps take, a dynamic scaler's state without dynamic scaling or the reverse.
   TrainerState state() const;
   void restore(const TrainerState& state);
 

@@ -437,7 +437,8 @@ void save_safetensors(const std::string& path,
   }
 }
 
-std::map<std::string, Tensor> load_safetensors(const std::string& path, MemoryCategory category) {
+std::map<std::string, Tensor> load_safetensors(const std::string& path, MemoryCategory category,
+                                               UncheckedTensors unchecked) {
   std::ifstream in = io_detail::open_for_reading(path, "safetensors file");
   const Header header = read_header(in, path);
   std::map<std::string, Tensor> tensors;
@@ -456,10 +457,18 @@ std::map<std::string, Tensor> load_safetensors(const std::string& path, MemoryCa
                        checksum_text(crc) + ", the file recorded " +
                        checksum_text(recorded->second));
       }
+    } else if (unchecked == UncheckedTensors::refused) {
+      fail(path, "tensor \"" + entry.name + "\" has no checksum (no \"" +
+                     std::string(kChecksumPrefix) + entry.name + "\" in the metadata): the file "
+                     "was edited");
     }
     tensors.emplace(entry.name, std::move(tensor));
   }
   return tensors;
+}
+
+std::string crc32_text(const void* bytes, std::size_t count) {
+  return checksum_text(crc32_of(bytes, count));
 }
 
 std::map<std::string, std::string> load_safetensors_metadata(const std::string& path) {

@@ -60,11 +60,22 @@ void save_safetensors(const std::string& path,
                       const std::map<std::string, std::string>& metadata = {},
                       TensorChecksums checksums = TensorChecksums::crc32);
 
+/// Whether load_safetensors takes a tensor whose checksum the file does not record.
+enum class UncheckedTensors {
+  allowed,  ///< loaded as it is: a file another tool wrote (the default)
+  refused,  ///< std::runtime_error naming it: a file only bigbatch writes (a snapshot)
+};
+
 /// Reads every tensor of a safetensors file into CPU tensors tagged `category`
 /// (move them with Tensor::to), checking each recorded checksum. Throws
 /// std::runtime_error naming the file and the rule it breaks (or the damaged tensor).
 std::map<std::string, Tensor> load_safetensors(
-    const std::string& path, MemoryCategory category = MemoryCategory::parameters);
+    const std::string& path, MemoryCategory category = MemoryCategory::parameters,
+    UncheckedTensors unchecked = UncheckedTensors::allowed);
+
+/// zlib's CRC-32 of `count` bytes as the files record a tensor's: 8 lowercase hex digits
+/// (for a caller that checksums what it keeps in the metadata).
+std::string crc32_text(const void* bytes, std::size_t count);
 
 /// The "__metadata__" map of a safetensors file, less the checksums (empty when it has
 /// nothing else). Reads and validates the header only: the tensors' bytes are not checked.
