@@ -44,7 +44,8 @@ void check_header(const std::map<std::string, std::string>& metadata, const std:
   const auto recorded = metadata.find(kHeaderChecksum);
   if (recorded == metadata.end()) {
     throw std::runtime_error(path + ": its settings and counters carry no checksum (no \"" +
-                             std::string(kHeaderChecksum) + "\"): the file was edited");
+                             std::string(kHeaderChecksum) + "\"): written by an older bigbatch, or "
+                             "edited");
   }
   const std::string crc = header_checksum(metadata);
   if (crc != recorded->second) {

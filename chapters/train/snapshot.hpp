@@ -23,10 +23,10 @@
 // settings and counters ("snapshot.crc32", over every other entry), which a resume also
 // cross-checks (Trainer::restore: steps taken and skipped add up to the steps done, the
 // samples are those steps'), so a snapshot damaged on disk or edited is refused, naming
-// the file and what is wrong, instead of resumed. One run at a time writes to a folder: Snapshots holds an advisory
-// lock (flock) on DIR/.lock, which records the holder's pid, for as long as it lives; a
-// second run is refused with that pid. The kernel drops the lock when the process ends,
-// however it ends, so a killed run leaves nothing to clean up.
+// the file and what is wrong, instead of resumed. One run at a time writes to a folder:
+// Snapshots holds an advisory lock (flock) on DIR/.lock, which records the holder's pid,
+// for as long as it lives; a second run is refused with that pid. The kernel drops the
+// lock when the process ends, however it ends, so a killed run leaves nothing to clean up.
 #pragma once
 
 #include <cstdint>
