@@ -128,8 +128,7 @@ std::int64_t SnapshotSetup::resume(nn::Network& model, nn::Optimizer& optimizer,
   } catch (const train::SnapshotMismatchError& e) {  // a changed setting
     // Every recorded setting is a flag but the ranks (mpirun -np R, or --simulate-ranks R),
     // which only one side has here: both sides having them, R may change.
-    const std::string message = e.what();
-    if (message.find("--ranks") != std::string::npos) {
+    if (e.setting() == "ranks") {
       throw UsageError(
           "--resume: " + files.back().path +
           (settings.count("ranks") != 0
@@ -138,7 +137,7 @@ std::int64_t SnapshotSetup::resume(nn::Network& model, nn::Optimizer& optimizer,
           ": a snapshot written on ranks resumes on ranks, any R (mpirun -np R or "
           "--simulate-ranks R), and one written without ranks resumes without them");
     }
-    throw UsageError("--resume: " + message);
+    throw UsageError(std::string("--resume: ") + e.what());
   } catch (const std::runtime_error& e) {  // a damaged file: is an older one whole?
     const auto intact = std::find_if(
         std::next(files.rbegin()), files.rend(),

@@ -254,21 +254,23 @@ RunConfig restore_snapshot(const std::string& path, nn::Network& model,
   for (const auto& [key, value] : ordered) {
     const auto saved = metadata.find("config." + key);
     if (saved == metadata.end()) {
-      throw SnapshotMismatchError(path + " was written without a value for --" + key +
-                                  "; this run has --" + key + " " + value);
+      throw SnapshotMismatchError(key, path + " was written without a value for --" + key +
+                                           "; this run has --" + key + " " + value);
     }
     if (saved->second != value && may_change.count(key) != 0) {
       changed[key] = saved->second;
     } else if (saved->second != value) {
-      throw SnapshotMismatchError(path + " was written with --" + key + " " + saved->second +
-                                  ", this run has --" + key + " " + value +
-                                  ": resume with the same setting");
+      throw SnapshotMismatchError(key, path + " was written with --" + key + " " +
+                                           saved->second + ", this run has --" + key + " " +
+                                           value + ": resume with the same setting");
     }
   }
   for (const auto& [key, value] : metadata) {
-    if (key.rfind("config.", 0) == 0 && config.count(key.substr(7)) == 0) {
-      throw SnapshotMismatchError(path + " was written with --" + key.substr(7) + " " + value +
-                                  ", a setting this run does not have");
+    if (key.rfind("config.", 0) != 0) continue;
+    const std::string setting = key.substr(7);
+    if (config.count(setting) == 0) {
+      throw SnapshotMismatchError(setting, path + " was written with --" + setting + " " + value +
+                                               ", a setting this run does not have");
     }
   }
   TrainerState state;

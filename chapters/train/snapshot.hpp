@@ -35,6 +35,7 @@
 #include <set>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "chapters/train/run_settings.hpp"
@@ -47,7 +48,13 @@ namespace bigbatch::train {
 /// A snapshot that this run cannot continue from: names the setting and both values.
 class SnapshotMismatchError : public std::runtime_error {
  public:
-  using std::runtime_error::runtime_error;
+  SnapshotMismatchError(std::string setting, const std::string& message)
+      : std::runtime_error(message), setting_(std::move(setting)) {}
+  /// The setting that differs, or that one side lacks ("lr", "ranks").
+  const std::string& setting() const { return setting_; }
+
+ private:
+  std::string setting_;
 };
 
 /// A snapshot folder that another process holds (SnapshotFolderLock): names the folder
