@@ -11,8 +11,6 @@
 // (CUDA_R_16F, CUDA_R_16BF) use CUBLAS_COMPUTE_32F: tensor cores multiply the 16-bit values
 // exactly and accumulate in fp32; a 16-bit C is rounded once when stored (the handle's math
 // mode disallows reductions in reduced precision). With beta == 0 cuBLAS does not read C.
-#include <cublas_v2.h>
-
 #include <climits>
 #include <mutex>
 #include <utility>
@@ -20,20 +18,13 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cublas_library.cuh"
 #include "kernels/cuda_common.cuh"
 #include "kernels/gemm.hpp"
 #include "kernels/gemm_internal.hpp"
 
 namespace bigbatch::cuda {
 namespace {
-
-void check_cublas(cublasStatus_t status, const char* what) {
-  if (status != CUBLAS_STATUS_SUCCESS) {
-    throw std::runtime_error(std::string("cuBLAS error in ") + what + ": " +
-                             cublasGetStatusName(status) + " (" + cublasGetStatusString(status) +
-                             ")");
-  }
-}
 
 void check_cuda(cudaError_t status, const char* what) {
   if (status != cudaSuccess) {
@@ -70,12 +61,13 @@ cublasHandle_t handle_for(int device) {
   const std::lock_guard<std::mutex> lock(mutex);
   if (device >= static_cast<int>(handles.size())) handles.resize(device + 1, nullptr);
   if (handles[device] == nullptr) {
-    check_cublas(cublasCreate(&handles[device]), "cublasCreate");
+    const CublasLibrary& blas = cublas_library();
+    check_cublas(blas.cublasCreate_v2(&handles[device]), "cuBLAS", "cublasCreate");
     // Without this flag cuBLAS may reduce partial sums in the output's type (f16 for an
     // f16 C), which would break the one rounding on store that gemm.hpp promises.
-    check_cublas(cublasSetMathMode(handles[device],
-                                   CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION),
-                 "cublasSetMathMode");
+    check_cublas(blas.cublasSetMathMode(handles[device],
+                                        CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION),
+                 "cuBLAS", "cublasSetMathMode");
   }
   return handles[device];
 }
@@ -183,13 +175,13 @@ void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Te
   // operand's row length, dim(1).
   const int timing = begin_gemm_timing();
   check_cublas(
-      cublasGemmEx(handle_for(a.device().index), trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
-                   trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, as_int(sizes.n, "N"),
-                   as_int(sizes.m, "M"), as_int(sizes.k, "K"), &alpha, b.raw_data(),
-                   operand_type, as_int(b.dim(1), "ldb"), a.raw_data(), operand_type,
-                   as_int(a.dim(1), "lda"), &beta, c.raw_data(), output_type,
-                   as_int(sizes.n, "ldc"), compute, CUBLAS_GEMM_DEFAULT),
-      "cublasGemmEx");
+      cublas_library().cublasGemmEx(
+          handle_for(a.device().index), trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
+          trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, as_int(sizes.n, "N"), as_int(sizes.m, "M"),
+          as_int(sizes.k, "K"), &alpha, b.raw_data(), operand_type, as_int(b.dim(1), "ldb"),
+          a.raw_data(), operand_type, as_int(a.dim(1), "lda"), &beta, c.raw_data(),
+          output_type, as_int(sizes.n, "ldc"), compute, CUBLAS_GEMM_DEFAULT),
+      "cuBLAS", "cublasGemmEx");
   end_gemm_timing(timing);
 }
 

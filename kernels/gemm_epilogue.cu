@@ -10,13 +10,12 @@
 //             B = dy stored [N2, M] (ldb N2); m = N, n = M, k = N2; aux (pre) ld N.
 // fp32 accumulation (CUBLAS_COMPUTE_32F, fp32 scale), f16 A, B, C, D and aux.
 // The work runs on the legacy default stream, in order with every other kernel.
-#include <cublasLt.h>
-
 #include <cstdint>
 #include <mutex>
 #include <stdexcept>
 #include <string>
 
+#include "kernels/cublas_library.cuh"
 #include "kernels/cuda_common.cuh"
 #include "kernels/elementwise.hpp"
 #include "kernels/gemm.hpp"
@@ -26,11 +25,7 @@ namespace bigbatch::cuda {
 namespace {
 
 void check_lt(cublasStatus_t status, const char* what) {
-  if (status != CUBLAS_STATUS_SUCCESS) {
-    throw std::runtime_error(std::string("cuBLASLt error in ") + what + ": " +
-                             cublasGetStatusName(status) + " (" + cublasGetStatusString(status) +
-                             ")");
-  }
+  check_cublas(status, "cuBLASLt", what);
 }
 
 /// The process's cuBLASLt handle (device 0, the one device tensors live on), created on first
@@ -38,7 +33,9 @@ void check_lt(cublasStatus_t status, const char* what) {
 cublasLtHandle_t lt_handle() {
   static std::once_flag once;
   static cublasLtHandle_t handle = nullptr;
-  std::call_once(once, [] { check_lt(cublasLtCreate(&handle), "cublasLtCreate"); });
+  std::call_once(once, [] {
+    check_lt(cublas_library().cublasLtCreate(&handle), "cublasLtCreate");
+  });
   return handle;
 }
 
@@ -49,16 +46,17 @@ constexpr std::size_t kWorkspaceBytes = std::size_t{4} << 20;
 class MatmulCall {
  public:
   MatmulCall() {
-    check_lt(cublasLtMatmulDescCreate(&desc_, CUBLAS_COMPUTE_32F, CUDA_R_32F),
+    check_lt(lt_.cublasLtMatmulDescCreate(&desc_, CUBLAS_COMPUTE_32F, CUDA_R_32F),
              "cublasLtMatmulDescCreate");
-    check_lt(cublasLtMatmulPreferenceCreate(&preference_), "cublasLtMatmulPreferenceCreate");
+    check_lt(lt_.cublasLtMatmulPreferenceCreate(&preference_),
+             "cublasLtMatmulPreferenceCreate");
   }
   ~MatmulCall() {
     for (cublasLtMatrixLayout_t layout : {a_, b_, d_}) {
-      if (layout != nullptr) cublasLtMatrixLayoutDestroy(layout);
+      if (layout != nullptr) lt_.cublasLtMatrixLayoutDestroy(layout);
     }
-    cublasLtMatmulPreferenceDestroy(preference_);
-    cublasLtMatmulDescDestroy(desc_);
+    lt_.cublasLtMatmulPreferenceDestroy(preference_);
+    lt_.cublasLtMatmulDescDestroy(desc_);
   }
   MatmulCall(const MatmulCall&) = delete;
   MatmulCall& operator=(const MatmulCall&) = delete;
@@ -66,7 +64,7 @@ class MatmulCall {
   /// Sets a descriptor attribute from a value.
   template <class V>
   void set(cublasLtMatmulDescAttributes_t attribute, const V& value) {
-    check_lt(cublasLtMatmulDescSetAttribute(desc_, attribute, &value, sizeof value),
+    check_lt(lt_.cublasLtMatmulDescSetAttribute(desc_, attribute, &value, sizeof value),
              "cublasLtMatmulDescSetAttribute");
   }
 
@@ -79,34 +77,36 @@ class MatmulCall {
     const cublasOperation_t op_b = CUBLAS_OP_N;
     set(CUBLASLT_MATMUL_DESC_TRANSA, op_a);
     set(CUBLASLT_MATMUL_DESC_TRANSB, op_b);
-    check_lt(cublasLtMatrixLayoutCreate(&a_, CUDA_R_16F, transa ? k : m, transa ? m : k, lda),
+    check_lt(lt_.cublasLtMatrixLayoutCreate(&a_, CUDA_R_16F, transa ? k : m, transa ? m : k,
+                                            lda),
              "cublasLtMatrixLayoutCreate (A)");
-    check_lt(cublasLtMatrixLayoutCreate(&b_, CUDA_R_16F, k, n, ldb),
+    check_lt(lt_.cublasLtMatrixLayoutCreate(&b_, CUDA_R_16F, k, n, ldb),
              "cublasLtMatrixLayoutCreate (B)");
-    check_lt(cublasLtMatrixLayoutCreate(&d_, CUDA_R_16F, m, n, m),
+    check_lt(lt_.cublasLtMatrixLayoutCreate(&d_, CUDA_R_16F, m, n, m),
              "cublasLtMatrixLayoutCreate (D)");
     const std::uint64_t workspace_bytes = kWorkspaceBytes;
-    check_lt(cublasLtMatmulPreferenceSetAttribute(preference_,
-                                                  CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                                  &workspace_bytes, sizeof workspace_bytes),
+    check_lt(lt_.cublasLtMatmulPreferenceSetAttribute(preference_,
+                                                      CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                      &workspace_bytes, sizeof workspace_bytes),
              "cublasLtMatmulPreferenceSetAttribute");
     cublasLtMatmulHeuristicResult_t heuristic{};
     int found = 0;
-    const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(
+    const cublasStatus_t status = lt_.cublasLtMatmulAlgoGetHeuristic(
         lt_handle(), desc_, a_, b_, d_, d_, preference_, 1, &heuristic, &found);
     if (status != CUBLAS_STATUS_SUCCESS || found == 0) return false;
     const Tensor workspace({static_cast<std::int64_t>(kWorkspaceBytes / sizeof(float))},
                            DType::f32, device, MemoryCategory::workspace);
     const float alpha = 1.0f, beta = 0.0f;
     const int timing = begin_gemm_timing();
-    check_lt(cublasLtMatmul(lt_handle(), desc_, &alpha, a, a_, b, b_, &beta, d, d_, d, d_,
-                            &heuristic.algo, workspace.raw_data(), kWorkspaceBytes, 0),
+    check_lt(lt_.cublasLtMatmul(lt_handle(), desc_, &alpha, a, a_, b, b_, &beta, d, d_, d, d_,
+                                &heuristic.algo, workspace.raw_data(), kWorkspaceBytes, 0),
              "cublasLtMatmul");
     end_gemm_timing(timing);
     return true;
   }
 
  private:
+  const CublasLibrary& lt_ = cublas_library();
   cublasLtMatmulDesc_t desc_ = nullptr;
   cublasLtMatmulPreference_t preference_ = nullptr;
   cublasLtMatrixLayout_t a_ = nullptr, b_ = nullptr, d_ = nullptr;

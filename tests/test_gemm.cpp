@@ -20,6 +20,13 @@
 #include "kernels/gemm.hpp"
 #include "tests/harness.hpp"
 
+#if BIGBATCH_HAVE_CUDA
+#include <cstdlib>
+#include <fstream>
+
+#include "kernels/cublas_library.cuh"
+#endif
+
 namespace bigbatch {
 namespace {
 
@@ -684,6 +691,52 @@ TEST(GemmCpu, ScopedPathForcesAndRestoresThePath) {
   }
   EXPECT_EQ(cpu::gemm_path(), fastest);
 }
+
+#if BIGBATCH_HAVE_CUDA
+/// Whether a file whose path contains `name` is mapped into this process.
+bool mapped(const std::string& name) {
+  std::ifstream maps("/proc/self/maps");
+  for (std::string line; std::getline(maps, line);) {
+    if (line.find(name) != std::string::npos) return true;
+  }
+  return false;
+}
+
+// cuBLAS is opened by the first GEMM on a GPU, not with the program (cublas_library.cuh):
+// a program that runs on the CPU does not pay its start-up. This needs no GPU, so it runs
+// on every machine. The check runs in a process of its own, started for it ("threadsafe"
+// re-runs the test program with this test alone), so that no earlier test has opened the
+// library in it; it exits 0 when the library was absent before the call and present after.
+TEST(CublasLibraryDeathTest, OpensOnTheFirstCallNotWithTheProgram) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        const bool before = mapped("libcublas");
+        const cuda::CublasLibrary& library = cuda::cublas_library();
+        const bool after = mapped("libcublasLt.so") && mapped("libcublas.so");
+        std::exit(!before && after && &library == &cuda::cublas_library() ? 0 : 1);
+      },
+      ::testing::ExitedWithCode(0), "");
+}
+
+// Every function is looked up (a missing one throws), and one that needs no GPU answers.
+TEST(CublasLibrary, ResolvesEveryFunctionAndNamesAStatus) {
+  const cuda::CublasLibrary& library = cuda::cublas_library();
+  EXPECT_STREQ(library.cublasGetStatusName(CUBLAS_STATUS_NOT_INITIALIZED),
+               "CUBLAS_STATUS_NOT_INITIALIZED");
+  try {
+    cuda::check_cublas(CUBLAS_STATUS_INVALID_VALUE, "cuBLAS", "cublasGemmEx");
+    ADD_FAILURE() << "check_cublas did not throw for a failed status";
+  } catch (const std::runtime_error& e) {
+    EXPECT_STREQ(e.what(),
+                 ("cuBLAS error in cublasGemmEx: CUBLAS_STATUS_INVALID_VALUE (" +
+                  std::string(library.cublasGetStatusString(CUBLAS_STATUS_INVALID_VALUE)) +
+                  ")")
+                     .c_str());
+  }
+  EXPECT_NO_THROW(cuda::check_cublas(CUBLAS_STATUS_SUCCESS, "cuBLAS", "cublasGemmEx"));
+}
+#endif
 
 }  // namespace
 }  // namespace bigbatch
