@@ -17,32 +17,48 @@
 
 namespace bigbatch::cuda {
 
-/// The cuBLAS and cuBLASLt functions this project calls, each named as in the headers.
-/// (cublasCreate is a macro for cublasCreate_v2, the function the library exports.)
+/// The cuBLAS and cuBLASLt functions this project calls, each named as in the headers
+/// (cublasCreate is a macro for cublasCreate_v2, the function the library exports).
 struct CublasLibrary {
+  /// A cuBLAS handle (cublasCreate).
   decltype(&::cublasCreate_v2) cublasCreate_v2;
+  /// Sets a handle's math mode.
   decltype(&::cublasSetMathMode) cublasSetMathMode;
-  // Overloaded in C++ (an inline wrapper in the header takes a cudaDataType compute type):
-  // the function the library exports takes a cublasComputeType_t. The .cu file checks that
-  // this type selects one of the header's declarations.
+  /// The GEMM of gemm.cu. Overloaded in C++ (an inline wrapper in the header takes a
+  /// cudaDataType compute type): the function the library exports takes a
+  /// cublasComputeType_t. The .cu file checks that this type selects one of the header's
+  /// declarations.
   cublasStatus_t (*cublasGemmEx)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int m,
                                  int n, int k, const void* alpha, const void* a, cudaDataType,
                                  int lda, const void* b, cudaDataType, int ldb,
                                  const void* beta, void* c, cudaDataType, int ldc,
                                  cublasComputeType_t, cublasGemmAlgo_t);
+  /// A status's name ("CUBLAS_STATUS_INVALID_VALUE").
   decltype(&::cublasGetStatusName) cublasGetStatusName;
+  /// A status in words.
   decltype(&::cublasGetStatusString) cublasGetStatusString;
 
+  /// A cuBLASLt handle.
   decltype(&::cublasLtCreate) cublasLtCreate;
+  /// A matmul's descriptor (gemm_epilogue.cu).
   decltype(&::cublasLtMatmulDescCreate) cublasLtMatmulDescCreate;
+  /// Frees a matmul's descriptor.
   decltype(&::cublasLtMatmulDescDestroy) cublasLtMatmulDescDestroy;
+  /// Sets an attribute of a matmul's descriptor (its epilogue, bias, aux).
   decltype(&::cublasLtMatmulDescSetAttribute) cublasLtMatmulDescSetAttribute;
+  /// An operand's layout.
   decltype(&::cublasLtMatrixLayoutCreate) cublasLtMatrixLayoutCreate;
+  /// Frees an operand's layout.
   decltype(&::cublasLtMatrixLayoutDestroy) cublasLtMatrixLayoutDestroy;
+  /// The preferences a matmul's algorithm is chosen by.
   decltype(&::cublasLtMatmulPreferenceCreate) cublasLtMatmulPreferenceCreate;
+  /// Frees the preferences.
   decltype(&::cublasLtMatmulPreferenceDestroy) cublasLtMatmulPreferenceDestroy;
+  /// Sets a preference (the workspace's size).
   decltype(&::cublasLtMatmulPreferenceSetAttribute) cublasLtMatmulPreferenceSetAttribute;
+  /// The algorithm cuBLASLt's heuristic chooses for a matmul.
   decltype(&::cublasLtMatmulAlgoGetHeuristic) cublasLtMatmulAlgoGetHeuristic;
+  /// The matmul.
   decltype(&::cublasLtMatmul) cublasLtMatmul;
 };
 
