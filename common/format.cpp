@@ -4,6 +4,7 @@
 #include <cctype>
 #include <cmath>
 #include <cstdio>
+#include <limits>
 #include <stdexcept>
 #include <string_view>
 
@@ -21,6 +22,11 @@ std::string format_bytes(std::size_t bytes) {
   char text[32];
   std::snprintf(text, sizeof text, "%.2f %s", value, units[unit]);
   return text;
+}
+
+std::string format_bytes_asked(std::size_t bytes) {
+  if (bytes == std::numeric_limits<std::size_t>::max()) return "more bytes than 64 bits count";
+  return format_bytes(bytes) + " (" + std::to_string(bytes) + " bytes)";
 }
 
 std::size_t parse_bytes(const std::string& text) {

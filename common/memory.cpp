@@ -1,7 +1,11 @@
 #include "common/memory.hpp"
 
+#include <unistd.h>
+
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
+#include <limits>
 #include <map>
 #include <memory>
 #include <new>
@@ -21,9 +25,28 @@ std::size_t index_of(MemoryCategory c) { return static_cast<std::size_t>(c); }
 TrackingAllocator::TrackingAllocator(Device device)
     : TrackingAllocator(device, device.is_cuda() ? make_cuda_memory_source() : nullptr) {}
 
+std::size_t host_memory_bytes() {
+  static const std::size_t bytes = [] {
+    const long pages = sysconf(_SC_PHYS_PAGES), page_size = sysconf(_SC_PAGESIZE);
+    std::size_t total = pages > 0 && page_size > 0
+                            ? static_cast<std::size_t>(pages) * static_cast<std::size_t>(page_size)
+                            : std::numeric_limits<std::size_t>::max();
+    // A container's limit: a number of bytes, or "max" (no limit), which does not parse.
+    std::ifstream limit("/sys/fs/cgroup/memory.max");
+    std::size_t limit_bytes = 0;
+    if (limit >> limit_bytes && limit_bytes > 0 && limit_bytes < total) total = limit_bytes;
+    return total;
+  }();
+  return bytes;
+}
+
 TrackingAllocator::TrackingAllocator(Device device, std::unique_ptr<DeviceMemorySource> source)
     : device_(device), source_(std::move(source)) {
-  if (source_) cache_ = std::make_unique<CachingAllocator>(*source_);
+  if (source_) {
+    cache_ = std::make_unique<CachingAllocator>(*source_);
+  } else {
+    cpu_capacity_ = host_memory_bytes();
+  }
 }
 
 TrackingAllocator::~TrackingAllocator() = default;  // cache_ empties itself before source_ goes
@@ -61,6 +84,21 @@ void* TrackingAllocator::allocate(std::size_t bytes, MemoryCategory category) {
             << " and " << format_bytes(stats_.live_total) << " are live ("
             << describe_live_locked() << ")";
     throw OutOfMemoryError(message.str(), bytes, category);
+  }
+  if (!cache_) {  // the CPU: what is live and asked for must fit in the machine
+    const std::size_t host_data = stats_.live[index_of(MemoryCategory::host_data)];
+    const std::size_t live = stats_.live_total + host_data;
+    if (bytes > cpu_capacity_ || live > cpu_capacity_ - bytes) {
+      std::ostringstream message;
+      message << "out of memory on " << device_.name() << ": cannot allocate "
+              << format_bytes(bytes) << " (" << bytes << " bytes) of "
+              << category_name(category) << "; this machine has " << format_bytes(cpu_capacity_)
+              << " of memory and " << format_bytes(live) << " are live ("
+              << describe_live_locked();
+      if (host_data > 0) message << "; and the data sets' " << format_bytes(host_data);
+      message << ")";
+      throw OutOfMemoryError(message.str(), bytes, category);
+    }
   }
   void* pointer = allocate_block_locked(bytes);
   update_reserved_locked();

@@ -138,7 +138,10 @@ class TrackingAllocator {
   TrackingAllocator& operator=(const TrackingAllocator&) = delete;
 
   /// Returns `bytes` bytes (64-byte aligned on the CPU), or nullptr for 0 bytes.
-  /// Throws OutOfMemoryError past the cap or when the device itself is full.
+  /// Throws OutOfMemoryError past the cap or when the device itself is full; on the CPU,
+  /// "full" is every live byte (host_data included) past host_memory_bytes(), checked
+  /// before any is taken: the operating system would hand out such memory on credit and
+  /// end the process when it is touched.
   void* allocate(std::size_t bytes, MemoryCategory category);
   /// Returns memory obtained from allocate() with the same size and category.
   void deallocate(void* pointer, std::size_t bytes, MemoryCategory category) noexcept;
@@ -169,10 +172,15 @@ class TrackingAllocator {
   std::unique_ptr<DeviceMemorySource> source_;  // nullptr on the CPU
   std::unique_ptr<CachingAllocator> cache_;     // nullptr on the CPU
   std::size_t cpu_reserved_ = 0;                // CPU: live bytes rounded to 64
+  std::size_t cpu_capacity_ = 0;                // CPU: host_memory_bytes()
   mutable std::mutex mutex_;
   MemoryStats stats_;
   std::optional<std::size_t> cap_;
 };
+
+/// The memory this process may use on this machine: its physical memory, or the limit of
+/// its control group (cgroup v2's memory.max) where that is lower. Read once.
+std::size_t host_memory_bytes();
 
 /// The process-wide allocator of a device (one per device, created on first use). These are
 /// never destroyed: a tensor destroyed late in the program's exit still finds its

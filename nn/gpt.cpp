@@ -2,6 +2,7 @@
 #include "nn/gpt.hpp"
 
 #include <cmath>
+#include <initializer_list>
 #include <numbers>
 #include <stdexcept>
 
@@ -99,6 +100,42 @@ std::string attention_kernel_name(AttentionKernel kernel) {
   return kernel == AttentionKernel::efficient ? "efficient" : "plain";
 }
 
+std::int64_t gpt_parameter_count(const GptConfig& c) {
+  const std::int64_t V = c.vocabulary, T = c.context, N = c.layers, C = c.width;
+  BIGBATCH_CHECK(V >= 0 && T >= 0 && N >= 0 && C >= 0, "gpt_parameter_count: negative size");
+  std::int64_t total = 0;
+  bool overflow = false;
+  const auto add = [&](std::initializer_list<std::int64_t> factors) {
+    std::int64_t product = 1;
+    for (const std::int64_t factor : factors) {
+      overflow |= __builtin_mul_overflow(product, factor, &product);
+    }
+    overflow |= __builtin_add_overflow(total, product, &total);
+  };
+  add({V, C});  // wte
+  add({T, C});  // wpe
+  // Each block: c_attn [3C, C], attn.c_proj [C, C], mlp.c_fc [4C, C], mlp.c_proj [C, 4C]
+  // (12 C^2); their biases (3C + C + 4C + C) and ln_1's and ln_2's weights and biases (4C).
+  add({N, 12, C, C});
+  add({N, 13, C});
+  add({2, C});  // ln_f
+  BIGBATCH_CHECK(!overflow, "a GPT of vocabulary ", V, ", context ", T, ", ", N,
+                 " layers and width ", C, " has too many parameters to count in 64 bits");
+  return total;
+}
+
+void check_gpt_config(const GptConfig& config) {
+  BIGBATCH_CHECK(config.vocabulary > 0 && config.context > 0 && config.layers >= 0 &&
+                     config.width > 0 && config.heads > 0 && config.width % config.heads == 0,
+                 "Gpt: vocabulary, context, width and heads must be positive, layers >= 0, and "
+                 "heads must divide the width; got vocabulary ",
+                 config.vocabulary, ", context ", config.context, ", layers ", config.layers,
+                 ", width ", config.width, ", heads ", config.heads);
+  BIGBATCH_CHECK(config.dropout >= 0.0f && config.dropout < 1.0f,
+                 "Gpt: dropout must be in [0, 1), got ", config.dropout);
+  gpt_parameter_count(config);
+}
+
 Gpt::Gpt(const GptConfig& config, Device device) : Gpt(config, device, DType::f32) {}
 
 Gpt Gpt::float64(const GptConfig& config) {
@@ -113,14 +150,7 @@ Gpt::Gpt(const GptConfig& config, Device device, DType parameter_dtype)
       parameter_dtype_(parameter_dtype),
       activation_dtype_(parameter_dtype == DType::f64 ? DType::f64
                                                       : working_dtype(config.precision)) {
-  BIGBATCH_CHECK(config.vocabulary > 0 && config.context > 0 && config.layers >= 0 &&
-                     config.width > 0 && config.heads > 0 && config.width % config.heads == 0,
-                 "Gpt: vocabulary, context, width and heads must be positive, layers >= 0, and "
-                 "heads must divide the width; got vocabulary ",
-                 config.vocabulary, ", context ", config.context, ", layers ", config.layers,
-                 ", width ", config.width, ", heads ", config.heads);
-  BIGBATCH_CHECK(config.dropout >= 0.0f && config.dropout < 1.0f,
-                 "Gpt: dropout must be in [0, 1), got ", config.dropout);
+  check_gpt_config(config);
   const std::int64_t C = config.width;
   const Precision precision = config.precision;
   const DType p = parameter_dtype;

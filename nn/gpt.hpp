@@ -159,6 +159,15 @@ struct GptSavedBytes {
 GptSavedBytes gpt_saved_bytes(const GptConfig& config, std::int64_t sequences,
                               std::int64_t length);
 
+/// The trainable elements of the GPT `config` describes (its parameter_count()), from the
+/// configuration alone: V C + T C + N (12 C^2 + 13 C) + 2 C. Throws std::invalid_argument
+/// for a negative size or a count past 64 bits.
+std::int64_t gpt_parameter_count(const GptConfig& config);
+
+/// Throws std::invalid_argument for sizes no GPT has (heads not dividing the width, a
+/// parameter count past 64 bits, ...): the constructor's checks, without building anything.
+void check_gpt_config(const GptConfig& config);
+
 class Gpt;
 
 /// How forward() and backward() run the transformer blocks (network.hpp): h0 is the

@@ -4,6 +4,8 @@
 #include "nn/memory_model.hpp"
 
 #include <algorithm>
+#include <initializer_list>
+#include <limits>
 #include <utility>
 
 #include "common/check.hpp"
@@ -87,6 +89,58 @@ PredictedBytes predict_memory(const ModelConfig& c, std::int64_t rows) {
                                   h * s + 8 + 4 * k + (mixed ? 2 * d : 0);
   p.activations = to_size(rows * per_sample);
   return p;
+}
+
+namespace {
+
+/// One term of a count: the product of its factors (each >= 0).
+using Product = std::initializer_list<std::int64_t>;
+
+constexpr std::size_t kTooMany = std::numeric_limits<std::size_t>::max();
+
+std::size_t saturating_add(std::size_t a, std::size_t b) {
+  std::size_t sum = 0;
+  return __builtin_add_overflow(a, b, &sum) ? kTooMany : sum;
+}
+
+std::size_t saturating_product(Product factors, std::size_t times) {
+  std::size_t product = times;
+  for (const std::int64_t factor : factors) {
+    if (__builtin_mul_overflow(product, to_size(factor), &product)) return kTooMany;
+  }
+  return product;
+}
+
+/// The parameters' bytes of the Linear weights `weights` (2 bytes each under mixed
+/// precision, else 4) and the f32 elements `others`, each the sum of its terms.
+std::size_t parameter_bytes_of(Precision precision, std::initializer_list<Product> weights,
+                               std::initializer_list<Product> others) {
+  std::size_t total = 0;
+  for (const Product& term : weights) {
+    total = saturating_add(total, saturating_product(term, is_mixed(precision) ? 2 : 4));
+  }
+  for (const Product& term : others) total = saturating_add(total, saturating_product(term, 4));
+  return total;
+}
+
+}  // namespace
+
+std::size_t parameter_bytes(const ModelConfig& c) {
+  const std::int64_t d = c.inputs, h = c.hidden, e = c.expansion, k = c.classes, n = c.depth;
+  // trainable_tensors' lists summed: the stem's and head's weights, each block's fc1 and fc2
+  // (h x eh each); the stem's and head's biases and the head norm's weight and bias, each
+  // block's norm weight and bias and fc2 bias (3h) and fc1 bias (eh). BatchNorm's running
+  // mean and variance (2h) per norm layer, the blocks' and the head's.
+  const bool batch = c.norm == Norm::batch;
+  return parameter_bytes_of(c.precision, {{d, h}, {h, k}, {n, 2, e, h, h}},
+                            {{3, h}, {k}, {n, 3, h}, {n, e, h}, {batch ? n + 1 : 0, 2, h}});
+}
+
+std::size_t parameter_bytes(const GptConfig& c) {
+  const std::int64_t V = c.vocabulary, T = c.context, N = c.layers, C = c.width;
+  // wte, wpe and each block's four Linear weights (12 C^2); each block's biases and norms
+  // (13 C) and ln_f (2 C), as gpt_parameter_count.
+  return parameter_bytes_of(c.precision, {{V, C}, {T, C}, {N, 12, C, C}}, {{N, 13, C}, {2, C}});
 }
 
 std::size_t optimizer_state_bytes_per_parameter(const Optimizer::Options& options) {

@@ -76,6 +76,15 @@ std::vector<std::int64_t> master_weight_sizes(const ModelConfig& config);
 /// momentum 4, plain SGD 0.
 std::size_t optimizer_state_bytes_per_parameter(const Optimizer::Options& options);
 
+/// The bytes of the parameters alone (MemoryCategory::parameters: the working copies, and
+/// BatchNorm's running statistics), from closed formulas, at no cost for any size (SIZE_MAX
+/// where the count passes 64 bits). Every step holds at least these, on every rank (ZeRO
+/// never shards them): a floor to refuse a model the device cannot hold before its step is
+/// replayed, which takes memory in proportion to the depth.
+std::size_t parameter_bytes(const ModelConfig& config);
+/// The same for the GPT: wte, wpe, the blocks and ln_f.
+std::size_t parameter_bytes(const GptConfig& config);
+
 /// What a described allocation is, in at most four pieces of text, joined only where the
 /// allocation sets the peak (the one moment a ledger keeps): a prediction replays
 /// thousands of allocations, and naming each of them in a string of its own took most of

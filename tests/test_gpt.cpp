@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -114,6 +115,16 @@ TEST(GptParameters, NamesShapesAndCountAreNanoGpts) {
   EXPECT_EQ(parameters.back().name, "transformer.ln_f.bias");
   const std::int64_t C = 384;
   EXPECT_EQ(model.parameter_count(), 6 * (12 * C * C + 13 * C) + (256 + 256) * C + 2 * C);
+  EXPECT_EQ(nn::gpt_parameter_count(config), model.parameter_count());
+  // Counted without building the model, so a file's or a flag's sizes can be weighed first;
+  // a count past 64 bits is refused rather than wrapped.
+  GptConfig huge = config;
+  huge.layers = 1;
+  huge.width = std::int64_t{1} << 31;  // 12 C^2 = 3 2^64
+  EXPECT_THROW(nn::gpt_parameter_count(huge), std::invalid_argument);
+  huge.width = 384;
+  huge.context = std::numeric_limits<std::int64_t>::max() / 384;  // wpe fits, wte + wpe does not
+  EXPECT_THROW(nn::gpt_parameter_count(huge), std::invalid_argument);
 }
 
 /// The mean and standard deviation of a parameter's elements.

@@ -1,6 +1,9 @@
 // The tracking allocator: exact bytes by category, peaks, the cap and its message.
 #include <gtest/gtest.h>
 
+#include <limits>
+#include <string>
+
 #include "common/format.hpp"
 #include "common/memory.hpp"
 #include "common/tensor.hpp"
@@ -59,6 +62,38 @@ TEST(HostData, IsCountedInItsOwnRowOutsideTheTotalsAndTheCap) {
   const std::string report = allocator.report();
   EXPECT_NE(report.find("host_data"), std::string::npos) << report;
   EXPECT_NE(report.find("not in the total"), std::string::npos) << report;
+}
+
+TEST(HostMemory, TheCpuRefusesWhatTheMachineCannotHoldBeforeTakingAnyOfIt) {
+  // The machine's memory bounds the CPU as a GPU's own memory bounds the GPU: a request
+  // past what is left (host data counted: it is in the same memory) throws OutOfMemoryError
+  // naming the machine's size. Refused before a byte is taken, since the kernel lends such
+  // memory on credit and kills the process when it is touched. This one would fit if the
+  // data set's 4000 bytes did not count.
+  TrackingAllocator& allocator = allocator_for(Device::cpu());
+  const std::size_t machine = host_memory_bytes();
+  Tensor data_set({1000}, DType::f32, Device::cpu(), MemoryCategory::host_data);
+  const MemoryStats before = allocator.stats();
+  ASSERT_GT(machine, before.live_total + 4000);
+  const std::size_t asked = machine - before.live_total - 10;
+  try {
+    allocator.allocate(asked, MemoryCategory::activations);
+    FAIL() << "an allocation past the machine's " << format_bytes(machine) << " was granted";
+  } catch (const OutOfMemoryError& error) {
+    const std::string message = error.what();
+    EXPECT_EQ(error.requested(), asked);
+    EXPECT_EQ(error.category(), MemoryCategory::activations);
+    EXPECT_NE(message.find("this machine has " + format_bytes(machine) + " of memory"),
+              std::string::npos) << message;
+    EXPECT_NE(message.find("the data sets' " + format_bytes(4000)), std::string::npos)
+        << message;
+  }
+  EXPECT_EQ(allocator.stats().live_total, before.live_total) << "a refusal changed the books";
+  EXPECT_THROW(allocator.allocate(std::numeric_limits<std::size_t>::max(),
+                                  MemoryCategory::parameters),
+               OutOfMemoryError);
+  Tensor fits({10}, DType::f32, Device::cpu(), MemoryCategory::activations);
+  EXPECT_EQ(allocator.stats().live_total, before.live_total + 40);
 }
 
 TEST_P(DeviceTest, ViewsShareStorageAndAllocateNothing) {

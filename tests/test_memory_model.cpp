@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -194,6 +195,42 @@ TEST(GptMemoryModel, NamesTheMomentThatHoldsThePeak) {
   EXPECT_EQ(p.peak_moment, "micro-batch 1, block 3 backward: the attention's row sums (f32)");
   EXPECT_EQ(p.block_forwards, 4);
   EXPECT_THROW(nn::predict_gpt_step(config, 8, 8, 65, AdamWOptions{}), std::invalid_argument);
+}
+
+TEST(MemoryModel, ParameterBytesAreTheBuiltModelsAndSaturatePast64Bits) {
+  // The floor the program holds against the device before it replays a step: the bytes of
+  // MemoryCategory::parameters a built model allocates, to the byte, for each norm and
+  // precision; SIZE_MAX for a model too large to count (it is refused, never wrapped).
+  TrackingAllocator& allocator = allocator_for(Device::cpu());
+  const auto parameters_live = [&] { return allocator.stats().live_of(MemoryCategory::parameters); };
+  for (const nn::Precision precision : {nn::Precision::fp32, nn::Precision::fp16}) {
+    for (const nn::Norm norm : {nn::Norm::layer, nn::Norm::batch}) {
+      for (const std::int64_t depth : {0, 3}) {
+        nn::ModelConfig config = testing::tiny_model(depth, 0.0f);
+        config.precision = precision;
+        config.norm = norm;
+        const std::size_t before = parameters_live();
+        const nn::Model model(config, Device::cpu());
+        EXPECT_EQ(parameters_live() - before, nn::parameter_bytes(config))
+            << nn::precision_name(precision) << ", depth " << depth
+            << (norm == nn::Norm::batch ? ", BatchNorm" : ", LayerNorm");
+      }
+    }
+    for (const std::int64_t layers : {0, 2}) {
+      const nn::GptConfig config{.vocabulary = 256, .context = 12, .layers = layers, .width = 16,
+                                 .heads = 2, .precision = precision};
+      const std::size_t before = parameters_live();
+      const nn::Gpt model(config, Device::cpu());
+      EXPECT_EQ(parameters_live() - before, nn::parameter_bytes(config))
+          << "GPT, " << nn::precision_name(precision) << ", " << layers << " blocks";
+    }
+  }
+  nn::ModelConfig wide = testing::tiny_model(2, 0.0f);
+  wide.hidden = std::int64_t{1} << 40;  // 2 e h^2 = 2^83 elements per block
+  EXPECT_EQ(nn::parameter_bytes(wide), std::numeric_limits<std::size_t>::max());
+  const nn::GptConfig long_context{.vocabulary = 256, .context = std::int64_t{1} << 61,
+                                   .layers = 1, .width = 16, .heads = 2};  // wpe: 2^65 f32
+  EXPECT_EQ(nn::parameter_bytes(long_context), std::numeric_limits<std::size_t>::max());
 }
 
 TEST(MemoryModel, ListsTheTrainableTensorsTheModelHas) {

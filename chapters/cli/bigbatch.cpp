@@ -25,7 +25,8 @@ namespace {
 
 constexpr const char* kExitCodes =
     "Exit codes: 0 success; 1 any other failure; 2 bad input (flags, data or files; "
-    "nothing is trained); 3 out of memory (past --device-memory or the device's own); "
+    "nothing is trained); 3 out of memory (past --device-memory or the device's own: the "
+    "machine's memory for the CPU); "
     "130 or 143 stopped by SIGINT or SIGTERM (after a snapshot, with --snapshot-dir).";
 
 }  // namespace

@@ -10,6 +10,7 @@
 # Output paths (chapters/cli/output_files.hpp): a folder, a pipe, two outputs naming one
 # file, an output naming an input are refused before training, the input left as it was;
 # and a --save that names a link writes the file the link names, the link left in place.
+# Last, what is past the machine's memory: exit code 3 and the bytes, before they are taken.
 set -u
 bigbatch=$1 init=$2
 small="--data synthetic --samples 2000 --steps 1"
@@ -167,5 +168,38 @@ for linked in existing missing; do
     failures=$((failures + 1))
   fi
 done
+# The machine's limit: a model or data set that no micro-batch or checkpointing fits in this
+# machine's memory is refused with exit code 3, naming the bytes it asks for, before it takes
+# them: the run's peak resident memory stays under 1 GiB (getrusage, through python3), and
+# no log is left. The sizes are past any machine's memory: a GPT of ten million blocks
+# (1.8 TiB of parameters, the cap beside it not reached) or an MLP of ten million (19 TiB),
+# and sequences of 10^11 positions, each short document padded to that length.
+printf 'a few words\n\nand a few more\n\nthe third paragraph\n' > short.txt
+limits=0
+while IFS='|' read -r words command arguments; do
+  [ -z "$words" ] && continue
+  cases=$((cases + 1)) limits=$((limits + 1))
+  rm -f partial.jsonl
+  # shellcheck disable=SC2086 # the arguments are words
+  result=$(python3 -c 'import resource, subprocess, sys
+code = subprocess.call(sys.argv[1:], stdout=subprocess.DEVNULL)
+print(code, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss // 1024)' \
+    "$bigbatch" $command $arguments 2> stderr.txt)
+  code=${result% *} megabytes=${result#* }
+  if [ "$code" -eq 3 ] && grep -q -e "$words" stderr.txt && grep -q -E '\([0-9]+ bytes\)' stderr.txt &&
+     [ "$megabytes" -lt 1024 ] && [ ! -e partial.jsonl ]; then
+    echo "ok   exit 3, $megabytes MiB resident: $(tr '\n' ' ' < stderr.txt)"
+  else
+    echo "FAIL $command $arguments: exit $code, $megabytes MiB resident, $( [ -e partial.jsonl ] && echo 'a log file left' || echo 'no log file') (expected exit 3 saying '$words' and the bytes, under 1 GiB, no file):"
+    cat stderr.txt
+    failures=$((failures + 1))
+  fi
+done <<TABLE
+the model's parameters take|train|--model gpt --data text:short.txt --layers 10000000 --device-memory 64MiB --steps 1 --log partial.jsonl
+the model's parameters take|train|--data synthetic --samples 200 --depth 10000000 --steps 1 --log partial.jsonl
+the model's parameters take|plan|--data synthetic --samples 200 --depth 10000000 --batch 64
+each piece padded to the full length|train|--model gpt --data text:short.txt --seq-len 100000000000 --steps 1 --log partial.jsonl
+TABLE
+rm -f stderr.txt
 if [ "$failures" -ne 0 ]; then echo "$failures of $cases cases did not go as expected"; exit 1; fi
-echo "$((cases - 2)) bad inputs refused, each with exit code 2 and one line naming the flag or file, the inputs left as they were; --save through a link, twice"
+echo "$((cases - 2 - limits)) bad inputs refused, each with exit code 2 and one line naming the flag or file, the inputs left as they were; --save through a link, twice; $limits past the machine's memory refused with exit code 3 before taking it"

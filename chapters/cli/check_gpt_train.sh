@@ -16,8 +16,9 @@
 # --save; what the GPT's run does not take is
 # refused with exit code 2, naming the flag; and `bigbatch generate` prints
 # the prompt and what the saved model writes after it, each byte as it is drawn (SIGINT
-# stops it cleanly, what was written kept), refusing a file that is no GPT, a temperature
-# that is no number and a seed out of range, as train does.
+# stops it cleanly, what was written kept), refusing a file that is no GPT, one whose
+# metadata describes another model than its tensors, a temperature that is no number and a
+# seed out of range, as train does.
 set -u
 bigbatch=$(cd "$(dirname "$1")" && pwd)/$(basename "$1")
 fail() { echo "FAIL: $1"; exit 1; }
@@ -223,6 +224,7 @@ refused "--snapshot-every and --snapshot-keep need --snapshot-dir" $shape --snap
 refused "--zero is the MLP's: --model gpt's ranks sum whole gradients" $shape --simulate-ranks 2 --zero 1
 refused "--bucket-size is the MLP's" $shape --data-parallel --bucket-size 1MiB
 refused "heads" --model gpt --data text:corpus.txt --seq-len 24 --width 32 --heads 3
+refused "has too many parameters to count" --model gpt --data text:corpus.txt --seq-len 24 --width 4294967296 --heads 1
 refused "--data: " --model gpt --data text:no-such-file.txt
 refused "--init: " --model gpt --data text:corpus.txt --seq-len 24 --layers 2 --width 16 --heads 4 --init whole.safetensors
 # bigbatch generate: the prompt and 20 bytes after it (29 bytes with the newline), greedy
@@ -247,6 +249,19 @@ generate_refused() {  # generate_refused WORDS FLAGS...: exit code 2 and WORDS s
   [ $code -eq 2 ] || fail "generate $* exited with $code, not 2: $(cat refused.txt)"
   grep -q -- "$words" refused.txt || fail "generate $*: the message does not say '$words': $(cat refused.txt)"
 }
+# A saved GPT whose metadata says "context": 10^12: the parameters it describes are not those
+# the file holds, so no model of that size is built (its wpe alone would be 128 TiB).
+python3 - whole.safetensors big-context.safetensors <<'EDIT' || fail "cannot edit whole.safetensors"
+import json, struct, sys
+data = open(sys.argv[1], "rb").read()
+size = struct.unpack("<Q", data[:8])[0]
+header = json.loads(data[8:8 + size])
+header["__metadata__"]["context"] = "1000000000000"
+text = json.dumps(header).encode()
+text += b" " * (-len(text) % 8)
+open(sys.argv[2], "wb").write(struct.pack("<Q", len(text)) + text + data[8 + size:])
+EDIT
+generate_refused "metadata describes a GPT of" --init big-context.safetensors --prompt "x"
 generate_refused "holds no GPT" --init mlp.safetensors --prompt "x"
 generate_refused "--init: " --init no-such-file.safetensors --prompt "x"
 generate_refused "--prompt: give at least one" --init whole.safetensors --prompt ""

@@ -16,6 +16,7 @@
 #include "chapters/cli/setup.hpp"
 #include "chapters/cli/stop_signals.hpp"
 #include "common/io/safetensors.hpp"
+#include "common/memory.hpp"
 #include "nn/gpt.hpp"
 
 namespace bigbatch::cli {
@@ -97,10 +98,26 @@ int run_generate(const GenerateOptions& options) {
                      std::to_string(shape.vocabulary) + " token ids: generate reads and writes "
                      "byte tokens (a vocabulary of at most 256)");
   }
+  // The file's tensors before the model: the parameters its metadata describes must be the
+  // ones it holds, so that an edited size ("context": 10^12) cannot make the model ask for
+  // more memory than the file itself justifies.
   std::optional<nn::Gpt> built;
   try {
+    const std::map<std::string, Tensor> tensors = load_safetensors(options.init);
+    std::int64_t held = 0;
+    for (const auto& [name, tensor] : tensors) held += tensor.numel();
+    const std::int64_t described = nn::gpt_parameter_count(shape);
+    if (described != held) {
+      throw UsageError("--init: " + options.init + "'s metadata describes a GPT of " +
+                       std::to_string(described) + " parameters, and its tensors hold " +
+                       std::to_string(held));
+    }
     built.emplace(shape, device);
-    built->load(options.init);
+    built->load_state_dict(tensors, options.init);
+  } catch (const UsageError&) {
+    throw;
+  } catch (const OutOfMemoryError&) {
+    throw;  // exit 3: the model is larger than the device
   } catch (const std::exception& e) {
     throw UsageError(std::string("--init: ") + e.what());
   }

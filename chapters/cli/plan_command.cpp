@@ -316,6 +316,7 @@ int run_plan(TrainOptions options) {
   check_outputs(options);
   const Splits splits = load_data(options);
   const Device device = available_device(options);
+  check_model_fits(options, splits, device, /*planned=*/true);
   const planning::Plan best =
       options.model_kind == ModelKind::gpt
           ? plan_for_gpt(options, gpt_config(options), splits.train.feature_dim(), device).best()

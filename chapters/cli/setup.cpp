@@ -5,6 +5,7 @@
 #include <charconv>
 #include <cstdio>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <sstream>
 #include <stdexcept>
@@ -19,6 +20,8 @@
 #include "common/memory.hpp"
 #include "common/data/text_corpus.hpp"
 #include "common/io/safetensors.hpp"
+#include "nn/gpt.hpp"
+#include "nn/memory_model.hpp"
 
 namespace bigbatch::cli {
 namespace {
@@ -348,17 +351,63 @@ void check_outputs(TrainOptions& options) {
   for (std::size_t i = 0; i < paths.size(); ++i) *paths[i] = targets[i];
 }
 
+namespace {
+
+/// Refuses `bytes` held before any step (`what` names them) where they are past the
+/// device's own memory (NoPlanFits) or past --device-memory (UsageError, with `after`).
+void check_held_before_any_step(const TrainOptions& options, Device device, std::size_t bytes,
+                                const std::string& what, const std::string& after,
+                                bool against_cap = true) {
+  const std::size_t own = device.is_cuda() ? cuda_rt::mem_info().total_bytes : host_memory_bytes();
+  if (own < bytes) {
+    throw NoPlanFits(what + " take " + format_bytes_asked(bytes) +
+                     " before any step, more than the " +
+                     format_bytes(own) + " of " +
+                     (device.is_cuda() ? device.name() : std::string("this machine")) +
+                     ": no micro-batch or checkpointing makes them fit");
+  }
+  if (against_cap && options.device_memory && *options.device_memory < bytes) {
+    throw UsageError("--device-memory " + format_bytes(*options.device_memory) +
+                     " is below the " + format_bytes(bytes) + " that " + what +
+                     " hold before any step" + after);
+  }
+}
+
+}  // namespace
+
+void check_parameters_fit(const TrainOptions& options, std::size_t parameter_bytes,
+                          Device device, bool against_cap) {
+  check_held_before_any_step(options, device, parameter_bytes, "the model's parameters", "",
+                             against_cap);
+}
+
+void check_model_fits(const TrainOptions& options, const Splits& splits, Device device,
+                      bool planned) {
+  std::size_t bytes = 0;
+  if (options.model_kind == ModelKind::gpt) {
+    nn::GptConfig shape = gpt_config(options);
+    try {
+      nn::check_gpt_config(shape);
+    } catch (const std::invalid_argument& e) {
+      throw UsageError(std::string("--model gpt: ") + e.what());
+    }
+    if (planned) shape.precision = nn::Precision::fp16;  // the fewest bytes a plan gives them
+    bytes = nn::parameter_bytes(shape);
+  } else {
+    nn::ModelConfig shape = model_config(options, splits);
+    if (planned) shape.precision = nn::Precision::fp16;
+    bytes = nn::parameter_bytes(shape);
+  }
+  check_parameters_fit(options, bytes, device, /*against_cap=*/!planned);
+}
+
 void cap_device_memory(const TrainOptions& options, const nn::StepPrediction& plain,
                        Device device) {
-  if (!options.device_memory) return;
-  const std::size_t cap = *options.device_memory;
-  if (cap < plain.stats.live_total) {
-    throw UsageError("--device-memory " + format_bytes(cap) + " is below the " +
-                     format_bytes(plain.stats.live_total) + " that the model's parameters, "
-                     "gradients and optimizer state and one micro-batch's samples hold before "
-                     "any step (a step then peaks at " + format_bytes(plain.peak()) + ")");
-  }
-  allocator_for(device).set_cap(cap);
+  check_held_before_any_step(options, device, plain.stats.live_total,
+                             "the model's parameters, gradients and optimizer state and one "
+                             "micro-batch's samples",
+                             " (a step then peaks at " + format_bytes(plain.peak()) + ")");
+  if (options.device_memory) allocator_for(device).set_cap(*options.device_memory);
 }
 
 std::string checkpointing_lines(const checkpointing::Policy& asked,

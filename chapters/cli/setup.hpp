@@ -34,7 +34,8 @@ class UsageError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-/// No plan fits --device-memory (bigbatch plan, --plan auto): exit code 3, as out of memory.
+/// No plan fits --device-memory (bigbatch plan, --plan auto), or the model's state alone is
+/// past the device's own memory, so that none could: exit code 3, as out of memory.
 class NoPlanFits : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
@@ -116,10 +117,26 @@ void apply_plan(const planning::Plan& plan, TrainOptions& options);
 /// it names, which is what the writes then replace.
 void check_outputs(TrainOptions& options);
 
-/// --device-memory: refuses a cap below what is live before any step (parameters,
-/// gradients, optimizer state and one micro-batch's samples: `plain`, the step predicted
-/// without checkpointing, holds them after it) with UsageError, a setting out of range and
-/// not a step that ran out; otherwise caps the device's allocator. Nothing without the flag.
+/// The model's parameters (nn::parameter_bytes: a floor under every step, from formulas)
+/// held against the device and, `against_cap`, --device-memory, as cap_device_memory holds
+/// the whole of what is live before a step: called first, since predicting the step takes
+/// memory in proportion to the model's depth.
+void check_parameters_fit(const TrainOptions& options, std::size_t parameter_bytes,
+                          Device device, bool against_cap);
+
+/// check_parameters_fit for the model the flags describe (--model gpt's sizes checked
+/// first, UsageError), before any plan or step is predicted. When `planned` (bigbatch plan,
+/// --plan auto) at 16 bits, the fewest bytes a plan can give them, and against the device
+/// alone: a cap that no plan fits is the planner's to report, with what would fit.
+void check_model_fits(const TrainOptions& options, const Splits& splits, Device device,
+                      bool planned);
+
+/// What is live before any step (parameters, gradients, optimizer state and one
+/// micro-batch's samples: `plain`, the step predicted without checkpointing, holds them
+/// after it) held against the device before anything is allocated: past the device's own
+/// memory (the machine's, host_memory_bytes(), for the CPU) NoPlanFits, exit code 3, with
+/// the bytes asked for; past --device-memory UsageError, a setting out of range and not a
+/// step that ran out. Then --device-memory caps the device's allocator.
 void cap_device_memory(const TrainOptions& options, const nn::StepPrediction& plain,
                        Device device);
 

@@ -52,6 +52,7 @@ int run_train(TrainOptions options) {
   // where the device is missing. Ranks sharing a machine take a GPU each.
   options.source.device = ranks.device_of_this_rank(options.source.device);
   const Device device = available_device(options);
+  check_model_fits(options, splits, device, options.plan.automatic);
   if (options.plan.automatic) {  // on ranks: rank 0's share, planned by rank 0 for all
     const planning::Plan best = ranks.agreed_plan(
         [&] { return plan_for(options, model_shape, device, ranks.planned_ranks()).best(); });

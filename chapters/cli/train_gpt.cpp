@@ -10,7 +10,6 @@
 #include <cstdio>
 #include <iostream>
 #include <memory>
-#include <optional>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -86,6 +85,7 @@ int run_train_gpt(TrainOptions options) {
   ranks.check_run(options, splits.train.size());
   options.source.device = ranks.device_of_this_rank(options.source.device);
   const Device device = available_device(options);
+  check_model_fits(options, splits, device, options.plan.automatic);
   const std::int64_t rank_batch = ranks.rank_batch(options.train.batch);
   if (options.plan.automatic) {  // on ranks: rank 0's share, planned by rank 0 for all
     // The sum over ranks costs every plan of the share the same (one sum of the same
@@ -102,21 +102,15 @@ int run_train_gpt(TrainOptions options) {
   const nn::Optimizer::Options optimizer_choice = optimizer_options(options);
   const train::TrainConfig config = train_config(options);
 
-  const nn::GptConfig shape = gpt_config(options);
-  std::optional<nn::Gpt> built;
-  try {
-    built.emplace(shape, device);
-  } catch (const std::invalid_argument& e) {
-    throw UsageError(std::string("--model gpt: ") + e.what());
-  }
-  nn::Gpt& model = *built;
+  const nn::GptConfig shape = gpt_config(options);  // checked by check_model_fits
   // The step as nn::predict_gpt_step sees it (sequences of the data's length; under MPI,
-  // rank 0's share): the cap is checked against it, budget:BYTES chosen by it, --explain
-  // prints it.
+  // rank 0's share): checked against the device and the cap before the model takes a
+  // byte, budget:BYTES chosen by it, --explain prints it.
   const checkpointing::GptStepShape step_shape{
       shape, rank_batch, std::min(micro_batch, rank_batch), splits.train.feature_dim(),
       optimizer_choice, loss_scaling::boundary_workspace_bytes(train::boundary_options(config))};
   cap_device_memory(options, checkpointing::predict_policy(step_shape, {}), device);
+  nn::Gpt model(shape, device);
   const Checkpointing<nn::Gpt> checkpoint =
       checkpointing_for<nn::Gpt>(options.checkpoint, step_shape, shape.layers);
   if (checkpoint.runner) model.set_block_runner(checkpoint.runner);

@@ -7,6 +7,8 @@
 #include <stdexcept>
 
 #include "common/check.hpp"
+#include "common/format.hpp"
+#include "common/memory.hpp"
 #include "common/data/dataset.hpp"
 #include "common/io/npy.hpp"
 #include "common/rng.hpp"
@@ -151,8 +153,38 @@ Dataset make_token_dataset(const TokenSequences& sequences, const std::string& n
 TokenSequences make_sequences(const std::vector<std::string>& documents, std::int64_t length) {
   BIGBATCH_CHECK(length >= 1, "make_sequences: sequences need at least one position, got ",
                  length);
+  // Counted first: every piece takes `length` positions however short its document, so a
+  // long --seq-len on short documents can ask for more than the machine holds.
+  std::size_t positions = 0;
+  for (const std::string& document : documents) {
+    if (document.size() < 2) continue;
+    const std::size_t pieces = (document.size() - 2) / static_cast<std::size_t>(length) + 1;
+    std::size_t added = 0;
+    if (__builtin_mul_overflow(pieces, static_cast<std::size_t>(length), &added) ||
+        __builtin_add_overflow(positions, added, &positions)) {
+      positions = std::numeric_limits<std::size_t>::max();
+      break;
+    }
+  }
+  const std::size_t machine = host_memory_bytes();
+  // A token and a target, held twice while make_token_dataset copies them into tensors.
+  constexpr std::size_t kPositionBytes = 4 * sizeof(std::int32_t);
+  if (positions > machine / kPositionBytes) {
+    const std::size_t bytes = positions > std::numeric_limits<std::size_t>::max() / kPositionBytes
+                                  ? std::numeric_limits<std::size_t>::max()
+                                  : positions * kPositionBytes;
+    throw OutOfMemoryError("cutting " + std::to_string(documents.size()) +
+                               " documents into sequences of " + std::to_string(length) +
+                               " positions, each piece padded to the full length, takes " +
+                               format_bytes_asked(bytes) + " of tokens and targets (twice, "
+                               "while they become tensors), more than this machine's " +
+                               format_bytes(machine),
+                           bytes, MemoryCategory::host_data);
+  }
   TokenSequences s;
   s.length = length;
+  s.tokens.reserve(positions);
+  s.targets.reserve(positions);
   for (const std::string& document : documents) {
     const auto size = static_cast<std::int64_t>(document.size());
     // Pieces of up to length + 1 bytes starting every `length` bytes: piece p covers bytes
