@@ -9,6 +9,7 @@
 #include <CLI/CLI.hpp>
 #include <exception>
 #include <iostream>
+#include <new>
 #include <stdexcept>
 #include <string>
 
@@ -127,6 +128,12 @@ int main(int argc, char** argv) {
     code = kExitOutOfMemory;
   } catch (const OutOfMemoryError& e) {
     say("\n", e);
+    code = kExitOutOfMemory;
+  } catch (const std::bad_alloc&) {
+    // Host memory outside the tracking allocator (a std::vector), refused under a ulimit
+    // or by the system: out of memory too, though the size is not known here.
+    std::cerr << ("\n" + name() + ": out of memory: the host refused an allocation (" +
+                  "std::bad_alloc), under a limit such as ulimit -v or past the machine's\n");
     code = kExitOutOfMemory;
   } catch (const std::exception& e) {
     say("\n", e);
