@@ -275,7 +275,7 @@ generate_refused "--seed: '18446744073709551616' is too large" --init whole.safe
   > endless.txt 2> endless.err &
 endless=$!
 waited=0
-until [ "$(wc -c < endless.txt)" -ge 40 ] || [ $waited -ge 600 ]; do
+until [ "$( { wc -c < endless.txt; } 2> /dev/null || echo 0)" -ge 40 ] || [ $waited -ge 600 ]; do
   sleep 0.05
   waited=$((waited + 1))
 done

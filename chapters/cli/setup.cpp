@@ -5,7 +5,6 @@
 #include <charconv>
 #include <cstdio>
 #include <fstream>
-#include <limits>
 #include <map>
 #include <sstream>
 #include <stdexcept>
@@ -354,17 +353,18 @@ void check_outputs(TrainOptions& options) {
 namespace {
 
 /// Refuses `bytes` held before any step (`what` names them) where they are past the
-/// device's own memory (NoPlanFits) or past --device-memory (UsageError, with `after`).
+/// device's own memory (NoPlanFits, ending with `remedy`) or past --device-memory
+/// (UsageError, ending with `after`).
 void check_held_before_any_step(const TrainOptions& options, Device device, std::size_t bytes,
-                                const std::string& what, const std::string& after,
-                                bool against_cap = true) {
+                                const std::string& what, const std::string& remedy,
+                                const std::string& after, bool against_cap = true) {
   const std::size_t own = device.is_cuda() ? cuda_rt::mem_info().total_bytes : host_memory_bytes();
   if (own < bytes) {
     throw NoPlanFits(what + " take " + format_bytes_asked(bytes) +
                      " before any step, more than the " +
                      format_bytes(own) + " of " +
                      (device.is_cuda() ? device.name() : std::string("this machine")) +
-                     ": no micro-batch or checkpointing makes them fit");
+                     ": " + remedy);
   }
   if (against_cap && options.device_memory && *options.device_memory < bytes) {
     throw UsageError("--device-memory " + format_bytes(*options.device_memory) +
@@ -377,8 +377,8 @@ void check_held_before_any_step(const TrainOptions& options, Device device, std:
 
 void check_parameters_fit(const TrainOptions& options, std::size_t parameter_bytes,
                           Device device, bool against_cap) {
-  check_held_before_any_step(options, device, parameter_bytes, "the model's parameters", "",
-                             against_cap);
+  check_held_before_any_step(options, device, parameter_bytes, "the model's parameters",
+                             "no micro-batch or checkpointing makes them fit", "", against_cap);
 }
 
 void check_model_fits(const TrainOptions& options, const Splits& splits, Device device,
@@ -406,6 +406,8 @@ void cap_device_memory(const TrainOptions& options, const nn::StepPrediction& pl
   check_held_before_any_step(options, device, plain.stats.live_total,
                              "the model's parameters, gradients and optimizer state and one "
                              "micro-batch's samples",
+                             "a smaller --micro-batch holds fewer samples, a smaller model "
+                             "less of the rest (checkpointing saves neither)",
                              " (a step then peaks at " + format_bytes(plain.peak()) + ")");
   if (options.device_memory) allocator_for(device).set_cap(*options.device_memory);
 }
