@@ -22,9 +22,6 @@ std::size_t index_of(MemoryCategory c) { return static_cast<std::size_t>(c); }
 
 }  // namespace
 
-TrackingAllocator::TrackingAllocator(Device device)
-    : TrackingAllocator(device, device.is_cuda() ? make_cuda_memory_source() : nullptr) {}
-
 std::size_t host_memory_bytes() {
   static const std::size_t bytes = [] {
     const long pages = sysconf(_SC_PHYS_PAGES), page_size = sysconf(_SC_PAGESIZE);
@@ -39,6 +36,9 @@ std::size_t host_memory_bytes() {
   }();
   return bytes;
 }
+
+TrackingAllocator::TrackingAllocator(Device device)
+    : TrackingAllocator(device, device.is_cuda() ? make_cuda_memory_source() : nullptr) {}
 
 TrackingAllocator::TrackingAllocator(Device device, std::unique_ptr<DeviceMemorySource> source)
     : device_(device), source_(std::move(source)) {
