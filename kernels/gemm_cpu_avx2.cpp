@@ -10,6 +10,7 @@
 #include <cstring>
 #include <utility>
 
+#include "common/address_sanitizer.hpp"
 #include "kernels/gemm.hpp"
 #include "kernels/gemm_internal.hpp"
 

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <utility>
 
+#include "common/address_sanitizer.hpp"
 #include "kernels/gemm.hpp"
 #include "kernels/gemm_internal.hpp"
 

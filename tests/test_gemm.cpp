@@ -11,13 +11,17 @@
 #include <iostream>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #if defined(_OPENMP)
 #include <omp.h>
 #endif
 
+#include "common/address_sanitizer.hpp"
+#include "common/cpu_features.hpp"
 #include "kernels/gemm.hpp"
+#include "kernels/gemm_internal.hpp"
 #include "tests/harness.hpp"
 
 #if BIGBATCH_HAVE_CUDA
@@ -737,6 +741,65 @@ TEST(CublasLibrary, ResolvesEveryFunctionAndNamesAStatus) {
   EXPECT_NO_THROW(cuda::check_cublas(CUBLAS_STATUS_SUCCESS, "cuBLAS", "cublasGemmEx"));
 }
 #endif
+
+// ---- the micro-kernels under AddressSanitizer ------------------------------------------------
+
+// The micro-kernels are not instrumented (common/address_sanitizer.hpp): they check the
+// spans they read and write once per call. Each span one float short of what the kernel
+// reads must still be reported, as the per-access check would report it; the spans the
+// driver passes are exact (every other test of this file runs the kernels on them under
+// scripts/sanitize.sh). Runs under AddressSanitizer only; elsewhere it says why it skips.
+TEST(MicroKernelSpansDeathTest, ASpanOneFloatShortIsReportedUnderAddressSanitizer) {
+#if !defined(__SANITIZE_ADDRESS__)
+  GTEST_SKIP() << "needs AddressSanitizer's report: runs under scripts/sanitize.sh";
+#else
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  using gemm_detail::AccumulatorStart;
+  std::vector<std::pair<std::string, const gemm_detail::IsaKernels*>> sets;
+  if (cpu_supports(CpuFeature::avx2) && cpu_supports(CpuFeature::fma)) {
+    sets.emplace_back("AVX2", &gemm_detail::avx2_kernels());
+  }
+  if (cpu_supports(CpuFeature::avx512f)) {
+    sets.emplace_back("AVX-512", &gemm_detail::avx512_kernels());
+  }
+  ASSERT_FALSE(sets.empty()) << "no instruction set with micro-kernels on this CPU";
+  const std::int64_t kc = 8;
+  // Span `which` of a kernel's three, in an allocation of its own `floats` long, less
+  // `short_by` when it is the span under test: the first float past it is a red zone.
+  const auto span = [](std::int64_t floats, int which, int under_test, std::int64_t short_by,
+                       float value) {
+    const std::int64_t size = floats - (which == under_test ? short_by : 0);
+    return std::vector<float>(static_cast<std::size_t>(size), value);
+  };
+  for (const auto& [name, isa] : sets) {
+    SCOPED_TRACE(name);
+    const std::int64_t mr = isa->mr, nr = isa->nr;
+    const std::int64_t columns = isa->transposed_columns, lanes = isa->transposed_lanes;
+    // Spans 0, 1, 2: micro_kernel's A panel, B panel and C; 3, 4, 5: transposed_micro_kernel's
+    // rows of B, packed op(A)^T and C^T. Returns C's first element (kc: all ones summed).
+    const auto run = [&](int under_test, std::int64_t short_by) {
+      if (under_test < 3) {
+        std::vector<float> a = span(kc * mr, 0, under_test, short_by, 1.0f);
+        std::vector<float> b = span(kc * nr, 1, under_test, short_by, 1.0f);
+        std::vector<float> c = span(mr * nr, 2, under_test, short_by, 0.0f);
+        isa->micro_kernel(kc, a.data(), b.data(), c.data(), nr, AccumulatorStart::zero, 0.0f);
+        return c[0];
+      }
+      std::vector<float> b = span(columns * kc, 3, under_test, short_by, 1.0f);
+      std::vector<float> a = span(kc * lanes, 4, under_test, short_by, 1.0f);
+      std::vector<float> ct = span(columns * lanes, 5, under_test, short_by, 0.0f);
+      isa->transposed_micro_kernel(static_cast<int>(columns), kc, b.data(), kc, a.data(),
+                                   ct.data(), AccumulatorStart::zero, 0.0f, nullptr);
+      return ct[0];
+    };
+    for (int under_test = 0; under_test < 6; ++under_test) {
+      EXPECT_EQ(run(under_test, 0), static_cast<float>(kc)) << "the exact spans run";
+      EXPECT_DEATH(run(under_test, 1), "AddressSanitizer: heap-buffer-overflow")
+          << "span " << under_test << " one float short";
+    }
+  }
+#endif
+}
 
 }  // namespace
 }  // namespace bigbatch
