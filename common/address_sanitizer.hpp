@@ -19,7 +19,20 @@
 #include <cstddef>
 #include <cstdint>
 
+// BIGBATCH_ADDRESS_SANITIZER: 1 under AddressSanitizer (GCC says so by a macro, clang by
+// __has_feature), else 0.
 #if defined(__SANITIZE_ADDRESS__)
+#define BIGBATCH_ADDRESS_SANITIZER 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define BIGBATCH_ADDRESS_SANITIZER 1
+#endif
+#endif
+#ifndef BIGBATCH_ADDRESS_SANITIZER
+#define BIGBATCH_ADDRESS_SANITIZER 0
+#endif
+
+#if BIGBATCH_ADDRESS_SANITIZER
 #include <sanitizer/asan_interface.h>
 
 #include <cstdlib>
@@ -36,7 +49,7 @@ namespace bigbatch {
 /// the last of `rows` rows (`row_bytes` each, `stride_bytes` apart) may be accessed. The
 /// span includes the bytes between rows, which belong to the same matrix or packed panel:
 /// one check of the shadow memory, where a check per row would cost a call per row.
-#if defined(__SANITIZE_ADDRESS__)
+#if BIGBATCH_ADDRESS_SANITIZER
 __attribute__((noinline)) inline void require_addressable_span(const void* first,
                                                                std::int64_t rows,
                                                                std::int64_t row_bytes,

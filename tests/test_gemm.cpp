@@ -750,7 +750,7 @@ TEST(CublasLibrary, ResolvesEveryFunctionAndNamesAStatus) {
 // driver passes are exact (every other test of this file runs the kernels on them under
 // scripts/sanitize.sh). Runs under AddressSanitizer only; elsewhere it says why it skips.
 TEST(MicroKernelSpansDeathTest, ASpanOneFloatShortIsReportedUnderAddressSanitizer) {
-#if !defined(__SANITIZE_ADDRESS__)
+#if !BIGBATCH_ADDRESS_SANITIZER
   GTEST_SKIP() << "needs AddressSanitizer's report: runs under scripts/sanitize.sh";
 #else
   GTEST_FLAG_SET(death_test_style, "threadsafe");
