@@ -7,6 +7,7 @@
 // may contract into fused multiply-adds: they differ from the CPU by rounding only.
 #include "kernels/batchnorm.hpp"
 #include "kernels/cuda_common.cuh"
+#include "kernels/cuda_row_sums.cuh"
 
 namespace bigbatch::cuda {
 namespace {

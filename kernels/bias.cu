@@ -1,5 +1,6 @@
 #include "kernels/bias.hpp"
 #include "kernels/cuda_common.cuh"
+#include "kernels/cuda_row_sums.cuh"
 
 namespace bigbatch::cuda {
 namespace {

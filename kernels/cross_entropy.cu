@@ -11,6 +11,7 @@
 // (kIgnoredLabel) makes them 0.
 #include "kernels/cross_entropy.hpp"
 #include "kernels/cuda_common.cuh"
+#include "kernels/cuda_row_sums.cuh"
 
 #include <vector>
 

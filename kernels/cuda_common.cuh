@@ -1,6 +1,7 @@
 // cuda_common.cuh: shared pieces of the CUDA backend (only .cu files include this): launch
-// sizes, the dispatch on f32/f16/bf16, element loads and stores, grid-stride loops, block reductions
-// and the launch check. Write a helper here once instead of again in each .cu file.
+// sizes, the dispatch on f32/f16/bf16, element loads and stores, grid-stride loops, block
+// reductions and the launch check (the sums over rows, in reduction_order.hpp's orders, are in
+// cuda_row_sums.cuh). Write a helper here once instead of again in each .cu file.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -13,7 +14,6 @@
 
 #include "common/cuda_runtime.hpp"
 #include "common/dtype.hpp"
-#include "kernels/reduction_order.hpp"
 
 namespace bigbatch {
 
@@ -200,65 +200,6 @@ __device__ inline float block_max(float value) {
 /// BIGBATCH_SYNC_AFTER_LAUNCH (Debug builds) also an error while the kernel ran
 /// (cuda_rt::check_last_launch).
 #define BIGBATCH_CHECK_LAUNCH(name) ::bigbatch::cuda_rt::check_last_launch(name)
-
-// ---- deterministic sums over rows (reduction_order.hpp) -------------------------------------
-
-static_assert(reduction_order::kSumLanes == kThreadsPerBlock,
-              "a vector sum's lanes are the threads of one block");
-
-/// Order 1's first kernel: partials[(k * tiles + t) * cols + j] = P_t of term k of column j,
-/// for k < K, where terms(k, i, j) is term k of row i, column j. One thread per column and
-/// tile: blockIdx.x * blockDim.x + threadIdx.x is the column, blockIdx.y (striding by
-/// gridDim.y) the tile.
-template <int K, class Terms>
-__global__ void column_tile_sums_kernel(Terms terms, float* partials, std::int64_t rows,
-                                        std::int64_t cols) {
-  const std::int64_t j = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x;
-  if (j >= cols) return;
-  const std::int64_t tiles = reduction_order::tile_count(rows);
-  for (std::int64_t t = blockIdx.y; t < tiles; t += gridDim.y) {
-#pragma unroll
-    for (int k = 0; k < K; ++k) {
-      partials[(k * tiles + t) * cols + j] =
-          reduction_order::tile_sum(t, rows, [&](std::int64_t i) { return terms(k, i, j); });
-    }
-  }
-}
-
-/// Launches column_tile_sums_kernel over a [rows, cols] matrix into `partials` (K * tiles *
-/// cols floats); nothing to launch when rows or cols is 0 (then there are no tiles).
-template <int K, class Terms>
-void launch_column_tile_sums(const char* name, Terms terms, float* partials, std::int64_t rows,
-                             std::int64_t cols) {
-  const std::int64_t tiles = reduction_order::tile_count(rows);
-  if (tiles == 0 || cols == 0) return;
-  const dim3 grid(static_cast<unsigned>((cols + kThreadsPerBlock - 1) / kThreadsPerBlock),
-                  static_cast<unsigned>(tiles < 65535 ? tiles : 65535));
-  column_tile_sums_kernel<K><<<grid, kThreadsPerBlock>>>(terms, partials, rows, cols);
-  BIGBATCH_CHECK_LAUNCH(name);
-}
-
-/// Order 1's second step for column j: start + P_0 + P_1 + ... over the `tiles` partials of
-/// one term (partials + (k * tiles) * cols for term k), in tile order.
-__device__ inline float fold_column_tiles(float start, const float* partials,
-                                          std::int64_t tiles, std::int64_t cols,
-                                          std::int64_t j) {
-  return reduction_order::fold_tiles(start, tiles,
-                                     [&](std::int64_t t) { return partials[t * cols + j]; });
-}
-
-/// Order 2 for one block: lane threadIdx.x adds values[begin + lane], values[begin + lane +
-/// 256], ... below `end`, in order, then block_sum's halving tree; every thread gets the
-/// result. block_reduce's preconditions hold.
-__device__ inline float lane_tree_sum(const float* values, std::int64_t begin, std::int64_t end,
-                                      std::int64_t stride = 1) {
-  float lane = 0.0f;
-  for (std::int64_t i = begin + threadIdx.x; i < end; i += kThreadsPerBlock) {
-    lane = __fadd_rn(lane, values[i * stride]);
-  }
-  return block_sum(lane);
-}
-
 
 }  // namespace cuda
 }  // namespace bigbatch

@@ -9,6 +9,7 @@
 // rounding.
 // Elsewhere nvcc may contract a*b+c into a fused multiply-add: rounding differences only.
 #include "kernels/cuda_common.cuh"
+#include "kernels/cuda_row_sums.cuh"
 #include "kernels/layernorm.hpp"
 
 namespace bigbatch::cuda {
