@@ -46,7 +46,8 @@
 # mutation: its original snippet must
 # occur exactly once in its file and each program it names must have CTest tests (else
 # the entry is STALE); the snippet is replaced; the test programs the entry names are
-# rebuilt (incrementally; for a script, the built programs its tests' command lines name)
+# rebuilt (incrementally, the compiles that read the plant at -O1: see
+# scripts/mutation-compile.sh; for a script, the built programs its tests' command lines name)
 # and their CTest tests run, program by program in the order the entry names them (every
 # test when it names none), with OpenMP's idle threads asleep as in the test presets
 # (OMP_WAIT_POLICY=passive, see the README), until the first that fails; the verdict is
@@ -285,10 +286,11 @@ if command -v ccache > /dev/null; then
   else
     export CCACHE_DIR="$work/ccache" CCACHE_BASEDIR="$work" CCACHE_NOHASHDIR=true
   fi
-  launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+  launcher=("-DCMAKE_CXX_COMPILER_LAUNCHER=$repo/scripts/mutation-compile.sh;ccache")
   [ "$cuda" = OFF ] || launcher+=(-DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
-elif [ -z "$workers" ]; then
-  workers=1
+else
+  launcher=("-DCMAKE_CXX_COMPILER_LAUNCHER=$repo/scripts/mutation-compile.sh")
+  [ -n "$workers" ] || workers=1
 fi
 count_selected=${#selected[@]}
 [ -n "$workers" ] || workers=$((jobs >= 2 ? 2 : 1))
@@ -323,7 +325,7 @@ build_copy() {
   fi
 }
 echo "configuring and building $workers cop$( ((workers == 1)) && echo y || echo ies)" \
-     "(BIGBATCH_CUDA=$cuda, -j $jobs${launcher[*]:+, ccache})"
+     "(BIGBATCH_CUDA=$cuda, -j $jobs$(command -v ccache > /dev/null && echo ", ccache"))"
 for ((w = 1; w <= workers; ++w)); do build_copy "$w"; done
 echo "built in $((SECONDS - start_time)) s"
 
@@ -466,12 +468,22 @@ apply() {
 # ---- the mutations ---------------------------------------------------------------------
 # build_targets ID [TARGET...]: builds the targets (every target when none is named) in the
 # current copy, adding to `build_seconds`; on a compiler error sets `verdict` and `detail`.
+# The compiles that read the plant run at -O1 (scripts/mutation-compile.sh, named by
+# BIGBATCH_PLANTED); for a header's plant that is every compile of the build, so the targets
+# are first built with the file as it was (the previous plants' restored files, from the
+# cache), then planted again.
 build_targets() {
   local id=$1 t0=$SECONDS
   shift
   local args=()
   (($# == 0)) || args=(--target "$@")
-  if ! cmake --build "$build" -j "$jobs" "${args[@]}" >> "$logs/$id.build.log" 2>&1; then
+  if [[ "$planted" == *.hpp || "$planted" == *.h || "$planted" == *.inc ]]; then
+    cp -p "$backup" "$file"  # its old time: what was compiled from the plant stays
+    cmake --build "$build" -j "$jobs" "${args[@]}" >> "$logs/$id.build.log" 2>&1 || true
+    cp "$work/planted-$id" "$file"
+  fi
+  if ! BIGBATCH_PLANTED="$planted" cmake --build "$build" -j "$jobs" "${args[@]}" \
+         >> "$logs/$id.build.log" 2>&1; then
     verdict="DID NOT COMPILE"
     detail="the compiler says: $(grep -m 1 -E 'error' "$logs/$id.build.log" |
                                  sed "s|$copy/||" || true)"
@@ -486,6 +498,7 @@ run_mutation() {
   local i=$1 position=$2
   local id="${ids[$i]}" file="$copy/${files[$i]}" mutation_start=$SECONDS
   local verdict="" detail="" reason occurrences selection build_seconds=0 test_seconds=0 t0
+  local planted="" backup="$work/original-$id"
   local build_args=() selections=("${all_tests[*]}") targets=() test_args=() rebuild=1 part=0
   reason=$(skip_reason "$i")
   if [ -n "$reason" ]; then
@@ -493,11 +506,12 @@ run_mutation() {
   elif [ ! -f "$file" ]; then
     verdict="STALE" detail="${files[$i]} does not exist"
   else
-    local backup="$work/original-$id"
     cp -p "$file" "$backup"
     if ! occurrences=$(apply "$file" "${originals[$i]}" "${replacements[$i]}"); then
       verdict="STALE" detail="the original snippet occurs ${occurrences:-?} times in ${files[$i]}"
     else
+      planted=${files[$i]}
+      cp "$file" "$work/planted-$id"
       read -r -a targets <<< "${programs[$i]}"
       if ((${#targets[@]})); then
         # A script (.py, .sh) runs from the source tree: nothing of it to build, but the
