@@ -646,9 +646,10 @@ echo "$summary"
 if [ -n "$write_catchers" ]; then
   # The mutations of this run get their catchers of this run (none when not killed); the
   # others of the list keep theirs from the catchers read (--catchers), so that a run with
-  # --only updates its entries alone.
+  # --only updates its entries alone, and so do those this CPU skipped (a machine without
+  # AVX-512 keeps what one with it found).
   declare -A ran=()
-  for i in "${selected[@]}"; do ran[$i]=1; done
+  for i in "${selected[@]}"; do [ "${verdicts[$i]}" = SKIPPED ] || ran[$i]=1; done
   {
     echo "# The tests that caught each mutation of scripts/mutations.txt when it was last run"
     echo "# (scripts/mutation-check.sh --write-catchers): \"ID TEST...\". The script runs them"
@@ -662,7 +663,7 @@ if [ -n "$write_catchers" ]; then
       fi
     done
   } > "$write_catchers"
-  echo "wrote the catchers of the killed mutations to $write_catchers (those not run: as" \
-       "they were in $catchers_file)"
+  echo "wrote the catchers of the killed mutations to $write_catchers (those not run or" \
+       "skipped: as they were in $catchers_file)"
 fi
 ((survived == 0 && stale == 0 && broken == 0))
