@@ -78,6 +78,7 @@ namespace {
 constexpr int kPortableMr = 4;
 constexpr int kPortableNr = 16;
 
+// snippet: k-order
 void portable_micro_kernel(std::int64_t kc, const float* a_panel, const float* b_panel,
                            float* c, std::int64_t ldc, AccumulatorStart start, float beta) {
   float acc[kPortableMr][kPortableNr];
@@ -99,6 +100,7 @@ void portable_micro_kernel(std::int64_t kc, const float* a_panel, const float* b
     for (int j = 0; j < kPortableNr; ++j) c[r * ldc + j] = acc[r][j];
   }
 }
+// snippet end: k-order
 
 // The buffers hold f16 objects; they travel as uint16_t only to keep _Float16 out of
 // the header that nvcc also reads.

@@ -50,6 +50,7 @@ BIGBATCH_HD inline std::int64_t tile_count(std::int64_t rows) {
   return (rows + kTileRows - 1) / kTileRows;
 }
 
+// snippet: tile-order
 /// P_t: the sum of term(i) over the rows of tile t (of `rows`), in row order, from the
 /// first term (one rounded float addition per further row).
 template <class Term>
@@ -68,6 +69,7 @@ BIGBATCH_HD float fold_tiles(float start, std::int64_t tiles, Partial partial) {
   for (std::int64_t t = 0; t < tiles; ++t) sum = scalar_math::add_rn(sum, partial(t));
   return sum;
 }
+// snippet end: tile-order
 
 /// The column sum of order 1 for one column, on the host: start + sum_i term(i) over
 /// `rows` rows, tile by tile, exactly as the CUDA kernels add it.

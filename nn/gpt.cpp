@@ -297,6 +297,7 @@ Tensor Gpt::forward(const Tensor& tokens, const ForwardContext& context) {
   return logits;
 }
 
+// snippet: block
 Tensor Gpt::block_forward(std::size_t index, const Tensor& x, const ForwardContext& context,
                           GptBlockActivations& saved, BlockKeep keep) {
   BIGBATCH_CHECK(keep != BlockKeep::gemm_outputs, "Gpt::block_forward: BlockKeep::gemm_outputs "
@@ -357,6 +358,7 @@ Tensor Gpt::block_forward(std::size_t index, const Tensor& x, const ForwardConte
   axpy(1.0f, saved.middle, out);
   return out;
 }
+// snippet end: block
 
 Tensor Gpt::block_backward(std::size_t index, const GptBlockActivations& saved,
                            const Tensor& d_output, const ForwardContext& context) {

@@ -33,6 +33,15 @@ Tensor targets_of(const Tensor& labels) {
 
 namespace {
 
+/// Token targets ([B, T] labels) need the step's count of targets from the caller: the
+/// micro-batches alone do not tell it before the first backward.
+void require_count_known(std::int64_t global_count, const Tensor& labels_micro) {
+  BIGBATCH_CHECK(global_count > 0 || labels_micro.rank() == 1,
+                 "accumulate_gradients: token targets ", labels_micro.describe(),
+                 " need the step's count of targets (global_count), which the batch's "
+                 "micro-batches alone do not tell before the first backward");
+}
+
 /// The accumulation of every overload; `on_final` and `tell` need the MLP (`telling`).
 float accumulate(Network& model, std::int64_t rows, const BatchRows& rows_of,
                  std::int64_t micro_batch, const ForwardContext& context,
@@ -41,30 +50,29 @@ float accumulate(Network& model, std::int64_t rows, const BatchRows& rows_of,
   BIGBATCH_CHECK(rows > 0, "accumulate_gradients: the batch must have rows, got ", rows);
   BIGBATCH_CHECK(micro_batch > 0, "accumulate_gradients: micro_batch must be positive, got ",
                  micro_batch);
+  // snippet: accumulate
   const float count = static_cast<float>(global_count > 0 ? global_count : rows);
   // The loss of every micro-batch adds into one float: loss += its share of the mean.
   const Tensor loss = Tensor::zeros({1}, DType::f32, model.device(), MemoryCategory::workspace);
   for (std::int64_t begin = 0; begin < rows; begin += micro_batch) {
     const std::int64_t end = std::min(rows, begin + micro_batch);
     const auto [x_micro, labels_micro] = rows_of(begin, end);
-    BIGBATCH_CHECK(global_count > 0 || labels_micro.rank() == 1,
-                   "accumulate_gradients: token targets ", labels_micro.describe(),
-                   " need the step's count of targets (global_count), which the batch's "
-                   "micro-batches alone do not tell before the first backward");
+    require_count_known(global_count, labels_micro);
     ForwardContext micro_context = context;
-    micro_context.first_row = context.first_row + begin;
+    micro_context.first_row = context.first_row + begin;  // dropout follows the sample
     const Tensor logits = model.forward(x_micro, micro_context);
     const Tensor targets = targets_of(labels_micro);
-    cross_entropy_forward(logits, targets, loss, count);
+    cross_entropy_forward(logits, targets, loss, count);  // loss += sum / B
     const Tensor dlogits(logits.shape(), DType::f32, model.device(), MemoryCategory::workspace);
-    cross_entropy_backward(logits, targets, dlogits, count, loss_scale);
+    cross_entropy_backward(logits, targets, dlogits, count, loss_scale);  // (p - y) S / B
     std::optional<TellingFinalGradients> told;  // by default the last backward only
     if (on_final && (end == rows || tell == TellGradients::every_micro_batch)) {
       told.emplace(*telling, on_final);
     }
-    model.backward(dlogits);
+    model.backward(dlogits);  // gradients +=
   }
   model.complete_gradients();
+  // snippet end: accumulate
   return loss.to_vector<float>()[0];
 }
 
@@ -80,6 +88,7 @@ float accumulate_gradients(Network& model, const Tensor& x, const Tensor& labels
   BIGBATCH_CHECK(rows > 0 && labels_fit,
                  "accumulate_gradients: x must be [B, D] with B > 0 and labels i32 [B] (or "
                  "[B, T] for tokens [B, T]), got ", x.describe(), " and ", labels.describe());
+  // snippet: token-count
   if (global_count <= 0 && labels.rank() == 1) global_count = rows;  // a label per row
   if (global_count <= 0) {  // the token batch's own targets, counted on the host
     const std::vector<std::int32_t> values = labels.to_vector<std::int32_t>();
@@ -87,6 +96,7 @@ float accumulate_gradients(Network& model, const Tensor& x, const Tensor& labels
                                  [](std::int32_t label) { return label != kIgnoredLabel; });
     BIGBATCH_CHECK(global_count > 0, "accumulate_gradients: every target is ignored");
   }
+  // snippet end: token-count
   // The batch is on the device already: each micro-batch is a view of its rows.
   const BatchRows views = [&](std::int64_t begin, std::int64_t end) {
     return std::pair{x.rows(begin, end), labels.rows(begin, end)};

@@ -51,6 +51,7 @@ BaselineLoop::BaselineLoop(nn::Model& model, nn::Optimizer& optimizer, const Dat
       dropout_seed_(nn::dropout_seed_for_run(seed)),
       staging_(std::min(micro_batch, batch), data.feature_dim(), model.device()) {}
 
+// snippet: step
 float BaselineLoop::step(std::int64_t k, float loss_scale,
                          const std::function<bool()>& at_boundary) {
   const nn::BatchPosition batch = stream_.position(k);
@@ -64,5 +65,6 @@ float BaselineLoop::step(std::int64_t k, float loss_scale,
   if (at_boundary()) optimizer_.step();
   return loss;
 }
+// snippet end: step
 
 }  // namespace bigbatch::baseline

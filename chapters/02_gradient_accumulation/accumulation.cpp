@@ -62,6 +62,7 @@ NaiveAccumulator::NaiveAccumulator(const nn::Model& model) {
   }
 }
 
+// snippet: naive
 float NaiveAccumulator::gradients(nn::Model& model, const Tensor& x, const Tensor& labels,
                                   std::int64_t micro_batch, const nn::ForwardContext& context) {
   const auto parameters = model.parameters();
@@ -84,6 +85,7 @@ float NaiveAccumulator::gradients(nn::Model& model, const Tensor& x, const Tenso
   }
   return static_cast<float>(loss_sum / static_cast<double>(count));
 }
+// snippet end: naive
 
 std::size_t NaiveAccumulator::buffer_bytes() const {
   std::size_t bytes = 0;

@@ -30,6 +30,7 @@ GradientStats stats_from(bool overflow, double squared_norm) {
   return stats;
 }
 
+// snippet: unscale
 bool unscale_gradients(const std::vector<Tensor>& gradients, float scale,
                        const Tensor& found_inf, const Tensor* squared_norm) {
   BIGBATCH_CHECK(std::isfinite(scale) && scale > 0.0f,
@@ -44,6 +45,7 @@ bool unscale_gradients(const std::vector<Tensor>& gradients, float scale,
   }
   return found_inf.to_vector<float>()[0] != 0.0f;
 }
+// snippet end: unscale
 
 void UnscalePass::allocate(Device device, bool with_norm) {
   if (!found_inf_.defined() || found_inf_.device() != device) {

@@ -44,6 +44,7 @@ void DynamicLossScaler::restore(const State& state) {
   skipped_ = state.skipped;
 }
 
+// snippet: rule
 ScaleUpdate DynamicLossScaler::update(bool overflow) {
   ScaleUpdate result{overflow, scale_, scale_};
   if (overflow) {
@@ -73,6 +74,7 @@ ScaleUpdate DynamicLossScaler::update(bool overflow) {
   result.next_scale = scale_;
   return result;
 }
+// snippet end: rule
 
 ScaleUpdate DynamicLossScaler::unscale_and_update(const nn::Network& model) {
   return update(pass_.unscale(model, scale_));

@@ -92,6 +92,7 @@ BoundaryOutcome OptimizerBoundary::step(const nn::Network& model, nn::Optimizer&
   return step(gradient_tensors(model), optimizer);
 }
 
+// snippet: boundary
 BoundaryOutcome OptimizerBoundary::step(const std::vector<Tensor>& gradients,
                                         nn::Optimizer& optimizer) {
   BoundaryOutcome outcome;
@@ -117,6 +118,7 @@ BoundaryOutcome OptimizerBoundary::step(const std::vector<Tensor>& gradients,
   stage_ = Stage::stepped;
   return outcome;
 }
+// snippet end: boundary
 
 void OptimizerBoundary::update() {
   require(Stage::stepped, "update()");

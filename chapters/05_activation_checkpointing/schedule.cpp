@@ -45,6 +45,7 @@ void check_depth(const char* who, std::int64_t depth) {
 void emit(std::vector<Action>& out, Op op, std::int64_t block) { out.push_back({op, block}); }
 
 /// reverse(lo, hi, s) of optimal(), with h_lo stored in one of the s slots.
+// snippet: reverse
 void reverse(std::vector<Action>& out, std::int64_t lo, std::int64_t hi, std::int64_t s) {
   if (hi - lo == 1) {
     emit(out, Op::restore, lo);
@@ -80,6 +81,7 @@ void reverse(std::vector<Action>& out, std::int64_t lo, std::int64_t hi, std::in
   emit(out, Op::drop, m);
   reverse(out, lo, m, s);
 }
+// snippet end: reverse
 
 std::int64_t count(const Schedule& schedule, Op op) {
   return static_cast<std::int64_t>(

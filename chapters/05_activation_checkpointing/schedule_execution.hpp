@@ -89,6 +89,7 @@ class ScheduleExecution {
     return executor.block_forward(block, current_, saved, keep, recompute);
   }
 
+  // snippet: interpreter
   void run(Executor& executor, bool stop_at_head) {
     const std::int64_t depth = schedule_.depth;
     while (next_ < schedule_.actions.size()) {
@@ -122,6 +123,7 @@ class ScheduleExecution {
       }
     }
   }
+  // snippet end: interpreter
 
   Schedule schedule_;
   nn::BlockKeep keep_;

@@ -146,6 +146,7 @@ const PrecisionCost& CostModel::of(nn::Precision precision) const {
   return fp32;
 }
 
+// snippet: cost
 double CostModel::step_seconds(std::int64_t batch, std::int64_t micro_batch,
                                nn::Precision precision, double recompute, std::int64_t depth,
                                std::int64_t rebuilt) const {
@@ -158,6 +159,7 @@ double CostModel::step_seconds(std::int64_t batch, std::int64_t micro_batch,
          static_cast<double>(rebuilt) *
              (n * c.probabilities.fixed + rows * c.probabilities.per_row);
 }
+// snippet end: cost
 
 
 namespace {
@@ -352,6 +354,7 @@ struct Variant {
 /// The plans of one variant, added to `result`: for each precision and micro-batch the
 /// fastest policy that fits.
 template <class Request, class Config>
+// snippet: search
 void add_plans(const Request& request, const Variant<Config>& variant, PlanResult& result) {
   const CostModel& cost = *variant.cost;
   const std::int64_t depth = depth_of(variant.model);
@@ -388,6 +391,7 @@ void add_plans(const Request& request, const Variant<Config>& variant, PlanResul
     }
   }
 }
+// snippet end: search
 
 template <class Request, class Config>
 PlanResult search(const Request& request, const std::vector<Variant<Config>>& variants) {

@@ -186,6 +186,7 @@ void SimulatedRanks::share_done(int rank, nn::Network& model) {
   model.zero_grad();  // the next rank's share starts its own sum, as on its own process
 }
 
+// snippet: rank-order-sum
 float SimulatedRanks::reduce(nn::Network& model, std::span<const float> losses) {
   BIGBATCH_CHECK(static_cast<int>(losses.size()) == ranks(), "SimulatedRanks: ",
                  losses.size(), " losses for ", ranks(), " ranks");
@@ -207,6 +208,7 @@ float SimulatedRanks::reduce(nn::Network& model, std::span<const float> losses) 
   }
   return sum_in_rank_order(losses);
 }
+// snippet end: rank-order-sum
 
 std::vector<nn::NamedParameter> SimulatedRanks::stepped_parameters(const nn::Network& model) const {
   std::vector<nn::NamedParameter> parameters = model.parameters();
@@ -322,6 +324,7 @@ std::map<std::string, Tensor> CommunicatorRanks::gathered_masters(const nn::Mode
   return whole;
 }
 
+// snippet: sum-round
 void CommunicatorRanks::sum_round(const std::vector<Tensor>& gradients, std::size_t first,
                                   std::size_t end) {
   BIGBATCH_CHECK(first <= end && end <= gradients.size() &&
@@ -337,6 +340,7 @@ void CommunicatorRanks::sum_round(const std::vector<Tensor>& gradients, std::siz
     add_to_shard(i, gradients[i]);
   }
 }
+// snippet end: sum-round
 
 void CommunicatorRanks::add_to_round_bucket(const std::vector<Tensor>& gradients,
                                             std::size_t first, std::size_t end) {
