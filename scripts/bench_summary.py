@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
-"""Turns Google Benchmark JSON from bench_kernels into the Markdown tables in README.md.
+"""Turns Google Benchmark JSON from bench_kernels into the Markdown tables in bench/README.md.
 
 Usage: scripts/bench_summary.py [RESULTS.json]
 RESULTS.json defaults to bench/results/cpu-2core-avx512/cpu-kernels.json.
 
 Reads medians when the run has repetitions (aggregate "median"), plain runs otherwise, and
 prints the kernels' table. scripts/readme_numbers.py puts it between the markers
-<!-- bench:begin --> and <!-- bench:end --> in README.md, and between
+<!-- bench:begin --> and <!-- bench:end --> in bench/README.md, and between
 <!-- steps:begin --> and <!-- steps:end --> the whole-step table (step_summary):
 bench_training's fp32 steps (cpu-training.json) beside PyTorch's (pytorch-training.json,
 from bench/pytorch_step.py).

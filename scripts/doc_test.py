@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Runs every command of every README's ```sh code blocks and fails on a wrong exit status.
+"""Runs every command of every README's (and docs/ page's) ```sh code blocks; fails on a wrong exit status.
 
 Usage: scripts/doc_test.py [--list | --self-test] [README ...]
 (scripts/doc-test.sh builds first; --self-test checks this checker on planted READMEs)
@@ -151,7 +151,7 @@ test "$X" = 1   # set by the first block
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("readmes", nargs="*", type=Path,
-                        help="the READMEs to run (default: every tracked README.md)")
+                        help="the READMEs to run (default: every tracked README.md and docs/*.md)")
     parser.add_argument("--list", action="store_true", help="print the commands, run nothing")
     parser.add_argument("--self-test", action="store_true",
                         help="check the checker on planted READMEs, run no real one")
@@ -160,7 +160,7 @@ def main():
         return self_test()
     readmes = [Path(p).resolve() for p in args.readmes] or [
         ROOT / p for p in subprocess.run(
-            ["git", "-C", str(ROOT), "ls-files", "*README.md"],
+            ["git", "-C", str(ROOT), "ls-files", "*README.md", "docs/*.md"],
             check=True, capture_output=True, text=True).stdout.split()]
     if not args.list and not (ROOT / "build/chapters/cli/bigbatch").exists():
         sys.exit("build/chapters/cli/bigbatch is missing: build first (scripts/doc-test.sh does)")

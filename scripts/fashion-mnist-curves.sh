@@ -123,4 +123,4 @@ print(f"wrote {results} in {seconds:.0f} s")
 if not any(p["runs"] == ["fp32", "accumulated"] and p["test_accuracy_identical"] for p in same):
     sys.exit("fp32 in one piece and accumulated differ: gradient accumulation is not exact")
 PY
-python3 scripts/readme_numbers.py --write  # the README's line on these curves
+python3 scripts/readme_numbers.py --write  # bench/README.md's line on these curves

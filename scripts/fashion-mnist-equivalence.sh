@@ -51,5 +51,5 @@ for run in fp16 bf16; do
     status=1
   fi
 done
-python3 scripts/readme_numbers.py --write  # the README's and chapter 04's lines on these runs
+python3 scripts/readme_numbers.py --write  # bench/README.md's and chapter 04's lines on these runs
 exit $status

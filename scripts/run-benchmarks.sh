@@ -3,7 +3,7 @@
 # (scripts/results-folder.sh: bench/results/cpu-2core-avx512/ for the 2-core AVX-512 CPU that
 # made the committed results, cpu-2core-avx2/ where the kernels run AVX2, as on a CPU
 # without AVX-512 or under BIGBATCH_MAX_ISA=avx2; the GEMM and accumulation figures draw
-# every folder present, the other figures the AVX-512 one, the README's tables both): the kernels to cpu-kernels.json (the attention kernels against T to
+# every folder present, the other figures the AVX-512 one, bench/README.md's tables both): the kernels to cpu-kernels.json (the attention kernels against T to
 # cpu-attention-kernels.json), the whole-step benchmarks (fp32
 # and fp16) to cpu-training.json and their PyTorch peer (bench/pytorch_step.py) to
 # pytorch-training.json, chapter 08's GPT step to cpu-gpt.json and its PyTorch peer to

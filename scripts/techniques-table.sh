@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The README's results tables: one model, one batch and the same number of epochs, trained
+# bench/README.md's results tables: one model, one batch and the same number of epochs, trained
 # with each technique of the tutorial: the batch in one piece (fp32), accumulated in
 # micro-batches (fp32), fp16 with a static and with a dynamic loss scale, fp16 dynamic with
 # checkpointing, bf16 with no loss scale, and the planner's choice under a device-memory
