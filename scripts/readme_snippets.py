@@ -37,7 +37,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 REFERENCE = re.compile(r"^<!-- snippet: (\S+) ([A-Za-z0-9_-]+) -->\n", re.M)
-LINK = re.compile(r"(?:\[`[^`]*`\]\([^)\s]*\) )?<!-- code: (\S+) ([A-Za-z0-9_-]+) -->")
+# A link and its comment; the comment alone where the link is missing. Not inside inline
+# code (`<!-- code: PATH NAME -->` in a sentence that explains the syntax).
+LINK = re.compile(r"(?:\[`[^`]*`\]\([^)\s]*\) |(?<!`))<!-- code: (\S+) ([A-Za-z0-9_-]+) -->")
 FENCE = re.compile(r"(```[a-z]*\n)(.*?)^```", re.S | re.M)
 
 
@@ -134,7 +136,8 @@ def refresh(readme, text, root, sources):
 def readmes(root):
     listed = subprocess.run(["git", "-C", str(root), "ls-files", "*README.md", "docs/*.md"],
                             capture_output=True, text=True, check=False).stdout.split()
-    return listed or [str(p.relative_to(root)) for p in sorted(root.rglob("README.md"))]
+    found = sorted(root.rglob("README.md")) + sorted(root.glob("docs/*.md"))  # not a clone
+    return listed or [str(p.relative_to(root)) for p in found]
 
 
 def check(root, write, out=print):
@@ -184,7 +187,8 @@ def self_test():
               "return y;\n"
               "```\n"
               "\n"
-              "Read it: [`lib/f.cpp:3-5`](lib/f.cpp#L3-L5) <!-- code: lib/f.cpp twice -->\n")
+              "Read it: [`lib/f.cpp:3-5`](lib/f.cpp#L3-L5) <!-- code: lib/f.cpp twice -->\n"
+              "(A link is written before `<!-- code: PATH NAME -->`.)\n")
     cases = [
         ("as written", source, readme, 0),
         ("a source edited without its README", source.replace("x * 2", "x * 3"), readme, 1),
