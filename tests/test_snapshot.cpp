@@ -311,6 +311,9 @@ TEST(Snapshot, TensorsTheModelRefusesChangeNothingAfterTheCountersWereRead) {
   EXPECT_EQ(now.steps_done, counters.steps_done);
   EXPECT_EQ(now.optimizer_steps, counters.optimizer_steps);
   EXPECT_EQ(now.skipped_steps, counters.skipped_steps);
+  // The scaler is there before and after (reading an empty optional would be undefined).
+  ASSERT_TRUE(counters.scaler.has_value());
+  ASSERT_TRUE(now.scaler.has_value()) << "the refused restore dropped the scaler's state";
   EXPECT_EQ(now.scaler->scale, counters.scaler->scale);
 }
 
