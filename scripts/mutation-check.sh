@@ -46,7 +46,7 @@
 # mutation: its original snippet must
 # occur exactly once in its file and each program it names must have CTest tests (else
 # the entry is STALE); the snippet is replaced; the test programs the entry names are
-# rebuilt (incrementally, the compiles that read the plant at -O1: see
+# rebuilt (incrementally, the compiles that read the plant at -O1 or -O0: see
 # scripts/mutation-compile.sh; for a script, the built programs its tests' command lines name)
 # and their CTest tests run, program by program in the order the entry names them (every
 # test when it names none), with OpenMP's idle threads asleep as in the test presets
@@ -287,10 +287,19 @@ if command -v ccache > /dev/null; then
     export CCACHE_DIR="$work/ccache" CCACHE_BASEDIR="$work" CCACHE_NOHASHDIR=true
   fi
   launcher=("-DCMAKE_CXX_COMPILER_LAUNCHER=$repo/scripts/mutation-compile.sh;ccache")
-  [ "$cuda" = OFF ] || launcher+=(-DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
+  [ "$cuda" = OFF ] ||
+    launcher+=("-DCMAKE_CUDA_COMPILER_LAUNCHER=$repo/scripts/mutation-compile.sh;ccache")
 else
   launcher=("-DCMAKE_CXX_COMPILER_LAUNCHER=$repo/scripts/mutation-compile.sh")
+  [ "$cuda" = OFF ] ||
+    launcher+=("-DCMAKE_CUDA_COMPILER_LAUNCHER=$repo/scripts/mutation-compile.sh")
   [ -n "$workers" ] || workers=1
+fi
+# Where no GPU runs the CUDA code, a header's plant keeps the CUDA objects the unplanted
+# build made (scripts/mutation-compile.sh says why the verdict is the same).
+if [ "$cuda" != OFF ] && ! nvidia-smi -L > /dev/null 2>&1; then
+  export BIGBATCH_CUDA_OBJECTS_KEPT=1
+  echo "no GPU here (nvidia-smi -L): a header's plant keeps the CUDA objects unplanted"
 fi
 count_selected=${#selected[@]}
 [ -n "$workers" ] || workers=$((jobs >= 2 ? 2 : 1))
@@ -468,7 +477,7 @@ apply() {
 # ---- the mutations ---------------------------------------------------------------------
 # build_targets ID [TARGET...]: builds the targets (every target when none is named) in the
 # current copy, adding to `build_seconds`; on a compiler error sets `verdict` and `detail`.
-# The compiles that read the plant run at -O1 (scripts/mutation-compile.sh, named by
+# The compiles that read the plant run at -O1 or -O0 (scripts/mutation-compile.sh, named by
 # BIGBATCH_PLANTED); for a header's plant that is every compile of the build, so the targets
 # are first built with the file as it was (the previous plants' restored files, from the
 # cache), then planted again.
@@ -482,7 +491,8 @@ build_targets() {
     cmake --build "$build" -j "$jobs" "${args[@]}" >> "$logs/$id.build.log" 2>&1 || true
     cp "$work/planted-$id" "$file"
   fi
-  if ! BIGBATCH_PLANTED="$planted" cmake --build "$build" -j "$jobs" "${args[@]}" \
+  if ! BIGBATCH_PLANTED="$planted" BIGBATCH_COPY="$copy" \
+       cmake --build "$build" -j "$jobs" "${args[@]}" \
          >> "$logs/$id.build.log" 2>&1; then
     verdict="DID NOT COMPILE"
     detail="the compiler says: $(grep -m 1 -E 'error' "$logs/$id.build.log" |
