@@ -4,6 +4,7 @@
 #include "nn/memory_model.hpp"
 
 #include <algorithm>
+#include <cstddef>
 #include <initializer_list>
 #include <limits>
 #include <utility>
@@ -163,6 +164,28 @@ std::string Moment::text() const {
   return joined;
 }
 
+/// The allocator of the handles (std::allocate_shared): the ledger's nodes.
+template <class T>
+class EntryAllocator {
+ public:
+  using value_type = T;
+  explicit EntryAllocator(MemoryLedger* ledger) : ledger_(ledger) {}
+  template <class U>
+  EntryAllocator(const EntryAllocator<U>& other) : ledger_(other.ledger_) {}  // NOLINT
+  T* allocate(std::size_t n) {
+    BIGBATCH_CHECK(n == 1, "EntryAllocator: one node at a time");
+    return static_cast<T*>(ledger_->take_node(sizeof(T)));
+  }
+  void deallocate(T* node, std::size_t) { ledger_->give_node(node); }
+  template <class U>
+  bool operator==(const EntryAllocator<U>& other) const { return ledger_ == other.ledger_; }
+
+ private:
+  template <class U>
+  friend class EntryAllocator;
+  MemoryLedger* ledger_;
+};
+
 struct MemoryLedger::Entry {
   Entry(MemoryLedger* ledger, MemoryCategory category, std::size_t bytes)
       : ledger(ledger), category(category), bytes(bytes) {}
@@ -191,7 +214,32 @@ Bytes MemoryLedger::allocate(MemoryCategory category, std::size_t bytes,
       peak_moment_ = moment.text();
     }
   }
-  return std::make_shared<const Entry>(this, category, bytes);
+  return std::allocate_shared<const Entry>(EntryAllocator<Entry>(this), this, category, bytes);
+}
+
+void* MemoryLedger::take_node(std::size_t bytes) {
+  if (free_ != nullptr) {
+    void* node = free_;
+    free_ = *static_cast<void**>(node);
+    return node;
+  }
+  // One size only (shared_ptr's block holding an Entry), rounded up to keep nodes aligned;
+  // chunks of 32 nodes, then twice the last (most ledgers hold a few hundred at most).
+  constexpr std::size_t align = alignof(std::max_align_t);
+  bytes = (bytes + align - 1) / align * align;
+  BIGBATCH_CHECK(node_bytes_ == 0 || bytes == node_bytes_, "MemoryLedger: nodes of one size");
+  node_bytes_ = bytes;
+  if (chunks_.empty() || carved_ == chunk_nodes_) {
+    chunk_nodes_ = chunks_.empty() ? 32 : 2 * chunk_nodes_;
+    chunks_.push_back(std::make_unique_for_overwrite<std::byte[]>(chunk_nodes_ * bytes));
+    carved_ = 0;
+  }
+  return chunks_.back().get() + bytes * carved_++;
+}
+
+void MemoryLedger::give_node(void* node) {
+  *static_cast<void**>(node) = free_;
+  free_ = node;
 }
 
 void MemoryLedger::release(MemoryCategory category, std::size_t bytes) {
