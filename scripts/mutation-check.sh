@@ -286,6 +286,8 @@ if command -v ccache > /dev/null; then
   else
     export CCACHE_DIR="$work/ccache" CCACHE_BASEDIR="$work" CCACHE_NOHASHDIR=true
   fi
+  # The test sources read a precompiled header (BIGBATCH_TEST_PCH): cached only so.
+  export CCACHE_SLOPPINESS=pch_defines,time_macros,include_file_mtime,include_file_ctime
   launcher=("-DCMAKE_CXX_COMPILER_LAUNCHER=$repo/scripts/mutation-compile.sh;ccache")
   [ "$cuda" = OFF ] ||
     launcher+=("-DCMAKE_CUDA_COMPILER_LAUNCHER=$repo/scripts/mutation-compile.sh;ccache")
