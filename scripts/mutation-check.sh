@@ -47,15 +47,16 @@
 # occur exactly once in its file and each program it names must have CTest tests (else
 # the entry is STALE); the snippet is replaced; the test programs the entry names are
 # rebuilt (incrementally, the compiles that read the plant at -O1 or -O0: see
-# scripts/mutation-compile.sh; for a script, the built programs its tests' command lines name)
-# and their CTest tests run, program by program in the order the entry names them (every
+# scripts/mutation-compile.sh; for a script, the built programs its tests' command lines name;
+# for a header, with Ninja, only the files that include it whose objects the programs' links
+# take, the others' objects being in no program that runs) and their CTest tests run, program by program in the order the entry names them (every
 # test when it names none), with OpenMP's idle threads asleep as in the test presets
 # (OMP_WAIT_POLICY=passive, see the README), until the first that fails; the verdict is
 # KILLED, with that test's name, or SURVIVED (every test of every program passed).
 # The tests that caught a mutation last time (scripts/mutation-catchers.txt: "ID TEST...",
 # written by --write-catchers) run before all that, with only the programs they need built:
 # when one fails, the mutation is killed without the rest (a plant in a header then
-# recompiles the libraries that catcher links, not every program of the entry). Only a
+# recompiles what that catcher's program links, not every program of the entry). Only a
 # catcher among the entry's own programs' tests is run, so the verdict is the one the
 # programs' tests give; a catcher that passes, or that is gone, costs its run and the
 # programs are built and their tests run as above. A mutation that does not compile (in
@@ -483,24 +484,84 @@ apply() {
 # BIGBATCH_PLANTED); for a header's plant that is every compile of the build, so the targets
 # are first built with the file as it was (the previous plants' restored files, from the
 # cache), then planted again.
+#
+# build_targets ID --linked TARGET...: the same for a header's plant with Ninja, recompiling
+# only the objects the targets' links take that include the header (linked_includers): the
+# plant keeps the header's old time, so nothing else looks out of date, and those objects
+# are deleted, so that they are made again. Each program is then what a full rebuild would
+# link. Should the plant make a link take another object that includes the header, the
+# header's time is renewed and all that includes it is rebuilt, as without --linked.
 build_targets() {
-  local id=$1 t0=$SECONDS
+  local id=$1 t0=$SECONDS linked=0 header=0
   shift
+  if [ "${1:-}" = --linked ]; then linked=1; shift; fi
   local args=()
   (($# == 0)) || args=(--target "$@")
-  if [[ "$planted" == *.hpp || "$planted" == *.h || "$planted" == *.inc ]]; then
+  [[ "$planted" != *.hpp && "$planted" != *.h && "$planted" != *.inc ]] || header=1
+  ((header && $# > 0)) && [ -f "$build/build.ninja" ] || linked=0
+  if ((header)); then
     cp -p "$backup" "$file"  # its old time: what was compiled from the plant stays
     cmake --build "$build" -j "$jobs" "${args[@]}" >> "$logs/$id.build.log" 2>&1 || true
     cp "$work/planted-$id" "$file"
+    if ((linked)) && linked_includers "$@" > "$work/remade-$id"; then
+      touch -r "$backup" "$file"
+      (cd "$build" && xargs -r rm -f < "$work/remade-$id")
+    else
+      linked=0
+    fi
   fi
   if ! BIGBATCH_PLANTED="$planted" BIGBATCH_COPY="$copy" \
        cmake --build "$build" -j "$jobs" "${args[@]}" \
          >> "$logs/$id.build.log" 2>&1; then
     verdict="DID NOT COMPILE"
+  elif ((linked)) && ! { linked_includers "$@" > "$work/remade-again-$id" &&
+                         ! grep -qvxF -f "$work/remade-$id" "$work/remade-again-$id"; }; then
+    echo "the planted links take another object that includes the header: all are rebuilt" \
+      >> "$logs/$id.build.log"
+    touch "$file"
+    BIGBATCH_PLANTED="$planted" BIGBATCH_COPY="$copy" \
+      cmake --build "$build" -j "$jobs" "${args[@]}" >> "$logs/$id.build.log" 2>&1 ||
+      verdict="DID NOT COMPILE"
+  fi
+  if [ "$verdict" = "DID NOT COMPILE" ]; then
     detail="the compiler says: $(grep -m 1 -E 'error' "$logs/$id.build.log" |
                                  sed "s|$copy/||" || true)"
   fi
+  ((!linked)) || touch "$file"  # the next build sees the plant as new: all of it is rebuilt
   build_seconds=$((build_seconds + SECONDS - t0))
+}
+
+# linked_includers TARGET...: prints the objects (paths in $build) that the targets' links
+# read, their own and the archive members the linker takes (each link run again as the build
+# ran it, with a map: -Map), and that read the planted header ($planted), by Ninja's record
+# of each compile's includes; fails when a link or a query fails. The CUDA objects the build
+# keeps (BIGBATCH_CUDA_OBJECTS_KEPT, scripts/mutation-compile.sh) are left out.
+linked_includers() {
+  local target command word archive member map="$work/link-$BASHPID.map" objects=() words=()
+  for target in "$@"; do
+    command=$(cd "$build" && ninja -t commands "$target" | tail -n 1) || return 1
+    command=${command#: && }
+    command=${command%% && *}  # the link, without the tests' discovery after it
+    (cd "$build" && bash -c "$command -Wl,-Map=$map") > /dev/null 2>&1 || return 1
+    read -r -a words <<< "$command"
+    for word in "${words[@]}"; do [[ "$word" != *.o ]] || objects+=("$word"); done
+    while IFS='(' read -r archive member; do
+      member=${member%)}
+      objects+=($(cd "$build" && ninja -t query "$archive" | awk -v member="$member" '
+        /^  input:/ { inputs = 1; next }
+        /^  [a-z]/ { inputs = 0 }
+        inputs && NF == 1 { n = split($1, part, "/"); if (part[n] == member) print $1 }'))
+    done < <(grep -E '^[^ /][^ ]*\.a\([^)]*\)$' "$map")
+  done
+  rm -f "$map"
+  ((${#objects[@]})) || return 0
+  (cd "$build" && ninja -t deps "${objects[@]}") |
+    awk -v header="/$planted" -v kept="${BIGBATCH_CUDA_OBJECTS_KEPT:-0}" '
+      /^[^ ]/ { object = $1; sub(/:$/, "", object); next }
+      NF == 1 { dependency = "/" $1
+        if (length(dependency) >= length(header) &&
+            substr(dependency, length(dependency) - length(header) + 1) == header &&
+            !(kept == 1 && object ~ /\.cu\.o$/) && !seen[object]++) print object }'
 }
 # run_mutation I POSITION: plants entry I in the current copy ($copy, $build), rebuilds and
 # tests, restores the file; writes "VERDICT<TAB>SECONDS<TAB>DETAIL" to $work/results/I and
@@ -551,7 +612,7 @@ run_mutation() {
         done
       fi
       # Last time's catchers first, with only the programs they need built (a header's
-      # plant in a library then recompiles that library, not every program of the entry);
+      # plant then recompiles what those programs link, not every program of the entry);
       # when none of them fails, every program of the entry is built and its tests run.
       # One failing test kills the mutation: CTest stops there, and so do the programs.
       failed_tests=()
@@ -559,7 +620,7 @@ run_mutation() {
       if [ -z "$verdict" ] && ((${#catcher_numbers[@]})); then
         local catcher_targets=()
         for number in "${catcher_numbers[@]}"; do catcher_targets+=(${test_targets[$number]}); done
-        build_targets "$id" "${catcher_targets[@]}"
+        build_targets "$id" --linked "${catcher_targets[@]}"
         if [ -z "$verdict" ]; then
           t0=$SECONDS
           run_tests "$logs/$id.tests-0.log" --stop-on-failure \
@@ -568,7 +629,7 @@ run_mutation() {
         fi
       fi
       if [ -z "$verdict" ] && ((${#failed_tests[@]} == 0)); then
-        if ((rebuild)); then build_targets "$id" "${build_args[@]}"; fi
+        if ((rebuild)); then build_targets "$id" --linked "${build_args[@]}"; fi
         t0=$SECONDS
         for selection in "${selections[@]}"; do
           part=$((part + 1))
