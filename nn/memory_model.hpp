@@ -143,8 +143,8 @@ class MemoryLedger {
   std::string peak_moment_;
   // The handles' storage (an Entry with its shared count, one size): a prediction makes
   // and drops thousands of handles, and a heap allocation each was a third of its time
-  // (half under AddressSanitizer). Nodes are recycled through `free_`, carved from chunks
-  // that live as long as the ledger.
+  // (two fifths under AddressSanitizer). Nodes are recycled through `free_`, carved from
+  // chunks that live as long as the ledger.
   std::vector<std::unique_ptr<std::byte[]>> chunks_;
   std::size_t node_bytes_ = 0, chunk_nodes_ = 0, carved_ = 0;
   void* free_ = nullptr;
