@@ -49,7 +49,8 @@
 # rebuilt (incrementally, the compiles that read the plant at -O1 or -O0: see
 # scripts/mutation-compile.sh; for a script, the built programs its tests' command lines name;
 # for a header, with Ninja, only the files that include it whose objects the programs' links
-# take, the others' objects being in no program that runs) and their CTest tests run, program by program in the order the entry names them (every
+# take, the others' objects being in no program that runs) and their CTest tests run,
+# program by program in the order the entry names them (every
 # test when it names none), with OpenMP's idle threads asleep as in the test presets
 # (OMP_WAIT_POLICY=passive, see the README), until the first that fails; the verdict is
 # KILLED, with that test's name, or SURVIVED (every test of every program passed).
@@ -542,7 +543,9 @@ linked_includers() {
     command=$(cd "$build" && ninja -t commands "$target" | tail -n 1) || return 1
     command=${command#: && }
     command=${command%% && *}  # the link, without the tests' discovery after it
-    (cd "$build" && bash -c "$command -Wl,-Map=$map") > /dev/null 2>&1 || return 1
+    rm -f "$map"
+    (cd "$build" && bash -c "$command -Wl,-Map=$map") > /dev/null 2>&1 && [ -s "$map" ] ||
+      return 1
     read -r -a words <<< "$command"
     for word in "${words[@]}"; do [[ "$word" != *.o ]] || objects+=("$word"); done
     while IFS='(' read -r archive member; do
