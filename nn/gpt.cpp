@@ -63,7 +63,9 @@ void init_normal(Tensor t, double std, std::uint64_t seed, std::uint64_t stream)
 /// each site its own stream: 0 for the embeddings, then 1 + 3 i, 2 + 3 i and 3 + 3 i for
 /// block i's attention probabilities, attention residual and MLP residual.
 DropoutSpec site(const GptConfig& config, const ForwardContext& context, std::uint64_t stream) {
-  return {config.dropout, context.dropout_seed, stream, context.first_row};
+  const DropoutSpec spec{config.dropout, context.dropout_seed, stream, context.first_row};
+  if (context.drawn_dropouts != nullptr) context.drawn_dropouts->push_back(spec);
+  return spec;
 }
 
 std::uint64_t attention_stream(std::size_t block) { return 1 + 3 * block; }

@@ -79,8 +79,10 @@ void activation_backward(Activation kind, const Tensor& x, const Tensor& dy, con
 
 DropoutSpec dropout_spec(const ModelConfig& config, const ForwardContext& context,
                          std::size_t block) {
-  return {config.dropout, context.dropout_seed, static_cast<std::uint64_t>(block),
-          context.first_row};
+  const DropoutSpec spec{config.dropout, context.dropout_seed, static_cast<std::uint64_t>(block),
+                         context.first_row};
+  if (context.drawn_dropouts != nullptr) context.drawn_dropouts->push_back(spec);
+  return spec;
 }
 
 bool dropout_active(const ModelConfig& config, const ForwardContext& context) {

@@ -25,6 +25,7 @@
 #include "common/data/dataset.hpp"
 #include "common/device.hpp"
 #include "common/tensor.hpp"
+#include "kernels/dropout.hpp"
 
 namespace bigbatch::nn {
 
@@ -51,6 +52,10 @@ struct ForwardContext {
   /// everything is computed as before (dropout masks come from the counter RNG, so they
   /// are the same), but BatchNorm does not update its running statistics a second time.
   bool recompute = false;
+  /// When set, every dropout of the pass appends the DropoutSpec it draws its mask from
+  /// (forward, backward and recomputation alike, in the order drawn): tests read it to check
+  /// that no two dropout sites of a step share a stream, which would draw one mask twice.
+  std::vector<DropoutSpec>* drawn_dropouts = nullptr;
 };
 
 /// How a model's forward() and backward() run its chain of blocks (the MLP's residual

@@ -15,7 +15,9 @@
 #include "common/data/text_corpus.hpp"
 #include "common/memory.hpp"
 #include "kernels/cross_entropy.hpp"
+#include "kernels/dropout.hpp"
 #include "nn/gpt.hpp"
+#include "tests/dropout_sites.hpp"
 #include "tests/finite_difference.hpp"
 #include "tests/harness.hpp"
 #include "tests/temp_files.hpp"
@@ -64,14 +66,17 @@ Sequences random_sequences(const std::vector<std::int64_t>& lengths, std::int64_
 
 /// One micro-batch's forward, loss and backward with the step's global target count;
 /// returns the loss it added.
+/// `drawn`, when given, receives every dropout's spec (ForwardContext::drawn_dropouts).
 double forward_backward(Gpt& model, const Sequences& s, std::int64_t first_sequence,
-                        float global_count, std::uint64_t dropout_seed, float loss_scale = 1.0f) {
+                        float global_count, std::uint64_t dropout_seed, float loss_scale = 1.0f,
+                        std::vector<DropoutSpec>* drawn = nullptr) {
   const Device device = model.device();
   const Tensor tokens = Tensor::from_vector(s.tokens, {s.b, s.T}, device);
   const Tensor targets = Tensor::from_vector(s.targets, {s.b * s.T}, device);
   ForwardContext context;
   context.dropout_seed = dropout_seed;
   context.first_row = first_sequence;
+  context.drawn_dropouts = drawn;
   const Tensor logits = model.forward(tokens, context);
   const Tensor loss = Tensor::zeros({1}, logits.dtype(), device);
   cross_entropy_forward(logits, targets, loss, global_count);
@@ -210,6 +215,27 @@ std::string kernel_test_name(const ::testing::TestParamInfo<nn::AttentionKernel>
 }
 
 INSTANTIATE_TEST_SUITE_P(Kernels, GptGradients,
+                         ::testing::Values(nn::AttentionKernel::plain,
+                                           nn::AttentionKernel::efficient),
+                         kernel_test_name);
+
+// Every dropout of a step draws from a stream of its own (tests/dropout_sites.hpp): the
+// embeddings' and, per block, the attention probabilities', the attention residual's and the
+// MLP residual's, with either attention kernel.
+class GptDropout : public ::testing::TestWithParam<nn::AttentionKernel> {};
+
+TEST_P(GptDropout, EverySiteOfAStepDrawsFromAStreamOfItsOwn) {
+  GptConfig config{13, 6, 3, 8, 2, 0.1f, 3, nn::Precision::fp32};
+  config.attention = GetParam();
+  Gpt model(config, Device::cpu());
+  const Sequences s = random_sequences({6, 4}, 6, config.vocabulary, 9);
+  std::vector<DropoutSpec> drawn;
+  model.zero_grad();
+  forward_backward(model, s, 5, static_cast<float>(s.real_targets()), 17, 1.0f, &drawn);
+  testing::expect_independent_dropout_sites(drawn, 1 + 3 * config.layers, config.dropout, 17, 5);
+}
+
+INSTANTIATE_TEST_SUITE_P(Kernels, GptDropout,
                          ::testing::Values(nn::AttentionKernel::plain,
                                            nn::AttentionKernel::efficient),
                          kernel_test_name);

@@ -20,6 +20,7 @@
 #include "nn/training.hpp"
 #include "kernels/cross_entropy.hpp"
 #include "kernels/dropout.hpp"
+#include "tests/dropout_sites.hpp"
 #include "tests/finite_difference.hpp"
 #include "tests/harness.hpp"
 #include "tests/model_oracle.hpp"
@@ -310,6 +311,24 @@ TEST(GradientAccumulation, UnevenLastMicroBatch) {
 // thread. All must give the whole batch's bits. The thread count is set
 // to 4 for the test (restored after), so the threaded path runs on any machine with
 // OpenMP, whatever its core count.
+// Each residual block's dropout draws from a stream of its own (tests/dropout_sites.hpp):
+// the blocks' hidden tensors have one shape, so two blocks on one stream would drop the same
+// elements of each.
+TEST(ModelDropout, EveryBlockOfAStepDrawsFromAStreamOfItsOwn) {
+  const ModelConfig config = equivalence_config(4, 0.1f);
+  Model model(config, Device::cpu());
+  const Batch batch = make_batch(config, 8, 9);
+  std::vector<DropoutSpec> drawn;
+  ForwardContext context;
+  context.dropout_seed = 23;
+  context.first_row = 40;
+  context.drawn_dropouts = &drawn;
+  const Tensor logits = model.forward(batch.x, context);
+  model.backward(Tensor::zeros(logits.shape(), DType::f32));
+  testing::expect_independent_dropout_sites(drawn, static_cast<std::size_t>(config.depth),
+                                            config.dropout, 23, 40);
+}
+
 TEST(GradientAccumulation, AboveTheGemmParallelThresholdBitForBit) {
 #if defined(_OPENMP)
   constexpr std::int64_t kBatch = 512, kParallelMinFlops = std::int64_t{1} << 22;
