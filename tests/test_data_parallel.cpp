@@ -141,39 +141,55 @@ TEST(SimulatedRanks, OneRankIsTheSingleProcessBitForBit) {
 }
 
 TEST(SimulatedRanks, AddTheirSharesInRankOrder) {
-  // Each share's gradient computed on its own (from zero, global count b, its own rows),
-  // then added by hand: ((g_0 + g_1) + g_2) + g_3, the deterministic reduction's order.
+  // Each share's gradient computed on its own (from zero, the step's global count, its own
+  // rows and dropout rows), then added by hand: ((g_0 + g_1) + g_2) + g_3, the deterministic
+  // reduction's order. 138 samples in batches of 50: steps 1 and 2 give the 4 ranks shares
+  // of 13, 13, 12 and 12; step 3, the epoch's short last batch of 38, shares of 10, 10, 9
+  // and 9, each two micro-batches of 7 and a short one (a share taken from the full batch
+  // would be another).
   const std::int64_t b = 50, micro_batch = 7;
   const int ranks = 4;
-  const Dataset data = tiny_data(200);
+  const Dataset data = tiny_data(138);
   TinyRun ranked(data, 0.1f);
   data_parallel::SimulatedRanks group(ranks, ranked.model);
-  train::Trainer trainer(ranked.model, ranked.optimizer, ranked.data, one_step(b, micro_batch),
-                         &group);
-  trainer.step();
+  train::TrainConfig config = one_step(b, micro_batch);
+  config.steps = 3;
+  train::Trainer trainer(ranked.model, ranked.optimizer, ranked.data, config, &group);
 
   TinyRun fresh(data, 0.1f);
   const nn::SampleStream stream(fresh.data, b, /*shuffle=*/false, 3, nn::LastBatch::keep_short);
-  const Tensor x(Shape{b, fresh.data.feature_dim()}, DType::f32);
-  const Tensor labels(Shape{b}, DType::i32);
-  stream.gather(0, x, labels);
-  std::vector<std::vector<float>> total;
-  for (int r = 0; r < ranks; ++r) {
-    const dist::Share share = dist::share_of(b, ranks, r);
-    fresh.model.zero_grad();
-    nn::accumulate_gradients(fresh.model, x.rows(share.begin, share.begin + share.size),
-                             labels.rows(share.begin, share.begin + share.size), micro_batch,
-                             {true, nn::dropout_seed_for_run(3), share.begin}, b);
-    const std::vector<std::vector<float>> g = gradients(fresh.model);
-    if (r == 0) {
-      total = g;
-      continue;
+  const std::vector<nn::NamedParameter> from = ranked.model.parameters();
+  std::vector<nn::NamedParameter> to = fresh.model.parameters();
+  for (const std::int64_t step : {0, 1, 2}) {
+    SCOPED_TRACE("step " + std::to_string(step + 1));
+    // The parameters the trainer's step starts from.
+    for (std::size_t p = 0; p < from.size(); ++p) to[p].value.copy_from(from[p].value);
+    trainer.step();
+
+    const nn::BatchPosition batch = stream.position(step);
+    ASSERT_EQ(batch.size, step < 2 ? b : 38);
+    const Tensor x(Shape{batch.size, fresh.data.feature_dim()}, DType::f32);
+    const Tensor labels(Shape{batch.size}, DType::i32);
+    stream.gather(step, x, labels);
+    std::vector<std::vector<float>> total;
+    for (int r = 0; r < ranks; ++r) {
+      const dist::Share share = dist::share_of(batch.size, ranks, r);
+      fresh.model.zero_grad();
+      nn::accumulate_gradients(fresh.model, x.rows(share.begin, share.begin + share.size),
+                               labels.rows(share.begin, share.begin + share.size), micro_batch,
+                               {true, nn::dropout_seed_for_run(3), batch.first_row + share.begin},
+                               batch.size);
+      const std::vector<std::vector<float>> g = gradients(fresh.model);
+      if (r == 0) {
+        total = g;
+        continue;
+      }
+      for (std::size_t p = 0; p < g.size(); ++p) {
+        for (std::size_t i = 0; i < g[p].size(); ++i) total[p][i] = total[p][i] + g[p][i];
+      }
     }
-    for (std::size_t p = 0; p < g.size(); ++p) {
-      for (std::size_t i = 0; i < g[p].size(); ++i) total[p][i] = total[p][i] + g[p][i];
-    }
+    EXPECT_EQ(gradients(ranked.model), total);
   }
-  EXPECT_EQ(gradients(ranked.model), total);
 }
 
 TEST(SimulatedRanks, TooManyRanksForABatchAreRefused) {
@@ -428,79 +444,85 @@ TEST(CommunicationModel, TheClusterSumIsARingInANodeAndHierarchicalBeyond) {
 
 // A rank's plans are chapter 06's plans of its share, the sum added to every step time:
 // at stage 0 the same peaks; at stage 1 lower by the optimizer state of the other shards;
-// at stage 2 lower still, and each plan's sum grows with its micro-batches.
+// at stage 2 lower still, and each plan's sum grows with its micro-batches. Batches of 256
+// and of 300 over 8 ranks: 300 gives shares of 38 and 37, so rank 0's share, the one
+// planned, is not the batch over the ranks rounded down.
 TEST(RankPlans, AreTheSharesPlansWithTheSumInEveryStepTime) {
   nn::ModelConfig model = tiny_model(4, 0.0f);
   model.hidden = 64;
   const AdamWOptions adamw;
-  planning::PlanRequest request{model, 256, adamw, std::size_t{64} << 20};
-  const planning::CostModel cost =
-      planning::roofline_cost_model(model, adamw, planning::h200_spec(), request.batch);
   const data_parallel::Cluster cluster = data_parallel::h200_cluster();
-  planning::PlanRequest share = request;
-  share.batch = 32;  // 256 over 8 ranks
-  const planning::PlanResult alone = planning::make_plan(share, cost);
-  ASSERT_FALSE(alone.feasible.empty());
-  // A held count of -1 is the whole.
-  const auto held_of = [](std::int64_t held, const std::vector<std::int64_t>& sizes) {
-    std::int64_t whole = 0;
-    for (const std::int64_t n : sizes) whole += n;
-    return std::pair{held < 0 ? whole : held, whole};
-  };
-  for (const data_parallel::ZeroStage zero : {data_parallel::ZeroStage::replicated,
-                                              data_parallel::ZeroStage::optimizer_state,
-                                              data_parallel::ZeroStage::gradients}) {
-    const bool stage2 = zero == data_parallel::ZeroStage::gradients;
-    const data_parallel::RankPlans ranked = data_parallel::plan_ranks(request, cost, 8, zero, cluster);
-    EXPECT_EQ(ranked.share, 32);
-    nn::ModelConfig fp32 = model, bf16 = model;
-    bf16.precision = nn::Precision::bf16;
-    EXPECT_GT(ranked.sum_seconds_fp32, 0.0);
-    EXPECT_EQ(ranked.sum_seconds_fp32, data_parallel::step_communication_seconds(fp32, 8, zero, cluster));
-    EXPECT_EQ(ranked.sum_seconds_16bit, data_parallel::step_communication_seconds(bf16, 8, zero, cluster));
-    ASSERT_EQ(ranked.result.feasible.size(), alone.feasible.size());
-    EXPECT_EQ(ranked.seconds_per_further_micro_batch,
-              stage2 ? data_parallel::step_communication_seconds(fp32, 8, zero, cluster, 2) -
-                           ranked.sum_seconds_fp32
-                     : 0.0);
-    // The other shards' optimizer state (AdamW: 8 bytes per element) and, in 16 bits,
-    // their f32 masters (4 bytes per Linear weight element); at stage 2 their gradients
-    // too (4 bytes), less the largest group of gradients a backward holds.
-    const nn::HeldElements held = data_parallel::held_elements(model, 8, 0, zero);
-    const auto [state, trainable] = held_of(held.optimizer_state, nn::trainable_sizes(model));
-    const auto [masters, weights] = held_of(held.master_weights, nn::master_weight_sizes(model));
-    EXPECT_EQ(state < trainable, zero != data_parallel::ZeroStage::replicated);
-    EXPECT_EQ(masters < weights, zero != data_parallel::ZeroStage::replicated);
-    for (const planning::Plan& plan : ranked.result.feasible) {
-      const auto same = std::find_if(alone.feasible.begin(), alone.feasible.end(),
-                                     [&](const planning::Plan& p) {
-                                       return p.micro_batch == plan.micro_batch &&
-                                              p.precision == plan.precision &&
-                                              p.checkpoint.text() == plan.checkpoint.text();
-                                     });
-      ASSERT_NE(same, alone.feasible.end()) << plan.checkpoint.text();
-      const std::size_t saved = static_cast<std::size_t>(
-          8 * (trainable - state) + (nn::is_mixed(plan.precision) ? 4 * (weights - masters) : 0));
-      const double sum = plan.precision == nn::Precision::fp32 ? ranked.sum_seconds_fp32
-                                                               : ranked.sum_seconds_16bit;
-      const std::int64_t micro_batches = (32 + plan.micro_batch - 1) / plan.micro_batch;
-      // At stage 2 each further micro-batch adds a reduce-scatter of the f32 gradients, the
-      // same in every precision.
-      EXPECT_EQ(plan.seconds,
-                same->seconds + (stage2 ? data_parallel::step_communication_seconds(
-                                              plan.precision == nn::Precision::fp32 ? fp32 : bf16,
-                                              8, zero, cluster, micro_batches)
-                                        : sum));
-      if (stage2) {
-        EXPECT_LT(plan.prediction.peak() + saved, same->prediction.peak())
-            << "stage 2 holds fewer gradients too";
-      } else {
-        EXPECT_EQ(plan.prediction.peak() + saved, same->prediction.peak())
-            << "stage " << data_parallel::setting_text(zero);
+  for (const auto& [batch, rank_0_share] : {std::pair{256, 32}, std::pair{300, 38}}) {
+    SCOPED_TRACE("a batch of " + std::to_string(batch) + " over 8 ranks");
+    planning::PlanRequest request{model, batch, adamw, std::size_t{64} << 20};
+    const planning::CostModel cost =
+        planning::roofline_cost_model(model, adamw, planning::h200_spec(), request.batch);
+    planning::PlanRequest share = request;
+    share.batch = rank_0_share;
+    const planning::PlanResult alone = planning::make_plan(share, cost);
+    ASSERT_FALSE(alone.feasible.empty());
+    // A held count of -1 is the whole.
+    const auto held_of = [](std::int64_t held, const std::vector<std::int64_t>& sizes) {
+      std::int64_t whole = 0;
+      for (const std::int64_t n : sizes) whole += n;
+      return std::pair{held < 0 ? whole : held, whole};
+    };
+    for (const data_parallel::ZeroStage zero : {data_parallel::ZeroStage::replicated,
+                                                data_parallel::ZeroStage::optimizer_state,
+                                                data_parallel::ZeroStage::gradients}) {
+      const bool stage2 = zero == data_parallel::ZeroStage::gradients;
+      const data_parallel::RankPlans ranked = data_parallel::plan_ranks(request, cost, 8, zero, cluster);
+      EXPECT_EQ(ranked.share, rank_0_share);
+      nn::ModelConfig fp32 = model, bf16 = model;
+      bf16.precision = nn::Precision::bf16;
+      EXPECT_GT(ranked.sum_seconds_fp32, 0.0);
+      EXPECT_EQ(ranked.sum_seconds_fp32, data_parallel::step_communication_seconds(fp32, 8, zero, cluster));
+      EXPECT_EQ(ranked.sum_seconds_16bit, data_parallel::step_communication_seconds(bf16, 8, zero, cluster));
+      ASSERT_EQ(ranked.result.feasible.size(), alone.feasible.size());
+      EXPECT_EQ(ranked.seconds_per_further_micro_batch,
+                stage2 ? data_parallel::step_communication_seconds(fp32, 8, zero, cluster, 2) -
+                             ranked.sum_seconds_fp32
+                       : 0.0);
+      // The other shards' optimizer state (AdamW: 8 bytes per element) and, in 16 bits,
+      // their f32 masters (4 bytes per Linear weight element); at stage 2 their gradients
+      // too (4 bytes), less the largest group of gradients a backward holds.
+      const nn::HeldElements held = data_parallel::held_elements(model, 8, 0, zero);
+      const auto [state, trainable] = held_of(held.optimizer_state, nn::trainable_sizes(model));
+      const auto [masters, weights] = held_of(held.master_weights, nn::master_weight_sizes(model));
+      EXPECT_EQ(state < trainable, zero != data_parallel::ZeroStage::replicated);
+      EXPECT_EQ(masters < weights, zero != data_parallel::ZeroStage::replicated);
+      for (const planning::Plan& plan : ranked.result.feasible) {
+        const auto same = std::find_if(alone.feasible.begin(), alone.feasible.end(),
+                                       [&](const planning::Plan& p) {
+                                         return p.micro_batch == plan.micro_batch &&
+                                                p.precision == plan.precision &&
+                                                p.checkpoint.text() == plan.checkpoint.text();
+                                       });
+        ASSERT_NE(same, alone.feasible.end()) << plan.checkpoint.text();
+        const std::size_t saved = static_cast<std::size_t>(
+            8 * (trainable - state) + (nn::is_mixed(plan.precision) ? 4 * (weights - masters) : 0));
+        const double sum = plan.precision == nn::Precision::fp32 ? ranked.sum_seconds_fp32
+                                                                 : ranked.sum_seconds_16bit;
+        const std::int64_t micro_batches =
+            (rank_0_share + plan.micro_batch - 1) / plan.micro_batch;
+        // At stage 2 each further micro-batch adds a reduce-scatter of the f32 gradients, the
+        // same in every precision.
+        EXPECT_EQ(plan.seconds,
+                  same->seconds + (stage2 ? data_parallel::step_communication_seconds(
+                                                plan.precision == nn::Precision::fp32 ? fp32 : bf16,
+                                                8, zero, cluster, micro_batches)
+                                          : sum));
+        if (stage2) {
+          EXPECT_LT(plan.prediction.peak() + saved, same->prediction.peak())
+              << "stage 2 holds fewer gradients too";
+        } else {
+          EXPECT_EQ(plan.prediction.peak() + saved, same->prediction.peak())
+              << "stage " << data_parallel::setting_text(zero);
+        }
       }
+      EXPECT_TRUE(std::is_sorted(ranked.result.feasible.begin(), ranked.result.feasible.end(),
+                                 planning::faster));
     }
-    EXPECT_TRUE(std::is_sorted(ranked.result.feasible.begin(), ranked.result.feasible.end(),
-                               planning::faster));
   }
   // The sum: an all-reduce of the f32 gradients; at stage 1 a reduce-scatter of them and an
   // all-gather of what the optimizer writes: the f32 values, but of a Linear weight under
@@ -523,6 +545,9 @@ TEST(RankPlans, AreTheSharesPlansWithTheSumInEveryStepTime) {
   EXPECT_EQ(data_parallel::step_communication_seconds(model, 8, data_parallel::ZeroStage::optimizer_state, cluster, 4),
             data_parallel::step_communication_seconds(model, 8, data_parallel::ZeroStage::optimizer_state, cluster))
       << "stage 1 sums once, whatever the micro-batches";
+  const planning::PlanRequest request{model, 256, adamw, std::size_t{64} << 20};
+  const planning::CostModel cost =
+      planning::roofline_cost_model(model, adamw, planning::h200_spec(), request.batch);
   EXPECT_THROW(data_parallel::plan_ranks(request, cost, 257, data_parallel::ZeroStage::replicated, cluster),
                std::invalid_argument);
 }
@@ -549,34 +574,41 @@ TEST(CommunicationModel, FollowsTheAlphaBetaFormulas) {
 // gradients once, in backward order (the head, the last block, ..., the first, the stem),
 // when it is final: what it holds when told is what it holds after the backward. The
 // earlier micro-batches' backwards tell nobody. With every block's activations kept, and
-// under checkpointing schedules (their runner calls the blocks' backward too).
+// under checkpointing schedules (their runner calls the blocks' backward too); 20 rows in
+// micro-batches of 7 (the last one short) and 21 (the last one whole).
 TEST(GradientsReady, EachGroupIsToldOnceInBackwardOrderWhenItIsFinal) {
   const Dataset data = tiny_data(40);
-  for (const char* policy : {"none", "sqrt", "every:2+selective"}) {
-    const nn::ModelConfig config = tiny_model(3, 0.1f);
-    nn::Model model(config, Device::cpu());
-    if (std::string(policy) != "none") {
-      model.set_block_runner(checkpointing::ScheduledRunner::for_policy(
-          checkpointing::Policy::parse(policy), config.depth));
-    }
-    const std::vector<nn::NamedParameter> parameters = model.parameters();
-    std::vector<std::pair<std::size_t, std::size_t>> told;
-    std::vector<std::vector<float>> when_told(parameters.size());
-    const nn::GradientsReady ready = [&](std::size_t first, std::size_t end) {
-      told.emplace_back(first, end);
-      for (std::size_t i = first; i < end; ++i) when_told[i] = parameters[i].grad.to_vector<float>();
-    };
-    const nn::SampleStream stream(data, 20, /*shuffle=*/false, 0, nn::LastBatch::keep_short);
-    nn::MicroBatchBuffer staging(7, data.feature_dim(), model.device());
-    model.zero_grad();
-    nn::accumulate_gradients(model, 20, staging.rows_of(stream, 0), /*micro_batch=*/7,
-                             {true, 5, 0}, /*global_count=*/20, 1.0f, ready);
-    const std::vector<std::pair<std::size_t, std::size_t>> expected = {
-        {20, 24}, {14, 20}, {8, 14}, {2, 8}, {0, 2}};
-    EXPECT_EQ(told, expected) << policy << ": the head's four, each block's six, the stem's two";
-    for (std::size_t i = 0; i < parameters.size(); ++i) {
-      EXPECT_EQ(when_told[i], parameters[i].grad.to_vector<float>())
-          << policy << ": " << parameters[i].name << " changed after it was told final";
+  for (const std::int64_t rows : {20, 21}) {
+    for (const char* policy : {"none", "sqrt", "every:2+selective"}) {
+      SCOPED_TRACE(std::to_string(rows) + " rows");
+      const nn::ModelConfig config = tiny_model(3, 0.1f);
+      nn::Model model(config, Device::cpu());
+      if (std::string(policy) != "none") {
+        model.set_block_runner(checkpointing::ScheduledRunner::for_policy(
+            checkpointing::Policy::parse(policy), config.depth));
+      }
+      const std::vector<nn::NamedParameter> parameters = model.parameters();
+      std::vector<std::pair<std::size_t, std::size_t>> told;
+      std::vector<std::vector<float>> when_told(parameters.size());
+      const nn::GradientsReady ready = [&](std::size_t first, std::size_t end) {
+        told.emplace_back(first, end);
+        for (std::size_t i = first; i < end; ++i) {
+          when_told[i] = parameters[i].grad.to_vector<float>();
+        }
+      };
+      const nn::SampleStream stream(data, rows, /*shuffle=*/false, 0, nn::LastBatch::keep_short);
+      nn::MicroBatchBuffer staging(7, data.feature_dim(), model.device());
+      model.zero_grad();
+      nn::accumulate_gradients(model, rows, staging.rows_of(stream, 0), /*micro_batch=*/7,
+                               {true, 5, 0}, /*global_count=*/rows, 1.0f, ready);
+      const std::vector<std::pair<std::size_t, std::size_t>> expected = {
+          {20, 24}, {14, 20}, {8, 14}, {2, 8}, {0, 2}};
+      EXPECT_EQ(told, expected)
+          << policy << ": the head's four, each block's six, the stem's two";
+      for (std::size_t i = 0; i < parameters.size(); ++i) {
+        EXPECT_EQ(when_told[i], parameters[i].grad.to_vector<float>())
+            << policy << ": " << parameters[i].name << " changed after it was told final";
+      }
     }
   }
 }

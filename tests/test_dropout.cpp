@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/bfloat16.hpp"
 #include "kernels/activation.hpp"
 #include "kernels/cpu_vector.hpp"
 #include "kernels/dropout.hpp"
@@ -23,8 +24,9 @@ using testing::DeviceTest;
 
 /// The definition in dropout.hpp, in the test's own words: element (i, j) of an [M, N]
 /// tensor is kept iff random_uniform(seed, stream, (first_row + i) N + j) >= p, and kept
-/// values are multiplied by 1/(1-p) rounded to float. The product x * s of a float (or
-/// half) and a float is exact in double; rounding it to float gives the float product.
+/// values are multiplied by 1/(1-p) rounded to float. The product x * s of a float (or a
+/// 16-bit value) and a float is exact in double; rounding it to float gives the float
+/// product, which a 16-bit tensor stores rounded once more, to nearest even.
 std::vector<double> dropout_oracle(const std::vector<double>& x, std::int64_t row_length,
                                    const DropoutSpec& spec, DType dtype) {
   const float scale =
@@ -36,7 +38,9 @@ std::vector<double> dropout_oracle(const std::vector<double>& x, std::int64_t ro
     const auto index = static_cast<std::uint64_t>((spec.first_row + row) * row_length + col);
     const bool kept = random_uniform(spec.seed, spec.stream, index) >= spec.p;
     const float product = static_cast<float>(x[e] * (kept ? scale : 0.0f));
-    y[e] = dtype == DType::f16 ? static_cast<double>(static_cast<f16>(product)) : product;
+    y[e] = dtype == DType::f16    ? static_cast<double>(static_cast<f16>(product))
+           : dtype == DType::bf16 ? static_cast<double>(to_float(to_bf16(product)))
+                                  : product;
   }
   return y;
 }
@@ -45,7 +49,7 @@ class Dropout : public DeviceTest {};
 
 TEST_P(Dropout, ForwardAndBackwardFollowTheDefinition) {
   const std::vector<Shape> shapes = {{1}, {7}, {1025}, {(1 << 20) + 3}, {7, 1025}, {1025, 3, 5}};
-  for (const DType dtype : {DType::f32, DType::f16}) {
+  for (const DType dtype : {DType::f32, DType::f16, DType::bf16}) {
     for (const Shape& shape : shapes) {
       const DropoutSpec spec{0.3f, 42, 7, 5};
       const std::int64_t row_length = shape_numel(shape) / shape[0];
@@ -199,7 +203,7 @@ TEST(DropoutCuda, MatchesTheCpuBitForBit) {
   const Device device = Device::cuda();
   BIGBATCH_SKIP_WITHOUT_DEVICE(device);
   const Shape shape = {1027, 1021};
-  for (const DType dtype : {DType::f32, DType::f16}) {
+  for (const DType dtype : {DType::f32, DType::f16, DType::bf16}) {
     const DropoutSpec spec{0.2f, 0x1234567890abcdefULL, 0xfedcba0987654321ULL,
                            (std::int64_t{1} << 34) / 1021};
     const Tensor x = testing::random_tensor(shape, dtype, device, 6);
@@ -266,7 +270,7 @@ TEST_P(Dropout, FusedActivationBackwardGivesTheUnfusedBits) {
   // 37 x 29: blocks and groups of four straddle rows; values past +-64 and the
   // infinities exercise GELU's limits; p = 0 (no dropout), 0.3 and 1 (nothing kept).
   const Shape shape = {37, 29};
-  for (const DType dtype : {DType::f32, DType::f16}) {
+  for (const DType dtype : {DType::f32, DType::f16, DType::bf16}) {
     std::vector<double> values =
         testing::to_doubles(testing::random_tensor(shape, dtype, Device::cpu(), 21, -6.0, 6.0));
     values[3] = 80.0;
@@ -342,7 +346,7 @@ TEST(DropoutCuda, FusedActivationBackwardMatchesTheCpuBitForBit) {
   const Device device = Device::cuda();
   BIGBATCH_SKIP_WITHOUT_DEVICE(device);
   const Shape shape = {1027, 1021};
-  for (const DType dtype : {DType::f32, DType::f16}) {
+  for (const DType dtype : {DType::f32, DType::f16, DType::bf16}) {
     const DropoutSpec spec{0.2f, 0x1234567890abcdefULL, 3, (std::int64_t{1} << 34) / 1021};
     const Tensor x = testing::random_tensor(shape, dtype, device, 6, -8.0, 8.0);
     const Tensor dy = testing::random_tensor(shape, dtype, device, 7);
@@ -360,7 +364,7 @@ TEST(DropoutCuda, FusedActivationBackwardMatchesTheCpuBitForBit) {
 
 TEST(DropoutSimd, FusedActivationBackwardGivesTheBaselineBitsAtEveryLevel) {
   const Shape shape = {301, 33};
-  for (const DType dtype : {DType::f32, DType::f16, DType::f64}) {
+  for (const DType dtype : {DType::f32, DType::f16, DType::bf16, DType::f64}) {
     const Tensor x = testing::random_tensor(shape, dtype, Device::cpu(), 31, -5.0, 5.0);
     const Tensor dy = testing::random_tensor(shape, dtype, Device::cpu(), 32);
     const DropoutSpec spec{0.25f, 5, 6, 7};
@@ -398,7 +402,7 @@ TEST(DropoutSimd, EveryLevelGivesTheBaselineBits) {
   for (const std::int64_t first_row :
        {std::int64_t{0}, std::int64_t{1}, (std::int64_t{1} << 34) - 1500,
         (std::int64_t{1} << 34) - 1499, (std::int64_t{5} << 34) - 17}) {
-    for (const DType dtype : {DType::f32, DType::f16}) {
+    for (const DType dtype : {DType::f32, DType::f16, DType::bf16}) {
       const DropoutSpec spec{0.3f, 0xdeadbeefcafeULL, 0x123456789ULL, first_row};
       const Tensor x = testing::random_tensor({rows, row_length}, dtype, Device::cpu(), 9);
       const auto run = [&] {

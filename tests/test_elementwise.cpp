@@ -16,6 +16,8 @@
 #include <string>
 #include <vector>
 
+#include "common/bfloat16.hpp"
+#include "common/half.hpp"
 #include "kernels/cpu_vector.hpp"
 #include "kernels/elementwise.hpp"
 #include "tests/harness.hpp"
@@ -171,6 +173,33 @@ TEST_P(Cast, Float16ToFloat32IsExact) {
   testing::poison(dst);
   cast(src, dst);
   ASSERT_TRUE(same_bits_or_both_nan(testing::to_doubles(dst), testing::to_doubles(src)));
+}
+
+// Between the two 16-bit types a cast goes through float: exact from either, then one
+// rounding to nearest even into the other (f16 -> bf16 drops 3 significand bits; bf16 ->
+// f16 overflows past 65504 and goes subnormal below 2^-14). Every bit pattern of each, the
+// rounding done here by the host conversions (common/half.hpp, common/bfloat16.hpp).
+TEST_P(Cast, BetweenFloat16AndBfloat16GoesThroughFloat) {
+  std::vector<f16> halves;
+  std::vector<bf16> brains;
+  std::vector<double> halves_as_bf16, brains_as_f16;
+  for (std::uint32_t bits = 0; bits <= 0xffff; ++bits) {
+    halves.push_back(f16_from_bits(static_cast<std::uint16_t>(bits)));
+    halves_as_bf16.push_back(to_float(to_bf16(static_cast<float>(halves.back()))));
+    brains.push_back(bf16{static_cast<std::uint16_t>(bits)});
+    brains_as_f16.push_back(static_cast<float>(static_cast<f16>(to_float(brains.back()))));
+  }
+  const auto n = static_cast<std::int64_t>(halves.size());
+  const Tensor from_f16 = Tensor::from_vector(halves, {n}, device());
+  Tensor to_bf16_tensor({n}, DType::bf16, device());
+  testing::poison(to_bf16_tensor);
+  cast(from_f16, to_bf16_tensor);
+  EXPECT_TRUE(same_bits_or_both_nan(testing::to_doubles(to_bf16_tensor), halves_as_bf16));
+  const Tensor from_bf16 = Tensor::from_vector(brains, {n}, device());
+  Tensor to_f16_tensor({n}, DType::f16, device());
+  testing::poison(to_f16_tensor);
+  cast(from_bf16, to_f16_tensor);
+  EXPECT_TRUE(same_bits_or_both_nan(testing::to_doubles(to_f16_tensor), brains_as_f16));
 }
 
 TEST_P(Cast, SameDtypeCopiesTheBits) {
