@@ -65,8 +65,8 @@ Sequences random_sequences(const std::vector<std::int64_t>& lengths, std::int64_
 }
 
 /// One micro-batch's forward, loss and backward with the step's global target count;
-/// returns the loss it added.
-/// `drawn`, when given, receives every dropout's spec (ForwardContext::drawn_dropouts).
+/// returns the loss it added. `drawn`, when given, receives every dropout's spec
+/// (ForwardContext::drawn_dropouts).
 double forward_backward(Gpt& model, const Sequences& s, std::int64_t first_sequence,
                         float global_count, std::uint64_t dropout_seed, float loss_scale = 1.0f,
                         std::vector<DropoutSpec>* drawn = nullptr) {

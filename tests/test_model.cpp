@@ -301,16 +301,6 @@ TEST(GradientAccumulation, UnevenLastMicroBatch) {
   }
 }
 
-// Above the CPU GEMM's parallel threshold (kParallelMinFlops = 2^22 flops in
-// kernels/gemm.cpp: a product of 2 M N K >= 2^22 flops is cut into one block per thread).
-// With D = H = 64, E = 4 (E H = 256) and a batch of 512, every GEMM of the forward and
-// backward is 2 * 512 * 64 * 64 = 2^22 (the stem) or 2 * 512 * 256 * 64 = 2^24 flops:
-// the multi-threaded path. Micro-batches of 32 run every GEMM below the threshold, on one
-// thread; micro-batches of 200 (512 = 2 x 200 + 112) run the first two micro-batches'
-// fc1 and fc2 GEMMs threaded (2 * 200 * 256 * 64 = 6.6e6 flops) and the rest on one
-// thread. All must give the whole batch's bits. The thread count is set
-// to 4 for the test (restored after), so the threaded path runs on any machine with
-// OpenMP, whatever its core count.
 // Each residual block's dropout draws from a stream of its own (tests/dropout_sites.hpp):
 // the blocks' hidden tensors have one shape, so two blocks on one stream would drop the same
 // elements of each.
@@ -329,6 +319,16 @@ TEST(ModelDropout, EveryBlockOfAStepDrawsFromAStreamOfItsOwn) {
                                             config.dropout, 23, 40);
 }
 
+// Above the CPU GEMM's parallel threshold (kParallelMinFlops = 2^22 flops in
+// kernels/gemm.cpp: a product of 2 M N K >= 2^22 flops is cut into one block per thread).
+// With D = H = 64, E = 4 (E H = 256) and a batch of 512, every GEMM of the forward and
+// backward is 2 * 512 * 64 * 64 = 2^22 (the stem) or 2 * 512 * 256 * 64 = 2^24 flops:
+// the multi-threaded path. Micro-batches of 32 run every GEMM below the threshold, on one
+// thread; micro-batches of 200 (512 = 2 x 200 + 112) run the first two micro-batches'
+// fc1 and fc2 GEMMs threaded (2 * 200 * 256 * 64 = 6.6e6 flops) and the rest on one
+// thread. All must give the whole batch's bits. The thread count is set
+// to 4 for the test (restored after), so the threaded path runs on any machine with
+// OpenMP, whatever its core count.
 TEST(GradientAccumulation, AboveTheGemmParallelThresholdBitForBit) {
 #if defined(_OPENMP)
   constexpr std::int64_t kBatch = 512, kParallelMinFlops = std::int64_t{1} << 22;
