@@ -211,14 +211,11 @@ struct SavedActivations {
   Tensor head_mean, head_rstd;   // head.ln's statistics
 };
 
-class Model;
+// nn::GradientsReady (network.hpp): Model::backward tells the head's four gradients, then
+// each block's six (block i: [2 + 6 i, 8 + 6 i)) from the last block to the first,
+// checkpointed or not, then the stem's two ([0, 2)).
 
-/// Told during a backward that the gradients of parameters()[first, end) are complete: no
-/// later part of that backward adds to them. Model::backward tells the head's four, then
-/// each block's six (block i: [2 + 6 i, 8 + 6 i)) from the last block to the first,
-/// checkpointed or not, then the stem's two ([0, 2)). A data-parallel run starts summing
-/// them over ranks while the rest of the backward runs (chapter 07).
-using GradientsReady = std::function<void(std::size_t first, std::size_t end)>;
+class Model;
 
 /// How forward() and backward() run the residual blocks between the stem and the head
 /// (network.hpp): h0 is the stem's output.
@@ -257,19 +254,21 @@ class Model : public Network {
   /// backward starts, a block's as block_backward starts, the stem's last). ZeRO stage 2
   /// (chapter 07) keeps only its shard of each gradient, so it releases the model's
   /// gradients as soon as their sum over ranks is taken.
-  void release_gradients(std::size_t first, std::size_t end);
+  void release_gradients(std::size_t first, std::size_t end) override;
   /// Releases the f32 masters of the Linear weights under mixed precision (fp32 has none):
   /// parameters() shows their values undefined, and state_dict(), save() and loading
   /// refuse, until allocate_master_weights() brings them back. The forward and the backward
   /// read only the 16-bit working copies, so training goes on when whoever steps the
   /// weights holds their masters: ZeRO stages 1 and 2 (chapter 07) keep each rank's shard
   /// of every master, and the model the working copies, whole.
-  void release_master_weights();
+  void release_master_weights() override;
   /// Allocates every released master again (MemoryCategory::master_weights), its values
   /// unset: the caller writes them (chapter 07 gathers the ranks' shards into them).
-  void allocate_master_weights();
+  void allocate_master_weights() override;
   /// Whether the model holds its f32 masters (always under fp32, which has none).
-  bool holds_master_weights() const { return !masters_released_; }
+  bool holds_master_weights() const override { return !masters_released_; }
+  /// The MLP tells its gradients group by group and releases gradients and masters.
+  bool releases_state() const override { return true; }
 
   /// logits [b, C] (MemoryCategory::activations) of x [b, D] f32; in training saves what
   /// backward() needs, replacing what an earlier forward() saved (an inference forward,
@@ -300,7 +299,7 @@ class Model : public Network {
   void set_block_runner(std::shared_ptr<BlockRunner> runner) { runner_ = std::move(runner); }
   /// Tells `ready` about every group of final gradients in every later backward() (an
   /// empty function: nobody is told, the default).
-  void set_gradients_ready(GradientsReady ready) { gradients_ready_ = std::move(ready); }
+  void set_gradients_ready(GradientsReady ready) override { gradients_ready_ = std::move(ready); }
 
   /// What the last forward() saved, until backward() takes it over.
   const SavedActivations& saved_activations() const { return saved_; }

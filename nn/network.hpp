@@ -16,7 +16,9 @@
 // counts the targets that are not ignored.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <utility>
@@ -40,6 +42,12 @@ struct NamedParameter {
   /// released (Model::release_master_weights).
   const Shape& shape() const { return value.defined() ? value.shape() : half.shape(); }
 };
+
+/// Told during a backward that the gradients of parameters()[first, end) are final: no
+/// later part of that backward adds to them (each model says its groups' order). A
+/// data-parallel run starts summing them over ranks while the rest of the backward runs
+/// (chapter 07).
+using GradientsReady = std::function<void(std::size_t first, std::size_t end)>;
 
 /// What one forward pass needs to know besides its input.
 struct ForwardContext {
@@ -119,6 +127,26 @@ class Network {
   /// A model whose backward() writes every gradient where it belongs does nothing (the
   /// MLP); the GPT adds its tied head's share into the embedding's gradient here.
   virtual void complete_gradients() {}
+
+  // What chapter 07's overlapped sums and ZeRO ask of a model besides its gradients: to be
+  // told during a backward as each group of gradients is final, and to give back the bytes
+  // of gradients and f32 masters that the ranks hold shards of. The MLP has them; a model
+  // without them (these defaults) has its whole gradients summed once per step.
+  /// Whether the model has the members below; when false, they refuse (std::logic_error).
+  virtual bool releases_state() const { return false; }
+  /// Tells `ready` about every group of final gradients in every later backward() (an
+  /// empty function: nobody is told, the default).
+  virtual void set_gradients_ready(GradientsReady ready);
+  /// Releases the gradient buffers of parameters()[first, end) until a backward() needs
+  /// them: it allocates them again, as zeros, just before it adds into them.
+  virtual void release_gradients(std::size_t first, std::size_t end);
+  /// Releases the f32 masters of the 16-bit working copies (mixed precision), until
+  /// allocate_master_weights(); forward() and backward() read only the working copies.
+  virtual void release_master_weights();
+  /// Allocates every released master again, its values unset: the caller writes them.
+  virtual void allocate_master_weights();
+  /// Whether the model holds its f32 masters (always, for a model that releases none).
+  virtual bool holds_master_weights() const { return true; }
 
   /// Throws std::invalid_argument, naming the data set, unless its samples fit this model
   /// (the MLP: f32 [N, inputs] and labels [N]; the GPT: i32 tokens [N, T] with T <= its

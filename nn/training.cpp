@@ -10,11 +10,11 @@
 namespace bigbatch::nn {
 namespace {
 
-/// Model::set_gradients_ready for one scope: the model tells nobody after it, even when
+/// Network::set_gradients_ready for one scope: the model tells nobody after it, even when
 /// the backward throws.
 class TellingFinalGradients {
  public:
-  TellingFinalGradients(Model& model, const GradientsReady& ready) : model_(model) {
+  TellingFinalGradients(Network& model, const GradientsReady& ready) : model_(model) {
     model_.set_gradients_ready(ready);
   }
   ~TellingFinalGradients() { model_.set_gradients_ready({}); }
@@ -22,7 +22,7 @@ class TellingFinalGradients {
   TellingFinalGradients& operator=(const TellingFinalGradients&) = delete;
 
  private:
-  Model& model_;
+  Network& model_;
 };
 
 }  // namespace
@@ -42,14 +42,18 @@ void require_count_known(std::int64_t global_count, const Tensor& labels_micro) 
                  "micro-batches alone do not tell before the first backward");
 }
 
-/// The accumulation of every overload; `on_final` and `tell` need the MLP (`telling`).
-float accumulate(Network& model, std::int64_t rows, const BatchRows& rows_of,
-                 std::int64_t micro_batch, const ForwardContext& context,
-                 std::int64_t global_count, float loss_scale, Model* telling,
-                 const GradientsReady& on_final, TellGradients tell) {
+}  // namespace
+
+float accumulate_gradients(Network& model, std::int64_t rows, const BatchRows& rows_of,
+                           std::int64_t micro_batch, const ForwardContext& context,
+                           std::int64_t global_count, float loss_scale,
+                           const GradientsReady& on_final, TellGradients tell) {
   BIGBATCH_CHECK(rows > 0, "accumulate_gradients: the batch must have rows, got ", rows);
   BIGBATCH_CHECK(micro_batch > 0, "accumulate_gradients: micro_batch must be positive, got ",
                  micro_batch);
+  BIGBATCH_CHECK(!on_final || model.releases_state(),
+                 "accumulate_gradients: this model does not tell its gradients group by group "
+                 "(Network::releases_state), so nobody can be told during its backward");
   // snippet: accumulate
   const float count = static_cast<float>(global_count > 0 ? global_count : rows);
   // The loss of every micro-batch adds into one float: loss += its share of the mean.
@@ -67,7 +71,7 @@ float accumulate(Network& model, std::int64_t rows, const BatchRows& rows_of,
     cross_entropy_backward(logits, targets, dlogits, count, loss_scale);  // (p - y) S / B
     std::optional<TellingFinalGradients> told;  // by default the last backward only
     if (on_final && (end == rows || tell == TellGradients::every_micro_batch)) {
-      told.emplace(*telling, on_final);
+      told.emplace(model, on_final);
     }
     model.backward(dlogits);  // gradients +=
   }
@@ -75,8 +79,6 @@ float accumulate(Network& model, std::int64_t rows, const BatchRows& rows_of,
   // snippet end: accumulate
   return loss.to_vector<float>()[0];
 }
-
-}  // namespace
 
 float accumulate_gradients(Network& model, const Tensor& x, const Tensor& labels,
                            std::int64_t micro_batch, const ForwardContext& context,
@@ -101,23 +103,8 @@ float accumulate_gradients(Network& model, const Tensor& x, const Tensor& labels
   const BatchRows views = [&](std::int64_t begin, std::int64_t end) {
     return std::pair{x.rows(begin, end), labels.rows(begin, end)};
   };
-  return accumulate(model, rows, views, micro_batch, context, global_count, loss_scale,
-                    nullptr, {}, TellGradients::last_micro_batch);
-}
-
-float accumulate_gradients(Network& model, std::int64_t rows, const BatchRows& rows_of,
-                           std::int64_t micro_batch, const ForwardContext& context,
-                           std::int64_t global_count, float loss_scale) {
-  return accumulate(model, rows, rows_of, micro_batch, context, global_count, loss_scale,
-                    nullptr, {}, TellGradients::last_micro_batch);
-}
-
-float accumulate_gradients(Model& model, std::int64_t rows, const BatchRows& rows_of,
-                           std::int64_t micro_batch, const ForwardContext& context,
-                           std::int64_t global_count, float loss_scale,
-                           const GradientsReady& on_final, TellGradients tell) {
-  return accumulate(model, rows, rows_of, micro_batch, context, global_count, loss_scale,
-                    &model, on_final, tell);
+  return accumulate_gradients(model, rows, views, micro_batch, context, global_count,
+                              loss_scale);
 }
 
 Optimizer::Optimizer(std::vector<NamedParameter> parameters, Options options)

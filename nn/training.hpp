@@ -63,18 +63,15 @@ enum class TellGradients {
 /// micro-batch is fetched from `rows_of` just before its forward pass. global_count <= 0
 /// counts the rows, which only classification labels allow (the targets of token
 /// sequences are not known before they are fetched: pass their count).
+/// `on_final`, when given, is told during the last micro-batch's backward as each group of
+/// gradients becomes final for the batch (Network::set_gradients_ready; chapter 07 starts
+/// their sum over ranks there); the earlier micro-batches' backwards tell nobody, unless
+/// `tell` says every one. A model that does not tell group by group
+/// (Network::releases_state() false) refuses a listener.
 float accumulate_gradients(Network& model, std::int64_t rows, const BatchRows& rows_of,
                            std::int64_t micro_batch, const ForwardContext& context,
-                           std::int64_t global_count = 0, float loss_scale = 1.0f);
-
-/// The same for the residual MLP, with `on_final` told during the last micro-batch's
-/// backward as each group of gradients becomes final for the batch
-/// (Model::set_gradients_ready; chapter 07 starts their sum over ranks there); the earlier
-/// micro-batches' backwards tell nobody, unless `tell` says every one.
-float accumulate_gradients(Model& model, std::int64_t rows, const BatchRows& rows_of,
-                           std::int64_t micro_batch, const ForwardContext& context,
-                           std::int64_t global_count, float loss_scale,
-                           const GradientsReady& on_final,
+                           std::int64_t global_count = 0, float loss_scale = 1.0f,
+                           const GradientsReady& on_final = {},
                            TellGradients tell = TellGradients::last_micro_batch);
 
 /// SGD (with momentum) or AdamW over all of a model's parameters, with PyTorch's rules

@@ -192,6 +192,20 @@ TEST(SimulatedRanks, AddTheirSharesInRankOrder) {
   }
 }
 
+// The device stages one micro-batch of a share at a time, and no more than the largest
+// share: 4 ranks of a batch of 37 take shares of 10, 9, 9 and 9, so a micro-batch of 37
+// stages 10 rows (rank 0's share), not 37.
+TEST(SimulatedRanks, StageNoMoreThanTheLargestShareWhereTheMicroBatchIsLarger) {
+  const Dataset data = tiny_data(200);
+  TinyRun run(data, 0.1f);
+  data_parallel::SimulatedRanks four(4, run.model);
+  train::Trainer trainer(run.model, run.optimizer, run.data, one_step(37, 37), &four);
+  const train::StepRecord record = trainer.step();
+  // A row is its features (f32) and its label (i32).
+  const auto row_bytes = 4 * static_cast<std::size_t>(data.feature_dim()) + 4;
+  EXPECT_EQ(record.memory.peak_of(MemoryCategory::data), 10 * row_bytes);
+}
+
 TEST(SimulatedRanks, TooManyRanksForABatchAreRefused) {
   const Dataset data = tiny_data(40);  // batches of 16, 16 and 8: 9 ranks find no sample
   TinyRun run(data, 0.0f);

@@ -236,6 +236,31 @@ TEST(GptRanks, ZeroAndOverlapAreTheMlpsAndRefused) {
                std::invalid_argument);
 }
 
+// The GPT does not tell its gradients group by group (its tied head's share reaches the
+// embedding only once the batch is done), so a listener is refused before any forward,
+// as a usage error, and the gradients are left as they were.
+TEST(GptRanks, AListenerForGradientGroupsIsRefusedBeforeAnyForward) {
+  const Dataset data = token_data(4, 5);
+  nn::Gpt model(small_gpt(), Device::cpu());
+  ASSERT_FALSE(model.releases_state());
+  const Tensor tokens({4, kLength}, DType::i32), targets({4, kLength}, DType::i32);
+  gather_rows(data, {0, 1, 2, 3}, tokens, targets);
+  const nn::BatchRows rows = [&](std::int64_t begin, std::int64_t end) {
+    return std::pair{tokens.rows(begin, end), targets.rows(begin, end)};
+  };
+  std::size_t told = 0;
+  const nn::GradientsReady listener = [&](std::size_t, std::size_t) { ++told; };
+  const std::vector<std::vector<float>> before = gradient_values(model);
+  EXPECT_THROW(nn::accumulate_gradients(model, 4, rows, 2, {true, 0, 0},
+                                        count_targets(data, {0, 1, 2, 3}), 1.0f, listener),
+               std::invalid_argument);
+  EXPECT_EQ(told, 0u);
+  EXPECT_EQ(gradient_values(model), before) << "a backward ran before the refusal";
+  EXPECT_THROW(model.release_gradients(0, 1), std::logic_error);
+  EXPECT_THROW(model.release_master_weights(), std::logic_error);
+  EXPECT_TRUE(model.holds_master_weights());
+}
+
 TEST(GptTrainer, Fp16OverflowSkipsTheStepAndLeavesTheWeights) {
   const Dataset data = token_data(20, 5);
   nn::Gpt model(small_gpt(nn::Precision::fp16, 0.0f), Device::cpu());

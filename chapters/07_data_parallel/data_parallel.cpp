@@ -1,6 +1,7 @@
 // data_parallel.cpp: the simulated ranks and the ranks under MPI.
 #include "chapters/07_data_parallel/data_parallel.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <utility>
 
@@ -112,6 +113,52 @@ float sum_in_rank_order(std::span<const float> losses) {
   return total;
 }
 
+void RankGroup::check_run(const nn::Network& model, std::int64_t smallest_batch) const {
+  BIGBATCH_CHECK(model.releases_state() || (zero() == ZeroStage::replicated && !overlaps()),
+                 "data parallel: ZeRO and sums overlapping the backward need a model that tells "
+                 "its final gradients group by group and releases them (the residual MLP: "
+                 "nn::Network::releases_state); this model's ranks sum whole gradients once "
+                 "per step");
+  BIGBATCH_CHECK(ranks() <= smallest_batch, "data parallel: ", ranks(),
+                 " ranks need a sample each in every batch, and the run's smallest batch has ",
+                 smallest_batch);
+}
+
+// snippet: rank-parts
+std::vector<train::BatchPart> RankGroup::parts(std::int64_t samples) const {
+  std::vector<train::BatchPart> shares;
+  for (const int r : local_ranks()) {
+    const dist::Share share = dist::share_of(samples, ranks(), r);
+    shares.push_back({r, share.begin, share.size});
+  }
+  return shares;
+}
+// snippet end: rank-parts
+
+void RankGroup::start_step(nn::Network& model, std::int64_t samples, std::int64_t micro_batch) {
+  if (zero() == ZeroStage::replicated) return;
+  // ZeRO: the masters' shards taken; at stage 2, how many sums the ranks take, and the
+  // model's gradients go.
+  const std::int64_t largest = dist::share_of(samples, ranks(), 0).size;
+  start_rounds(model, (largest + micro_batch - 1) / micro_batch);
+}
+
+nn::GradientsReady RankGroup::gradients_ready(nn::Network& model) {
+  // With overlap, the sum of each group of gradients starts as the share's last backward
+  // finishes it; at ZeRO stage 2, as every backward finishes it.
+  if (!overlaps() && !sums_every_micro_batch()) return {};
+  return [this, &model](std::size_t first, std::size_t end) { group_ready(model, first, end); };
+}
+
+nn::TellGradients RankGroup::tell() const {
+  return sums_every_micro_batch() ? nn::TellGradients::every_micro_batch
+                                  : nn::TellGradients::last_micro_batch;
+}
+
+void RankGroup::part_done(const train::BatchPart& part, nn::Network& model) {
+  share_done(part.rank, model);
+}
+
 SimulatedRanks::SimulatedRanks(int ranks, const nn::Network& model, ZeroStage zero)
     : ranks_(ranks), zero_(zero) {
   BIGBATCH_CHECK(ranks >= 1, "SimulatedRanks: ranks must be >= 1, got ", ranks);
@@ -137,7 +184,7 @@ std::vector<int> SimulatedRanks::local_ranks() const {
   return all;
 }
 
-void SimulatedRanks::gradients_ready(nn::Model& model, std::size_t first, std::size_t end) {
+void SimulatedRanks::group_ready(nn::Network& model, std::size_t first, std::size_t end) {
   if (zero_ != ZeroStage::gradients) return;
   const std::vector<nn::NamedParameter> parameters = model.parameters();
   BIGBATCH_CHECK(first <= end && end <= parameters.size(), "SimulatedRanks: gradients [",
@@ -234,7 +281,7 @@ CommunicatorRanks::CommunicatorRanks(dist::Communicator& communicator,
     : communicator_(communicator), reduction_(reduction), zero_(zero),
       bucket_bytes_(bucket_bytes) {}
 
-void CommunicatorRanks::take_model(nn::Model& model) {
+void CommunicatorRanks::take_model(nn::Network& model) {
   BIGBATCH_CHECK(shard_gradients_.empty() && master_shards_.empty(),
                  "CommunicatorRanks: takes one model");
   if (zero_ == ZeroStage::replicated) return;
@@ -242,7 +289,9 @@ void CommunicatorRanks::take_model(nn::Model& model) {
   // masters' shards or the gradients' own (and before `parameters` holds them).
   if (zero_ == ZeroStage::gradients) model.release_gradients(0, model.parameters().size());
   const std::vector<nn::NamedParameter> parameters = model.parameters();
-  if (nn::is_mixed(model.config().precision)) {
+  const bool mixed = std::any_of(parameters.begin(), parameters.end(),
+                                 [](const nn::NamedParameter& p) { return p.half.defined(); });
+  if (mixed) {
     // This rank's shard of every master, taken now, and again at a step's start whenever
     // the model holds its masters (a resume, gather_master_weights). The model's go at
     // once: before the optimizer's state is allocated, so that a device that fits the
@@ -264,7 +313,7 @@ void CommunicatorRanks::take_model(nn::Model& model) {
   }
 }
 
-void CommunicatorRanks::take_master_shards(nn::Model& model) {
+void CommunicatorRanks::take_master_shards(nn::Network& model) {
   if (master_shards_.empty() || !model.holds_master_weights()) return;
   // The model's masters are the truth (just built or loaded, or gathered): this rank keeps
   // its shard of each, and the model none.
@@ -277,7 +326,7 @@ void CommunicatorRanks::take_master_shards(nn::Model& model) {
   model.release_master_weights();
 }
 
-void CommunicatorRanks::start_step(nn::Model& model, std::int64_t micro_batches) {
+void CommunicatorRanks::start_rounds(nn::Network& model, std::int64_t micro_batches) {
   take_master_shards(model);  // after a resume or gather_master_weights
   if (zero_ != ZeroStage::gradients) return;
   BIGBATCH_CHECK(micro_batches >= 1, "CommunicatorRanks: ", micro_batches, " micro-batches");
@@ -287,7 +336,7 @@ void CommunicatorRanks::start_step(nn::Model& model, std::int64_t micro_batches)
   groups_.clear();
 }
 
-void CommunicatorRanks::gather_master_weights(nn::Model& model) {
+void CommunicatorRanks::gather_master_weights(nn::Network& model) {
   if (master_shards_.empty() || model.holds_master_weights()) return;
   model.allocate_master_weights();
   const std::vector<nn::NamedParameter> parameters = model.parameters();
@@ -310,7 +359,7 @@ void CommunicatorRanks::add_to_shard(std::size_t i, const Tensor& summed) {
   }
 }
 
-std::map<std::string, Tensor> CommunicatorRanks::gathered_masters(const nn::Model& model) {
+std::map<std::string, Tensor> CommunicatorRanks::gathered_masters(const nn::Network& model) {
   std::map<std::string, Tensor> whole;
   if (master_shards_.empty() || model.holds_master_weights()) return whole;
   const std::vector<nn::NamedParameter> parameters = model.parameters();
@@ -421,7 +470,7 @@ float CommunicatorRanks::reduce(nn::Network& model, std::span<const float> losse
   return sum_in_rank_order(all);
 }
 
-void CommunicatorRanks::gradients_ready(nn::Model& model, std::size_t first, std::size_t end) {
+void CommunicatorRanks::group_ready(nn::Network& model, std::size_t first, std::size_t end) {
   if (!overlaps() && zero_ != ZeroStage::gradients) return;
   const auto start = std::chrono::steady_clock::now();
   if (zero_ == ZeroStage::gradients) {
@@ -526,7 +575,7 @@ std::vector<nn::NamedParameter> CommunicatorRanks::stepped_parameters(
   return shards;
 }
 
-void CommunicatorRanks::gather_parameters(nn::Network& model) {
+void CommunicatorRanks::after_step(nn::Network& model) {
   if (zero_ == ZeroStage::replicated) return;
   const std::vector<nn::NamedParameter> parameters = model.parameters();
   for (std::size_t i = 0; i < parameters.size(); ++i) {

@@ -12,11 +12,15 @@
 // norm, the same optimizer step, so the ranks' parameters never part.
 //
 //   model.zero_grad()
-//   for r in ranks.local_ranks():            // this rank; every rank when simulated
+//   for share r in ranks.parts(b):           // this rank's; every rank's when simulated
 //     loss_r = accumulate_gradients(model, rows of share r, ..., global count b)
-//     ranks.share_done(r, model)
+//     ranks.part_done(share r, model)
 //   loss = ranks.reduce(model, {loss_r})     // the summed gradients in model's buffers
 //   boundary: unscale, check, clip, step     // chapter 04, unchanged
+//
+// That is the trainer's one step (chapters/train/trainer.cpp) with a RankGroup as its
+// train::GradientSync: the step is the single process's, and the ranks join it at its
+// hooks.
 //
 // A one-process simulation of R ranks (SimulatedRanks) computes every share in turn into
 // its own gradient buffer and adds the buffers in rank order with dist::add_next_rank, the
@@ -31,7 +35,7 @@
 // 16-bit working copy, the only one the forward reads), stage 2 the gradients too. A rank that keeps only its
 // shard of the gradients cannot accumulate micro-batches into a whole buffer, so at stage 2
 // the sum is taken after every micro-batch, group by group as the backward finishes them,
-// and the model's gradients are released in between (nn::Model::release_gradients).
+// and the model's gradients are released in between (nn::Network::release_gradients).
 #pragma once
 
 #include <cstddef>
@@ -43,6 +47,7 @@
 #include <vector>
 
 #include "chapters/04_dynamic_loss_scaling/optimizer_boundary.hpp"
+#include "chapters/train/gradient_sync.hpp"
 #include "dist/bucketed_sum.hpp"
 #include "dist/communicator.hpp"
 #include "dist/device_communicator.hpp"
@@ -106,77 +111,74 @@ Device device_of_rank(Device requested, int local_rank, int local_ranks, int dev
 /// part, the parts' squared norms added in the given (rank) order, one square root.
 loss_scaling::GradientStats combine_in_rank_order(std::span<const loss_scaling::GradientStats> parts);
 
-/// The ranks of a data-parallel step, as the trainer sees them. Summing whole gradients once
-/// per step (stage 0, no overlap) asks only what every nn::Network has: its parameters and
-/// their gradients, so the GPT's ranks are the MLP's. Overlap and ZeRO also need to be told
-/// when a group of gradients is final during the backward and to release gradients and
-/// masters (take_model, start_step, gradients_ready, the masters' gathers): the MLP's
-/// nn::Model alone has those.
-class RankGroup {
+/// The ranks of a data-parallel step: how the trainer's one step (train::GradientSync) gets
+/// its batch's gradient when each rank computes its share. Summing whole gradients once per
+/// step (stage 0, no overlap) asks only what every nn::Network has: its parameters and
+/// their gradients, so the GPT's ranks are the MLP's. Overlap and ZeRO also need the model
+/// to tell when a group of gradients is final during the backward and to release
+/// gradients and masters (nn::Network::releases_state): the MLP has those.
+class RankGroup : public train::GradientSync {
  public:
-  virtual ~RankGroup() = default;
   /// R, the ranks the batch is split over.
   virtual int ranks() const = 0;
   /// The ranks whose shares this process computes, in rank order: its own under MPI,
   /// all R in a simulation.
   virtual std::vector<int> local_ranks() const = 0;
-  /// Called after rank r's share has been accumulated into the model's gradients, which
-  /// were zero before it.
-  virtual void share_done(int rank, nn::Network& model) = 0;
-  /// Leaves the sum over the R ranks of their gradients in the model's gradient buffers,
-  /// and returns the sum of the ranks' losses (each its share of the batch's mean), both
-  /// in rank order; `losses` holds those of local_ranks().
-  virtual float reduce(nn::Network& model, std::span<const float> losses) = 0;
-
   /// What the ranks shard.
   virtual ZeroStage zero() const = 0;
+  /// Whether the sum starts during the last micro-batch's backward (overlap): the step
+  /// then has accumulate_gradients tell gradients_ready, and reduce() finishes the sum.
+  virtual bool overlaps() const { return false; }
+  /// Whether the ranks sum after every micro-batch (stage 2): the step then has
+  /// accumulate_gradients tell gradients_ready in every backward, not only the last.
+  bool sums_every_micro_batch() const { return zero() == ZeroStage::gradients; }
+
+  /// Refuses ranks that outnumber the samples of the run's smallest batch (every rank needs
+  /// a sample of every batch), and ZeRO or overlap for a model that does not release its
+  /// state (nn::Network::releases_state).
+  void check_run(const nn::Network& model, std::int64_t smallest_batch) const final;
+  /// The shares of local_ranks() (dist::share_of: the first samples mod R ranks take one
+  /// sample more).
+  std::vector<train::BatchPart> parts(std::int64_t samples) const final;
+  /// At stage 2: rank 0's share, the largest, runs ceil(share / micro_batch) micro-batches,
+  /// and every rank takes part in as many sums (start_rounds).
+  void start_step(nn::Network& model, std::int64_t samples, std::int64_t micro_batch) final;
+  /// With overlap or at stage 2: group_ready, in the last backward of a share or in every one.
+  nn::GradientsReady gradients_ready(nn::Network& model) final;
+  nn::TellGradients tell() const final;
+  /// share_done(part.rank, model).
+  void part_done(const train::BatchPart& part, nn::Network& model) final;
+
   /// The model the trainer trains with this group, once, before its optimizer is made
   /// from stepped_parameters: at stages 1 and 2 under MPI the group takes over its f32
   /// masters (mixed precision) and at stage 2 its gradients
   /// (CommunicatorRanks::take_model); nothing to do otherwise.
-  virtual void take_model(nn::Model& /*model*/) {}
-  /// After reduce(): the gradients the optimizer boundary measures, a piece per local rank
-  /// (stage 0: one, every gradient; stage 1: each local rank's shard), and how the pieces'
-  /// measurements become the one of all the gradients.
-  virtual loss_scaling::GradientPieces boundary_pieces(const nn::Network& model) = 0;
-  /// The parameters this process's optimizer steps: all of them, or (stages 1 and 2 under
-  /// MPI) this rank's shard of each (parameter_shards; a sharded master the group's own
-  /// shard). Clipping scales their gradients.
-  virtual std::vector<nn::NamedParameter> stepped_parameters(const nn::Network& model) const = 0;
-  /// After an optimizer step: every rank's updated shard to every rank (stage 1 under MPI;
-  /// nothing to do otherwise).
-  virtual void gather_parameters(nn::Network& model) = 0;
+  virtual void take_model(nn::Network& /*model*/) {}
   /// Between steps: the model's whole f32 masters again, for whoever reads them (a save, a
   /// snapshot, a comparison). Under MPI at stages 1 and 2 in fp16 or bf16 each rank holds
   /// only its shard of every master, and this gathers them (a collective: every rank calls
   /// it, at the same step); the next step's start shards them again. Nothing otherwise.
-  virtual void gather_master_weights(nn::Model& /*model*/) {}
+  virtual void gather_master_weights(nn::Network& /*model*/) {}
   /// The same masters gathered into host memory instead (MemoryCategory::host_data: not on
   /// the device, whose room the steps fill), by name, for nn::Model::save; empty when the
   /// model holds its masters. A collective like gather_master_weights.
-  virtual std::map<std::string, Tensor> gathered_masters(const nn::Model& /*model*/) {
+  virtual std::map<std::string, Tensor> gathered_masters(const nn::Network& /*model*/) {
     return {};
   }
 
-  /// Whether the sum starts during the last micro-batch's backward (overlap): the trainer
-  /// then has accumulate_gradients tell gradients_ready, and reduce() finishes the sum.
-  virtual bool overlaps() const { return false; }
-  /// Whether the ranks sum after every micro-batch (stage 2): the trainer then has
-  /// accumulate_gradients tell gradients_ready in every backward, not only the last.
-  bool sums_every_micro_batch() const { return zero() == ZeroStage::gradients; }
-  /// Before a step's shares, at stage 2: rank 0's share, the largest, runs `micro_batches`
-  /// micro-batches, and every rank takes part in as many sums (a rank with fewer adds
-  /// zeros in the sums it lacks). Releases the model's gradients (the first step finds
-  /// them allocated) and, where the group shards them, its masters (once it holds its
-  /// shards of them), before the step's memory is measured.
-  virtual void start_step(nn::Model& /*model*/, std::int64_t /*micro_batches*/) {}
+ protected:
+  /// After rank r's share has been accumulated into the model's gradients, which were zero
+  /// before it.
+  virtual void share_done(int rank, nn::Network& model) = 0;
+  /// Before a step's shares, at stage 2: every rank takes part in `micro_batches` sums (a
+  /// rank with fewer adds zeros in the sums it lacks). Releases the model's gradients (the
+  /// first step finds them allocated) and, where the group shards them, its masters (once
+  /// it holds its shards of them), before the step's memory is measured.
+  virtual void start_rounds(nn::Network& /*model*/, std::int64_t /*micro_batches*/) {}
   /// During the last micro-batch's backward of this rank's share (every micro-batch's at
   /// stage 2): model.parameters()[first, end) hold their final gradients for the step
   /// (for the micro-batch at stage 2; nn::GradientsReady).
-  virtual void gradients_ready(nn::Model& /*model*/, std::size_t /*first*/, std::size_t /*end*/) {}
-  /// The seconds spent in gradients_ready since the last call: the communication a step
-  /// paid inside its backward (copying buckets, starting and moving their sums).
-  virtual double take_seconds_in_backward() { return 0; }
+  virtual void group_ready(nn::Network& /*model*/, std::size_t /*first*/, std::size_t /*end*/) {}
 };
 
 /// R ranks in one process: share r's gradient is kept in buffer r, and the buffers are
@@ -196,16 +198,16 @@ class SimulatedRanks final : public RankGroup {
                  ZeroStage zero = ZeroStage::replicated);
   int ranks() const override { return ranks_; }
   std::vector<int> local_ranks() const override;
-  void share_done(int rank, nn::Network& model) override;
   float reduce(nn::Network& model, std::span<const float> losses) override;
   ZeroStage zero() const override { return zero_; }
   loss_scaling::GradientPieces boundary_pieces(const nn::Network& model) override;
   std::vector<nn::NamedParameter> stepped_parameters(const nn::Network& model) const override;
-  void gather_parameters(nn::Network&) override {}
-  /// Stage 2: adds the micro-batch's gradients to the round's sum and releases them.
-  void gradients_ready(nn::Model& model, std::size_t first, std::size_t end) override;
 
  private:
+  void share_done(int rank, nn::Network& model) override;
+  /// Stage 2: adds the micro-batch's gradients to the round's sum and releases them.
+  void group_ready(nn::Network& model, std::size_t first, std::size_t end) override;
+
   int ranks_;
   std::vector<std::vector<Tensor>> buffers_;  // [rank][parameter], stages 0 and 1
   ZeroStage zero_;
@@ -251,20 +253,13 @@ class CommunicatorRanks final : public RankGroup {
   /// Stage 2: releases `model`'s gradients, then allocates this rank's shard of each
   /// (MemoryCategory::gradients, on its device), where the sums accumulate: the whole
   /// gradients and the shards are never live together.
-  void take_model(nn::Model& model) override;
+  void take_model(nn::Network& model) override;
   int ranks() const override { return communicator_.size(); }
   std::vector<int> local_ranks() const override { return {communicator_.rank()}; }
-  void share_done(int, nn::Network&) override {}
   /// Stage 0: an all-reduce of every gradient; stage 1: a reduce-scatter. With buckets,
   /// the last bucket's sum starts here and every bucket's is waited for.
   float reduce(nn::Network& model, std::span<const float> losses) override;
   bool overlaps() const override { return bucket_bytes_ > 0; }
-  /// Adds the gradients to the open bucket, starts its sum when it holds bucket_bytes,
-  /// and lets the engine move the started sums on. Stage 2: reduce-scatters them at once,
-  /// adds this rank's shard of the sum to its own (round 0 copies it) and releases them;
-  /// with buckets, in buckets (above).
-  void gradients_ready(nn::Model& model, std::size_t first, std::size_t end) override;
-  void start_step(nn::Model& model, std::int64_t micro_batches) override;
   double take_seconds_in_backward() override;
   ZeroStage zero() const override { return zero_; }
   /// Stage 1: this rank's shards, combined over the ranks (an all-gather of each rank's
@@ -273,9 +268,9 @@ class CommunicatorRanks final : public RankGroup {
   std::vector<nn::NamedParameter> stepped_parameters(const nn::Network& model) const override;
   /// Every rank's shard of each f32 value to every rank, but of a sharded master only of
   /// its 16-bit working copy: 2 bytes an element where the master has 4.
-  void gather_parameters(nn::Network& model) override;
-  void gather_master_weights(nn::Model& model) override;
-  std::map<std::string, Tensor> gathered_masters(const nn::Model& model) override;
+  void after_step(nn::Network& model) override;
+  void gather_master_weights(nn::Network& model) override;
+  std::map<std::string, Tensor> gathered_masters(const nn::Network& model) override;
   /// Stage 1, for a snapshot: `whole`, an optimizer over every parameter with `mine`'s
   /// options, takes every rank's shard of `mine`'s state (a collective: every rank calls
   /// it, at the same step), so that the snapshot holds stage 0's tensors.
@@ -284,6 +279,13 @@ class CommunicatorRanks final : public RankGroup {
   void take_optimizer_shard(const nn::Optimizer& whole, nn::Optimizer& mine) const;
 
  private:
+  void share_done(int, nn::Network&) override {}
+  /// Adds the gradients to the open bucket, starts its sum when it holds bucket_bytes,
+  /// and lets the engine move the started sums on. Stage 2: reduce-scatters them at once,
+  /// adds this rank's shard of the sum to its own (round 0 copies it) and releases them;
+  /// with buckets, in buckets (above).
+  void group_ready(nn::Network& model, std::size_t first, std::size_t end) override;
+  void start_rounds(nn::Network& model, std::int64_t micro_batches) override;
   /// Starts the open bucket's sum and empties it.
   void start_open_bucket(Device device);
   /// Starts the sums of a bucket of buffers on `device`'s engine: dist::BucketedSum for
@@ -308,7 +310,7 @@ class CommunicatorRanks final : public RankGroup {
   void sum_round(const std::vector<Tensor>& gradients, std::size_t first, std::size_t end);
   /// Stages 1 and 2 in 16 bits, when the model holds its masters: copies this rank's shard
   /// of each into master_shards_ and releases the model's.
-  void take_master_shards(nn::Model& model);
+  void take_master_shards(nn::Network& model);
   /// Stage 2: adds the summed gradient `summed` of parameter i (this rank's shard of it
   /// holds the sum) to the shard held; the step's first round copies it.
   void add_to_shard(std::size_t i, const Tensor& summed);

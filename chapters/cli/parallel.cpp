@@ -189,50 +189,36 @@ bool RunRanks::any(bool mine) const {
   return false;
 }
 
-data_parallel::RankGroup* RunRanks::group(nn::Model& model) {
-  const bool first = !group_;
-  data_parallel::RankGroup* const ranks = make_group(model);
-  if (first && ranks) ranks->take_model(model);
-  return ranks;
-}
-
 data_parallel::RankGroup* RunRanks::group(nn::Network& model) {
-  BIGBATCH_CHECK(options_.zero == data_parallel::ZeroStage::replicated &&
-                     options_.bucket_bytes == 0,
-                 "RunRanks: ZeRO and overlapped sums are the MLP's (group(nn::Model&))");
-  return make_group(model);
-}
-
-data_parallel::RankGroup* RunRanks::make_group(const nn::Network& model) {
-  if (!enabled()) return nullptr;
-  if (!group_) {
-    if (communicator_) {
-      auto ranks = std::make_unique<data_parallel::CommunicatorRanks>(
-          *communicator_, options_.reduction, options_.zero, options_.bucket_bytes);
-      if (options_.zero != data_parallel::ZeroStage::replicated) sharded_ = ranks.get();
-      group_ = std::move(ranks);
-    } else {
-      group_ = std::make_unique<data_parallel::SimulatedRanks>(count_, model, options_.zero);
-    }
+  if (!enabled() || group_) return group_.get();
+  if (communicator_) {
+    auto ranks = std::make_unique<data_parallel::CommunicatorRanks>(
+        *communicator_, options_.reduction, options_.zero, options_.bucket_bytes);
+    if (options_.zero != data_parallel::ZeroStage::replicated) sharded_ = ranks.get();
+    group_ = std::move(ranks);
+  } else {
+    // The simulation copies the model's gradients' shapes.
+    group_ = std::make_unique<data_parallel::SimulatedRanks>(count_, model, options_.zero);
   }
+  group_->take_model(model);
   return group_.get();
 }
 
-void RunRanks::gather_master_weights(nn::Model& model) {
+void RunRanks::gather_master_weights(nn::Network& model) {
   if (data_parallel::RankGroup* const ranks = group(model)) ranks->gather_master_weights(model);
 }
 
-std::map<std::string, Tensor> RunRanks::gathered_masters(nn::Model& model) {
+std::map<std::string, Tensor> RunRanks::gathered_masters(nn::Network& model) {
   data_parallel::RankGroup* const ranks = group(model);
   return ranks ? ranks->gathered_masters(model) : std::map<std::string, Tensor>{};
 }
 
-std::vector<nn::NamedParameter> RunRanks::stepped_parameters(nn::Model& model) {
+std::vector<nn::NamedParameter> RunRanks::stepped_parameters(nn::Network& model) {
   data_parallel::RankGroup* const ranks = group(model);
   return ranks ? ranks->stepped_parameters(model) : model.parameters();
 }
 
-std::unique_ptr<nn::Optimizer> RunRanks::whole_optimizer(nn::Model& model,
+std::unique_ptr<nn::Optimizer> RunRanks::whole_optimizer(nn::Network& model,
                                                          const nn::Optimizer& optimizer,
                                                          bool gather) {
   group(model);

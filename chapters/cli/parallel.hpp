@@ -64,28 +64,25 @@ class RunRanks {
   /// Whether `mine` holds on any rank (a collective under MPI, so that the ranks stop after
   /// the same step when a signal reaches them at different moments); `mine` when alone.
   bool any(bool mine) const;
-  /// The trainer's ranks (null when off), made on the first call (under --zero 2 and MPI
-  /// the ranks take over the model's gradients: RankGroup::take_model).
-  data_parallel::RankGroup* group(nn::Model& model);
-  /// The same for any model, whose ranks sum whole gradients once per step: the caller
-  /// has refused --zero and --bucket-size (std::invalid_argument otherwise).
+  /// The trainer's ranks (null when off), made on the first call (under --zero 1 and 2 and
+  /// MPI the ranks take over the model's masters and gradients: RankGroup::take_model).
   data_parallel::RankGroup* group(nn::Network& model);
   /// Between steps, before the model's f32 masters are read (a snapshot, a save, the
   /// check that the ranks agree): the ranks' shards of them gathered into the model
   /// (RankGroup::gather_master_weights, a collective under --zero 1 and 2 in fp16 or bf16).
-  void gather_master_weights(nn::Model& model);
+  void gather_master_weights(nn::Network& model);
   /// The same into host memory, by name, for nn::Model::save (RankGroup::gathered_masters;
   /// empty when the model holds its masters). A collective.
-  std::map<std::string, Tensor> gathered_masters(nn::Model& model);
+  std::map<std::string, Tensor> gathered_masters(nn::Network& model);
 
   /// The parameters this process's optimizer steps: the model's, or under --zero 1 and 2
   /// and MPI this rank's shard of each (at stage 2 with the gradient shards it holds).
-  std::vector<nn::NamedParameter> stepped_parameters(nn::Model& model);
+  std::vector<nn::NamedParameter> stepped_parameters(nn::Network& model);
   /// Under --zero 1 or 2 and MPI, an optimizer over every parameter with `optimizer`'s options
   /// (what a snapshot holds); null otherwise (`optimizer` holds the whole state). With
   /// `gather`, it takes every rank's shard of `optimizer`'s state: a collective, every rank
   /// calls it at the same step.
-  std::unique_ptr<nn::Optimizer> whole_optimizer(nn::Model& model,
+  std::unique_ptr<nn::Optimizer> whole_optimizer(nn::Network& model,
                                                  const nn::Optimizer& optimizer, bool gather);
   /// Resumed into whole_optimizer(..., false): `optimizer` takes this rank's shard.
   void take_shard(const nn::Optimizer& whole, nn::Optimizer& optimizer) const;
@@ -111,8 +108,6 @@ class RunRanks {
                        nn::Precision precision) const;
 
  private:
-  /// The group, made on the first call (the simulation copies the model's gradients' shapes).
-  data_parallel::RankGroup* make_group(const nn::Network& model);
 
   const ParallelOptions& options_;
   dist::Communicator* communicator_ = nullptr;

@@ -1,47 +1,17 @@
-// trainer.hpp: the training loop that composes the chapters' techniques, used by the
-// `bigbatch` program. It sits above every chapter: it may use any chapter's component, and
-// no chapter's component uses it (chapter 01 writes its loop out by hand, to show it;
-// chapter 06's demo and the whole-step benchmarks train through it, so that they measure
-// the step the program runs).
-//
-// One step k (an optimizer step; nn::SampleStream says which batch it is):
-//   batch = the k-th batch of the run: epoch e, b samples (B, or fewer at an epoch's end),
-//           left on the host
-//   optimizer.set_learning_rate(lr_at(schedule, steps taken))
-//   model.zero_grad()
-//   loss = nn::accumulate_gradients(model, b, the batch's micro-batches, micro_batch,
-//                                   {training, dropout_seed, first_row},
-//                                   global count: the batch's targets (b for the MLP, the
-//                                   tokens that are not padding for the GPT),
-//                                   loss scale S: 1, the static S, or the dynamic one's)
-//          each micro-batch copied to the device just before its forward pass, into one
-//          nn::MicroBatchBuffer of micro_batch rows (MemoryCategory::data, allocated once,
-//          reused): the device holds a micro-batch, not the batch
-//   the boundary (chapters/04_dynamic_loss_scaling/optimizer_boundary.hpp, one object
-//     whose stages keep gradient_clipping.hpp's order), with a loss scaler or clipping:
-//     one pass unscales every gradient by 1/S, checks it and measures the global norm; an
-//     overflow skips the step (no clip, no optimizer step, the schedule stays) and,
-//     dynamic, backs S off; otherwise clip to the norm limit, then optimizer.step(), and
-//     the dynamic scale's growth counter counts the step
-// The model is any nn::Network: the residual MLP on rows of features, or chapter 08's GPT on
-// token sequences (a sample is a sequence; its targets are its tokens' next tokens).
-// Data parallel (chapter 07, a RankGroup given): the batch is split into the ranks' shares
-// (dist::share_of), each share accumulated as above with the global count of the whole
-// batch's targets (b samples, or the tokens of every rank's sequences) and its samples'
-// global rows, and the ranks' gradients summed once, before the boundary;
-// the boundary then runs on every rank on the same sum (with overlap, the sum of each
-// group of gradients starts during the share's last backward, as soon as it is final).
-// Under ZeRO stage 1 each rank holds the sum of its shard only: the boundary measures the
-// ranks' shards and combines them, each rank's optimizer steps its shard, and the ranks
-// then share the updated parameters.
-// The learning-rate schedule counts optimizer steps taken: a skipped step does not
-// advance it (PyTorch warns when a scheduler steps before its optimizer for this reason).
-// Without a loss scaler, an inf or NaN loss, or gradient found by that pass, stops the run
-// (NonFiniteLossError, NonFiniteGradientError) before the optimizer step: there is no
-// scale to back off, and stepping would write it into the weights.
-// first_row = e N + j B is the batch's place in the run, so every sample of the run
-// draws its own dropout mask, and the same one whatever the micro-batch size.
-// The allocator's peak is reset before each step, so a step reports its own peak.
+// trainer.hpp: the training step the `bigbatch` program runs, composing the techniques of
+// one process: accumulation over micro-batches (nn/training.hpp), the loss scale and the
+// optimizer boundary (chapters 03-04), the learning-rate schedule. Step k, in trainer.cpp:
+//   its batch (nn::SampleStream: epoch e, b samples, left on the host); the learning rate;
+//   zero_grad; for each part of the batch a GradientSync names (one process: the whole
+//   batch; chapter 07: the shares of this process's ranks), accumulate_gradients with the
+//   whole batch's count of targets and the loss scale, each micro-batch staged on the
+//   device just before its forward; the parts summed (GradientSync::reduce); the boundary:
+//   unscale and measure, skip on an overflow (the schedule stays), clip, step, update S.
+// Any nn::Network trains (the MLP on rows, chapter 08's GPT on token sequences). Dropout is
+// keyed by each sample's row in the run (e N + j B + i), so masks do not depend on the
+// micro-batch size or the ranks. Without a loss scaler an inf or NaN loss or gradient
+// stops the run before the optimizer writes it (NonFiniteLossError,
+// NonFiniteGradientError). A step reports its own allocator peak.
 #pragma once
 
 #include <cstdint>
@@ -54,12 +24,12 @@
 #include "chapters/04_dynamic_loss_scaling/dynamic_loss_scaler.hpp"
 #include "chapters/04_dynamic_loss_scaling/gradient_clipping.hpp"
 #include "chapters/04_dynamic_loss_scaling/optimizer_boundary.hpp"
-#include "chapters/07_data_parallel/data_parallel.hpp"
+#include "chapters/train/gradient_sync.hpp"
 #include "common/data/dataset.hpp"
 #include "common/memory.hpp"
 #include "common/settings.hpp"
 #include "nn/lr_schedule.hpp"
-#include "nn/model.hpp"
+#include "nn/network.hpp"
 #include "nn/sample_stream.hpp"
 #include "nn/training.hpp"
 
@@ -167,16 +137,12 @@ class Trainer {
  public:
   /// Checks the configuration (batch > 0, 0 <= micro_batch <= batch, steps or epochs
   /// positive, warmup_steps >= 0, a non-empty data set whose samples fit the model:
-  /// nn::Network::check_data) and allocates one micro-batch's buffers on the model's device.
-  /// With `ranks` (kept by reference; nullptr: one process) every step is data parallel
-  /// over them; they may not outnumber the samples of a batch, and for any model but the
-  /// MLP they sum whole gradients once per step (no ZeRO, no overlap: RankGroup says why).
+  /// nn::Network::check_data, and what `sync` checks: GradientSync::check_run) and
+  /// allocates one micro-batch's buffers on the model's device. `sync` (kept by reference)
+  /// says how the batch's gradient is gathered from its parts; nullptr: one process, the
+  /// batch as one part (OneProcess).
   Trainer(nn::Network& model, nn::Optimizer& optimizer, const Dataset& data,
-          TrainConfig config, data_parallel::RankGroup* ranks = nullptr);
-  /// The same for the residual MLP, whose ranks may also overlap their sum with the
-  /// backward and shard it (ZeRO).
-  Trainer(nn::Model& model, nn::Optimizer& optimizer, const Dataset& data, TrainConfig config,
-          data_parallel::RankGroup* ranks);
+          TrainConfig config, GradientSync* sync = nullptr);
 
   std::int64_t total_steps() const { return total_steps_; }
   std::int64_t steps_done() const { return steps_done_; }
@@ -213,17 +179,23 @@ class Trainer {
   std::size_t boundary_bytes() const { return boundary_.workspace_bytes(); }
 
  private:
-  Trainer(nn::Network& model, nn::Model* mlp, nn::Optimizer& optimizer, const Dataset& data,
-          TrainConfig config, data_parallel::RankGroup* ranks);
+  GradientSync& sync() { return sync_ ? *sync_ : one_process_; }
+  /// The boundary of step k (its batch, its loss): checks, unscales, clips and steps.
+  loss_scaling::BoundaryOutcome cross_boundary(std::int64_t k, const nn::BatchPosition& batch,
+                                               float loss);
+  /// The record of the step just done (steps_done_ and samples_done_ count it).
+  StepRecord record_step(const nn::BatchPosition& batch, float loss, std::int64_t targets,
+                         double lr, float scale, const loss_scaling::BoundaryOutcome& outcome,
+                         double reduce_seconds, const MemoryStats& memory, double seconds);
 
   nn::Network& model_;
-  nn::Model* mlp_ = nullptr;  // the same model when it is the MLP (overlap and ZeRO need it)
   nn::Optimizer& optimizer_;
   TrainConfig config_;
   nn::SampleStream stream_;
   nn::LrSchedule schedule_;
   loss_scaling::OptimizerBoundary boundary_;  // the scale, unscale, clip, step, update
-  data_parallel::RankGroup* ranks_ = nullptr;  // null: one process, the whole batch
+  GradientSync* sync_ = nullptr;  // null: one process (one_process_)
+  OneProcess one_process_;
   std::int64_t optimizer_steps_ = 0;  // steps taken: the schedule's clock
   std::int64_t total_steps_ = 0;
   std::int64_t steps_done_ = 0;
