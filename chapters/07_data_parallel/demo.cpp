@@ -324,31 +324,19 @@ void report_rank_memory(bb::SelfCheck& report) {
                    "masters have 4");
 }
 
-}  // namespace
+/// What section (a) leaves the later sections: the single process's run, the simulated
+/// ranks' runs (2, 3 and 4 of them) and step 1's rounding bound, M and gamma(b + 1).
+struct SimulatedRuns {
+  Outcome single;
+  std::vector<Outcome> simulated;
+  std::vector<std::vector<double>> magnitude;
+  double gamma = 0;
+};
 
-int main(int argc, char** argv) {
-  bb::DemoOptions options;
-  if (auto exit = bb::parse_demo_options(
-          argc, argv,
-          "Chapter 07: data parallel. R ranks x micro-batches = the batch; alone it simulates "
-          "the ranks, under mpirun -np R it also trains as one of them.",
-          options)) {
-    return *exit;
-  }
-  // Under an MPI launcher every rank runs the whole demo (the simulations too) and rank 0
-  // prints; alone, no MPI is started.
-  dist::Communicator* world =
-      dist::launched_by_mpi() && dist::Communicator::available() ? &dist::Communicator::world()
-                                                                 : nullptr;
-  if (world && world->rank() != 0 && !std::freopen("/dev/null", "w", stdout)) return 1;
-
-  Setting s;
-  if (options.quick) s.steps = 3;
-  const bb::Dataset data = demo_data();
-  const bb::nn::ModelConfig model_config = demo_model(options.quick);
-  bb::SelfCheck report("chapter 07");
-
-  // ---- (a) -----------------------------------------------------------------------------
+/// Section (a): R simulated ranks against the single process. One rank is it, bit for bit;
+/// 2, 3 and 4 ranks' step-1 gradients are within rounding of the batch's.
+SimulatedRuns simulate_ranks(const bb::Dataset& data, const bb::nn::ModelConfig& model_config,
+                             const Setting& s, bb::SelfCheck& report) {
   report.section("(a) R ranks x micro-batches of " + std::to_string(s.micro_batch) +
                  " = the batch of " + std::to_string(s.batch) + " (simulated in this process)");
   const Outcome single = train(data, model_config, s, nullptr);
@@ -393,8 +381,14 @@ int main(int argc, char** argv) {
   report.note("after " + std::to_string(s.steps) + " steps, 4 ranks' parameters are within " +
               number(drift) + " of the single process's (largest parameter " +
               number(largest) + "): rounding, carried by the optimizer");
+  return {single, std::move(simulated), magnitude, gamma};
+}
 
-  // ---- (b) -----------------------------------------------------------------------------
+/// Section (b): each rank's mean loss averaged over the ranks, a mistake that even shares
+/// hide (the same bits) and uneven ones show (outside rounding).
+void per_rank_mean_mistake(const bb::Dataset& data, const bb::nn::ModelConfig& model_config,
+                           const Setting& s, const std::vector<std::vector<double>>& magnitude,
+                           double gamma, bb::SelfCheck& report) {
   report.section("(b) The mistake: each rank's mean loss, averaged over the ranks");
   // Dividing share r's loss by its n_r samples and the sum by R weighs its samples by
   // b / (R n_r) instead of 1. With equal shares R n_r = b: the same divisor, the same
@@ -419,8 +413,11 @@ int main(int argc, char** argv) {
                    " times the rounding bound): samples of a share of 62 weigh " +
                    number(250.0 / (4 * 62), "%.4f") + ", of 63 " +
                    number(250.0 / (4 * 63), "%.4f"));
+}
 
-  // ---- (c) -----------------------------------------------------------------------------
+/// Section (c): what one gradient sum per optimizer step saves over one per micro-batch.
+/// Returns the model's parameter count (section f times sums of that many).
+std::int64_t one_sum_per_step(const Setting& s, const Outcome& single, bb::SelfCheck& report) {
   report.section("(c) One sum per optimizer step, not one per micro-batch");
   std::int64_t parameter_count = 0;
   for (const auto& p : single.parameters) parameter_count += static_cast<std::int64_t>(p.size());
@@ -433,8 +430,13 @@ int main(int argc, char** argv) {
               "a rank's " + std::to_string(micro_batches) + " micro-batches (what DDP does " +
               "outside no_sync) moves " + std::to_string(micro_batches) +
               " times that for the same step");
+  return parameter_count;
+}
 
-  // ---- (d) -----------------------------------------------------------------------------
+/// Section (d), on_modelled_cluster, and its figure's data written to options.data_file
+/// when one is named.
+void on_cluster_with_data(const bb::DemoOptions& options, dist::Communicator* world,
+                          bb::SelfCheck& report) {
   const bb::Json cluster = on_modelled_cluster(report);
   // The figure's data (notebooks/data_parallel.ipynb), written by one process only; a
   // failure fails the report rather than leave the other ranks waiting.
@@ -442,8 +444,12 @@ int main(int argc, char** argv) {
     report.check(bb::write_demo_data(options, {{"cluster_model", cluster}}),
                  "section (d)'s data written to " + options.data_file);
   }
+}
 
-  // ---- (e) -----------------------------------------------------------------------------
+/// Section (e): ZeRO stages 1 and 2, simulated: stage 1 ends with stage 0's parameters
+/// (`simulated`, section a's), and the memory model's table of a rank's step.
+void zero_stages(const bb::Dataset& data, const bb::nn::ModelConfig& model_config,
+                 const Setting& s, const std::vector<Outcome>& simulated, bb::SelfCheck& report) {
   report.section("(e) ZeRO stages 1 and 2: each rank holds the optimizer state of its shard, "
                  "then its gradients' too");
   dp::SimulatedRanks sharded(4, bb::nn::Model(model_config, bb::Device::cpu()),
@@ -453,31 +459,13 @@ int main(int argc, char** argv) {
                "4 ranks at stage 1 end with stage 0's parameters, bit for bit (the optimizer "
                "steps element by element; each shard's sum has the all-reduce's bits)");
   report_rank_memory(report);
+}
 
-  // ---- (f) -----------------------------------------------------------------------------
-  const int ranks = world ? world->size() : 1;
-  if (!world || ranks == 1) {
-    report.section("(f) R processes under MPI against this process's simulation of them");
-    report.note("not run: start the demo under an MPI launcher for it, e.g. "
-                "mpirun -np 2 build/chapters/chapter_07_data_parallel (the README says how)");
-    return report.finish();
-  }
-  report.section("(f) " + std::to_string(ranks) +
-                 " processes under MPI against this process's simulation of them");
-  dp::SimulatedRanks group(ranks, bb::nn::Model(model_config, bb::Device::cpu()));
-  const Outcome own = train(data, model_config, s, &group);
-  dp::CommunicatorRanks deterministic(*world, dist::Reduction::deterministic);
-  const Outcome job = train(data, model_config, s, &deterministic);
-  report.check(bitwise_equal(job.parameters, own.parameters),
-               std::to_string(ranks) + " ranks under MPI (deterministic reduction) end with "
-               "this process's simulation's parameters, bit for bit");
-  // Overlap: every group of gradients its own bucket, started during the last backward.
-  dp::CommunicatorRanks overlapped(*world, dist::Reduction::deterministic,
-                                   dp::ZeroStage::replicated, /*bucket_bytes=*/1);
-  const Outcome overlapped_job = train(data, model_config, s, &overlapped);
-  report.check(bitwise_equal(overlapped_job.parameters, own.parameters),
-               "overlapping the sum with the last backward (each group of gradients its own "
-               "bucket, started as the backward finishes it): the same bits");
+/// Section (f)'s ZeRO stages 1 and 2 (and stage 1 in bf16) under MPI against this process's
+/// simulation of them, and each rank's step against predict_rank_step; `job` is stage 0's.
+void sharded_jobs(const bb::Dataset& data, const bb::nn::ModelConfig& model_config,
+                  const Setting& s, dist::Communicator* world, int ranks, const Outcome& job,
+                  bb::SelfCheck& report) {
   // A ZeRO stage under MPI against this process's simulation of it, bit for bit; the job's
   // outcome and rank r's step as predict_rank_step predicts it.
   struct ShardedJob {
@@ -536,15 +524,12 @@ int main(int argc, char** argv) {
                    std::to_string(job1_bf16.step_peak()) + " bytes at its peak, " +
                    std::to_string(job1_bf16.last_step.at_peak_of(masters)) + " of them f32 "
                    "masters (its shard), as predict_rank_step predicts to the byte");
-  dp::CommunicatorRanks engine(*world, dist::Reduction::engine);
-  const Outcome engine_job = train(data, model_config, s, &engine);
-  report.note(std::string("the engine's MPI_Allreduce: ") +
-              (!bitwise_equal(engine_job.parameters, own.parameters)
-                   ? "other bits (it adds in an order of its own)"
-               : ranks == 2 ? "the same bits (with two ranks every order is the one addition "
-                              "g_0 + g_1)"
-                            : "the same bits this time (its order is its own: run with 3 or 4 "
-                              "ranks and compare again)"));
+}
+
+/// Section (f)'s timings: one gradient sum of `parameter_count` floats, deterministic and
+/// the engine's, against `job`'s step, and this machine's link fitted from the engine's.
+void time_sums_here(dist::Communicator* world, int ranks, std::int64_t parameter_count,
+                    const Setting& s, const Outcome& job, bb::SelfCheck& report) {
   // The time one gradient sum takes, each way, against the step; and the engine's at four
   // sizes from a 64th of it, fitted by least squares for this machine's alpha and beta.
   std::vector<float> buffer(static_cast<std::size_t>(parameter_count), 1.0f);
@@ -583,10 +568,95 @@ int main(int argc, char** argv) {
   } catch (const std::invalid_argument& e) {
     report.note(std::string("no fit of this machine's link: ") + e.what());
   }
+}
+
+/// Section (f): R processes under MPI (`world`) against this process's simulation of them,
+/// bit for bit; alone (`world` null or of one rank) a note that it did not run. Returns the
+/// exit status: 0 when every rank's checks held.
+int under_mpi(const bb::Dataset& data, const bb::nn::ModelConfig& model_config,
+              const Setting& s, dist::Communicator* world, std::int64_t parameter_count,
+              bb::SelfCheck& report) {
+  const int ranks = world ? world->size() : 1;
+  if (!world || ranks == 1) {
+    report.section("(f) R processes under MPI against this process's simulation of them");
+    report.note("not run: start the demo under an MPI launcher for it, e.g. "
+                "mpirun -np 2 build/chapters/chapter_07_data_parallel (the README says how)");
+    return report.finish();
+  }
+  report.section("(f) " + std::to_string(ranks) +
+                 " processes under MPI against this process's simulation of them");
+  dp::SimulatedRanks group(ranks, bb::nn::Model(model_config, bb::Device::cpu()));
+  const Outcome own = train(data, model_config, s, &group);
+  dp::CommunicatorRanks deterministic(*world, dist::Reduction::deterministic);
+  const Outcome job = train(data, model_config, s, &deterministic);
+  report.check(bitwise_equal(job.parameters, own.parameters),
+               std::to_string(ranks) + " ranks under MPI (deterministic reduction) end with "
+               "this process's simulation's parameters, bit for bit");
+  // Overlap: every group of gradients its own bucket, started during the last backward.
+  dp::CommunicatorRanks overlapped(*world, dist::Reduction::deterministic,
+                                   dp::ZeroStage::replicated, /*bucket_bytes=*/1);
+  const Outcome overlapped_job = train(data, model_config, s, &overlapped);
+  report.check(bitwise_equal(overlapped_job.parameters, own.parameters),
+               "overlapping the sum with the last backward (each group of gradients its own "
+               "bucket, started as the backward finishes it): the same bits");
+  sharded_jobs(data, model_config, s, world, ranks, job, report);
+  dp::CommunicatorRanks engine(*world, dist::Reduction::engine);
+  const Outcome engine_job = train(data, model_config, s, &engine);
+  report.note(std::string("the engine's MPI_Allreduce: ") +
+              (!bitwise_equal(engine_job.parameters, own.parameters)
+                   ? "other bits (it adds in an order of its own)"
+               : ranks == 2 ? "the same bits (with two ranks every order is the one addition "
+                              "g_0 + g_1)"
+                            : "the same bits this time (its order is its own: run with 3 or 4 "
+                              "ranks and compare again)"));
+  time_sums_here(world, ranks, parameter_count, s, job, report);
   // Every rank made the same checks; the job passes only if every rank's did.
   const int code = report.finish();
   for (const std::uint64_t other : world->all_gather(static_cast<std::uint64_t>(code))) {
     if (other != 0) return 1;
   }
   return code;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  bb::DemoOptions options;
+  if (auto exit = bb::parse_demo_options(
+          argc, argv,
+          "Chapter 07: data parallel. R ranks x micro-batches = the batch; alone it simulates "
+          "the ranks, under mpirun -np R it also trains as one of them.",
+          options)) {
+    return *exit;
+  }
+  // Under an MPI launcher every rank runs the whole demo (the simulations too) and rank 0
+  // prints; alone, no MPI is started.
+  dist::Communicator* world =
+      dist::launched_by_mpi() && dist::Communicator::available() ? &dist::Communicator::world()
+                                                                 : nullptr;
+  if (world && world->rank() != 0 && !std::freopen("/dev/null", "w", stdout)) return 1;
+
+  Setting s;
+  if (options.quick) s.steps = 3;
+  const bb::Dataset data = demo_data();
+  const bb::nn::ModelConfig model_config = demo_model(options.quick);
+  bb::SelfCheck report("chapter 07");
+
+  // ---- (a) -----------------------------------------------------------------------------
+  const SimulatedRuns a = simulate_ranks(data, model_config, s, report);
+
+  // ---- (b) -----------------------------------------------------------------------------
+  per_rank_mean_mistake(data, model_config, s, a.magnitude, a.gamma, report);
+
+  // ---- (c) -----------------------------------------------------------------------------
+  const std::int64_t parameter_count = one_sum_per_step(s, a.single, report);
+
+  // ---- (d) -----------------------------------------------------------------------------
+  on_cluster_with_data(options, world, report);
+
+  // ---- (e) -----------------------------------------------------------------------------
+  zero_stages(data, model_config, s, a.simulated, report);
+
+  // ---- (f) -----------------------------------------------------------------------------
+  return under_mpi(data, model_config, s, world, parameter_count, report);
 }

@@ -228,10 +228,12 @@ std::optional<nn::Activation> activation_named(std::string_view word) {
   return value_of(kActivations, word);
 }
 
-void add_train_flags(CLI::App& train, TrainOptions& o) {
-  const CLI::Validator positive_real = real_number_in(1e-30, 3.4e38, "positive");
-  const CLI::Validator positive = whole_number_from(1), non_negative = whole_number_from(0);
-  const CLI::Validator non_negative_real = real_number_in(0.0, HUGE_VAL, "0 or more");
+namespace {
+
+/// Adds --data, --test-data, --validation, --samples, --features, --batch and --micro-batch.
+void add_data_flags(CLI::App& train, TrainOptions& o) {
+  const CLI::Validator positive = whole_number_from(1);
+  const CLI::Validator non_negative = whole_number_from(0);
   add_read_option(
       train, "--data",
       "fashion-mnist (train split; the test split is reported), synthetic (10% held out for "
@@ -266,6 +268,11 @@ void add_train_flags(CLI::App& train, TrainOptions& o) {
                    "rows per forward/backward (gradient accumulation; default: --batch; "
                    "need not divide it)")
       ->check(positive);
+}
+
+/// Adds --model and the GPT's --seq-len, --vocabulary, --layers, --width, --heads, --attention.
+void add_gpt_flags(CLI::App& train, TrainOptions& o) {
+  const CLI::Validator positive = whole_number_from(1);
   add_word_option(train, "--model", o.model_kind, kModels,
                   "mlp (the residual MLP of chapters 00-07) or gpt (chapter 08's decoder: "
                   "nanoGPT's GPT on byte tokens, its head tied to the token embedding)");
@@ -290,6 +297,12 @@ void add_train_flags(CLI::App& train, TrainOptions& o) {
                   "sum: each block keeps two floats a query row and rebuilds the "
                   "probabilities in its backward; other roundings, so other bits). bigbatch "
                   "plan and --plan auto weigh both unless it is given");
+}
+
+/// Adds the MLP's shape: --depth, --hidden, --expansion, --dropout, --norm, --activation.
+void add_mlp_shape_flags(CLI::App& train, TrainOptions& o) {
+  const CLI::Validator positive = whole_number_from(1);
+  const CLI::Validator non_negative = whole_number_from(0);
   train.add_option("--depth", o.model.depth, "residual blocks (with --init: the file's)")
       ->capture_default_str()->check(non_negative);
   train.add_option("--hidden", o.model.hidden,
@@ -304,6 +317,13 @@ void add_train_flags(CLI::App& train, TrainOptions& o) {
                   "layer or batch (with --init: the file's)");
   add_word_option(train, "--activation", o.model.activation, kActivations,
                   "gelu (tanh approximation) or relu (with --init: the file's)");
+}
+
+/// Adds --optimizer, --lr and the --lr-* flags, --warmup-steps, --momentum, --weight-decay.
+void add_optimizer_flags(CLI::App& train, TrainOptions& o) {
+  const CLI::Validator positive = whole_number_from(1);
+  const CLI::Validator non_negative = whole_number_from(0);
+  const CLI::Validator non_negative_real = real_number_in(0.0, HUGE_VAL, "0 or more");
   add_word_option(train, "--optimizer", o.optimizer.kind, kOptimizers, "sgd or adamw");
   train.add_option("--lr", o.optimizer.lr,
                    "learning rate at --lr-reference-batch [default: 1e-3 for adamw, 0.05 "
@@ -330,6 +350,11 @@ void add_train_flags(CLI::App& train, TrainOptions& o) {
   train.add_option("--weight-decay", o.optimizer.weight_decay,
                    "weight decay [default: 0.01 for adamw, 0 for sgd]")
       ->check(non_negative_real);
+}
+
+/// Adds --steps, --epochs, --drop-last, --seed and --shuffle.
+void add_run_length_flags(CLI::App& train, TrainOptions& o) {
+  const CLI::Validator positive = whole_number_from(1);
   auto* steps = train.add_option("--steps", o.train.steps,
                                  "optimizer steps; they continue across epochs")
                     ->check(positive);
@@ -345,6 +370,10 @@ void add_train_flags(CLI::App& train, TrainOptions& o) {
   add_seed_option(train, o.train.seed, "initialisation, shuffling and dropout seed");
   add_word_option(train, "--shuffle", o.train.shuffle, kOnOff,
                   "on: a fresh permutation per epoch; off: data order");
+}
+
+/// Adds --device and --device-memory.
+void add_device_flags(CLI::App& train, TrainOptions& o) {
   add_read_option(
       train, "--device", "cpu, cuda or cuda:N",
       [](const std::string& text) { return refusal_of([&] { parse_device(text); }); },
@@ -356,6 +385,11 @@ void add_train_flags(CLI::App& train, TrainOptions& o) {
       "do not count); past it the run fails with exit code 3",
       [](const std::string& text) { return refusal_of([&] { parse_bytes(text); }); },
       [&o](const std::string& text) { o.device_memory = parse_bytes(text); }, "SIZE");
+}
+
+/// Adds --init, --save, --log and --eval-every.
+void add_output_flags(CLI::App& train, TrainOptions& o) {
+  const CLI::Validator non_negative = whole_number_from(0);
   train.add_option("--init", o.output.init,
                    "initial parameters from a safetensors file (from --save); the model's "
                    "shape is the file's, a shape flag that disagrees is refused");
@@ -376,6 +410,10 @@ void add_train_flags(CLI::App& train, TrainOptions& o) {
                    "evaluate on the test split (or --validation's) every N steps; the log "
                    "gains test_loss and test_accuracy (validation_loss, validation_accuracy)")
       ->check(non_negative);
+}
+
+/// Adds --precision and --checkpoint.
+void add_memory_flags(CLI::App& train, TrainOptions& o) {
   add_word_option(train, "--precision", o.model.precision, kPrecisions,
                   "fp32, or fp16 or bf16: mixed precision with 16-bit weights and "
                   "activations, f32 master weights, gradients, statistics and loss "
@@ -397,6 +435,12 @@ void add_train_flags(CLI::App& train, TrainOptions& o) {
       [&o](const std::string& text) { o.checkpoint = checkpointing::Policy::parse(text); },
       "POLICY")
       ->default_str(o.checkpoint.text());
+}
+
+/// Adds --snapshot-dir, --snapshot-every, --snapshot-keep, --resume and --explain.
+void add_snapshot_flags(CLI::App& train, TrainOptions& o) {
+  const CLI::Validator positive = whole_number_from(1);
+  const CLI::Validator non_negative = whole_number_from(0);
   train.add_option("--snapshot-dir", o.output.snapshot_dir,
                    "save the training state (parameters, optimizer, loss scaler, counters, "
                    "settings) to DIR/step-N.safetensors: every --snapshot-every steps, at the "
@@ -414,6 +458,12 @@ void add_train_flags(CLI::App& train, TrainOptions& o) {
                    "and --log is cut back to the snapshot's step and continued");
   train.add_flag("--explain", o.output.explain, "print the checkpoint schedule, action by "
                  "action, and the step's predicted peak and the moment that holds it");
+}
+
+/// Adds --clip-grad-norm, --loss-scale and the dynamic scaler's --scale-* flags.
+void add_loss_scale_flags(CLI::App& train, TrainOptions& o) {
+  const CLI::Validator positive_real = real_number_in(1e-30, 3.4e38, "positive");
+  const CLI::Validator positive = whole_number_from(1);
   train.add_option("--clip-grad-norm", o.train.clip_grad_norm,
                    "clip the step's gradients to this global L2 norm (PyTorch's "
                    "clip_grad_norm_): once per optimizer step, on the accumulated and unscaled "
@@ -447,10 +497,31 @@ void add_train_flags(CLI::App& train, TrainOptions& o) {
                    "dynamic: overflows in a row before a backoff (every overflow skips its "
                    "step)")
       ->capture_default_str()->check(positive);
+}
+
+/// Adds --print-every.
+void add_progress_flags(CLI::App& train, TrainOptions& o) {
+  const CLI::Validator non_negative = whole_number_from(0);
   train.add_option("--print-every", o.output.print_every,
                    "steps between progress lines when stdout is not a terminal [default: "
                    "steps/20; the first and last steps are always printed]")
       ->check(non_negative);
+}
+
+}  // namespace
+
+void add_train_flags(CLI::App& train, TrainOptions& o) {
+  add_data_flags(train, o);
+  add_gpt_flags(train, o);
+  add_mlp_shape_flags(train, o);
+  add_optimizer_flags(train, o);
+  add_run_length_flags(train, o);
+  add_device_flags(train, o);
+  add_output_flags(train, o);
+  add_memory_flags(train, o);
+  add_snapshot_flags(train, o);
+  add_loss_scale_flags(train, o);
+  add_progress_flags(train, o);
 }
 
 void add_plan_flags(CLI::App& app, TrainOptions& o) {
