@@ -1,7 +1,6 @@
 // train_command.hpp: `bigbatch train`: trains the model of nn/model.hpp (or, with --model gpt,
-// chapter 08's nn/gpt.hpp) on a data set
-// with the trainer of chapters/train/trainer.hpp, with snapshots, --resume, --plan auto,
-// the progress line, the log and the memory report.
+// chapter 08's nn/gpt.hpp) on a data set with the trainer of chapters/train/trainer.hpp,
+// with snapshots, --resume, --plan auto, the progress line, the log and the memory report.
 #pragma once
 
 #include "chapters/cli/options.hpp"
@@ -11,10 +10,6 @@ namespace bigbatch::cli {
 /// Runs the training the options describe; returns the exit code (0, or 128 + the signal
 /// that stopped it). Throws UsageError, NoPlanFits and the trainer's errors.
 int run_train(TrainOptions options);
-
-/// `bigbatch train --model gpt` (train_gpt.cpp): chapter 08's GPT on a text file's byte
-/// tokens; run_train hands over to it. Returns the exit code; throws as run_train does.
-int run_train_gpt(TrainOptions options);
 
 /// The flags --model gpt refuses (UsageError naming the flag): the MLP's shape and data,
 /// and what the GPT's run does not have yet; and data that is not token sequences.

@@ -1,29 +1,22 @@
-// train_gpt.cpp: `bigbatch train --model gpt`: chapter 08's GPT on byte tokens of a text
-// file, through the same trainer, optimizer boundary, progress line, log and memory report
-// as the MLP, with the same snapshots and --resume (step_loop.hpp), chapter 05's checkpoint
-// policies on its transformer blocks (budget:BYTES and --explain through the memory model
-// of its step, nn::predict_gpt_step), chapter 06's --plan auto and chapter 07's ranks
-// (--data-parallel, --simulate-ranks): the loss of every target token over the count of
-// the whole batch's target tokens, on every rank. What the MLP's ranks have and the GPT's
-// do not (ZeRO, overlapped sums) is refused by name before anything runs.
+// train_gpt.cpp: what `bigbatch train --model gpt` asks of chapter 08's GPT on byte tokens
+// (model_run.hpp): run_train's one path runs it through the same trainer, snapshots, plan
+// and ranks as the MLP. Its step as the memory model sees it is nn::predict_gpt_step's; the
+// loss of every target token is over the count of the whole batch's target tokens, on
+// every rank. What the MLP's ranks have and the GPT's do not (ZeRO, overlapped sums) is
+// refused by name before anything runs.
 #include <algorithm>
-#include <cstdio>
 #include <iostream>
+#include <map>
 #include <memory>
+#include <optional>
 #include <sstream>
-#include <stdexcept>
 #include <string>
 
 #include "chapters/05_activation_checkpointing/memory_plan.hpp"
 #include "chapters/05_activation_checkpointing/scheduled_runner.hpp"
-#include "chapters/cli/parallel.hpp"
+#include "chapters/cli/model_run.hpp"
 #include "chapters/cli/plan_command.hpp"
-#include "chapters/cli/progress.hpp"
-#include "chapters/cli/setup.hpp"
-#include "chapters/cli/step_loop.hpp"
 #include "chapters/cli/train_command.hpp"
-#include "common/json.hpp"
-#include "common/memory.hpp"
 #include "nn/gpt.hpp"
 
 namespace bigbatch::cli {
@@ -72,24 +65,21 @@ std::string describe_tokens(const Dataset& data) {
   return out.str();
 }
 
-}  // namespace
+class GptRun final : public ModelRun {
+ public:
+  void check_flags(const TrainOptions& options) const override { check_gpt_flags(options); }
 
-int run_train_gpt(TrainOptions options) {
-  check_gpt_flags(options);
-  if (options.plan.automatic) check_plan_flags(options);
-  RunRanks ranks(options);  // chapter 07; under MPI, rank 0 alone prints and writes files
-  ranks.quiet_other_ranks(options);
-  check_outputs(options);
-  const OutputOptions& output = options.output;
-  const Splits splits = load_data(options);
-  ranks.check_run(options, splits.train.size());
-  options.source.device = ranks.device_of_this_rank(options.source.device);
-  const Device device = available_device(options);
-  check_model_fits(options, splits, device, options.plan.automatic);
-  const std::int64_t rank_batch = ranks.rank_batch(options.train.batch);
-  if (options.plan.automatic) {  // on ranks: rank 0's share, planned by rank 0 for all
-    // The sum over ranks costs every plan of the share the same (one sum of the same
-    // gradients per step), so the plans of the share rank as the step's do.
+  void check_ranks(const TrainOptions& options, const Splits& splits,
+                   const RunRanks& ranks) override {
+    ranks.check_run(options, splits.train.size());
+  }
+
+  void plan(TrainOptions& options, const Splits& splits, Device device,
+            const RunRanks& ranks) override {
+    // On ranks: rank 0's share, planned by rank 0 for all. The sum over ranks costs every
+    // plan of the share the same (one sum of the same gradients per step), so the plans of
+    // the share rank as the step's do.
+    const std::int64_t rank_batch = ranks.rank_batch(options.train.batch);
     const planning::Plan best = ranks.agreed_plan([&] {
       TrainOptions share = options;
       share.train.batch = rank_batch;
@@ -98,90 +88,78 @@ int run_train_gpt(TrainOptions options) {
     std::cout << "plan auto: " << planning::describe(best, rank_batch) << "\n";
     apply_plan(best, options);
   }
-  const std::int64_t micro_batch = checked_micro_batch(options, splits.train);
-  const nn::Optimizer::Options optimizer_choice = optimizer_options(options);
-  const train::TrainConfig config = train_config(options);
 
-  const nn::GptConfig shape = gpt_config(options);  // checked by check_model_fits
-  // The step as nn::predict_gpt_step sees it (sequences of the data's length; under MPI,
-  // rank 0's share): checked against the device and the cap before the model takes a
-  // byte, budget:BYTES chosen by it, --explain prints it.
-  const checkpointing::GptStepShape step_shape{
-      shape, rank_batch, std::min(micro_batch, rank_batch), splits.train.feature_dim(),
-      optimizer_choice, loss_scaling::boundary_workspace_bytes(train::boundary_options(config))};
-  cap_device_memory(options, checkpointing::predict_policy(step_shape, {}), device);
-  nn::Gpt model(shape, device);
-  const Checkpointing<nn::Gpt> checkpoint =
-      checkpointing_for<nn::Gpt>(options.checkpoint, step_shape, shape.layers);
-  if (checkpoint.runner) model.set_block_runner(checkpoint.runner);
-  if (!output.init.empty()) {
-    try {
-      model.load(output.init);
-    } catch (const std::runtime_error& e) {
-      throw UsageError(std::string("--init: ") + e.what());
-    }
+  nn::Network& build(const TrainOptions& options, const Splits& splits, Device device,
+                     const RunRanks& ranks, std::int64_t micro_batch,
+                     const nn::Optimizer::Options& optimizer,
+                     const train::TrainConfig& config) override {
+    shape_ = gpt_config(options);  // checked by check_model_fits
+    // The step as nn::predict_gpt_step sees it (sequences of the data's length; under MPI,
+    // rank 0's share): checked against the device and the cap before the model takes a
+    // byte, budget:BYTES chosen by it, --explain prints it.
+    const std::int64_t rank_batch = ranks.rank_batch(options.train.batch);
+    step_ = {shape_, rank_batch, std::min(micro_batch, rank_batch), splits.train.feature_dim(),
+             optimizer, loss_scaling::boundary_workspace_bytes(train::boundary_options(config))};
+    cap_device_memory(options, checkpointing::predict_policy(step_, {}), device);
+    model_.emplace(shape_, device);
+    checkpoint_ = checkpointing_for<nn::Gpt>(options.checkpoint, step_, shape_.layers);
+    if (checkpoint_.runner) model_->set_block_runner(checkpoint_.runner);
+    if (!options.output.init.empty()) load_init(*model_, options.output.init);
+    return *model_;
   }
-  nn::Optimizer optimizer(model.parameters(), optimizer_choice);
-  train::Trainer trainer(model, optimizer, splits.train, config,
-                         ranks.group(model));
 
-  // Snapshots go to --snapshot-dir, or back to the folder --resume reads.
-  const train::RunConfig settings =
-      ranks.with_settings(resume_settings(options, shape, optimizer.options(), config));
-  SnapshotSetup snapshots(options, ranks.writes());
-  snapshots.resume(model, optimizer, trainer, settings);
-  ranks.check_agreement(settings, model, optimizer, trainer.steps_done());
-  StepLoop loop(output, config, trainer, snapshots,
-                {.write_snapshot = [&] { snapshots.write(model, optimizer, trainer, settings); },
-                 .complete_line =
-                     [&](const train::StepRecord& record, Progress& progress, Json& line) {
-                       line["targets"] = record.batch_targets;
-                       evaluate_at_step(model, splits, output.eval_every, micro_batch, record,
-                                        "next-byte accuracy", progress, line);
-                     },
-                 .any_rank = [&](bool mine) { return ranks.any(mine); },
-                 .ranks = ranks.enabled() ? ranks.count() : 0});
-  std::cout << "bigbatch train: " << describe_tokens(splits.train) << ", GPT of "
-            << shape.layers << (shape.layers == 1 ? " block" : " blocks") << ", width "
-            << shape.width << ", " << shape.heads << (shape.heads == 1 ? " head" : " heads")
-            << (shape.attention == nn::AttentionKernel::efficient ? " (efficient attention)" : "")
-            << ", context " << shape.context << " (" << model.parameter_count()
-            << " parameters), " << trainer.total_steps()
-            << (trainer.total_steps() == 1 ? " step" : " steps") << " ("
-            << trainer.batches_per_epoch() << " per epoch) on " << device.name() << "\n"
-            << optimizer_line(options, trainer.lr_schedule(), optimizer.options(), micro_batch)
-            << " (a batch of sequences: every target token's loss over the step's real "
-               "target tokens"
-            << (ranks.enabled() ? ", on every rank" : "") << ")\nprecision "
-            << precision_description(shape.precision, config) << "\n";
-  if (ranks.enabled()) {
-    std::cout << ranks.describe(options.train.batch, micro_batch, shape.precision) << "\n";
+  train::RunConfig settings(const TrainOptions& options, const nn::Optimizer::Options& optimizer,
+                            const train::TrainConfig& config) const override {
+    return resume_settings(options, shape_, optimizer, config);
   }
-  std::cout << checkpointing_lines(checkpoint.asked, checkpoint.policy,
-                                   checkpoint.runner ? &checkpoint.runner->schedule() : nullptr,
-                                   output.explain,
-                                   checkpointing::predict_policy(step_shape, checkpoint.policy))
-            << resume_lines(snapshots, trainer) << std::flush;
 
-  if (const int code = loop.run(); code != 0) return code;
-  ranks.check_parameters_agree(model);
-  loop.finish();
-  if (!output.save.empty()) {  // before the evaluation: nothing trained is lost after this
-    model.save(output.save);
-    std::cout << "saved the parameters to " << output.save << "\n";
+  std::string describe(const Splits& splits, const train::Trainer& trainer,
+                       Device device) const override {
+    const bool efficient = shape_.attention == nn::AttentionKernel::efficient;
+    return "bigbatch train: " + describe_tokens(splits.train) + ", GPT of " +
+           std::to_string(shape_.layers) + (shape_.layers == 1 ? " block" : " blocks") +
+           ", width " + std::to_string(shape_.width) + ", " + std::to_string(shape_.heads) +
+           (shape_.heads == 1 ? " head" : " heads") +
+           (efficient ? " (efficient attention)" : "") + ", context " +
+           std::to_string(shape_.context) + " (" + std::to_string(model_->parameter_count()) +
+           " parameters), " + steps_and_device(trainer, device);
   }
-  if (splits.test && ranks.writes()) {
-    const nn::EvaluationResult test = nn::evaluate(model, *splits.test, micro_batch);
-    std::printf("%s (%s, %lld sequences, %lld target tokens): loss %.4f, next-byte accuracy "
-                "%.4f\n",
-                splits.evaluated(), splits.test->name.c_str(),
-                static_cast<long long>(test.samples), static_cast<long long>(test.targets),
-                test.loss, test.accuracy);
+
+  std::string optimizer_note(bool ranks) const override {
+    return std::string(" (a batch of sequences: every target token's loss over the step's "
+                       "real target tokens") +
+           (ranks ? ", on every rank" : "") + ")";
   }
-  if (loop.steps_run() > 0) {
-    std::cout << step_memory_report(device, trainer.largest_step_memory(), loop.steps_run());
+
+  nn::Precision precision() const override { return shape_.precision; }
+
+  std::string checkpointing_report(bool explain) const override {
+    return checkpointing_lines(checkpoint_.asked, checkpoint_.policy,
+                               checkpoint_.runner ? &checkpoint_.runner->schedule() : nullptr,
+                               explain, checkpointing::predict_policy(step_, checkpoint_.policy));
   }
-  return 0;
-}
+
+  std::string accuracy_name() const override { return "next-byte accuracy"; }
+  bool logs_targets() const override { return true; }
+
+  void save(const std::string& path, const std::map<std::string, Tensor>&) override {
+    model_->save(path);  // whole masters: the GPT's ranks shard nothing
+  }
+
+  std::string counted(const nn::EvaluationResult& test) const override {
+    return std::to_string(test.samples) + " sequences, " + std::to_string(test.targets) +
+           " target tokens";
+  }
+
+ private:
+  nn::GptConfig shape_;
+  checkpointing::GptStepShape step_;
+  std::optional<nn::Gpt> model_;
+  Checkpointing<nn::Gpt> checkpoint_;
+};
+
+}  // namespace
+
+std::unique_ptr<ModelRun> gpt_run() { return std::make_unique<GptRun>(); }
 
 }  // namespace bigbatch::cli
