@@ -4,15 +4,16 @@
 
 #include "common/cuda_runtime.hpp"
 #include "common/format.hpp"
+#include "common/integer_math.hpp"
 
 namespace bigbatch {
 namespace {
 
-std::size_t round_up(std::size_t bytes, std::size_t granule) {
+std::size_t round_up_saturating(std::size_t bytes, std::size_t granule) {
   if (bytes > std::numeric_limits<std::size_t>::max() - (granule - 1)) {
     return std::numeric_limits<std::size_t>::max();
   }
-  return (bytes + granule - 1) / granule * granule;
+  return bigbatch::round_up(bytes, granule);
 }
 
 /// cudaMalloc and cudaFree through common/cuda_runtime.hpp.
@@ -34,8 +35,8 @@ std::unique_ptr<DeviceMemorySource> make_cuda_memory_source() {
 }
 
 std::size_t round_to_size_class(std::size_t bytes) {
-  return bytes <= kSmallBlockLimit ? round_up(bytes, kSmallBlockGranule)
-                                   : round_up(bytes, kLargeBlockGranule);
+  return bytes <= kSmallBlockLimit ? round_up_saturating(bytes, kSmallBlockGranule)
+                                   : round_up_saturating(bytes, kLargeBlockGranule);
 }
 
 CachingAllocator::~CachingAllocator() { empty_cache(); }

@@ -14,6 +14,7 @@
 
 #include "common/cuda_runtime.hpp"
 #include "common/dtype.hpp"
+#include "common/integer_math.hpp"
 
 namespace bigbatch {
 
@@ -40,7 +41,7 @@ inline constexpr int kThreadsPerBlock = 256;
 
 /// Blocks for a grid-stride loop over n elements (capped; the loop covers the rest).
 inline unsigned grid_for(std::int64_t n, int threads = kThreadsPerBlock) {
-  const std::int64_t blocks = (n + threads - 1) / threads;
+  const std::int64_t blocks = ceil_div(n, std::int64_t{threads});
   return static_cast<unsigned>(blocks < 1 ? 1 : (blocks > 65535 * 8 ? 65535 * 8 : blocks));
 }
 

@@ -1,4 +1,5 @@
 #include "kernels/gemm.hpp"
+#include "common/integer_math.hpp"
 #include "kernels/gemm_internal.hpp"
 
 #include <algorithm>
@@ -203,9 +204,6 @@ using gemm_detail::kMaxMr;
 using gemm_detail::kMaxNr;
 constexpr std::int64_t kParallelMinFlops = std::int64_t{1} << 22;  // below: one thread
 
-std::int64_t round_up(std::int64_t x, std::int64_t multiple) {
-  return (x + multiple - 1) / multiple * multiple;
-}
 
 /// A grow-only 64-byte aligned float buffer, reused across calls.
 class AlignedFloats {
@@ -560,7 +558,7 @@ bool compute_block_from_stored_b(const Problem& p, const IsaKernels& isa, Scratc
     // block (each panel of rows: cols x lanes floats), written back at the end.
     if (!transposed_kernel_fits(p, isa)) return false;
     const std::int64_t lanes = isa.transposed_lanes, width = isa.transposed_columns;
-    const std::int64_t row_panels = (rows + lanes - 1) / lanes;
+    const std::int64_t row_panels = ceil_div(rows, lanes);
     float* packed = scratch.transposed_a.get(row_panels * lanes * kc);
     float* ct = scratch.transposed_c.get(row_panels * lanes * cols);
     for (std::int64_t q = 0; q < row_panels; ++q) {
@@ -602,9 +600,8 @@ bool compute_block_from_stored_b(const Problem& p, const IsaKernels& isa, Scratc
   // strided_b_max_span bytes of op(B) or less.
   const std::int64_t span = kc * p.b.ld * static_cast<std::int64_t>(sizeof(float));
   const std::int64_t slices =
-      isa.strided_b_max_span > 0 ? (span + isa.strided_b_max_span - 1) / isa.strided_b_max_span
-                                 : 1;
-  const std::int64_t slice = (kc + slices - 1) / slices;
+      isa.strided_b_max_span > 0 ? ceil_div(span, isa.strided_b_max_span) : 1;
+  const std::int64_t slice = ceil_div(kc, slices);
   for (std::int64_t j = 0; j < cols; j += nr) {
     const std::int64_t width = std::min(nr, cols - j);
     if (width < nr) {  // the last, narrow panel: packed, with its padding
@@ -750,8 +747,8 @@ struct Partition {
 /// op(B) (k x n), each extra column part all of op(A) (m x k). Ties go to more row parts,
 /// whose blocks of C are contiguous.
 Partition partition_for(const Problem& p, const IsaKernels& isa, int threads) {
-  const std::int64_t row_panels = (p.m + isa.mr - 1) / isa.mr;
-  const std::int64_t col_panels = (p.n + isa.nr - 1) / isa.nr;
+  const std::int64_t row_panels = ceil_div(p.m, isa.mr);
+  const std::int64_t col_panels = ceil_div(p.n, isa.nr);
   Partition best{1, 1};
   double best_cost = static_cast<double>(p.n) + static_cast<double>(p.m);
   for (int row_parts = 1; row_parts <= threads && row_parts <= row_panels; ++row_parts) {
@@ -770,7 +767,7 @@ Partition partition_for(const Problem& p, const IsaKernels& isa, int threads) {
 /// Part `part` of `parts` of `count` elements, cut at multiples of `unit`: [begin, end).
 std::pair<std::int64_t, std::int64_t> part_range(std::int64_t count, std::int64_t unit,
                                                  int part, int parts) {
-  const std::int64_t units = (count + unit - 1) / unit;
+  const std::int64_t units = ceil_div(count, unit);
   const std::int64_t begin = units * part / parts * unit;
   const std::int64_t end = std::min(count, units * (part + 1) / parts * unit);
   return {begin, end};

@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "common/check.hpp"
+#include "common/integer_math.hpp"
 
 namespace bigbatch::nn {
 namespace {
@@ -226,7 +227,7 @@ void* MemoryLedger::take_node(std::size_t bytes) {
   // One size only (shared_ptr's block holding an Entry), rounded up to keep nodes aligned;
   // chunks of 32 nodes, then twice the last (most ledgers hold a few hundred at most).
   constexpr std::size_t align = alignof(std::max_align_t);
-  bytes = (bytes + align - 1) / align * align;
+  bytes = round_up(bytes, align);
   BIGBATCH_CHECK(node_bytes_ == 0 || bytes == node_bytes_, "MemoryLedger: nodes of one size");
   node_bytes_ = bytes;
   if (chunks_.empty() || carved_ == chunk_nodes_) {

@@ -5,6 +5,7 @@
 #include <numeric>
 #include <utility>
 
+#include "common/integer_math.hpp"
 #include "common/rng.hpp"
 #include "kernels/cross_entropy.hpp"
 
@@ -53,7 +54,7 @@ SampleStream::SampleStream(const Dataset& data, std::int64_t batch, bool shuffle
   BIGBATCH_CHECK(last_batch == LastBatch::keep_short || batch_ <= n,
                  "SampleStream: dropping the short last batch leaves no batch of ", batch_,
                  " in the ", n, " samples of '", data_.name, "'");
-  batches_per_epoch_ = last_batch == LastBatch::drop ? n / batch_ : (n + batch_ - 1) / batch_;
+  batches_per_epoch_ = last_batch == LastBatch::drop ? n / batch_ : ceil_div(n, batch_);
 }
 
 const std::vector<std::int64_t>& SampleStream::permutation(std::int64_t epoch) const {

@@ -16,6 +16,7 @@
 #include "chapters/06_planner/roofline.hpp"
 #include "chapters/train/trainer.hpp"
 #include "common/format.hpp"
+#include "common/integer_math.hpp"
 #include "common/memory.hpp"
 #include "common/report.hpp"
 
@@ -74,7 +75,7 @@ std::string plan_row(const planning::Plan& p) {
   char row[160];
   std::snprintf(row, sizeof row, "%-12s %-6s %-20s %10s %9.3f ms",
                 (std::to_string(p.micro_batch) + " (" +
-                 std::to_string((base::kWantedBatch + p.micro_batch - 1) / p.micro_batch) + ")")
+                 std::to_string(bb::ceil_div(base::kWantedBatch, p.micro_batch)) + ")")
                     .c_str(),
                 bb::nn::precision_name(p.precision).c_str(), p.checkpoint.text().c_str(),
                 bb::format_bytes(p.prediction.peak()).c_str(), ms);
@@ -150,7 +151,7 @@ int main(int argc, char** argv) {
   for (const planning::Plan& p : result.feasible) {
     std::printf("   %-34s %-10s %-20s %11s %8.3f s\n",
                 (std::to_string(p.micro_batch) + " (" +
-                 std::to_string((base::kWantedBatch + p.micro_batch - 1) / p.micro_batch) + ")")
+                 std::to_string(bb::ceil_div(base::kWantedBatch, p.micro_batch)) + ")")
                     .c_str(),
                 bb::nn::precision_name(p.precision).c_str(), p.checkpoint.text().c_str(),
                 bb::format_bytes(p.prediction.peak()).c_str(), p.seconds);

@@ -10,14 +10,13 @@
 #include "chapters/05_activation_checkpointing/memory_plan.hpp"
 #include "common/cuda_runtime.hpp"
 #include "common/format.hpp"
+#include "common/integer_math.hpp"
 #include "common/rng.hpp"
 #include "kernels/attention.hpp"
 #include "kernels/cpu_parallel.hpp"
 
 namespace bigbatch::planning {
 namespace {
-
-std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
 
 /// The median of `repeats` timings of `run` after one untimed warm-up run; waits for the
 /// device after each run, so a CUDA run is timed to its end.

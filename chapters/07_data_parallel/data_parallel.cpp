@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "common/check.hpp"
+#include "common/integer_math.hpp"
 #include "kernels/elementwise.hpp"
 
 namespace bigbatch::data_parallel {
@@ -140,7 +141,7 @@ void RankGroup::start_step(nn::Network& model, std::int64_t samples, std::int64_
   // ZeRO: the masters' shards taken; at stage 2, how many sums the ranks take, and the
   // model's gradients go.
   const std::int64_t largest = dist::share_of(samples, ranks(), 0).size;
-  start_rounds(model, (largest + micro_batch - 1) / micro_batch);
+  start_rounds(model, ceil_div(largest, micro_batch));
 }
 
 nn::GradientsReady RankGroup::gradients_ready(nn::Network& model) {

@@ -21,6 +21,7 @@
 #include "chapters/07_data_parallel/data_parallel.hpp"
 #include "chapters/train/trainer.hpp"
 #include "common/data/dataset.hpp"
+#include "common/integer_math.hpp"
 #include "common/report.hpp"
 #include "dist/communicator.hpp"
 #include "nn/memory_model.hpp"
@@ -421,8 +422,8 @@ std::int64_t one_sum_per_step(const Setting& s, const Outcome& single, bb::SelfC
   report.section("(c) One sum per optimizer step, not one per micro-batch");
   std::int64_t parameter_count = 0;
   for (const auto& p : single.parameters) parameter_count += static_cast<std::int64_t>(p.size());
-  const std::int64_t micro_batches = (dist::share_of(s.batch, 4, 0).size + s.micro_batch - 1) /
-                                     s.micro_batch;
+  const std::int64_t micro_batches =
+      bb::ceil_div(dist::share_of(s.batch, 4, 0).size, s.micro_batch);
   const double per_sum = 2.0 * 3 / 4 * 4 * static_cast<double>(parameter_count);
   report.note("a sum over R ranks moves about 2 (R - 1) / R of the gradient per rank: " +
               number(per_sum / 1024, "%.1f") + " KiB for these " +

@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "common/check.hpp"
+#include "common/integer_math.hpp"
 #include "nn/memory_model.hpp"
 
 namespace bigbatch::data_parallel {
@@ -51,7 +52,7 @@ RankPlans plan_ranks(planning::PlanRequest request, const planning::CostModel& c
   for (planning::Plan& plan : plans.result.feasible) {
     plan.seconds += step_communication_seconds(
         plan.precision == nn::Precision::fp32 ? fp32 : half, ranks, zero, cluster,
-        (plans.share + plan.micro_batch - 1) / plan.micro_batch);
+        ceil_div(plans.share, plan.micro_batch));
   }
   std::stable_sort(plans.result.feasible.begin(), plans.result.feasible.end(),
                    planning::faster);

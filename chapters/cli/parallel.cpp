@@ -12,6 +12,7 @@
 #include "chapters/cli/setup.hpp"
 #include "common/cuda_runtime.hpp"
 #include "common/format.hpp"
+#include "common/integer_math.hpp"
 
 namespace bigbatch::cli {
 namespace {
@@ -303,7 +304,7 @@ std::string RunRanks::describe(std::int64_t batch, std::int64_t micro_batch,
       << ", shares of "
       << last.size;
   if (first.size != last.size) out << " to " << first.size;
-  const std::int64_t micro_batches = (first.size + micro_batch - 1) / micro_batch;
+  const std::int64_t micro_batches = ceil_div(first.size, micro_batch);
   out << " samples of each batch of " << batch << " (" << micro_batches
       << (micro_batches == 1 ? " micro-batch" : " micro-batches")
       << " per rank), gradients summed "

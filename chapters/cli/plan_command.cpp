@@ -15,6 +15,7 @@
 #include "chapters/cli/setup.hpp"
 #include "chapters/cli/train_command.hpp"
 #include "common/format.hpp"
+#include "common/integer_math.hpp"
 #include "common/json.hpp"
 
 namespace bigbatch::cli {
@@ -37,7 +38,7 @@ std::string calibration_path(const TrainOptions& options) {
 Json plan_json(const planning::Plan& plan, std::int64_t batch) {
   const loss_scaling::LossScaleRule scale = planning::plan_loss_scale(plan.precision);
   Json json = {{"micro_batch", plan.micro_batch},
-               {"micro_batches", (batch + plan.micro_batch - 1) / plan.micro_batch},
+               {"micro_batches", ceil_div(batch, plan.micro_batch)},
                {"precision", nn::precision_name(plan.precision)},
                {"loss_scale", loss_scaling::setting_text(scale)},
                {"checkpoint", plan.checkpoint.text()},
@@ -147,7 +148,7 @@ planning::PlanResult report_plans(const TrainOptions& options, const planning::P
   for (std::size_t i = 0; i < result.feasible.size(); ++i) {
     const planning::Plan& p = result.feasible[i];
     const std::string micro = std::to_string(p.micro_batch) + " (" +
-                              std::to_string((samples + p.micro_batch - 1) / p.micro_batch) +
+                              std::to_string(ceil_div(samples, p.micro_batch)) +
                               ")";
     const std::string kernel =
         p.attention ? " " + nn::attention_kernel_name(*p.attention) : std::string();

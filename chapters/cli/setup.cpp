@@ -16,6 +16,7 @@
 #include "chapters/cli/output_files.hpp"
 #include "common/cuda_runtime.hpp"
 #include "common/format.hpp"
+#include "common/integer_math.hpp"
 #include "common/memory.hpp"
 #include "common/data/text_corpus.hpp"
 #include "common/io/safetensors.hpp"
@@ -486,7 +487,7 @@ std::string learning_rate_description(const TrainOptions& options,
 std::string optimizer_line(const TrainOptions& options, const nn::LrSchedule& schedule,
                            const nn::Optimizer::Options& optimizer, std::int64_t micro_batch) {
   const std::int64_t batch = options.train.batch;
-  const std::int64_t accumulation_steps = (batch + micro_batch - 1) / micro_batch;
+  const std::int64_t accumulation_steps = ceil_div(batch, micro_batch);
   const double weight_decay =
       std::visit([](const auto& o) { return o.weight_decay; }, optimizer);
   std::ostringstream out;
