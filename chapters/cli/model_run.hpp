@@ -9,9 +9,12 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 
+#include "chapters/05_activation_checkpointing/memory_plan.hpp"
+#include "chapters/05_activation_checkpointing/scheduled_runner.hpp"
 #include "chapters/cli/options.hpp"
 #include "chapters/cli/parallel.hpp"
 #include "chapters/cli/setup.hpp"
@@ -81,6 +84,41 @@ void load_init(Net& model, const std::string& path) {
     throw UsageError(std::string("--init: ") + e.what());
   }
 }
+
+/// What every model's run holds the same way: its shape (Config), its step as chapter 05's
+/// memory model sees it (Step), the model (Net) and its checkpoint runner.
+template <class Net, class Config, class Step>
+class ModelRunOf : public ModelRun {
+ public:
+  train::RunConfig settings(const TrainOptions& options, const nn::Optimizer::Options& optimizer,
+                            const train::TrainConfig& config) const override {
+    return resume_settings(options, shape_, optimizer, config);
+  }
+  nn::Precision precision() const override { return shape_.precision; }
+  std::string checkpointing_report(bool explain) const override {
+    return checkpointing_lines(checkpoint_.asked, checkpoint_.policy,
+                               checkpoint_.runner ? &checkpoint_.runner->schedule() : nullptr,
+                               explain, checkpointing::predict_policy(step_, checkpoint_.policy));
+  }
+
+ protected:
+  /// The model of shape_ on `device`, once step_ (set by the caller) has been held against
+  /// the device and --device-memory; with --checkpoint's runner over its `depth` blocks and
+  /// --init's parameters.
+  Net& build_model(const TrainOptions& options, Device device, std::int64_t depth) {
+    cap_device_memory(options, checkpointing::predict_policy(step_, {}), device);
+    model_.emplace(shape_, device);
+    checkpoint_ = checkpointing_for<Net>(options.checkpoint, step_, depth);
+    if (checkpoint_.runner) model_->set_block_runner(checkpoint_.runner);
+    if (!options.output.init.empty()) load_init(*model_, options.output.init);
+    return *model_;
+  }
+
+  Config shape_;
+  Step step_;
+  std::optional<Net> model_;
+  Checkpointing<Net> checkpoint_;
+};
 
 /// "S steps (E per epoch) on DEVICE": the end of every model's describe().
 std::string steps_and_device(const train::Trainer& trainer, Device device);

@@ -65,7 +65,7 @@ std::string describe_tokens(const Dataset& data) {
   return out.str();
 }
 
-class GptRun final : public ModelRun {
+class GptRun final : public ModelRunOf<nn::Gpt, nn::GptConfig, checkpointing::GptStepShape> {
  public:
   void check_flags(const TrainOptions& options) const override { check_gpt_flags(options); }
 
@@ -100,17 +100,7 @@ class GptRun final : public ModelRun {
     const std::int64_t rank_batch = ranks.rank_batch(options.train.batch);
     step_ = {shape_, rank_batch, std::min(micro_batch, rank_batch), splits.train.feature_dim(),
              optimizer, loss_scaling::boundary_workspace_bytes(train::boundary_options(config))};
-    cap_device_memory(options, checkpointing::predict_policy(step_, {}), device);
-    model_.emplace(shape_, device);
-    checkpoint_ = checkpointing_for<nn::Gpt>(options.checkpoint, step_, shape_.layers);
-    if (checkpoint_.runner) model_->set_block_runner(checkpoint_.runner);
-    if (!options.output.init.empty()) load_init(*model_, options.output.init);
-    return *model_;
-  }
-
-  train::RunConfig settings(const TrainOptions& options, const nn::Optimizer::Options& optimizer,
-                            const train::TrainConfig& config) const override {
-    return resume_settings(options, shape_, optimizer, config);
+    return build_model(options, device, shape_.layers);
   }
 
   std::string describe(const Splits& splits, const train::Trainer& trainer,
@@ -131,14 +121,6 @@ class GptRun final : public ModelRun {
            (ranks ? ", on every rank" : "") + ")";
   }
 
-  nn::Precision precision() const override { return shape_.precision; }
-
-  std::string checkpointing_report(bool explain) const override {
-    return checkpointing_lines(checkpoint_.asked, checkpoint_.policy,
-                               checkpoint_.runner ? &checkpoint_.runner->schedule() : nullptr,
-                               explain, checkpointing::predict_policy(step_, checkpoint_.policy));
-  }
-
   std::string accuracy_name() const override { return "next-byte accuracy"; }
   bool logs_targets() const override { return true; }
 
@@ -150,12 +132,6 @@ class GptRun final : public ModelRun {
     return std::to_string(test.samples) + " sequences, " + std::to_string(test.targets) +
            " target tokens";
   }
-
- private:
-  nn::GptConfig shape_;
-  checkpointing::GptStepShape step_;
-  std::optional<nn::Gpt> model_;
-  Checkpointing<nn::Gpt> checkpoint_;
 };
 
 }  // namespace

@@ -31,7 +31,7 @@ void check_mlp_flags(const TrainOptions& options) {
 
 namespace {
 
-class MlpRun final : public ModelRun {
+class MlpRun final : public ModelRunOf<nn::Model, nn::ModelConfig, checkpointing::StepShape> {
  public:
   void check_flags(const TrainOptions& options) const override { check_mlp_flags(options); }
 
@@ -75,17 +75,7 @@ class MlpRun final : public ModelRun {
     step_ = ranks.rank_step(
         {shape_, options.train.batch, micro_batch, optimizer,
          loss_scaling::boundary_workspace_bytes(train::boundary_options(config))});
-    cap_device_memory(options, checkpointing::predict_policy(step_, {}), device);
-    model_.emplace(shape_, device);
-    checkpoint_ = checkpointing_for<nn::Model>(options.checkpoint, step_, shape_.depth);
-    if (checkpoint_.runner) model_->set_block_runner(checkpoint_.runner);
-    if (!options.output.init.empty()) load_init(*model_, options.output.init);
-    return *model_;
-  }
-
-  train::RunConfig settings(const TrainOptions& options, const nn::Optimizer::Options& optimizer,
-                            const train::TrainConfig& config) const override {
-    return resume_settings(options, shape_, optimizer, config);
+    return build_model(options, device, shape_.depth);
   }
 
   void warn(std::int64_t batch, std::int64_t micro_batch) const override {
@@ -106,14 +96,6 @@ class MlpRun final : public ModelRun {
            steps_and_device(trainer, device);
   }
 
-  nn::Precision precision() const override { return shape_.precision; }
-
-  std::string checkpointing_report(bool explain) const override {
-    return checkpointing_lines(checkpoint_.asked, checkpoint_.policy,
-                               checkpoint_.runner ? &checkpoint_.runner->schedule() : nullptr,
-                               explain, checkpointing::predict_policy(step_, checkpoint_.policy));
-  }
-
   std::string accuracy_name() const override { return "accuracy"; }
 
   void save(const std::string& path, const std::map<std::string, Tensor>& masters) override {
@@ -123,12 +105,6 @@ class MlpRun final : public ModelRun {
   std::string counted(const nn::EvaluationResult& test) const override {
     return std::to_string(test.samples) + " samples";
   }
-
- private:
-  nn::ModelConfig shape_;
-  checkpointing::StepShape step_;
-  std::optional<nn::Model> model_;
-  Checkpointing<nn::Model> checkpoint_;
 };
 
 }  // namespace
