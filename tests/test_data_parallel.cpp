@@ -20,6 +20,7 @@
 #include "chapters/07_data_parallel/rank_plan.hpp"
 #include "chapters/06_planner/roofline.hpp"
 #include "chapters/train/trainer.hpp"
+#include "common/integer_math.hpp"
 #include "dist/communicator.hpp"
 #include "kernels/elementwise.hpp"
 #include "kernels/optimizer.hpp"
@@ -517,8 +518,7 @@ TEST(RankPlans, AreTheSharesPlansWithTheSumInEveryStepTime) {
             8 * (trainable - state) + (nn::is_mixed(plan.precision) ? 4 * (weights - masters) : 0));
         const double sum = plan.precision == nn::Precision::fp32 ? ranked.sum_seconds_fp32
                                                                  : ranked.sum_seconds_16bit;
-        const std::int64_t micro_batches =
-            (rank_0_share + plan.micro_batch - 1) / plan.micro_batch;
+        const std::int64_t micro_batches = ceil_div(rank_0_share, plan.micro_batch);
         // At stage 2 each further micro-batch adds a reduce-scatter of the f32 gradients, the
         // same in every precision.
         EXPECT_EQ(plan.seconds,
@@ -564,6 +564,44 @@ TEST(RankPlans, AreTheSharesPlansWithTheSumInEveryStepTime) {
       planning::roofline_cost_model(model, adamw, planning::h200_spec(), request.batch);
   EXPECT_THROW(data_parallel::plan_ranks(request, cost, 257, data_parallel::ZeroStage::replicated, cluster),
                std::invalid_argument);
+}
+
+// At stage 2 a rank pays a reduce-scatter per micro-batch of its share, the short last one
+// included: ceil(share / micro-batch) of them. A batch of 296 over 8 ranks leaves rank 0 a
+// share of 37, which no micro-batch but 1 and 37 divides; on a device too small for the
+// whole share without recomputation, the planner lists smaller micro-batches too.
+TEST(RankPlans, AStageTwoPlanPaysAReduceScatterForTheShortLastMicroBatchToo) {
+  nn::ModelConfig model = tiny_model(4, 0.0f);
+  model.hidden = 64;
+  const AdamWOptions adamw;
+  const data_parallel::Cluster cluster = data_parallel::h200_cluster();
+  const auto zero = data_parallel::ZeroStage::gradients;
+  const planning::PlanRequest request{model, 296, adamw, std::size_t{512} << 10};
+  const planning::CostModel cost =
+      planning::roofline_cost_model(model, adamw, planning::h200_spec(), request.batch);
+  const data_parallel::RankPlans share = data_parallel::plan_share(request, cost, 8, zero);
+  const data_parallel::RankPlans ranked = data_parallel::plan_ranks(request, cost, 8, zero, cluster);
+  ASSERT_EQ(ranked.share, 37);
+  ASSERT_EQ(ranked.result.feasible.size(), share.result.feasible.size());
+  bool short_last = false;
+  for (const planning::Plan& plan : ranked.result.feasible) {
+    const auto same = std::find_if(share.result.feasible.begin(), share.result.feasible.end(),
+                                   [&](const planning::Plan& p) {
+                                     return p.micro_batch == plan.micro_batch &&
+                                            p.precision == plan.precision &&
+                                            p.checkpoint.text() == plan.checkpoint.text();
+                                   });
+    ASSERT_NE(same, share.result.feasible.end()) << plan.checkpoint.text();
+    nn::ModelConfig priced = model;
+    priced.precision = plan.precision == nn::Precision::fp32 ? nn::Precision::fp32
+                                                            : nn::Precision::bf16;
+    EXPECT_EQ(plan.seconds, same->seconds + data_parallel::step_communication_seconds(
+                                                priced, 8, zero, cluster,
+                                                ceil_div(std::int64_t{37}, plan.micro_batch)))
+        << "micro-batch " << plan.micro_batch;
+    short_last = short_last || 37 % plan.micro_batch != 0;
+  }
+  EXPECT_TRUE(short_last) << "no feasible plan leaves its share a short last micro-batch";
 }
 
 TEST(CommunicationModel, FollowsTheAlphaBetaFormulas) {

@@ -125,9 +125,10 @@ struct StepRecord {
   std::int64_t skipped_steps = 0;  ///< skipped so far, this one included
   double seconds = 0;              ///< the step's wall time
   /// The part of it spent summing the ranks' gradients, waiting for the slowest rank
-  /// included, and under ZeRO gathering the updated parameters (data parallel; 0 without
-  /// ranks). With overlap, what the sum still cost the step: the calls made inside the
-  /// last backward (copying and starting buckets) and the wait after it.
+  /// included, and under ZeRO gathering the updated parameters (data parallel; without
+  /// ranks, the calls of OneProcess's hooks, which sum nothing). With overlap, what the sum
+  /// still cost the step: the calls made inside the last backward (copying and starting
+  /// buckets) and the wait after it.
   double reduce_seconds = 0;
   MemoryStats memory;              ///< the device allocator during this step only:
                                    ///< peak_total, at_peak (its breakdown), peak per category

@@ -215,45 +215,53 @@ train::TrainConfig uneven_shares_run(std::int64_t steps) {
 // the rank's shard's: about a third of stage 0's here) and stage 2 (where the gradients
 // are the rank's shards, and each group's own only from its backward to its sum; with
 // buckets, to its bucket's sum, waited for when the next bucket is full or the backward
-// ends). fp32 and fp16 (whose f32 masters stages 1 and 2 shard). Shares of 17, 17 and 16 samples in
-// micro-batches of 7 (7, 7, 3 and 7, 7, 2), AdamW, a loss scale (the boundary's 12 bytes).
+// ends). fp32 and fp16 (whose f32 masters stages 1 and 2 shard). On 3 ranks, shares of 17,
+// 17 and 16 samples in micro-batches of 7 (7, 7, 3 and 7, 7, 2), and of 15, 14 and 14 (7,
+// 7, 1 and 7, 7: ranks 1 and 2 join rank 0's third sum with zeros at stage 2; on 2 ranks,
+// 22 and 21 do so with 7, 7, 7, 1 and 7, 7, 7), AdamW, a loss scale (the boundary's 12
+// bytes).
 TEST(RankMemory, EveryRanksStepIsPredictedToTheByte) {
   const Dataset data = testing::tiny_data(200);
   const AdamWOptions adamw{.lr = 1e-3};
-  const train::TrainConfig run = uneven_shares_run(2);
-  // fp16: at stages 1 and 2 each rank holds its shard of the f32 masters alone.
-  for (const nn::Precision precision : {nn::Precision::fp32, nn::Precision::fp16}) {
-    nn::ModelConfig config = testing::tiny_model(2, 0.0f);
-    config.precision = precision;
-    // Stage 2 also in buckets: every group its own (two groups in flight at most), a
-    // middle size, and one bucket of everything (the whole gradients at the backward's end).
-    const std::pair<data_parallel::ZeroStage, std::size_t> stages[] = {
-        {data_parallel::ZeroStage::replicated, 0},
-        {data_parallel::ZeroStage::optimizer_state, 0},
-        {data_parallel::ZeroStage::gradients, 0},
-        {data_parallel::ZeroStage::gradients, 1},
-        {data_parallel::ZeroStage::gradients, 3000},
-        {data_parallel::ZeroStage::gradients, std::size_t{1} << 30}};
-    for (const auto& [zero, bucket_bytes] : stages) {
-      const std::string at = "stage " + data_parallel::setting_text(zero) + ", buckets of " +
-                             std::to_string(bucket_bytes) + " bytes, " +
-                             nn::precision_name(precision) + ", rank " +
-                             std::to_string(world().rank());
-      nn::Model model(config, Device::cpu());
-      data_parallel::CommunicatorRanks ranks(world(), dist::Reduction::deterministic, zero,
-                                             bucket_bytes);
-      ranks.take_model(model);
-      nn::Optimizer optimizer(ranks.stepped_parameters(model), adamw);
-      train::Trainer trainer(model, optimizer, data, run, &ranks);
-      const nn::StepPrediction predicted = data_parallel::predict_rank_step(
-          config, run.batch, run.micro_batch, adamw, world().size(), world().rank(), zero,
-          nullptr, trainer.boundary_bytes(), bucket_bytes);
-      for (int step = 1; step <= run.steps; ++step) {
-        const MemoryStats measured = trainer.step().memory;
-        EXPECT_EQ(measured.peak_total, predicted.stats.peak_total) << at << ", step " << step;
-        MemoryStats::PerCategory at_peak = measured.at_peak;
-        at_peak[static_cast<std::size_t>(MemoryCategory::host_data)] = 0;  // the data set: no step's
-        EXPECT_EQ(at_peak, predicted.stats.at_peak) << at;
+  for (const std::int64_t batch : {50, 43}) {
+    train::TrainConfig run = uneven_shares_run(2);
+    run.batch = batch;
+    // fp16: at stages 1 and 2 each rank holds its shard of the f32 masters alone.
+    for (const nn::Precision precision : {nn::Precision::fp32, nn::Precision::fp16}) {
+      nn::ModelConfig config = testing::tiny_model(2, 0.0f);
+      config.precision = precision;
+      // Stage 2 also in buckets: every group its own (two groups in flight at most), a
+      // middle size, and one bucket of everything (the whole gradients at the backward's end).
+      const std::pair<data_parallel::ZeroStage, std::size_t> stages[] = {
+          {data_parallel::ZeroStage::replicated, 0},
+          {data_parallel::ZeroStage::optimizer_state, 0},
+          {data_parallel::ZeroStage::gradients, 0},
+          {data_parallel::ZeroStage::gradients, 1},
+          {data_parallel::ZeroStage::gradients, 3000},
+          {data_parallel::ZeroStage::gradients, std::size_t{1} << 30}};
+      for (const auto& [zero, bucket_bytes] : stages) {
+        const std::string at = "batch " + std::to_string(batch) + ", stage " +
+                               data_parallel::setting_text(zero) + ", buckets of " +
+                               std::to_string(bucket_bytes) + " bytes, " +
+                               nn::precision_name(precision) + ", rank " +
+                               std::to_string(world().rank());
+        nn::Model model(config, Device::cpu());
+        data_parallel::CommunicatorRanks ranks(world(), dist::Reduction::deterministic, zero,
+                                               bucket_bytes);
+        ranks.take_model(model);
+        nn::Optimizer optimizer(ranks.stepped_parameters(model), adamw);
+        train::Trainer trainer(model, optimizer, data, run, &ranks);
+        const nn::StepPrediction predicted = data_parallel::predict_rank_step(
+            config, run.batch, run.micro_batch, adamw, world().size(), world().rank(), zero,
+            nullptr, trainer.boundary_bytes(), bucket_bytes);
+        for (int step = 1; step <= run.steps; ++step) {
+          const MemoryStats measured = trainer.step().memory;
+          EXPECT_EQ(measured.peak_total, predicted.stats.peak_total) << at << ", step " << step;
+          MemoryStats::PerCategory at_peak = measured.at_peak;
+          // The data set: no step's.
+          at_peak[static_cast<std::size_t>(MemoryCategory::host_data)] = 0;
+          EXPECT_EQ(at_peak, predicted.stats.at_peak) << at;
+        }
       }
     }
   }
