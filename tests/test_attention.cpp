@@ -2,7 +2,8 @@
 // the kernel's rounding bound (running_error.hpp) in every dtype, with and without dropout;
 // the float64 backward against finite differences of the float64 forward; the causal mask;
 // micro-batches of sequences against the batch, bit for bit; scores past fp16's range; the
-// argument checks; and CUDA against the CPU, bit for bit (skipped, saying why, without a GPU).
+// argument checks; the header's operations replayed in float, to every stored bit of every
+// dtype; and CUDA against the CPU, bit for bit (skipped, saying why, without a GPU).
 // The memory-efficient kernels (tiles of keys, the running max and sum) the same way, and
 // against the plain kernels within both bounds.
 #include <gtest/gtest.h>
@@ -14,7 +15,10 @@
 #include <tuple>
 #include <vector>
 
+#include "common/bfloat16.hpp"
+#include "common/half.hpp"
 #include "common/rng.hpp"
+#include "kernels/activation_math.hpp"
 #include "kernels/attention.hpp"
 #include "tests/finite_difference.hpp"
 #include "tests/harness.hpp"
@@ -567,6 +571,118 @@ TEST(AttentionCausality, LaterPositionsChangeNothingBefore) {
         EXPECT_EQ(P[(h * problem.T + i) * problem.T + j], 0.0)
             << "h " << h << " i " << i << " j " << j;
       }
+    }
+  }
+}
+
+// ---- the header's arithmetic, replayed ------------------------------------------------------
+//
+// attention.hpp states every operation and its order in float, so the kernel's bits can be
+// replayed here one scalar operation at a time: chains from 0 in the stated order, each
+// product and sum rounded once (the tests, like the kernels, compile with
+// -ffp-contract=off), P rounded to the dtype where it is stored and read back from there,
+// 16-bit results rounded to nearest even on store.
+
+/// x rounded to the dtype and widened back (16-bit stores; f32 as it is).
+float stored_as(DType dtype, float x) {
+  if (dtype == DType::f16) return static_cast<float>(static_cast<f16>(x));
+  if (dtype == DType::bf16) return to_float(to_bf16(x));
+  return x;
+}
+
+struct Replayed {
+  std::vector<float> y, probabilities, dqkv;  // the kernel's shapes, as stored
+};
+
+Replayed replay(const Problem& p) {
+  const std::int64_t T = p.T, D = p.D, C = p.C();
+  const float scale = attention_scale(D);
+  Replayed out{std::vector<float>(p.B * T * C), std::vector<float>(p.B * p.heads * T * T, 0.0f),
+               std::vector<float>(p.B * T * 3 * C)};
+  // Element d of part 0 (q), 1 (k) or 2 (v) of head h at position t of sequence b.
+  const auto in = [&](std::int64_t b, std::int64_t t, int part, std::int64_t h, std::int64_t d) {
+    return static_cast<float>(p.qkv[((b * T + t) * 3 + part) * C + h * D + d]);
+  };
+  for (std::int64_t b = 0; b < p.B; ++b) {
+    for (std::int64_t h = 0; h < p.heads; ++h) {
+      float* P = out.probabilities.data() + (b * p.heads + h) * T * T;
+      std::vector<float> dk(T * D, 0.0f), dv(T * D, 0.0f);
+      for (std::int64_t i = 0; i < T; ++i) {
+        const std::int64_t keys = i + 1;
+        std::vector<float> e(keys), m(keys);
+        float max = -INFINITY;
+        for (std::int64_t j = 0; j < keys; ++j) {
+          float dot = 0.0f;
+          for (std::int64_t d = 0; d < D; ++d) dot = dot + in(b, i, 0, h, d) * in(b, j, 1, h, d);
+          e[j] = dot * scale;
+          max = std::max(max, e[j]);
+          m[j] = static_cast<float>(mask_factor(p, b, h, i, j));
+        }
+        float sum = 0.0f;
+        for (std::int64_t j = 0; j < keys; ++j) e[j] = activation_math::exp_nonpositive(e[j] - max);
+        for (std::int64_t j = 0; j < keys; ++j) sum = sum + e[j];
+        for (std::int64_t j = 0; j < keys; ++j) P[i * T + j] = stored_as(p.dtype, e[j] / sum);
+        for (std::int64_t d = 0; d < D; ++d) {
+          float acc = 0.0f;
+          for (std::int64_t j = 0; j < keys; ++j) {
+            acc = acc + (P[i * T + j] * m[j]) * in(b, j, 2, h, d);
+          }
+          out.y[(b * T + i) * C + h * D + d] = stored_as(p.dtype, acc);
+        }
+        // The backward of row i: dP, r, g; dq_i now, dk and dv accumulated over i ascending.
+        std::vector<float> g(keys);
+        const auto dy = [&](std::int64_t d) {
+          return static_cast<float>(p.dy[(b * T + i) * C + h * D + d]);
+        };
+        for (std::int64_t j = 0; j < keys; ++j) {
+          float dot = 0.0f;
+          for (std::int64_t d = 0; d < D; ++d) dot = dot + dy(d) * in(b, j, 2, h, d);
+          g[j] = dot * m[j];
+        }
+        float r = 0.0f;
+        for (std::int64_t j = 0; j < keys; ++j) r = r + P[i * T + j] * g[j];
+        for (std::int64_t j = 0; j < keys; ++j) g[j] = (P[i * T + j] * (g[j] - r)) * scale;
+        for (std::int64_t d = 0; d < D; ++d) {
+          float acc = 0.0f;
+          for (std::int64_t j = 0; j < keys; ++j) acc = acc + g[j] * in(b, j, 1, h, d);
+          out.dqkv[((b * T + i) * 3 + 0) * C + h * D + d] = stored_as(p.dtype, acc);
+        }
+        for (std::int64_t j = 0; j < keys; ++j) {
+          for (std::int64_t d = 0; d < D; ++d) {
+            dk[j * D + d] = dk[j * D + d] + g[j] * in(b, i, 0, h, d);
+            dv[j * D + d] = dv[j * D + d] + (P[i * T + j] * m[j]) * dy(d);
+          }
+        }
+      }
+      for (std::int64_t j = 0; j < T; ++j) {
+        for (std::int64_t d = 0; d < D; ++d) {
+          out.dqkv[((b * T + j) * 3 + 1) * C + h * D + d] = stored_as(p.dtype, dk[j * D + d]);
+          out.dqkv[((b * T + j) * 3 + 2) * C + h * D + d] = stored_as(p.dtype, dv[j * D + d]);
+        }
+      }
+    }
+  }
+  return out;
+}
+
+std::vector<float> floats_of(const Tensor& t) {
+  const std::vector<double> values = testing::to_doubles(t);
+  return {values.begin(), values.end()};
+}
+
+// (16-bit exact) The CPU kernels compute exactly the operations the header states, in f32,
+// f16 and bf16, with and without dropout: every stored bit of y, P and dqkv is the replay's.
+// (CUDA computes the CPU's bits: AttentionBackends.CudaComputesTheCpuBits.)
+TEST(AttentionReplay, EveryStoredBitIsTheHeadersOperationsInFloat) {
+  for (const DType dtype : {DType::f32, DType::f16, DType::bf16}) {
+    for (const float p : {0.0f, 0.25f}) {
+      const Problem problem = make_problem(2, 9, 2, 8, dtype, 41, p);
+      const Outputs got = run(problem, Device::cpu());
+      const Replayed want = replay(problem);
+      const std::string at = std::string(dtype_name(dtype)) + ", dropout " + std::to_string(p);
+      EXPECT_EQ(floats_of(got.probabilities), want.probabilities) << at;
+      EXPECT_EQ(floats_of(got.y), want.y) << at;
+      EXPECT_EQ(floats_of(got.dqkv), want.dqkv) << at;
     }
   }
 }
