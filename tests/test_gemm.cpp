@@ -686,6 +686,61 @@ TEST(GemmCpu, Float64RunsTheHeadersChainInDouble) {
                std::invalid_argument);
 }
 
+// (16-bit exact) f16 and bf16 operands run the header's chain in float on every CPU path:
+// acc = beta * C (C widened when it is 16-bit), then acc = fmaf(alpha * a_ik, b_kj, acc) for
+// k in order, rounded once to nearest even where a 16-bit C is stored. Written out here
+// element by element, it must give the same bits for every transpose, beta and C dtype, at
+// sizes past one micro-kernel tile and one K block.
+TEST(GemmCpu, SixteenBitOperandsRunTheHeadersChainInFloat) {
+  const std::int64_t m = 37, n = 41, k = 600;  // past a 512-step K block
+  const auto widen = [](DType dtype, const std::vector<double>& values) {
+    const auto size = static_cast<std::int64_t>(values.size());
+    return testing::to_doubles(testing::make_tensor(values, {size}, dtype, Device::cpu()));
+  };
+  for (const cpu::GemmPath path : cpu::gemm_paths_supported()) {
+    const cpu::ScopedGemmPath forced(path);
+    for (const DType dtype : {DType::f16, DType::bf16}) {
+      for (const DType c_dtype : {dtype, DType::f32}) {
+        for (const bool trans_a : {false, true}) {
+          for (const bool trans_b : {false, true}) {
+            for (const float beta : {0.0f, 1.0f, 0.5f}) {
+              // The values the kernel sees: the operands (and a 16-bit C) as stored.
+              const auto a = widen(dtype, testing::random_values(m * k, 1));
+              const auto b = widen(dtype, testing::random_values(k * n, 2));
+              const auto c0 = widen(c_dtype, testing::random_values(m * n, 3));
+              const Tensor c = testing::make_tensor(c0, {m, n}, c_dtype, Device::cpu());
+              gemm(testing::make_tensor(a, trans_a ? Shape{k, m} : Shape{m, k}, dtype,
+                                        Device::cpu()),
+                   trans_a,
+                   testing::make_tensor(b, trans_b ? Shape{n, k} : Shape{k, n}, dtype,
+                                        Device::cpu()),
+                   trans_b, c, 0.75f, beta);
+              std::vector<double> want(m * n);
+              for (std::int64_t i = 0; i < m; ++i) {
+                for (std::int64_t j = 0; j < n; ++j) {
+                  const auto c_ij = static_cast<float>(c0[i * n + j]);
+                  float acc = beta == 0.0f ? 0.0f : beta == 1.0f ? c_ij : beta * c_ij;
+                  for (std::int64_t q = 0; q < k; ++q) {
+                    const auto a_iq = static_cast<float>(trans_a ? a[q * m + i] : a[i * k + q]);
+                    const auto b_qj = static_cast<float>(trans_b ? b[j * k + q] : b[q * n + j]);
+                    acc = std::fma(0.75f * a_iq, b_qj, acc);
+                  }
+                  want[i * n + j] = acc;
+                }
+              }
+              // The chain's floats stored as C's dtype stores them (one rounding when 16-bit).
+              if (c_dtype != DType::f32) want = widen(c_dtype, want);
+              EXPECT_EQ(testing::to_doubles(c), want)
+                  << cpu::gemm_path_name(path) << ", " << dtype_name(dtype) << " into "
+                  << dtype_name(c_dtype) << ", " << trans_a << trans_b << " beta " << beta;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST(GemmCpu, ScopedPathForcesAndRestoresThePath) {
   const cpu::GemmPath fastest = cpu::gemm_paths_supported().back();
   EXPECT_EQ(cpu::gemm_path(), fastest);
