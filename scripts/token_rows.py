@@ -4,7 +4,7 @@
 fallback is not needed here), every tenth document held out, each cut into pieces of up to
 T + 1 bytes that share their boundary byte, each piece a row of T + 1 tokens padded with -1.
 A file of the training rows trains the bits `--data text:FILE` trains
-(chapters/cli/check_gpt_train.sh); scripts/gpt_fortunes_vs_pytorch.py gives the same rows
+(tests/cli/check_gpt_train.sh); scripts/gpt_fortunes_vs_pytorch.py gives the same rows
 to PyTorch. Standard library only.
 
 Usage: scripts/token_rows.py TEXT_FILE T OUT.npy [training|held-out]   (default training)

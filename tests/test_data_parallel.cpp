@@ -3,7 +3,7 @@
 // R = 2, 3, 4 simulated ranks (uneven shares, dropout on) give the single process's
 // gradients within the bound that the changed order of the sum allows, derived below.
 // The same simulated ranks against R processes under MPI, byte for byte, are
-// chapters/cli/check_data_parallel.sh's.
+// tests/cli/check_data_parallel.sh's.
 #include <gtest/gtest.h>
 
 #include <algorithm>

@@ -7,7 +7,7 @@
 // activation checkpointing on. A changed setting is refused by name; the folder keeps the
 // newest snapshots; a damaged file (cut short, or a bit flipped in any tensor) is refused
 // and changes nothing; a folder has one writer at a time. (The CLI's tests kill real
-// processes: chapters/cli/check_resume.sh, check_snapshot_trust.sh.)
+// processes: tests/cli/check_resume.sh, check_snapshot_trust.sh.)
 #include <gtest/gtest.h>
 
 #include <unistd.h>

@@ -3,7 +3,7 @@
 # job (--oversubscribe: more ranks than this machine's cores; as root Open MPI needs
 # OMPI_ALLOW_RUN_AS_ROOT, set here) and exits with the job's code: non-zero when any rank
 # failed. Leak detection is off under AddressSanitizer for MPI's own allocations, as in
-# chapters/cli/check_data_parallel.sh.
+# tests/cli/check_data_parallel.sh.
 # The ranks of a test share one machine, so they talk through Open MPI's own point-to-point
 # layer (pml ob1: shared memory) unless OMPI_MCA_pml says otherwise: the default, UCX,
 # probes the network devices in every MPI_Init, which took 0.25 s of each job's 0.35 s

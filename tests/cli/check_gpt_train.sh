@@ -79,7 +79,7 @@ cmp -s whole.safetensors tokens.safetensors ||
 # Chapter 07's ranks in one process: one simulated rank is the single process's bits; three
 # ranks (shares of 3, 3 and 2 sequences of uneven real lengths) add their shares' gradients
 # in rank order, each share's target tokens over the whole batch's count, and log that
-# count. (chapters/cli/check_data_parallel.sh: the same runs under mpirun save these bytes.)
+# count. (tests/cli/check_data_parallel.sh: the same runs under mpirun save these bytes.)
 run rank1 --micro-batch 3 --simulate-ranks 1
 run ranks3 --micro-batch 2 --simulate-ranks 3
 cmp -s whole.safetensors rank1.safetensors || fail "--simulate-ranks 1 did not give the bits of one process"
