@@ -8,7 +8,7 @@
 # cache anyway; those run at a lower level (the flag is added last, so it wins over
 # Release's -O3): -O1 for a source in kernels/, which compiles a kernel in about a third of
 # the time (kernels/attention.cpp: 5.7 s against 16 s on an AMD EPYC, Zen 3) and keeps its
-# hot loops fast enough for the tests, and -O0 for every other source (common/, dist/, nn/,
+# hot loops fast enough for the tests, and -O0 for every other source (common/, collectives/, nn/,
 # chapters/), whose code drives the kernels and does little of the work itself
 # (chapters/06_planner/planner.cpp: 4.0 s at -O0, 5.4 s at -O1).
 # The verdicts do not move: with -ffp-contract=off and no fast-math the level changes no bit

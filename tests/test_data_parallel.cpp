@@ -15,13 +15,13 @@
 
 #include "chapters/02_gradient_accumulation/accumulation.hpp"
 #include "chapters/05_activation_checkpointing/scheduled_runner.hpp"
+#include "chapters/06_planner/roofline.hpp"
 #include "chapters/07_data_parallel/comm_model.hpp"
 #include "chapters/07_data_parallel/data_parallel.hpp"
 #include "chapters/07_data_parallel/rank_plan.hpp"
-#include "chapters/06_planner/roofline.hpp"
 #include "chapters/train/trainer.hpp"
+#include "collectives/communicator.hpp"
 #include "common/integer_math.hpp"
-#include "dist/communicator.hpp"
 #include "kernels/elementwise.hpp"
 #include "kernels/optimizer.hpp"
 #include "nn/sample_stream.hpp"
@@ -41,7 +41,7 @@ TEST(DataParallelShares, CoverTheBatchInRankOrderTheFirstCountModRTakingOneMore)
     for (const int ranks : {1, 2, 3, 4, 7, 8}) {
       std::int64_t next = 0;
       for (int r = 0; r < ranks; ++r) {
-        const dist::Share share = dist::share_of(count, ranks, r);
+        const collectives::Share share = collectives::share_of(count, ranks, r);
         EXPECT_EQ(share.begin, next) << count << " over " << ranks << ", rank " << r;
         EXPECT_EQ(share.size, count / ranks + (r < count % ranks ? 1 : 0))
             << count << " over " << ranks << ", rank " << r;
@@ -51,11 +51,11 @@ TEST(DataParallelShares, CoverTheBatchInRankOrderTheFirstCountModRTakingOneMore)
     }
   }
   // 50 over 4: 13, 13, 12, 12 (the shares the CLI check runs).
-  EXPECT_EQ(dist::share_of(50, 4, 1).begin, 13);
-  EXPECT_EQ(dist::share_of(50, 4, 3).begin, 38);
-  EXPECT_THROW(dist::share_of(10, 0, 0), std::invalid_argument);
-  EXPECT_THROW(dist::share_of(10, 2, 2), std::invalid_argument);
-  EXPECT_THROW(dist::share_of(-1, 2, 0), std::invalid_argument);
+  EXPECT_EQ(collectives::share_of(50, 4, 1).begin, 13);
+  EXPECT_EQ(collectives::share_of(50, 4, 3).begin, 38);
+  EXPECT_THROW(collectives::share_of(10, 0, 0), std::invalid_argument);
+  EXPECT_THROW(collectives::share_of(10, 2, 2), std::invalid_argument);
+  EXPECT_THROW(collectives::share_of(-1, 2, 0), std::invalid_argument);
 }
 
 TEST(DataParallelSum, AddsInRankOrderOnePairAtATime) {
@@ -65,12 +65,12 @@ TEST(DataParallelSum, AddsInRankOrderOnePairAtATime) {
   EXPECT_EQ(data_parallel::sum_in_rank_order(losses), 1.0f);
   std::vector<float> total = {1.0f, 3.0f};
   const std::vector<float> next = {0x1p-24f, -1.0f};
-  dist::add_next_rank(total, next);
-  dist::add_next_rank(total, next);
+  collectives::add_next_rank(total, next);
+  collectives::add_next_rank(total, next);
   EXPECT_EQ(total[0], 1.0f);
   EXPECT_EQ(total[1], 1.0f);
   std::vector<float> shorter = {1.0f};
-  EXPECT_THROW(dist::add_next_rank(shorter, next), std::invalid_argument);
+  EXPECT_THROW(collectives::add_next_rank(shorter, next), std::invalid_argument);
 }
 
 /// A model, its optimizer and the data of one trainer; SGD without momentum or decay, so
@@ -174,7 +174,7 @@ TEST(SimulatedRanks, AddTheirSharesInRankOrder) {
     stream.gather(step, x, labels);
     std::vector<std::vector<float>> total;
     for (int r = 0; r < ranks; ++r) {
-      const dist::Share share = dist::share_of(batch.size, ranks, r);
+      const collectives::Share share = collectives::share_of(batch.size, ranks, r);
       fresh.model.zero_grad();
       nn::accumulate_gradients(fresh.model, x.rows(share.begin, share.begin + share.size),
                                labels.rows(share.begin, share.begin + share.size), micro_batch,
@@ -234,7 +234,8 @@ TEST(ZeroShards, PartitionEveryParameterInRankOrderAsViews) {
         const nn::NamedParameter& shard = shards[r][p];
         EXPECT_EQ(shard.name, parameters[p].name);
         EXPECT_EQ(shard.value.rank(), 1);
-        EXPECT_EQ(shard.value.numel(), dist::share_of(parameters[p].value.numel(), ranks, r).size);
+        EXPECT_EQ(shard.value.numel(),
+                  collectives::share_of(parameters[p].value.numel(), ranks, r).size);
         if (shard.value.numel() > 0) {  // the shard's storage is the parameter's, from `next` on
           EXPECT_EQ(shard.value.data<float>(), base + next) << parameters[p].name << " rank " << r;
           EXPECT_EQ(shard.grad.data<float>(), parameters[p].grad.data<float>() + next);
@@ -306,7 +307,7 @@ TEST(ZeroShards, AShardsOptimizerHoldsTheStateOfItsShardAlone) {
   for (int r = 0; r < 3; ++r) {
     std::size_t shard_elements = 0;
     for (const nn::NamedParameter& p : model.parameters()) {
-      shard_elements += static_cast<std::size_t>(dist::share_of(p.value.numel(), 3, r).size);
+      shard_elements += static_cast<std::size_t>(collectives::share_of(p.value.numel(), 3, r).size);
     }
     const nn::Optimizer adamw(data_parallel::parameter_shards(model.parameters(), 3, r),
                               AdamWOptions{});

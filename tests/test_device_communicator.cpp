@@ -1,5 +1,5 @@
 // test_device_communicator.cpp: chapter 07's ranks on CUDA tensors, summed by NCCL
-// (dist::DeviceCommunicator). One GPU is one NCCL rank (NCCL refuses two ranks on one
+// (collectives::DeviceCommunicator). One GPU is one NCCL rank (NCCL refuses two ranks on one
 // device), so on one GPU these tests check what one rank can: the rank-order additions of
 // the deterministic sum on the GPU against the host's, bit for bit; every collective
 // leaving a one-rank buffer as it is; the overlapped sums ordered with the default stream;
@@ -14,9 +14,9 @@
 
 #include "chapters/07_data_parallel/data_parallel.hpp"
 #include "chapters/train/trainer.hpp"
+#include "collectives/communicator.hpp"
+#include "collectives/device_communicator.hpp"
 #include "common/cuda_runtime.hpp"
-#include "dist/communicator.hpp"
-#include "dist/device_communicator.hpp"
 #include "kernels/fill.hpp"
 #include "tests/harness.hpp"
 #include "tests/tiny_training.hpp"
@@ -31,7 +31,7 @@ using testing::tiny_model;
 #define SKIP_WITHOUT_NCCL()                                                            \
   do {                                                                                 \
     BIGBATCH_SKIP_WITHOUT_DEVICE(Device::cuda());                                      \
-    if (!dist::DeviceCommunicator::compiled()) {                                       \
+    if (!collectives::DeviceCommunicator::compiled()) {                                       \
       GTEST_SKIP() << "CUDA test skipped: this build has no NCCL";                     \
     }                                                                                  \
   } while (false)
@@ -58,40 +58,40 @@ TEST(DeviceCommunicator, RankOrderAdditionsOnTheGpuAreTheHostsBitForBit) {
   // The host's sum: piece 0, then add_next_rank of pieces 1..R-1.
   std::vector<float> expected(pieces.begin(), pieces.begin() + n);
   for (int r = 1; r < ranks; ++r) {
-    dist::add_next_rank(expected, std::span<const float>(pieces.data() + r * n, n));
+    collectives::add_next_rank(expected, std::span<const float>(pieces.data() + r * n, n));
   }
   // The data must tell the orders apart: the reverse order differs somewhere.
   std::vector<float> reversed(pieces.begin() + (ranks - 1) * n, pieces.end());
   for (int r = ranks - 2; r >= 0; --r) {
-    dist::add_next_rank(reversed, std::span<const float>(pieces.data() + r * n, n));
+    collectives::add_next_rank(reversed, std::span<const float>(pieces.data() + r * n, n));
   }
   ASSERT_NE(expected, reversed) << "the test's values do not tell the sums' orders apart";
 
   const Tensor device_pieces =
       Tensor::from_vector(pieces, {static_cast<std::int64_t>(ranks * n)}, Device::cuda());
   Tensor total({static_cast<std::int64_t>(n)}, DType::f32, Device::cuda());
-  dist::add_in_rank_order_on_device({total.data<float>(), n},
+  collectives::add_in_rank_order_on_device({total.data<float>(), n},
                                     {device_pieces.data<float>(), ranks * n});
   EXPECT_EQ(total.to_vector<float>(), expected);
 }
 
 TEST(DeviceCommunicator, OneRankLeavesEveryBufferAsItIs) {
   SKIP_WITHOUT_NCCL();
-  dist::Communicator& world = dist::Communicator::world();
+  collectives::Communicator& world = collectives::Communicator::world();
   if (world.size() != 1) GTEST_SKIP() << "one rank only (this process has " << world.size() << ")";
-  dist::DeviceCommunicator nccl(world);
+  collectives::DeviceCommunicator nccl(world);
   ASSERT_EQ(nccl.rank(), 0);
   ASSERT_EQ(nccl.size(), 1);
   const std::vector<float> values = spread_values(1001, 3);
   const auto n = static_cast<std::int64_t>(values.size());
-  for (const dist::Reduction reduction :
-       {dist::Reduction::deterministic, dist::Reduction::engine}) {
+  for (const collectives::Reduction reduction :
+       {collectives::Reduction::deterministic, collectives::Reduction::engine}) {
     Tensor buffer = Tensor::from_vector(values, {n}, Device::cuda());
     const std::span<float> on_device(buffer.data<float>(), values.size());
     nccl.all_reduce_sum(on_device, reduction);
-    EXPECT_EQ(buffer.to_vector<float>(), values) << dist::reduction_name(reduction);
+    EXPECT_EQ(buffer.to_vector<float>(), values) << collectives::reduction_name(reduction);
     nccl.reduce_scatter_sum(on_device, reduction);
-    EXPECT_EQ(buffer.to_vector<float>(), values) << dist::reduction_name(reduction);
+    EXPECT_EQ(buffer.to_vector<float>(), values) << collectives::reduction_name(reduction);
     nccl.all_gather_shares(on_device);
     EXPECT_EQ(buffer.to_vector<float>(), values);
   }
@@ -115,21 +115,21 @@ TEST(DeviceCommunicator, OneRankLeavesEveryBufferAsItIs) {
 // that a missing wait would lose the race.
 TEST(DeviceCommunicator, SumsBesideTheDefaultStreamKeepItsOrder) {
   SKIP_WITHOUT_NCCL();
-  dist::Communicator& world = dist::Communicator::world();
+  collectives::Communicator& world = collectives::Communicator::world();
   if (world.size() != 1) GTEST_SKIP() << "one rank only (this process has " << world.size() << ")";
-  dist::DeviceCommunicator nccl(world);
+  collectives::DeviceCommunicator nccl(world);
   const std::int64_t n = std::int64_t{1} << 26;
   for (const bool own_shards : {false, true}) {
     Tensor buffer = Tensor::zeros({n}, DType::f32, Device::cuda());
     const std::span<float> on_device(buffer.data<float>(), static_cast<std::size_t>(n));
     const std::span<float> buckets[] = {on_device};
     fill(buffer, 2.0);  // queued: the sum must wait for it
-    nccl.start_beside(buckets, dist::Reduction::deterministic, own_shards);
+    nccl.start_beside(buckets, collectives::Reduction::deterministic, own_shards);
     nccl.join_beside();
     const std::vector<float> after_sum = buffer.to_vector<float>();
     EXPECT_EQ(after_sum.front(), 2.0f);
     EXPECT_EQ(after_sum.back(), 2.0f);
-    nccl.start_beside(buckets, dist::Reduction::deterministic, own_shards);
+    nccl.start_beside(buckets, collectives::Reduction::deterministic, own_shards);
     nccl.join_beside();
     fill(buffer, 3.0);  // queued after the join: it must land after the sum's write
     const std::vector<float> after_fill = buffer.to_vector<float>();
@@ -152,7 +152,7 @@ std::vector<std::vector<float>> values(const nn::Model& model) {
 // the backward and overlapping it on NCCL's side stream (every group its own bucket).
 TEST(DeviceCommunicator, OneRankTrainsAsTheSingleProcessOnTheGpuBitForBit) {
   SKIP_WITHOUT_NCCL();
-  dist::Communicator& world = dist::Communicator::world();
+  collectives::Communicator& world = collectives::Communicator::world();
   if (world.size() != 1) GTEST_SKIP() << "one rank only (this process has " << world.size() << ")";
   const Dataset data = tiny_data(200);
   train::TrainConfig config;
@@ -178,12 +178,12 @@ TEST(DeviceCommunicator, OneRankTrainsAsTheSingleProcessOnTheGpuBitForBit) {
   const auto plain = run(nullptr);
   for (const auto zero : {data_parallel::ZeroStage::replicated,
                           data_parallel::ZeroStage::optimizer_state}) {
-    for (const dist::Reduction reduction :
-         {dist::Reduction::deterministic, dist::Reduction::engine}) {
+    for (const collectives::Reduction reduction :
+         {collectives::Reduction::deterministic, collectives::Reduction::engine}) {
       for (const std::size_t bucket_bytes : {std::size_t{0}, std::size_t{1}}) {
         data_parallel::CommunicatorRanks ranks(world, reduction, zero, bucket_bytes);
         EXPECT_EQ(run(&ranks), plain) << "stage " << data_parallel::setting_text(zero) << ", "
-                                      << dist::reduction_name(reduction) << ", buckets of "
+                                      << collectives::reduction_name(reduction) << ", buckets of "
                                       << bucket_bytes << " bytes";
       }
     }

@@ -28,9 +28,9 @@
 #include "chapters/07_data_parallel/data_parallel.hpp"
 #include "chapters/train/snapshot.hpp"
 #include "chapters/train/trainer.hpp"
+#include "collectives/communicator.hpp"
 #include "common/data/dataset.hpp"
 #include "common/data/text_corpus.hpp"
-#include "dist/communicator.hpp"
 #include "kernels/cross_entropy.hpp"
 #include "nn/gpt.hpp"
 #include "nn/sample_stream.hpp"
@@ -203,7 +203,7 @@ TEST(GptRanks, EachRankDividesByTheWholeBatchsTokensAndTheSharesAddInRankOrder) 
   std::vector<float> losses;
   bool uneven = false;
   for (int r = 0; r < ranks; ++r) {
-    const dist::Share share = dist::share_of(B, ranks, r);
+    const collectives::Share share = collectives::share_of(B, ranks, r);
     const std::vector<std::int64_t> all = trainer.batch_indices(0);
     const std::int64_t own = count_targets(
         data, {all.begin() + share.begin, all.begin() + share.begin + share.size});

@@ -35,7 +35,7 @@ std::string setting_text(ZeroStage stage) {
 }
 
 Tensor shard_view(const Tensor& tensor, int ranks, int rank) {
-  const dist::Share share = dist::share_of(tensor.numel(), ranks, rank);
+  const collectives::Share share = collectives::share_of(tensor.numel(), ranks, rank);
   return tensor.reshaped({tensor.numel()}).rows(share.begin, share.begin + share.size);
 }
 
@@ -56,7 +56,7 @@ nn::HeldElements held_elements(const nn::ModelConfig& config, int ranks, int ran
   if (zero == ZeroStage::replicated) return {};
   const auto shards = [&](const std::vector<std::int64_t>& sizes) {
     std::int64_t elements = 0;
-    for (const std::int64_t n : sizes) elements += dist::share_of(n, ranks, rank).size;
+    for (const std::int64_t n : sizes) elements += collectives::share_of(n, ranks, rank).size;
     return elements;
   };
   nn::HeldElements held;
@@ -74,7 +74,7 @@ nn::StepPrediction predict_rank_step(const nn::ModelConfig& config, std::int64_t
                                      const nn::Optimizer::Options& optimizer, int ranks,
                                      int rank, ZeroStage zero, nn::BlockLedgerRunner* runner,
                                      std::size_t held_workspace, std::size_t bucket_bytes) {
-  return nn::predict_step(config, dist::share_of(batch, ranks, rank).size, micro_batch,
+  return nn::predict_step(config, collectives::share_of(batch, ranks, rank).size, micro_batch,
                           optimizer, runner, held_workspace,
                           held_elements(config, ranks, rank, zero, bucket_bytes));
 }
@@ -129,7 +129,7 @@ void RankGroup::check_run(const nn::Network& model, std::int64_t smallest_batch)
 std::vector<train::BatchPart> RankGroup::parts(std::int64_t samples) const {
   std::vector<train::BatchPart> shares;
   for (const int r : local_ranks()) {
-    const dist::Share share = dist::share_of(samples, ranks(), r);
+    const collectives::Share share = collectives::share_of(samples, ranks(), r);
     shares.push_back({r, share.begin, share.size});
   }
   return shares;
@@ -140,7 +140,7 @@ void RankGroup::start_step(nn::Network& model, std::int64_t samples, std::int64_
   if (zero() == ZeroStage::replicated) return;
   // ZeRO: the masters' shards taken; at stage 2, how many sums the ranks take, and the
   // model's gradients go.
-  const std::int64_t largest = dist::share_of(samples, ranks(), 0).size;
+  const std::int64_t largest = collectives::share_of(samples, ranks(), 0).size;
   start_rounds(model, ceil_div(largest, micro_batch));
 }
 
@@ -202,7 +202,7 @@ void SimulatedRanks::group_ready(nn::Network& model, std::size_t first, std::siz
       }
       sums[i].copy_from(parameters[i].grad);
     } else {
-      dist::add_next_rank(elements(sums[i]), elements(parameters[i].grad));
+      collectives::add_next_rank(elements(sums[i]), elements(parameters[i].grad));
     }
   }
   model.release_gradients(first, end);  // the next micro-batch starts them from zero
@@ -220,7 +220,7 @@ void SimulatedRanks::share_done(int rank, nn::Network& model) {
       for (Tensor& sum : round_sums_[round_]) {
         const Tensor zeros = Tensor::zeros(sum.shape(), DType::f32, sum.device(),
                                            MemoryCategory::gradients);
-        dist::add_next_rank(elements(sum), elements(zeros));
+        collectives::add_next_rank(elements(sum), elements(zeros));
       }
     }
     ++rank_;
@@ -252,7 +252,9 @@ float SimulatedRanks::reduce(nn::Network& model, std::span<const float> losses) 
   for (std::size_t p = 0; p < parameters.size(); ++p) {
     Tensor total = parameters[p].grad;  // shares the gradient's storage
     total.copy_from(buffers_[0][p]);
-    for (int r = 1; r < ranks(); ++r) dist::add_next_rank(elements(total), elements(buffers_[r][p]));
+    for (int r = 1; r < ranks(); ++r) {
+      collectives::add_next_rank(elements(total), elements(buffers_[r][p]));
+    }
   }
   return sum_in_rank_order(losses);
 }
@@ -276,8 +278,8 @@ loss_scaling::GradientPieces SimulatedRanks::boundary_pieces(const nn::Network& 
   return pieces;
 }
 
-CommunicatorRanks::CommunicatorRanks(dist::Communicator& communicator,
-                                     dist::Reduction reduction, ZeroStage zero,
+CommunicatorRanks::CommunicatorRanks(collectives::Communicator& communicator,
+                                     collectives::Reduction reduction, ZeroStage zero,
                                      std::size_t bucket_bytes)
     : communicator_(communicator), reduction_(reduction), zero_(zero),
       bucket_bytes_(bucket_bytes) {}
@@ -301,7 +303,7 @@ void CommunicatorRanks::take_model(nn::Network& model) {
     for (std::size_t i = 0; i < parameters.size(); ++i) {
       if (!parameters[i].half.defined()) continue;  // not a Linear weight: no master
       master_shards_[i] = Tensor(
-          {dist::share_of(parameters[i].half.numel(), ranks(), communicator_.rank()).size},
+          {collectives::share_of(parameters[i].half.numel(), ranks(), communicator_.rank()).size},
           DType::f32, model.device(), MemoryCategory::master_weights);
     }
     take_master_shards(model);
@@ -309,7 +311,7 @@ void CommunicatorRanks::take_model(nn::Network& model) {
   if (zero_ != ZeroStage::gradients) return;
   for (const nn::NamedParameter& p : parameters) {
     shard_gradients_.push_back(Tensor::zeros(
-        {dist::share_of(shape_numel(p.shape()), ranks(), communicator_.rank()).size},
+        {collectives::share_of(shape_numel(p.shape()), ranks(), communicator_.rank()).size},
         DType::f32, model.device(), MemoryCategory::gradients));
   }
 }
@@ -421,10 +423,10 @@ void CommunicatorRanks::start_bucket(std::span<const std::span<float>> buffers, 
     // Made in the first step, a collective every rank reaches only once the ranks have
     // agreed on their settings (a rank with another bucket size is refused before it).
     if (!buckets_) {
-      buckets_ = std::make_unique<dist::BucketedSum>(
+      buckets_ = std::make_unique<collectives::BucketedSum>(
           communicator_, reduction_,
-          zero_ == ZeroStage::replicated ? dist::BucketedSum::Result::every_rank
-                                         : dist::BucketedSum::Result::own_shards);
+          zero_ == ZeroStage::replicated ? collectives::BucketedSum::Result::every_rank
+                                         : collectives::BucketedSum::Result::own_shards);
     }
     buckets_->start(buffers);
   } else {
@@ -505,13 +507,13 @@ double CommunicatorRanks::take_seconds_in_backward() {
   return std::exchange(seconds_in_backward_, 0.0);
 }
 
-dist::Collectives& CommunicatorRanks::collectives_of(const Tensor& t) {
+collectives::Collectives& CommunicatorRanks::collectives_of(const Tensor& t) {
   if (t.device().is_cpu()) return communicator_;
   return device_communicator();
 }
 
-dist::DeviceCommunicator& CommunicatorRanks::device_communicator() {
-  if (!on_device_) on_device_ = std::make_unique<dist::DeviceCommunicator>(communicator_);
+collectives::DeviceCommunicator& CommunicatorRanks::device_communicator() {
+  if (!on_device_) on_device_ = std::make_unique<collectives::DeviceCommunicator>(communicator_);
   return *on_device_;
 }
 

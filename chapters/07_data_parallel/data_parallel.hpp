@@ -1,12 +1,12 @@
 // data_parallel.hpp: chapter 07's component, the ranks of a data-parallel step.
 //
 // With R ranks the batch of a step (b samples) is split into R contiguous shares
-// (dist::share_of: the first b mod R ranks take one sample more). Rank r accumulates the
+// (collectives::share_of: the first b mod R ranks take one sample more). Rank r accumulates the
 // gradient of its share over its micro-batches exactly as chapter 02 accumulates a batch:
 // locally, with no communication, every sample's loss divided by the GLOBAL count b (not
 // by its share: a per-rank mean would weigh a short share's samples more), the dropout
 // masks keyed by each sample's global row. Then, once per optimizer step, at the
-// optimizer boundary, the R gradients are summed (dist::Communicator::all_reduce_sum) and
+// optimizer boundary, the R gradients are summed (collectives::Communicator::all_reduce_sum) and
 // every rank continues with the same sum: the same loss-scale decision (an inf on one
 // rank is an inf in everyone's sum, so every rank skips the same steps), the same clipping
 // norm, the same optimizer step, so the ranks' parameters never part.
@@ -23,7 +23,7 @@
 // hooks.
 //
 // A one-process simulation of R ranks (SimulatedRanks) computes every share in turn into
-// its own gradient buffer and adds the buffers in rank order with dist::add_next_rank, the
+// its own gradient buffer and adds the buffers in rank order with collectives::add_next_rank, the
 // same additions as the deterministic reduction: R processes under MPI and the simulation
 // give the same bits. Against one process on the whole batch the sum's order differs
 // (each rank's share starts its own sum), so the two agree within a rounding bound, not
@@ -48,9 +48,9 @@
 
 #include "chapters/04_dynamic_loss_scaling/optimizer_boundary.hpp"
 #include "chapters/train/gradient_sync.hpp"
-#include "dist/bucketed_sum.hpp"
-#include "dist/communicator.hpp"
-#include "dist/device_communicator.hpp"
+#include "collectives/bucketed_sum.hpp"
+#include "collectives/communicator.hpp"
+#include "collectives/device_communicator.hpp"
 #include "nn/memory_model.hpp"
 #include "nn/model.hpp"
 
@@ -66,7 +66,7 @@ enum class ZeroStage {
 /// "0", "1" or "2": the stage's setting text.
 std::string setting_text(ZeroStage stage);
 
-/// Rank `rank`'s shard of a tensor's elements, dist::share_of(numel, ranks, rank), as a
+/// Rank `rank`'s shard of a tensor's elements, collectives::share_of(numel, ranks, rank), as a
 /// one-dimensional view (it shares the tensor's storage; 0 elements when numel < ranks
 /// leaves this rank none).
 Tensor shard_view(const Tensor& tensor, int ranks, int rank);
@@ -87,9 +87,9 @@ nn::HeldElements held_elements(const nn::ModelConfig& config, int ranks, int ran
 /// held_elements: at stage 2 the model's gradients are released after each group's sum
 /// (with bucket_bytes > 0, after its bucket's).
 /// A rank with fewer micro-batches than rank 0 joins the sums it lacks with zeros of one
-/// group at a time after its backward: less than its backward held. The collectives' buffers are host
-/// memory of the engine's and of dist's (not counted by the allocator, as a GPU run's
-/// would not be either).
+/// group at a time after its backward: less than its backward held. The collectives'
+/// buffers are host memory of the engine's and of collectives/ (not counted by the
+/// allocator, as a GPU run's would not be either).
 nn::StepPrediction predict_rank_step(const nn::ModelConfig& config, std::int64_t batch,
                                      std::int64_t micro_batch,
                                      const nn::Optimizer::Options& optimizer, int ranks,
@@ -137,7 +137,7 @@ class RankGroup : public train::GradientSync {
   /// a sample of every batch), and ZeRO or overlap for a model that does not release its
   /// state (nn::Network::releases_state).
   void check_run(const nn::Network& model, std::int64_t smallest_batch) const final;
-  /// The shares of local_ranks() (dist::share_of: the first samples mod R ranks take one
+  /// The shares of local_ranks() (collectives::share_of: the first samples mod R ranks take one
   /// sample more).
   std::vector<train::BatchPart> parts(std::int64_t samples) const final;
   /// At stage 2: rank 0's share, the largest, runs ceil(share / micro_batch) micro-batches,
@@ -191,7 +191,7 @@ class RankGroup : public train::GradientSync {
 class SimulatedRanks final : public RankGroup {
  public:
   /// R >= 1 simulated ranks of `model` (whose gradients it copies, on the model's device:
-  /// the CPU, where dist::add_next_rank runs). At stage 1 the one optimizer steps every
+  /// the CPU, where collectives::add_next_rank runs). At stage 1 the one optimizer steps every
   /// shard (the optimizer acts element by element: the R ranks' steps together), and the
   /// boundary measures the R shards as the R ranks do.
   SimulatedRanks(int ranks, const nn::Network& model,
@@ -220,14 +220,14 @@ class SimulatedRanks final : public RankGroup {
 };
 
 /// This process as one rank of a run under MPI: reduces with the communicator, host
-/// gradients on MPI and CUDA gradients on NCCL (dist::DeviceCommunicator, made at the
+/// gradients on MPI and CUDA gradients on NCCL (collectives::DeviceCommunicator, made at the
 /// first sum of device memory: a collective every rank reaches at the same step, after the
 /// ranks have agreed on their settings).
 ///
 /// With bucket_bytes > 0 the sum overlaps the last micro-batch's backward: the gradients
 /// are gathered, in the order the backward finishes them (the head, the last block, ...,
 /// the stem), into buckets of at least bucket_bytes (the last one what remains), and each
-/// bucket's sum starts as soon as it is full (dist::BucketedSum on MPI; for CUDA
+/// bucket's sum starts as soon as it is full (collectives::BucketedSum on MPI; for CUDA
 /// gradients, NCCL's side stream, DeviceCommunicator::start_beside); reduce() waits for the
 /// rest (on the GPU, has the default stream wait). At stage 2 every backward's groups go
 /// into buckets the same way, and a bucket's reduce-scatters move while the backward
@@ -240,9 +240,9 @@ class SimulatedRanks final : public RankGroup {
 class CommunicatorRanks final : public RankGroup {
  public:
   /// With bucket_bytes > 0, the first step's backward makes the buckets' communicators
-  /// (dist::BucketedSum for host gradients, NCCL's for CUDA ones: collectives), after the
+  /// (collectives::BucketedSum for host gradients, NCCL's for CUDA ones: collectives), after the
   /// ranks have compared their settings.
-  CommunicatorRanks(dist::Communicator& communicator, dist::Reduction reduction,
+  CommunicatorRanks(collectives::Communicator& communicator, collectives::Reduction reduction,
                     ZeroStage zero = ZeroStage::replicated, std::size_t bucket_bytes = 0);
   /// Stages 1 and 2 in fp16 or bf16: allocates this rank's shard of every f32 master
   /// (MemoryCategory::master_weights), which the optimizer steps, copies the model's
@@ -288,16 +288,16 @@ class CommunicatorRanks final : public RankGroup {
   void start_rounds(nn::Network& model, std::int64_t micro_batches) override;
   /// Starts the open bucket's sum and empties it.
   void start_open_bucket(Device device);
-  /// Starts the sums of a bucket of buffers on `device`'s engine: dist::BucketedSum for
+  /// Starts the sums of a bucket of buffers on `device`'s engine: collectives::BucketedSum for
   /// host memory (made on the first call, a collective), NCCL's side stream for CUDA.
   void start_bucket(std::span<const std::span<float>> buffers, Device device);
   /// Waits for every bucket started (on the GPU, has the default stream wait).
   void wait_for_buckets();
   /// The collectives of t's memory: the communicator for host tensors, NCCL's for CUDA
   /// tensors (made on the first call).
-  dist::Collectives& collectives_of(const Tensor& t);
+  collectives::Collectives& collectives_of(const Tensor& t);
   /// NCCL's communicator, made on the first call (a collective).
-  dist::DeviceCommunicator& device_communicator();
+  collectives::DeviceCommunicator& device_communicator();
   /// Master i whole in `whole` (the model's, or a host copy): this rank's shard written
   /// in, every rank's gathered.
   void gather_master(std::size_t i, const Tensor& whole);
@@ -323,12 +323,12 @@ class CommunicatorRanks final : public RankGroup {
   /// Stage 2 with buckets: waits for the bucket in flight and adds its sums to the shards.
   void finish_round_bucket();
 
-  dist::Communicator& communicator_;
-  dist::Reduction reduction_;
+  collectives::Communicator& communicator_;
+  collectives::Reduction reduction_;
   ZeroStage zero_;
   std::size_t bucket_bytes_ = 0;
-  std::unique_ptr<dist::DeviceCommunicator> on_device_;  // made at the first CUDA sum
-  std::unique_ptr<dist::BucketedSum> buckets_;  // host gradients: made in the first
+  std::unique_ptr<collectives::DeviceCommunicator> on_device_;  // made at the first CUDA sum
+  std::unique_ptr<collectives::BucketedSum> buckets_;  // host gradients: made in the first
                                                 // overlapped backward
   std::vector<std::span<float>> open_bucket_;   // final gradients not yet sent
   std::size_t open_bytes_ = 0;

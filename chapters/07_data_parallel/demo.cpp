@@ -20,16 +20,16 @@
 #include "chapters/07_data_parallel/comm_model.hpp"
 #include "chapters/07_data_parallel/data_parallel.hpp"
 #include "chapters/train/trainer.hpp"
+#include "collectives/communicator.hpp"
 #include "common/data/dataset.hpp"
 #include "common/integer_math.hpp"
 #include "common/report.hpp"
-#include "dist/communicator.hpp"
 #include "nn/memory_model.hpp"
 #include "nn/sample_stream.hpp"
 
 namespace bb = bigbatch;
 namespace dp = bigbatch::data_parallel;
-namespace dist = bigbatch::dist;
+namespace collectives = bigbatch::collectives;
 
 namespace {
 
@@ -161,7 +161,7 @@ std::string number(double value, const char* format = "%.3g") {
 std::string shares(std::int64_t batch, int ranks) {
   std::string text;
   for (int r = 0; r < ranks; ++r) {
-    text += (r ? ", " : "") + std::to_string(dist::share_of(batch, ranks, r).size);
+    text += (r ? ", " : "") + std::to_string(collectives::share_of(batch, ranks, r).size);
   }
   return text;
 }
@@ -185,7 +185,7 @@ Gradients share_gradients(const bb::Dataset& data, const bb::nn::ModelConfig& mo
   const auto [x, labels] = first_batch(data, s.batch);
   model.zero_grad();
   for (int r = 0; r < ranks; ++r) {
-    const dist::Share share = dist::share_of(s.batch, ranks, r);
+    const collectives::Share share = collectives::share_of(s.batch, ranks, r);
     const std::int64_t end = share.begin + share.size;
     bb::nn::accumulate_gradients(model, x.rows(share.begin, end), labels.rows(share.begin, end),
                                  s.micro_batch,
@@ -423,7 +423,7 @@ std::int64_t one_sum_per_step(const Setting& s, const Outcome& single, bb::SelfC
   std::int64_t parameter_count = 0;
   for (const auto& p : single.parameters) parameter_count += static_cast<std::int64_t>(p.size());
   const std::int64_t micro_batches =
-      bb::ceil_div(dist::share_of(s.batch, 4, 0).size, s.micro_batch);
+      bb::ceil_div(collectives::share_of(s.batch, 4, 0).size, s.micro_batch);
   const double per_sum = 2.0 * 3 / 4 * 4 * static_cast<double>(parameter_count);
   report.note("a sum over R ranks moves about 2 (R - 1) / R of the gradient per rank: " +
               number(per_sum / 1024, "%.1f") + " KiB for these " +
@@ -436,7 +436,7 @@ std::int64_t one_sum_per_step(const Setting& s, const Outcome& single, bb::SelfC
 
 /// Section (d), on_modelled_cluster, and its figure's data written to options.data_file
 /// when one is named.
-void on_cluster_with_data(const bb::DemoOptions& options, dist::Communicator* world,
+void on_cluster_with_data(const bb::DemoOptions& options, collectives::Communicator* world,
                           bb::SelfCheck& report) {
   const bb::Json cluster = on_modelled_cluster(report);
   // The figure's data (notebooks/data_parallel.ipynb), written by one process only; a
@@ -465,7 +465,7 @@ void zero_stages(const bb::Dataset& data, const bb::nn::ModelConfig& model_confi
 /// Section (f)'s ZeRO stages 1 and 2 (and stage 1 in bf16) under MPI against this process's
 /// simulation of them, and each rank's step against predict_rank_step; `job` is stage 0's.
 void sharded_jobs(const bb::Dataset& data, const bb::nn::ModelConfig& model_config,
-                  const Setting& s, dist::Communicator* world, int ranks, const Outcome& job,
+                  const Setting& s, collectives::Communicator* world, int ranks, const Outcome& job,
                   bb::SelfCheck& report) {
   // A ZeRO stage under MPI against this process's simulation of it, bit for bit; the job's
   // outcome and rank r's step as predict_rank_step predicts it.
@@ -477,7 +477,7 @@ void sharded_jobs(const bb::Dataset& data, const bb::nn::ModelConfig& model_conf
                                const bb::nn::ModelConfig& config) {
     dp::SimulatedRanks simulated(ranks, bb::nn::Model(config, bb::Device::cpu()), zero);
     const Outcome own = train(data, config, s, &simulated);
-    dp::CommunicatorRanks communicator(*world, dist::Reduction::deterministic, zero);
+    dp::CommunicatorRanks communicator(*world, collectives::Reduction::deterministic, zero);
     ShardedJob sharded{train(data, config, s, &communicator),
                        dp::predict_rank_step(config, s.batch, s.micro_batch, kOptimizer, ranks,
                                              world->rank(), zero)
@@ -529,12 +529,12 @@ void sharded_jobs(const bb::Dataset& data, const bb::nn::ModelConfig& model_conf
 
 /// Section (f)'s timings: one gradient sum of `parameter_count` floats, deterministic and
 /// the engine's, against `job`'s step, and this machine's link fitted from the engine's.
-void time_sums_here(dist::Communicator* world, int ranks, std::int64_t parameter_count,
+void time_sums_here(collectives::Communicator* world, int ranks, std::int64_t parameter_count,
                     const Setting& s, const Outcome& job, bb::SelfCheck& report) {
   // The time one gradient sum takes, each way, against the step; and the engine's at four
   // sizes from a 64th of it, fitted by least squares for this machine's alpha and beta.
   std::vector<float> buffer(static_cast<std::size_t>(parameter_count), 1.0f);
-  const auto time_sums = [&](dist::Reduction reduction, std::size_t count) {
+  const auto time_sums = [&](collectives::Reduction reduction, std::size_t count) {
     const std::span<float> values(buffer.data(), count);
     world->all_reduce_sum(values, reduction);  // once untimed: first touches, connections
     world->barrier();
@@ -544,8 +544,9 @@ void time_sums_here(dist::Communicator* world, int ranks, std::int64_t parameter
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() /
            kRepeats;
   };
-  const double deterministic_seconds = time_sums(dist::Reduction::deterministic, buffer.size());
-  const double engine_seconds = time_sums(dist::Reduction::engine, buffer.size());
+  const double deterministic_seconds =
+      time_sums(collectives::Reduction::deterministic, buffer.size());
+  const double engine_seconds = time_sums(collectives::Reduction::engine, buffer.size());
   report.note("one sum of the " + std::to_string(parameter_count) + " gradients: " +
               number(deterministic_seconds * 1e6, "%.0f") + " us deterministic, " +
               number(engine_seconds * 1e6, "%.0f") + " us the engine's; a step " +
@@ -554,7 +555,8 @@ void time_sums_here(dist::Communicator* world, int ranks, std::int64_t parameter
   std::vector<std::pair<double, double>> measured;  // (bytes, seconds)
   for (const std::size_t part : {64, 16, 4}) {
     const std::size_t count = buffer.size() / part;
-    measured.emplace_back(4.0 * static_cast<double>(count), time_sums(dist::Reduction::engine, count));
+    measured.emplace_back(4.0 * static_cast<double>(count),
+                          time_sums(collectives::Reduction::engine, count));
   }
   measured.emplace_back(4.0 * static_cast<double>(buffer.size()), engine_seconds);
   try {
@@ -575,7 +577,7 @@ void time_sums_here(dist::Communicator* world, int ranks, std::int64_t parameter
 /// bit for bit; alone (`world` null or of one rank) a note that it did not run. Returns the
 /// exit status: 0 when every rank's checks held.
 int under_mpi(const bb::Dataset& data, const bb::nn::ModelConfig& model_config,
-              const Setting& s, dist::Communicator* world, std::int64_t parameter_count,
+              const Setting& s, collectives::Communicator* world, std::int64_t parameter_count,
               bb::SelfCheck& report) {
   const int ranks = world ? world->size() : 1;
   if (!world || ranks == 1) {
@@ -588,20 +590,20 @@ int under_mpi(const bb::Dataset& data, const bb::nn::ModelConfig& model_config,
                  " processes under MPI against this process's simulation of them");
   dp::SimulatedRanks group(ranks, bb::nn::Model(model_config, bb::Device::cpu()));
   const Outcome own = train(data, model_config, s, &group);
-  dp::CommunicatorRanks deterministic(*world, dist::Reduction::deterministic);
+  dp::CommunicatorRanks deterministic(*world, collectives::Reduction::deterministic);
   const Outcome job = train(data, model_config, s, &deterministic);
   report.check(bitwise_equal(job.parameters, own.parameters),
                std::to_string(ranks) + " ranks under MPI (deterministic reduction) end with "
                "this process's simulation's parameters, bit for bit");
   // Overlap: every group of gradients its own bucket, started during the last backward.
-  dp::CommunicatorRanks overlapped(*world, dist::Reduction::deterministic,
+  dp::CommunicatorRanks overlapped(*world, collectives::Reduction::deterministic,
                                    dp::ZeroStage::replicated, /*bucket_bytes=*/1);
   const Outcome overlapped_job = train(data, model_config, s, &overlapped);
   report.check(bitwise_equal(overlapped_job.parameters, own.parameters),
                "overlapping the sum with the last backward (each group of gradients its own "
                "bucket, started as the backward finishes it): the same bits");
   sharded_jobs(data, model_config, s, world, ranks, job, report);
-  dp::CommunicatorRanks engine(*world, dist::Reduction::engine);
+  dp::CommunicatorRanks engine(*world, collectives::Reduction::engine);
   const Outcome engine_job = train(data, model_config, s, &engine);
   report.note(std::string("the engine's MPI_Allreduce: ") +
               (!bitwise_equal(engine_job.parameters, own.parameters)
@@ -632,9 +634,10 @@ int main(int argc, char** argv) {
   }
   // Under an MPI launcher every rank runs the whole demo (the simulations too) and rank 0
   // prints; alone, no MPI is started.
-  dist::Communicator* world =
-      dist::launched_by_mpi() && dist::Communicator::available() ? &dist::Communicator::world()
-                                                                 : nullptr;
+  collectives::Communicator* world =
+      collectives::launched_by_mpi() && collectives::Communicator::available()
+          ? &collectives::Communicator::world()
+          : nullptr;
   if (world && world->rank() != 0 && !std::freopen("/dev/null", "w", stdout)) return 1;
 
   Setting s;

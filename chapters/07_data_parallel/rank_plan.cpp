@@ -32,7 +32,7 @@ RankPlans plan_share(planning::PlanRequest request, const planning::CostModel& c
   BIGBATCH_CHECK(ranks >= 1 && ranks <= request.batch, "plan_share: ", ranks,
                  " ranks for a batch of ", request.batch, " (each rank needs a sample)");
   RankPlans plans;
-  plans.share = dist::share_of(request.batch, ranks, 0).size;
+  plans.share = collectives::share_of(request.batch, ranks, 0).size;
   request.batch = plans.share;
   request.held = held_elements(request.model, ranks, 0, zero);
   plans.result = planning::make_plan(request, cost);

@@ -3,7 +3,7 @@
 //
 // Each rank runs its share of the batch as chapter 06 plans a batch: the micro-batch, the
 // precision and the checkpoint policy that fit its memory, fastest first. Rank 0's share is
-// the largest (dist::share_of), so its plan is the one that must fit; its memory is
+// the largest (collectives::share_of), so its plan is the one that must fit; its memory is
 // predict_rank_step's (at ZeRO stage 1 the optimizer state and f32 masters of its shard
 // alone). Every plan's
 // step time gains the gradient sum on the cluster (comm_model.hpp), which no plan changes:

@@ -18,7 +18,7 @@
 #include "chapters/cli/plan_command.hpp"
 #include "chapters/cli/setup.hpp"
 #include "chapters/cli/train_command.hpp"
-#include "dist/communicator.hpp"
+#include "collectives/communicator.hpp"
 #include "common/cpu_features.hpp"
 #include "common/memory.hpp"
 
@@ -106,7 +106,7 @@ int main(int argc, char** argv) {
   // Which process failed: "bigbatch train", or "bigbatch train (rank 1 of 2)" under MPI.
   const auto name = [command] {
     std::string text = "bigbatch " + command->get_name();
-    if (const dist::Communicator* world = dist::Communicator::joined()) {
+    if (const collectives::Communicator* world = collectives::Communicator::joined()) {
       text += " (rank " + std::to_string(world->rank()) + " of " +
               std::to_string(world->size()) + ")";
     }
@@ -141,6 +141,6 @@ int main(int argc, char** argv) {
   }
   // A failure on one rank of a data-parallel run ends every rank with its exit code: the
   // others may be waiting for this one in a collective, and would wait for ever.
-  if (dist::Communicator* world = dist::Communicator::joined()) world->abort(code);
+  if (collectives::Communicator* world = collectives::Communicator::joined()) world->abort(code);
   return code;
 }

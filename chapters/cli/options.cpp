@@ -37,8 +37,9 @@ const Words<nn::LrScheduleKind> kSchedules = {{"constant", nn::LrScheduleKind::c
                                               {"cosine", nn::LrScheduleKind::cosine}};
 const Words<bool> kOnOff = {{"on", true}, {"off", false}};
 const Words<bool> kPlans = {{"auto", true}};
-const Words<dist::Reduction> kReductions = {{"deterministic", dist::Reduction::deterministic},
-                                            {"engine", dist::Reduction::engine}};
+const Words<collectives::Reduction> kReductions = {
+    {"deterministic", collectives::Reduction::deterministic},
+    {"engine", collectives::Reduction::engine}};
 const Words<data_parallel::ZeroStage> kZeroStages = {
     {"0", data_parallel::ZeroStage::replicated},
     {"1", data_parallel::ZeroStage::optimizer_state},

@@ -16,11 +16,11 @@
 #include "chapters/05_activation_checkpointing/policy.hpp"
 #include "chapters/07_data_parallel/data_parallel.hpp"
 #include "chapters/train/trainer.hpp"
+#include "collectives/communicator.hpp"
 #include "common/device.hpp"
 #include "common/settings.hpp"
-#include "dist/communicator.hpp"
-#include "nn/lr_schedule.hpp"
 #include "nn/gpt.hpp"
+#include "nn/lr_schedule.hpp"
 #include "nn/model.hpp"
 
 // CLI11 is included where flags are declared (options.cpp, generate_command.cpp) and parsed
@@ -119,7 +119,7 @@ struct PlanOptions {
 struct ParallelOptions {
   bool data_parallel = false;      ///< --data-parallel: this process is one rank of mpirun's
   std::int64_t simulate_ranks = 0;  ///< --simulate-ranks R: R ranks in this process (0: off)
-  dist::Reduction reduction = dist::Reduction::deterministic;  ///< --reduction
+  collectives::Reduction reduction = collectives::Reduction::deterministic;  ///< --reduction
   /// --zero: what the ranks shard (stage 1: the optimizer's state)
   data_parallel::ZeroStage zero = data_parallel::ZeroStage::replicated;
   /// --bucket-size: the gradients of a bucket whose sum starts during the last backward

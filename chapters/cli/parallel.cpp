@@ -22,7 +22,8 @@ namespace {
 std::uint32_t add_fingerprint(const Tensor& t, std::uint32_t crc) {
   if (!t.defined()) return crc;
   const Tensor host = t.device().is_cpu() ? t : t.to(Device::cpu());
-  return dist::fingerprint({static_cast<const std::byte*>(host.raw_data()), host.nbytes()}, crc);
+  return collectives::fingerprint(
+      {static_cast<const std::byte*>(host.raw_data()), host.nbytes()}, crc);
 }
 
 /// The CRC of every parameter's bytes (the f32 values and any 16-bit working copy).
@@ -66,7 +67,7 @@ RunRanks::RunRanks(const TrainOptions& options) : options_(options.parallel) {
   }
   if (options_.data_parallel) {
     try {
-      communicator_ = &dist::Communicator::world();
+      communicator_ = &collectives::Communicator::world();
     } catch (const std::runtime_error& e) {
       throw UsageError(std::string("--data-parallel: ") + e.what());
     }
@@ -112,7 +113,7 @@ void RunRanks::check_run(const TrainOptions& options, std::int64_t samples) cons
       throw UsageError(device + " with --simulate-ranks: the simulation adds its ranks' "
                        "gradients on the CPU; use --device cpu, or --data-parallel (NCCL)");
     }
-    if (!dist::DeviceCommunicator::compiled()) {
+    if (!collectives::DeviceCommunicator::compiled()) {
       throw UsageError(device + " with " + ranks + ": the ranks sum CUDA gradients on NCCL, "
                        "and this bigbatch was built without it (nccl.h and libnccl beside the "
                        "CUDA toolkit); use --device cpu");
@@ -133,8 +134,8 @@ train::RunConfig RunRanks::with_settings(train::RunConfig settings) const {
   if (!enabled()) return settings;
   settings["ranks"] = std::to_string(count_);
   // The simulation adds in rank order: the deterministic reduction's bits.
-  settings["reduction"] = dist::reduction_name(communicator_ ? options_.reduction
-                                                             : dist::Reduction::deterministic);
+  settings["reduction"] = collectives::reduction_name(
+      communicator_ ? options_.reduction : collectives::Reduction::deterministic);
   // Recorded when on, so that the settings of the runs before stage 1 existed read as before.
   if (options_.zero != data_parallel::ZeroStage::replicated) {
     settings["zero"] = data_parallel::setting_text(options_.zero);
@@ -151,7 +152,7 @@ void RunRanks::check_agreement(const train::RunConfig& settings, const nn::Netwo
   // the ranks' buckets must be the same messages.
   text += "bucket-size=" + std::to_string(options_.bucket_bytes) + "\n";
   const int setting = first_different(communicator_->all_gather(
-      static_cast<std::uint64_t>(dist::fingerprint(text))));
+      static_cast<std::uint64_t>(collectives::fingerprint(text))));
   if (setting >= 0) {
     throw UsageError("rank " + std::to_string(setting) + " has other settings than rank 0 "
                      "(every rank must be started with the same flags and data)");
@@ -162,7 +163,7 @@ void RunRanks::check_agreement(const train::RunConfig& settings, const nn::Netwo
   if (options_.zero == data_parallel::ZeroStage::replicated) {
     for (const auto& [name, tensor] : optimizer.state()) state = add_fingerprint(tensor, state);
   }
-  state = dist::fingerprint(std::to_string(steps_done), state);
+  state = collectives::fingerprint(std::to_string(steps_done), state);
   const int apart = first_different(communicator_->all_gather(static_cast<std::uint64_t>(state)));
   if (apart >= 0) {
     throw UsageError("rank " + std::to_string(apart) + " starts from another state than rank "
@@ -254,7 +255,7 @@ checkpointing::StepShape RunRanks::rank_step(checkpointing::StepShape whole) con
 }
 
 std::int64_t RunRanks::rank_batch(std::int64_t batch) const {
-  return communicator_ ? dist::share_of(batch, count_, 0).size : batch;
+  return communicator_ ? collectives::share_of(batch, count_, 0).size : batch;
 }
 
 std::optional<int> RunRanks::planned_ranks() const {
@@ -295,11 +296,11 @@ planning::Plan RunRanks::agreed_plan(const std::function<planning::Plan()>& plan
 std::string RunRanks::describe(std::int64_t batch, std::int64_t micro_batch,
                                nn::Precision precision) const {
   std::ostringstream out;
-  const dist::Share first = dist::share_of(batch, count_, 0);
-  const dist::Share last = dist::share_of(batch, count_, count_ - 1);
+  const collectives::Share first = collectives::share_of(batch, count_, 0);
+  const collectives::Share last = collectives::share_of(batch, count_, count_ - 1);
   out << "data parallel: " << count_ << (count_ == 1 ? " rank" : " ranks")
       << (!communicator_                   ? " simulated in one process"
-          : dist::Communicator::available() ? " under MPI"
+          : collectives::Communicator::available() ? " under MPI"
                                             : " alone (this bigbatch has no MPI)")
       << ", shares of "
       << last.size;
@@ -310,7 +311,7 @@ std::string RunRanks::describe(std::int64_t batch, std::int64_t micro_batch,
       << " per rank), gradients summed "
       << (options_.zero == data_parallel::ZeroStage::gradients ? "after every micro-batch ("
                                                                 : "once per optimizer step (")
-      << (communicator_ ? dist::reduction_name(options_.reduction) : "rank order") << ")";
+      << (communicator_ ? collectives::reduction_name(options_.reduction) : "rank order") << ")";
   if (communicator_ && options_.bucket_bytes > 0) {
     out << (options_.zero == data_parallel::ZeroStage::gradients
                 ? ", overlapping every backward in buckets of "

@@ -15,7 +15,7 @@
 #include "chapters/07_data_parallel/data_parallel.hpp"
 #include "chapters/cli/options.hpp"
 #include "chapters/train/run_settings.hpp"
-#include "dist/communicator.hpp"
+#include "collectives/communicator.hpp"
 #include "nn/model.hpp"
 
 namespace bigbatch::cli {
@@ -110,7 +110,7 @@ class RunRanks {
  private:
 
   const ParallelOptions& options_;
-  dist::Communicator* communicator_ = nullptr;
+  collectives::Communicator* communicator_ = nullptr;
   int count_ = 1;
   std::unique_ptr<data_parallel::RankGroup> group_;
   data_parallel::CommunicatorRanks* sharded_ = nullptr;  // group_ under --zero 1, 2 and MPI

@@ -46,9 +46,10 @@ class MlpRun final : public ModelRunOf<nn::Model, nn::ModelConfig, checkpointing
     // On ranks: rank 0's share, planned by rank 0 for all.
     const planning::Plan best = ranks.agreed_plan(
         [&] { return plan_for(options, shape_, device, ranks.planned_ranks()).best(); });
-    const std::int64_t planned = ranks.planned_ranks()
-                                     ? dist::share_of(options.train.batch, ranks.count(), 0).size
-                                     : options.train.batch;
+    const std::int64_t planned =
+        ranks.planned_ranks()
+            ? collectives::share_of(options.train.batch, ranks.count(), 0).size
+            : options.train.batch;
     std::cout << "plan auto: " << planning::describe(best, planned) << "\n";
     apply_plan(best, options);
     shape_.precision = options.model.precision;

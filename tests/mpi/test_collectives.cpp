@@ -1,4 +1,4 @@
-// test_collectives.cpp: dist::Communicator's collectives and chapter 07's ranks under MPI,
+// test_collectives.cpp: collectives::Communicator's collectives and chapter 07's ranks under MPI,
 // one GoogleTest program per rank (tests/mpi/run_under_mpi.sh starts it as 3 ranks: shares
 // of 3 ranks are uneven for most lengths). Every rank runs every test in the same order; a
 // failure on any rank fails the job.
@@ -12,14 +12,14 @@
 
 #include "chapters/07_data_parallel/data_parallel.hpp"
 #include "chapters/train/trainer.hpp"
-#include "dist/bucketed_sum.hpp"
-#include "dist/communicator.hpp"
+#include "collectives/bucketed_sum.hpp"
+#include "collectives/communicator.hpp"
 #include "tests/tiny_training.hpp"
 
 namespace bigbatch {
 namespace {
 
-dist::Communicator& world() { return dist::Communicator::world(); }
+collectives::Communicator& world() { return collectives::Communicator::world(); }
 
 /// Rank r's contribution to element i: whole numbers, so that every order of the sum is
 /// exact and the engine's sums can be compared bit for bit with the rank order's.
@@ -43,16 +43,17 @@ TEST(Collectives, RanksOnOneMachineHaveTheirWorldRankAsTheirPlaceOnIt) {
 }
 
 TEST(Collectives, AReduceScatterLeavesEachRankTheSumOfItsShard) {
-  for (const dist::Reduction reduction : {dist::Reduction::deterministic, dist::Reduction::engine}) {
+  for (const collectives::Reduction reduction :
+       {collectives::Reduction::deterministic, collectives::Reduction::engine}) {
     for (const std::size_t n : {std::size_t{0}, std::size_t{2}, std::size_t{10}, std::size_t{1001}}) {
       std::vector<float> values(n);
       for (std::size_t i = 0; i < n; ++i) values[i] = term(world().rank(), i);
       world().reduce_scatter_sum(values, reduction);
-      const dist::Share mine = dist::share_of(static_cast<std::int64_t>(n), world().size(),
-                                              world().rank());
+      const collectives::Share mine =
+          collectives::share_of(static_cast<std::int64_t>(n), world().size(), world().rank());
       for (std::int64_t i = mine.begin; i < mine.begin + mine.size; ++i) {
-        ASSERT_EQ(values[i], sum_of_terms(i)) << dist::reduction_name(reduction) << ", n = " << n
-                                              << ", element " << i;
+        ASSERT_EQ(values[i], sum_of_terms(i))
+            << collectives::reduction_name(reduction) << ", n = " << n << ", element " << i;
       }
     }
   }
@@ -66,19 +67,20 @@ TEST(Collectives, TheDeterministicReduceScatterHasTheAllReducesBits) {
     halves[i] = whole[i] = std::sin(static_cast<float>(i) + 0.1f * world().rank()) * 1e-3f +
                            (world().rank() == 0 ? 1.0f : 0.0f);
   }
-  world().reduce_scatter_sum(halves, dist::Reduction::deterministic);
+  world().reduce_scatter_sum(halves, collectives::Reduction::deterministic);
   world().all_gather_shares(halves);
-  world().all_reduce_sum(whole, dist::Reduction::deterministic);
+  world().all_reduce_sum(whole, collectives::Reduction::deterministic);
   EXPECT_EQ(halves, whole);
 }
 
 // Buckets: several buffers (empty, shorter than R, uneven) started in two buckets, moved on
 // by progress() and finished: the whole sum everywhere, or each rank's shard of each.
 TEST(BucketedSum, LeavesEveryBufferItsSumInEitherReductionAndEitherResult) {
-  for (const dist::Reduction reduction : {dist::Reduction::deterministic, dist::Reduction::engine}) {
-    for (const auto result : {dist::BucketedSum::Result::every_rank,
-                              dist::BucketedSum::Result::own_shards}) {
-      dist::BucketedSum sum(world(), reduction, result);
+  for (const collectives::Reduction reduction :
+       {collectives::Reduction::deterministic, collectives::Reduction::engine}) {
+    for (const auto result : {collectives::BucketedSum::Result::every_rank,
+                              collectives::BucketedSum::Result::own_shards}) {
+      collectives::BucketedSum sum(world(), reduction, result);
       for (int round = 0; round < 2; ++round) {  // the second reuses the first's buffers
         const std::vector<std::size_t> lengths = {0, 2, 10, 1001, 64};
         std::vector<std::vector<float>> buffers;
@@ -97,15 +99,15 @@ TEST(BucketedSum, LeavesEveryBufferItsSumInEitherReductionAndEitherResult) {
         sum.finish();
         EXPECT_EQ(sum.started(), 0u);
         for (std::size_t b = 0; b < lengths.size(); ++b) {
-          const dist::Share mine = dist::share_of(static_cast<std::int64_t>(lengths[b]),
-                                                  world().size(), world().rank());
+          const collectives::Share mine = collectives::share_of(
+              static_cast<std::int64_t>(lengths[b]), world().size(), world().rank());
           for (std::size_t i = 0; i < lengths[b]; ++i) {
-            const bool held = result == dist::BucketedSum::Result::every_rank ||
+            const bool held = result == collectives::BucketedSum::Result::every_rank ||
                               (static_cast<std::int64_t>(i) >= mine.begin &&
                                static_cast<std::int64_t>(i) < mine.begin + mine.size);
             if (!held) continue;
             ASSERT_EQ(buffers[b][i], sum_of_terms(i + round))
-                << dist::reduction_name(reduction) << ", buffer of " << lengths[b]
+                << collectives::reduction_name(reduction) << ", buffer of " << lengths[b]
                 << ", element " << i << ", round " << round;
           }
         }
@@ -126,10 +128,10 @@ TEST(BucketedSum, TheDeterministicOneHasTheOneCallSumsBits) {
   for (std::size_t i = 0; i < b.size(); ++i) b[i] = std::cos(static_cast<float>(i) * world().rank());
   whole_a = a;
   whole_b = b;
-  world().all_reduce_sum(whole_a, dist::Reduction::deterministic);
-  world().all_reduce_sum(whole_b, dist::Reduction::deterministic);
-  dist::BucketedSum sum(world(), dist::Reduction::deterministic,
-                        dist::BucketedSum::Result::every_rank);
+  world().all_reduce_sum(whole_a, collectives::Reduction::deterministic);
+  world().all_reduce_sum(whole_b, collectives::Reduction::deterministic);
+  collectives::BucketedSum sum(world(), collectives::Reduction::deterministic,
+                               collectives::BucketedSum::Result::every_rank);
   const std::vector<std::span<float>> first = {b}, second = {a};
   sum.start(first);
   sum.start(second);
@@ -142,7 +144,8 @@ TEST(Collectives, AnAllGatherOfSharesGivesEveryRankEveryShard) {
   const std::size_t n = 1001;
   std::vector<float> values(n, -1.0f);
   std::vector<std::uint16_t> halves(n, 0xffff);
-  const dist::Share mine = dist::share_of(static_cast<std::int64_t>(n), world().size(), world().rank());
+  const collectives::Share mine =
+      collectives::share_of(static_cast<std::int64_t>(n), world().size(), world().rank());
   for (std::int64_t i = mine.begin; i < mine.begin + mine.size; ++i) {
     values[i] = static_cast<float>(i);
     halves[i] = static_cast<std::uint16_t>(i * 7);
@@ -173,7 +176,7 @@ TEST(Collectives, AnAllGatherOfDoublesIsInRankOrder) {
 // every rank's found-inf and the squared norms of all shards, added in rank order.
 TEST(ZeroStageOne, EveryRankSeesAnyRanksInfAndEveryShardsSquaredNorm) {
   nn::Model model(testing::tiny_model(2, 0.0f), Device::cpu());
-  data_parallel::CommunicatorRanks ranks(world(), dist::Reduction::deterministic,
+  data_parallel::CommunicatorRanks ranks(world(), collectives::Reduction::deterministic,
                                          data_parallel::ZeroStage::optimizer_state);
   const loss_scaling::GradientPieces pieces = ranks.boundary_pieces(model);
   ASSERT_EQ(pieces.parts.size(), 1u) << "one part per process: its own shard";
@@ -246,7 +249,7 @@ TEST(RankMemory, EveryRanksStepIsPredictedToTheByte) {
                                nn::precision_name(precision) + ", rank " +
                                std::to_string(world().rank());
         nn::Model model(config, Device::cpu());
-        data_parallel::CommunicatorRanks ranks(world(), dist::Reduction::deterministic, zero,
+        data_parallel::CommunicatorRanks ranks(world(), collectives::Reduction::deterministic, zero,
                                                bucket_bytes);
         ranks.take_model(model);
         nn::Optimizer optimizer(ranks.stepped_parameters(model), adamw);
@@ -291,7 +294,7 @@ TEST(ShardedMasters, AreGatheredWholeBetweenStepsAndShardedAgain) {
     for (const bool gather_between : {false, true}) {
       nn::Model model(config, Device::cpu());
       const std::vector<float> initial = masters(model);
-      data_parallel::CommunicatorRanks ranks(world(), dist::Reduction::deterministic, zero);
+      data_parallel::CommunicatorRanks ranks(world(), collectives::Reduction::deterministic, zero);
       ranks.take_model(model);
       EXPECT_FALSE(model.holds_master_weights())
           << "the masters are released before the optimizer's state is made";
@@ -310,7 +313,7 @@ TEST(ShardedMasters, AreGatheredWholeBetweenStepsAndShardedAgain) {
       const std::vector<float> mine = masters(model);
       EXPECT_NE(mine, initial) << "the steps changed no master";
       // Every rank's bytes are rank 0's: the CRC of each rank's masters, gathered.
-      const std::uint32_t crc = dist::fingerprint(
+      const std::uint32_t crc = collectives::fingerprint(
           {reinterpret_cast<const std::byte*>(mine.data()), mine.size() * sizeof(float)});
       for (const std::uint64_t other : world().all_gather(std::uint64_t{crc})) {
         EXPECT_EQ(other, crc) << "stage " << data_parallel::setting_text(zero);
@@ -338,7 +341,7 @@ TEST(Overlap, BucketsDuringTheLastBackwardGiveTheBitsOfOneSumAfterIt) {
     std::vector<std::vector<float>> saved;
     for (const std::size_t bucket_bytes : {std::size_t{0}, std::size_t{1}, std::size_t{1} << 30}) {
       nn::Model model(config, Device::cpu());
-      data_parallel::CommunicatorRanks ranks(world(), dist::Reduction::deterministic, zero,
+      data_parallel::CommunicatorRanks ranks(world(), collectives::Reduction::deterministic, zero,
                                              bucket_bytes);
       EXPECT_EQ(ranks.overlaps(), bucket_bytes > 0);
       ranks.take_model(model);

@@ -1,5 +1,5 @@
 // device_communicator.cu: the collectives on CUDA tensors, on NCCL (built with NCCL only).
-#include "dist/device_communicator.hpp"
+#include "collectives/device_communicator.hpp"
 
 #include <cuda_runtime.h>
 #include <nccl.h>
@@ -11,7 +11,7 @@
 
 #include "common/check.hpp"
 
-namespace bigbatch::dist {
+namespace bigbatch::collectives {
 namespace {
 
 // Every kernel of the CUDA backend is queued on the default stream; the collectives join
@@ -265,4 +265,4 @@ void add_in_rank_order_on_device(std::span<float> total, std::span<const float> 
   add_in_rank_order(total, pieces, kStream);
 }
 
-}  // namespace bigbatch::dist
+}  // namespace bigbatch::collectives

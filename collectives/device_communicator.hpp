@@ -35,9 +35,9 @@
 #include <memory>
 #include <span>
 
-#include "dist/communicator.hpp"
+#include "collectives/communicator.hpp"
 
-namespace bigbatch::dist {
+namespace bigbatch::collectives {
 
 /// The collectives of `host`'s ranks on CUDA buffers (device pointers in the spans),
 /// with Collectives' contract: the forms above, queued on the default stream.
@@ -79,4 +79,4 @@ class DeviceCommunicator final : public Collectives {
 /// queued on the default stream. Throws std::runtime_error in a build without NCCL.
 void add_in_rank_order_on_device(std::span<float> total, std::span<const float> pieces);
 
-}  // namespace bigbatch::dist
+}  // namespace bigbatch::collectives

@@ -1,6 +1,6 @@
 // communicator.cpp: the collectives on MPI, and the rank-order sum they share with the
 // one-process simulation of the ranks.
-#include "dist/communicator.hpp"
+#include "collectives/communicator.hpp"
 
 #include <zlib.h>
 
@@ -19,7 +19,7 @@
 #include <mpi.h>
 #endif
 
-namespace bigbatch::dist {
+namespace bigbatch::collectives {
 
 std::string_view reduction_name(Reduction reduction) {
   return reduction == Reduction::deterministic ? "deterministic" : "engine";
@@ -56,7 +56,7 @@ namespace {
 
 int count_of(std::int64_t n) {
   BIGBATCH_CHECK(n >= 0 && n <= std::numeric_limits<int>::max(),
-                 "dist: ", n, " elements do not fit one MPI count");
+                 "collectives: ", n, " elements do not fit one MPI count");
   return static_cast<int>(n);
 }
 
@@ -263,4 +263,4 @@ void Communicator::abort(int exit_code) { std::exit(exit_code); }
 
 #endif
 
-}  // namespace bigbatch::dist
+}  // namespace bigbatch::collectives

@@ -1,5 +1,5 @@
 // bucketed_sum.cpp: the buckets' sums on MPI's nonblocking collectives, one per buffer.
-#include "dist/bucketed_sum.hpp"
+#include "collectives/bucketed_sum.hpp"
 
 #include <algorithm>
 #include <limits>
@@ -10,7 +10,7 @@
 #include <mpi.h>
 #endif
 
-namespace bigbatch::dist {
+namespace bigbatch::collectives {
 
 #if BIGBATCH_HAVE_MPI
 
@@ -167,4 +167,4 @@ void BucketedSum::finish() {}
 
 #endif
 
-}  // namespace bigbatch::dist
+}  // namespace bigbatch::collectives

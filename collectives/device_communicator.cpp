@@ -1,10 +1,10 @@
 // device_communicator.cpp: a build without NCCL keeps DeviceCommunicator's API and refuses
 // to make one; with NCCL, device_communicator.cu holds the collectives.
-#include "dist/device_communicator.hpp"
+#include "collectives/device_communicator.hpp"
 
 #include <stdexcept>
 
-namespace bigbatch::dist {
+namespace bigbatch::collectives {
 
 bool DeviceCommunicator::compiled() { return BIGBATCH_HAVE_NCCL != 0; }
 
@@ -37,4 +37,4 @@ void add_in_rank_order_on_device(std::span<float>, std::span<const float>) { ref
 
 #endif
 
-}  // namespace bigbatch::dist
+}  // namespace bigbatch::collectives

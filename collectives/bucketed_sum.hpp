@@ -33,9 +33,9 @@
 #include <span>
 #include <vector>
 
-#include "dist/communicator.hpp"
+#include "collectives/communicator.hpp"
 
-namespace bigbatch::dist {
+namespace bigbatch::collectives {
 
 /// Sums over ranks started bucket by bucket and finished together (see above).
 class BucketedSum {
@@ -88,4 +88,4 @@ class BucketedSum {
   std::size_t started_ = 0;
 };
 
-}  // namespace bigbatch::dist
+}  // namespace bigbatch::collectives

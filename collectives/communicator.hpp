@@ -31,7 +31,7 @@
 #include <string_view>
 #include <vector>
 
-namespace bigbatch::dist {
+namespace bigbatch::collectives {
 
 /// How a sum over ranks is formed (see above).
 enum class Reduction {
@@ -60,7 +60,7 @@ Share share_of(std::int64_t count, int ranks, int rank);
 
 /// The sums and gathers of a run's ranks over buffers in one kind of memory:
 /// Communicator's over host memory (MPI), DeviceCommunicator's over CUDA memory (NCCL,
-/// dist/device_communicator.hpp). Every call is collective: every rank makes it, in the
+/// collectives/device_communicator.hpp). Every call is collective: every rank makes it, in the
 /// same order, with buffers of the same length.
 class Collectives {
  public:
@@ -166,4 +166,4 @@ inline std::uint32_t fingerprint(std::string_view text, std::uint32_t crc = 0) {
   return fingerprint(std::as_bytes(std::span(text.data(), text.size())), crc);
 }
 
-}  // namespace bigbatch::dist
+}  // namespace bigbatch::collectives
