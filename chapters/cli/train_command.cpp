@@ -7,10 +7,7 @@
 #include <iostream>
 #include <map>
 #include <memory>
-#include <optional>
 #include <string>
-#include <utility>
-#include <vector>
 
 #include "chapters/cli/model_run.hpp"
 #include "chapters/cli/parallel.hpp"
@@ -18,10 +15,7 @@
 #include "chapters/cli/progress.hpp"
 #include "chapters/cli/setup.hpp"
 #include "chapters/cli/step_loop.hpp"
-#include "common/format.hpp"
 #include "common/json.hpp"
-#include "common/memory.hpp"
-#include "nn/memory_model.hpp"
 
 namespace bigbatch::cli {
 namespace {
