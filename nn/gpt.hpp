@@ -177,6 +177,9 @@ using GptBlockRunner = BlockRunnerFor<Gpt>;
 /// The decoder described above, its parameters, gradients and saved activations on one device.
 class Gpt : public Network {
  public:
+  /// What block_forward keeps of one block for its backward (a block runner holds these).
+  using SavedBlock = GptBlockActivations;
+
   /// Parameters initialised as nanoGPT's (above); gradients zero. Throws
   /// std::invalid_argument for sizes that do not fit (heads not dividing the width, ...).
   Gpt(const GptConfig& config, Device device);
@@ -186,6 +189,8 @@ class Gpt : public Network {
 
   /// The configuration the model was built with.
   const GptConfig& config() const { return config_; }
+  /// Its transformer blocks, the chain a block runner runs: config().layers.
+  std::int64_t blocks() const { return config_.layers; }
   /// The device that holds every tensor.
   Device device() const override { return device_; }
   /// The dtype of activations and their gradients (f64 for the float64 twin).

@@ -1,6 +1,7 @@
 // memory_model.cpp: the byte counts of memory_model.hpp. predict_step follows the
-// allocations of nn/model.cpp and nn/training.cpp in their order; a change there that
-// allocates more, less or at another moment shows up in tests/test_memory_model.cpp.
+// allocations of nn/training.cpp, and each model's ledger those of its model (ModelLedger
+// nn/model.cpp's, GptLedger nn/gpt.cpp's), in their order; a change there that allocates
+// more, less or at another moment shows up in tests/test_memory_model.cpp.
 #include "nn/memory_model.hpp"
 
 #include <algorithm>
@@ -19,17 +20,25 @@ using Bytes = MemoryLedger::Bytes;
 
 std::size_t to_size(std::int64_t n) { return static_cast<std::size_t>(n); }
 
-/// The model's own tensors, both norms: (parameters, master weights, gradients) bytes.
+/// A model's own tensors: (parameters, master weights, gradients) bytes.
 struct StaticBytes {
   std::size_t parameters = 0, master_weights = 0, gradients = 0, trainable = 0;
 };
 
-/// The Linear weights' element counts (stem, each block's fc1 and fc2, head), and the rest:
-/// the Linear biases (stem, fc1, fc2, head) and the norms' weight and bias (blocks, head).
+/// A model's trainable tensors' element counts: the weights, which have f32 masters and
+/// 16-bit working copies under mixed precision, and the rest (biases, norm weights), f32.
 struct TrainableTensors {
   std::vector<std::int64_t> weights, others;
+  /// Every count, the weights first.
+  std::vector<std::int64_t> all() const {
+    std::vector<std::int64_t> counts = weights;
+    counts.insert(counts.end(), others.begin(), others.end());
+    return counts;
+  }
 };
 
+/// The MLP's: the Linear weights (stem, each block's fc1 and fc2, head), and the Linear
+/// biases (stem, fc1, fc2, head) and the norms' weight and bias (blocks, head).
 TrainableTensors trainable_tensors(const ModelConfig& c) {
   const std::int64_t d = c.inputs, h = c.hidden, inner = c.expansion * c.hidden, k = c.classes;
   TrainableTensors t;
@@ -48,32 +57,28 @@ std::int64_t sum(const std::vector<std::int64_t>& counts) {
   return total;
 }
 
-StaticBytes static_bytes(const ModelConfig& c) {
-  const bool mixed = is_mixed(c.precision);  // fp16 and bf16: the same bytes
-  const std::int64_t h = c.hidden;
-  const TrainableTensors tensors = trainable_tensors(c);
+/// The bytes of `tensors` in `precision` (fp16 and bf16 take the same), with `buffers` f32
+/// elements more among the parameters (BatchNorm's running statistics) and `more_gradients`
+/// f32 gradient elements besides one per trainable element (the GPT's tied head).
+StaticBytes bytes_of(const TrainableTensors& tensors, Precision precision,
+                     std::int64_t buffers, std::int64_t more_gradients) {
+  const bool mixed = is_mixed(precision);
   const std::int64_t weights = sum(tensors.weights), others = sum(tensors.others);
-  // BatchNorm's running mean and variance, per norm layer (blocks and head): parameters.
-  const std::int64_t running = c.norm == Norm::batch ? (c.depth + 1) * 2 * h : 0;
   StaticBytes s;
   s.trainable = to_size(weights + others);
-  s.parameters = to_size((mixed ? 2 * weights + 4 * others : 4 * (weights + others)) + 4 * running);
+  s.parameters = to_size((mixed ? 2 * weights + 4 * others : 4 * (weights + others)) + 4 * buffers);
   s.master_weights = to_size(mixed ? 4 * weights : 0);
-  s.gradients = 4 * s.trainable;
+  s.gradients = 4 * (s.trainable + to_size(more_gradients));
   return s;
 }
 
+StaticBytes static_bytes(const ModelConfig& c) {
+  // BatchNorm's running mean and variance, per norm layer (blocks and head): parameters.
+  const std::int64_t running = c.norm == Norm::batch ? (c.depth + 1) * 2 * c.hidden : 0;
+  return bytes_of(trainable_tensors(c), c.precision, running, 0);
+}
+
 }  // namespace
-
-std::vector<std::int64_t> trainable_sizes(const ModelConfig& config) {
-  TrainableTensors tensors = trainable_tensors(config);
-  tensors.weights.insert(tensors.weights.end(), tensors.others.begin(), tensors.others.end());
-  return tensors.weights;
-}
-
-std::vector<std::int64_t> master_weight_sizes(const ModelConfig& config) {
-  return trainable_tensors(config).weights;
-}
 
 PredictedBytes predict_memory(const ModelConfig& c, std::int64_t rows) {
   BIGBATCH_CHECK(c.norm == Norm::layer, "predict_memory: only LayerNorm models are modelled");
@@ -255,19 +260,45 @@ void MemoryLedger::reset_peak(const std::string& moment) {
   peak_moment_ = moment;
 }
 
-// ---- the model ----------------------------------------------------------------------------
+// ---- any model's replay -------------------------------------------------------------------
 
-ModelLedger::ModelLedger(const ModelConfig& config, MemoryLedger& ledger,
-                         bool released_gradients, std::size_t bucket_bytes)
-    : config_(config), ledger_(ledger), released_gradients_(released_gradients),
-      bucket_bytes_(bucket_bytes) {}
-
-Bytes ModelLedger::gradients(std::int64_t elements, const Moment& what) {
-  if (!released_gradients_) return nullptr;
-  return ledger_.allocate(MemoryCategory::gradients, 4 * to_size(elements), moment(what));
+void NetworkLedger::start_step(MemoryLedger& ledger, bool released_gradients,
+                               std::size_t bucket_bytes) {
+  BIGBATCH_CHECK(!released_gradients || releases_state(), "NetworkLedger: this model's backward "
+                 "does not release its gradients, so no step holds them in part");
+  ledger_ = &ledger;
+  released_gradients_ = released_gradients;
+  bucket_bytes_ = bucket_bytes;
+  open_.clear();
+  in_flight_.clear();
+  open_bytes_ = 0;
+  held_.clear();
 }
 
-void ModelLedger::gradients_done(Bytes gradients, bool last) {
+void NetworkLedger::start_micro_batch(std::int64_t samples, std::string label) {
+  samples_ = samples;
+  label_ = std::move(label);
+}
+
+Bytes NetworkLedger::activation(std::size_t bytes, const Moment& what) {
+  return ledger_->allocate(MemoryCategory::activations, bytes, moment(what));
+}
+
+Bytes NetworkLedger::workspace(std::size_t bytes, const Moment& what) {
+  return ledger_->allocate(MemoryCategory::workspace, bytes, moment(what));
+}
+
+Bytes NetworkLedger::checkpoint(std::int64_t state) {
+  return ledger_->allocate(MemoryCategory::checkpoints, state_bytes(),
+                           moment("store h" + std::to_string(state) + " as a checkpoint"));
+}
+
+Bytes NetworkLedger::gradients(std::int64_t elements, const Moment& what) {
+  if (!released_gradients_) return nullptr;
+  return ledger_->allocate(MemoryCategory::gradients, 4 * to_size(elements), moment(what));
+}
+
+void NetworkLedger::gradients_done(Bytes gradients, bool last) {
   if (!released_gradients_ || bucket_bytes_ == 0) return;  // released as the handle goes
   open_bytes_ += gradients ? gradients->bytes : 0;
   open_.push_back(std::move(gradients));
@@ -277,78 +308,6 @@ void ModelLedger::gradients_done(Bytes gradients, bool last) {
     open_bytes_ = 0;
   }
   if (last) in_flight_.clear();  // the backward's end waits for every sum
-}
-
-void ModelLedger::start_micro_batch(std::int64_t rows, std::string label) {
-  rows_ = rows;
-  label_ = std::move(label);
-}
-
-std::size_t ModelLedger::hidden_state_bytes() const {
-  return to_size(rows_ * config_.hidden) * dtype_size(working_dtype(config_.precision));
-}
-
-std::size_t ModelLedger::statistics_bytes() const {
-  // f32 per row (LayerNorm) or per feature (BatchNorm in training).
-  return 4 * to_size(config_.norm == Norm::layer ? rows_ : config_.hidden);
-}
-
-Bytes ModelLedger::activation(std::size_t bytes, const Moment& what) {
-  return ledger_.allocate(MemoryCategory::activations, bytes, moment(what));
-}
-
-Bytes ModelLedger::workspace(std::size_t bytes, const Moment& what) {
-  return ledger_.allocate(MemoryCategory::workspace, bytes, moment(what));
-}
-
-Bytes ModelLedger::checkpoint(std::int64_t state) {
-  return ledger_.allocate(MemoryCategory::checkpoints, hidden_state_bytes(),
-                          moment("store h" + std::to_string(state) + " as a checkpoint"));
-}
-
-Bytes ModelLedger::block_forward(std::int64_t index, Bytes h, BlockBytes& saved, BlockKeep keep,
-                                 bool recompute) {
-  BIGBATCH_CHECK(keep != BlockKeep::all_but_probabilities,
-                 "ModelLedger: the MLP's block has no attention probabilities");
-  const std::string block =
-      "block " + std::to_string(index) + (recompute ? " forward (recomputed): " : " forward: ");
-  const std::size_t state = hidden_state_bytes(), inner = state * to_size(config_.expansion);
-  saved.input = std::move(h);
-  saved.normed = activation(state, {block, "ln's output"});
-  saved.mean = activation(statistics_bytes(), {block, "ln's mean"});
-  saved.rstd = activation(statistics_bytes(), {block, "ln's rstd"});
-  saved.pre_activation = activation(inner, {block, "fc1's output"});
-  saved.hidden = activation(inner, {block, "the activation after dropout"});
-  Bytes output = activation(state, {block, "the block's output"});
-  if (keep == BlockKeep::gemm_outputs) saved.normed = saved.hidden = nullptr;
-  return output;
-}
-
-Bytes ModelLedger::block_backward(std::int64_t index, const BlockBytes& saved) {
-  const std::string block = "block " + std::to_string(index) + " backward: ";
-  const std::size_t state = hidden_state_bytes(), inner = state * to_size(config_.expansion);
-  const std::int64_t h = config_.hidden, e = config_.expansion * config_.hidden;
-  // ln's weight and bias, fc1's and fc2's weight and bias.
-  Bytes gradients_of_block =
-      gradients(2 * h + (e * h + e) + (h * e + h), {block, "the block's gradients"});
-  const Bytes d_hidden = workspace(inner, {block, "fc2's input gradient"});
-  Bytes hidden = saved.hidden;
-  if (!hidden) hidden = activation(inner, {block, "the activation after dropout, recomputed"});
-  hidden = nullptr;
-  Bytes normed = saved.normed;
-  if (!normed) {
-    normed = activation(state, {block, "ln's output, recomputed"});
-    const Bytes mean = activation(statistics_bytes(), {block, "ln's mean, recomputed"});
-    const Bytes rstd = activation(statistics_bytes(), {block, "ln's rstd, recomputed"});
-  }
-  const Bytes d_normed = workspace(state, {block, "fc1's input gradient"});
-  normed = nullptr;
-  Bytes d_input = workspace(state, {block, "the block's input gradient"});
-  if (config_.norm == Norm::batch) {  // kernels/batchnorm: the batch means of dy, dy xhat
-    workspace(8 * to_size(config_.hidden), {block, "BatchNorm's batch means"});
-  }
-  gradients_done(std::move(gradients_of_block), /*last=*/false);
-  return d_input;
 }
 
 // ---- the step -----------------------------------------------------------------------------
@@ -380,222 +339,379 @@ std::vector<Bytes> live_before_step(MemoryLedger& ledger, const BeforeStep& byte
   return live;
 }
 
-/// The samples the micro-batch buffer holds: one micro-batch's, or the batch's when smaller.
-std::size_t staged_samples(std::int64_t batch, std::int64_t micro_batch) {
-  return to_size(std::min(batch, micro_batch));
+/// The bytes live before the step of a model holding `held` of its state.
+BeforeStep before_step(const ModelBytes& model, std::int64_t batch, std::int64_t micro_batch,
+                       const Optimizer::Options& optimizer, std::size_t held_workspace,
+                       const HeldElements& held) {
+  const auto in_range = [](std::int64_t part, std::int64_t whole) {
+    return part >= -1 && part <= whole;
+  };
+  BIGBATCH_CHECK(in_range(held.optimizer_state, model.trainable) &&
+                     in_range(held.gradients, model.trainable) &&
+                     in_range(held.master_weights, model.master_elements),
+                 "predict_step: held optimizer state ", held.optimizer_state, ", gradients ",
+                 held.gradients, " of ", model.trainable, " trainable elements, master weights ",
+                 held.master_weights, " of ", model.master_elements);
+  BIGBATCH_CHECK(held.gradient_bucket_bytes == 0 || held.gradients >= 0,
+                 "predict_step: gradient buckets of ", held.gradient_bucket_bytes,
+                 " bytes for gradients held whole");
+  // The samples the micro-batch buffer holds: one micro-batch's, or the batch's when smaller.
+  const std::size_t staged = to_size(std::min(batch, micro_batch));
+  const std::size_t stepped = to_size(held.optimizer_state < 0 ? model.trainable
+                                                                : held.optimizer_state);
+  return {.parameters = model.parameters,
+          .master_weights = held.master_weights < 0 || model.master_weights == 0
+                                ? model.master_weights
+                                : 4 * to_size(held.master_weights),
+          .gradients = held.gradients < 0 ? model.gradients : 4 * to_size(held.gradients),
+          .optimizer_state = stepped * optimizer_state_bytes_per_parameter(optimizer),
+          .samples = staged * model.sample,
+          .labels = staged * model.labels,
+          .held_workspace = held_workspace};
 }
 
 }  // namespace
 
-StepPrediction predict_step(const ModelConfig& c, std::int64_t batch, std::int64_t micro_batch,
+StepPrediction predict_step(NetworkLedger& model, std::int64_t batch, std::int64_t micro_batch,
                             const Optimizer::Options& optimizer, BlockLedgerRunner* runner,
                             std::size_t held_workspace, const HeldElements& held) {
   BIGBATCH_CHECK(batch > 0 && micro_batch > 0, "predict_step: batch and micro_batch must be "
                  "positive, got ", batch, " and ", micro_batch);
   MemoryLedger ledger;
-  const bool mixed = is_mixed(c.precision);  // fp16 and bf16: the same bytes
-  const std::size_t h = to_size(c.hidden), d = to_size(c.inputs), k = to_size(c.classes);
-
-  // Live before the step: the model, its optimizer, one micro-batch's samples and labels.
-  const StaticBytes fixed = static_bytes(c);
-  const auto trainable = static_cast<std::int64_t>(fixed.trainable);
-  const auto in_range = [](std::int64_t part, std::int64_t whole) {
-    return part >= -1 && part <= whole;
-  };
-  BIGBATCH_CHECK(in_range(held.optimizer_state, trainable) && in_range(held.gradients, trainable) &&
-                     in_range(held.master_weights, sum(master_weight_sizes(c))),
-                 "predict_step: held optimizer state ", held.optimizer_state, ", gradients ",
-                 held.gradients, " of ", trainable, " trainable elements, master weights ",
-                 held.master_weights, " of ", sum(master_weight_sizes(c)));
-  const bool released_gradients = held.gradients >= 0;
-  const std::size_t stepped =
-      held.optimizer_state < 0 ? fixed.trainable : to_size(held.optimizer_state);
-  const std::size_t staged = staged_samples(batch, micro_batch);
   const std::vector<Bytes> live = live_before_step(
-      ledger,
-      {.parameters = fixed.parameters,
-       .master_weights = held.master_weights < 0 || !mixed ? fixed.master_weights
-                                                           : 4 * to_size(held.master_weights),
-       .gradients = released_gradients ? 4 * to_size(held.gradients) : fixed.gradients,
-       .optimizer_state = stepped * optimizer_state_bytes_per_parameter(optimizer),
-       .samples = 4 * staged * d,
-       .labels = 4 * staged,
-       .held_workspace = held_workspace});
-
-  BIGBATCH_CHECK(held.gradient_bucket_bytes == 0 || released_gradients,
-                 "predict_step: gradient buckets of ", held.gradient_bucket_bytes,
-                 " bytes for gradients held whole");
-  ModelLedger model(c, ledger, released_gradients, held.gradient_bucket_bytes);
+      ledger, before_step(model.held(), batch, micro_batch, optimizer, held_workspace, held));
+  model.start_step(ledger, held.gradients >= 0, held.gradient_bucket_bytes);
   Bytes loss = ledger.allocate(MemoryCategory::workspace, 4, "the loss");
   std::int64_t micro_batches = 0;
   for (std::int64_t begin = 0; begin < batch; begin += micro_batch) {
-    const std::size_t b = to_size(std::min(batch, begin + micro_batch) - begin);
-    model.start_micro_batch(static_cast<std::int64_t>(b),
+    model.start_micro_batch(std::min(batch, begin + micro_batch) - begin,
                             "micro-batch " + std::to_string(++micro_batches));
-    const std::size_t hidden_state = model.hidden_state_bytes();
-    const std::size_t statistics = model.statistics_bytes();
-
-    // Model::forward: the stem.
-    Bytes input;  // fp32 reads x itself
-    if (mixed) input = model.activation(2 * b * d, "forward: the input in 16 bits");
-    Bytes stem_pre_activation = model.activation(hidden_state, "forward: stem's output");
-    Bytes hidden = model.activation(hidden_state, "forward: the stem's activation (h0)");
-    // The blocks.
+    // The forward: the stem, the blocks (in the runner's order, or each keeping all), the
+    // head with the loss and the head's backward; then the blocks' backward, last first.
+    Bytes h = model.stem_forward();
     std::vector<BlockBytes> blocks;
     if (runner) {
-      hidden = runner->forward(model, std::move(hidden));
+      h = runner->forward(model, std::move(h));
     } else {
-      blocks.resize(to_size(c.depth));
-      for (std::int64_t i = 0; i < c.depth; ++i) {
-        hidden = model.block_forward(i, hidden, blocks[to_size(i)], BlockKeep::all, false);
+      blocks.resize(to_size(model.depth()));
+      for (std::int64_t i = 0; i < model.depth(); ++i) {
+        h = model.block_forward(i, std::move(h), blocks[to_size(i)], BlockKeep::all, false);
       }
     }
-    // The head: its norm, the logits (f32).
-    Bytes head_input = std::move(hidden);
-    Bytes head_normed = model.activation(hidden_state, "forward: head.ln's output");
-    Bytes head_mean = model.activation(statistics, "forward: head.ln's mean");
-    Bytes head_rstd = model.activation(statistics, "forward: head.ln's rstd");
-    const Bytes logits = model.activation(4 * b * k, "forward: the logits");
-    // The loss (kernels/cross_entropy: one loss per row), its gradient.
-    model.workspace(4 * b, "the loss: per-row losses");
-    const Bytes dlogits = model.workspace(4 * b * k, "the loss's gradient");
-
-    // Model::backward: the head.
-    Bytes head_gradients = model.gradients(2 * c.hidden + c.classes * c.hidden + c.classes,
-                                           "backward: the head's gradients");
-    Bytes d_head;  // fp32: dlogits itself
-    if (mixed) d_head = model.workspace(2 * b * k, "backward: the logits' gradient in 16 bits");
-    Bytes dh;
-    {
-      const Bytes d_normed = model.workspace(hidden_state, "backward: head.ln's output gradient");
-      d_head = nullptr;
-      dh = model.workspace(hidden_state, "backward: the head's input gradient");
-      if (c.norm == Norm::batch) model.workspace(8 * h, "backward: head.ln's batch means");
-    }
-    model.gradients_done(std::move(head_gradients), /*last=*/false);  // summed over ranks
-    head_input = head_normed = head_mean = head_rstd = nullptr;
-    // The blocks, last first.
+    Bytes dh = model.head(std::move(h));
     if (runner) {
       dh = runner->backward(model, std::move(dh));
     } else {
-      for (std::int64_t i = c.depth; i-- > 0;) {
+      for (std::int64_t i = model.depth(); i-- > 0;) {
         dh = model.block_backward(i, blocks[to_size(i)]);
         blocks[to_size(i)] = BlockBytes{};
       }
     }
-    // The stem's backward works in place and allocates nothing but its gradients, when
-    // they were released; the rest goes here.
-    model.gradients_done(model.gradients(c.inputs * c.hidden + c.hidden,
-                                         "backward: the stem's gradients"),
-                         /*last=*/true);
+    model.stem_backward();
+    model.end_micro_batch();
   }
   loss = nullptr;  // read back and released as accumulate_gradients returns
   StepPrediction p;
   p.stats = ledger.stats();
   p.peak_moment = ledger.peak_moment();
-  p.block_forwards = runner ? runner->evaluations() : c.depth * micro_batches;
+  p.block_forwards = runner ? runner->evaluations() : model.depth() * micro_batches;
   return p;
+}
+
+// ---- the MLP ------------------------------------------------------------------------------
+
+namespace {
+
+/// The MLP block's saved tensors in BlockBytes::kept (BlockActivations' names).
+namespace mlp_kept {
+enum : std::size_t {
+  input,           // the block's input h
+  normed,          // ln(h); none under BlockKeep::gemm_outputs
+  mean,            // ln's mean
+  rstd,            // ln's 1 / sqrt(var + eps)
+  pre_activation,  // fc1's output
+  hidden,          // fc2's input, after dropout; none under BlockKeep::gemm_outputs
+};
+}  // namespace mlp_kept
+
+}  // namespace
+
+ModelBytes ModelLedger::held() const {
+  const StaticBytes fixed = static_bytes(config_);
+  return {.parameters = fixed.parameters,
+          .master_weights = fixed.master_weights,
+          .gradients = fixed.gradients,
+          .trainable = static_cast<std::int64_t>(fixed.trainable),
+          .master_elements = sum(master_weight_sizes()),
+          .sample = 4 * to_size(config_.inputs),  // x, f32
+          .labels = 4};                           // the label, i32
+}
+
+std::vector<std::int64_t> ModelLedger::trainable_sizes() const {
+  return trainable_tensors(config_).all();
+}
+
+std::vector<std::int64_t> ModelLedger::master_weight_sizes() const {
+  return trainable_tensors(config_).weights;
+}
+
+std::size_t ModelLedger::state_bytes() const {
+  return to_size(samples() * config_.hidden) * dtype_size(working_dtype(config_.precision));
+}
+
+std::size_t ModelLedger::statistics_bytes() const {
+  // f32 per row (LayerNorm) or per feature (BatchNorm in training).
+  return 4 * to_size(config_.norm == Norm::layer ? samples() : config_.hidden);
+}
+
+Bytes ModelLedger::stem_forward() {
+  if (is_mixed(config_.precision)) {  // fp32 reads x itself
+    hold(activation(2 * to_size(samples() * config_.inputs), "forward: the input in 16 bits"));
+  }
+  hold(activation(state_bytes(), "forward: stem's output"));
+  return activation(state_bytes(), "forward: the stem's activation (h0)");
+}
+
+Bytes ModelLedger::block_forward(std::int64_t index, Bytes h, BlockBytes& saved, BlockKeep keep,
+                                 bool recompute) {
+  using namespace mlp_kept;
+  BIGBATCH_CHECK(keeps(keep), "ModelLedger: the MLP's block has no attention probabilities");
+  const std::string block =
+      "block " + std::to_string(index) + (recompute ? " forward (recomputed): " : " forward: ");
+  const std::size_t state = state_bytes(), inner = state * to_size(config_.expansion);
+  auto& kept = saved.kept;
+  kept[input] = std::move(h);
+  kept[normed] = activation(state, {block, "ln's output"});
+  kept[mean] = activation(statistics_bytes(), {block, "ln's mean"});
+  kept[rstd] = activation(statistics_bytes(), {block, "ln's rstd"});
+  kept[pre_activation] = activation(inner, {block, "fc1's output"});
+  kept[hidden] = activation(inner, {block, "the activation after dropout"});
+  Bytes output = activation(state, {block, "the block's output"});
+  if (keep == BlockKeep::gemm_outputs) kept[normed] = kept[hidden] = nullptr;
+  return output;
+}
+
+Bytes ModelLedger::head(Bytes h_n) {
+  const std::size_t b = to_size(samples()), k = to_size(config_.classes);
+  const std::int64_t h = config_.hidden;
+  // The forward: the head's norm, the logits (f32).
+  Bytes normed = activation(state_bytes(), "forward: head.ln's output");
+  Bytes mean = activation(statistics_bytes(), "forward: head.ln's mean");
+  Bytes rstd = activation(statistics_bytes(), "forward: head.ln's rstd");
+  hold(activation(4 * b * k, "forward: the logits"));
+  // The loss (kernels/cross_entropy: one loss per row), its gradient.
+  workspace(4 * b, "the loss: per-row losses");
+  hold(workspace(4 * b * k, "the loss's gradient"));
+  // The head's backward.
+  Bytes head_gradients =
+      gradients(2 * h + config_.classes * h + config_.classes, "backward: the head's gradients");
+  Bytes d_logits;  // fp32: the loss's gradient itself
+  if (is_mixed(config_.precision)) {
+    d_logits = workspace(2 * b * k, "backward: the logits' gradient in 16 bits");
+  }
+  const Bytes d_normed = workspace(state_bytes(), "backward: head.ln's output gradient");
+  d_logits = nullptr;
+  Bytes dh = workspace(state_bytes(), "backward: the head's input gradient");
+  if (config_.norm == Norm::batch) workspace(8 * to_size(h), "backward: head.ln's batch means");
+  gradients_done(std::move(head_gradients), /*last=*/false);  // summed over ranks
+  h_n = nullptr;  // the norm's input, which its backward read
+  return dh;
+}
+
+Bytes ModelLedger::block_backward(std::int64_t index, const BlockBytes& saved) {
+  using namespace mlp_kept;
+  const std::string block = "block " + std::to_string(index) + " backward: ";
+  const std::size_t state = state_bytes(), inner = state * to_size(config_.expansion);
+  const std::int64_t h = config_.hidden, e = config_.expansion * config_.hidden;
+  // ln's weight and bias, fc1's and fc2's weight and bias.
+  Bytes gradients_of_block =
+      gradients(2 * h + (e * h + e) + (h * e + h), {block, "the block's gradients"});
+  const Bytes d_hidden = workspace(inner, {block, "fc2's input gradient"});
+  Bytes after_dropout = saved.kept[hidden];
+  if (!after_dropout) {
+    after_dropout = activation(inner, {block, "the activation after dropout, recomputed"});
+  }
+  after_dropout = nullptr;
+  Bytes ln_output = saved.kept[normed];
+  if (!ln_output) {
+    ln_output = activation(state, {block, "ln's output, recomputed"});
+    const Bytes ln_mean = activation(statistics_bytes(), {block, "ln's mean, recomputed"});
+    const Bytes ln_rstd = activation(statistics_bytes(), {block, "ln's rstd, recomputed"});
+  }
+  const Bytes d_normed = workspace(state, {block, "fc1's input gradient"});
+  ln_output = nullptr;
+  Bytes d_input = workspace(state, {block, "the block's input gradient"});
+  if (config_.norm == Norm::batch) {  // kernels/batchnorm: the batch means of dy, dy xhat
+    workspace(8 * to_size(config_.hidden), {block, "BatchNorm's batch means"});
+  }
+  gradients_done(std::move(gradients_of_block), /*last=*/false);
+  return d_input;
+}
+
+void ModelLedger::stem_backward() {
+  // The stem's backward works in place and allocates nothing but its gradients, when they
+  // were released.
+  gradients_done(gradients(config_.inputs * config_.hidden + config_.hidden,
+                           "backward: the stem's gradients"),
+                 /*last=*/true);
 }
 
 // ---- the GPT ----------------------------------------------------------------------------
 
 namespace {
 
-/// The GPT's own tensors (nn/gpt.cpp's constructor): the tables and the Linear weights have
-/// f32 masters and 16-bit working copies under mixed precision; biases and LayerNorm weights
-/// are f32; every gradient is f32, and the tied head's share of wte's has a buffer of its own.
-StaticBytes gpt_static_bytes(const GptConfig& c) {
-  const bool mixed = is_mixed(c.precision);
-  const std::int64_t C = c.width, N = c.layers;
-  const std::int64_t weights = (c.vocabulary + c.context) * C + N * 12 * C * C;
-  const std::int64_t others = N * 13 * C + 2 * C;  // norms and biases; ln_f
-  StaticBytes s;
-  s.trainable = to_size(weights + others);
-  s.parameters = to_size(mixed ? 2 * weights + 4 * others : 4 * (weights + others));
-  s.master_weights = to_size(mixed ? 4 * weights : 0);
-  s.gradients = 4 * s.trainable + to_size(4 * c.vocabulary * C);
-  return s;
+/// The GPT's trainable tensors (nn/gpt.cpp's constructor): the tables and the Linear
+/// weights, which have f32 masters and 16-bit working copies under mixed precision; and the
+/// rest, biases and LayerNorm weights, f32.
+TrainableTensors gpt_tensors(const GptConfig& c) {
+  const std::int64_t C = c.width;
+  TrainableTensors t;
+  t.weights = {c.vocabulary * C, c.context * C};  // wte, wpe
+  t.others = {C, C};                              // ln_f's weight and bias
+  for (std::int64_t b = 0; b < c.layers; ++b) {
+    // attn.c_attn, attn.c_proj, mlp.c_fc, mlp.c_proj; ln_1, their biases, ln_2, theirs.
+    t.weights.insert(t.weights.end(), {3 * C * C, C * C, 4 * C * C, 4 * C * C});
+    t.others.insert(t.others.end(), {C, C, 3 * C, C, C, C, 4 * C, C});
+  }
+  return t;
 }
+
+/// The GPT's own bytes: every gradient is f32, and the tied head's share of wte's has a
+/// buffer of its own.
+StaticBytes gpt_static_bytes(const GptConfig& c) {
+  return bytes_of(gpt_tensors(c), c.precision, 0, c.vocabulary * c.width);
+}
+
+/// The transformer block's saved tensors in BlockBytes::kept (GptBlockActivations' names).
+namespace gpt_kept {
+enum : std::size_t {
+  input,          // x entering the block (the previous block's output)
+  ln_1_out,       // ln_1(x)
+  ln_1_mean,      // ln_1's means (f32)
+  ln_1_rstd,      // ln_1's 1 / sqrt(var + eps) (f32)
+  qkv,            // c_attn's output
+  attention,      // the heads' output
+  probabilities,  // plain attention's P [b, heads, T, T]
+  row_stats,      // efficient attention's (m, l) [b, heads, T, 2] f32
+  middle,         // x after the attention's residual
+  ln_2_out,       // ln_2(middle)
+  ln_2_mean,      // ln_2's means (f32)
+  ln_2_rstd,      // ln_2's 1 / sqrt(var + eps) (f32)
+  fc,             // c_fc's output
+  gelu,           // gelu(fc), mlp.c_proj's input
+  count
+};
+static_assert(count <= BlockBytes::kMaxKept);
+}  // namespace gpt_kept
 
 }  // namespace
 
-GptLedger::GptLedger(const GptConfig& config, MemoryLedger& ledger)
-    : config_(config), ledger_(ledger) {}
-
-void GptLedger::start_micro_batch(std::int64_t sequences, std::int64_t length,
-                                  std::string label) {
-  sequences_ = sequences;
-  length_ = length;
-  label_ = std::move(label);
+GptLedger::GptLedger(const GptConfig& config, std::int64_t length)
+    : config_(config), length_(length) {
+  BIGBATCH_CHECK(length > 0 && length <= config.context, "GptLedger: the length must be in 1..",
+                 config.context, ", got ", length);
 }
 
-std::size_t GptLedger::state_bytes(std::int64_t channels_per_position) const {
-  return to_size(sequences_ * length_ * channels_per_position * config_.width) *
+ModelBytes GptLedger::held() const {
+  const StaticBytes fixed = gpt_static_bytes(config_);
+  return {.parameters = fixed.parameters,
+          .master_weights = fixed.master_weights,
+          .gradients = fixed.gradients,
+          .trainable = static_cast<std::int64_t>(fixed.trainable),
+          .master_elements = sum(master_weight_sizes()),
+          .sample = 4 * to_size(length_),   // tokens, i32
+          .labels = 4 * to_size(length_)};  // targets, i32
+}
+
+std::vector<std::int64_t> GptLedger::trainable_sizes() const { return gpt_tensors(config_).all(); }
+
+std::vector<std::int64_t> GptLedger::master_weight_sizes() const {
+  return gpt_tensors(config_).weights;
+}
+
+bool GptLedger::keeps(BlockKeep keep) const {
+  return keep == BlockKeep::all || (keep == BlockKeep::all_but_probabilities &&
+                                    config_.attention == AttentionKernel::plain);
+}
+
+std::size_t GptLedger::states_bytes(std::int64_t channels_per_position) const {
+  return to_size(samples() * length_ * channels_per_position * config_.width) *
          to_size(dtype_size(working_dtype(config_.precision)));
 }
 
-std::size_t GptLedger::statistics_bytes() const { return 4 * to_size(sequences_ * length_); }
+std::size_t GptLedger::statistics_bytes() const { return 4 * to_size(samples() * length_); }
 
 std::size_t GptLedger::scores_bytes() const {
-  return to_size(sequences_ * config_.heads * length_ * length_) *
+  return to_size(samples() * config_.heads * length_ * length_) *
          to_size(dtype_size(working_dtype(config_.precision)));
 }
 
 std::size_t GptLedger::attention_rows_bytes() const {
-  return 4 * to_size(sequences_ * config_.heads * length_);
+  return 4 * to_size(samples() * config_.heads * length_);
 }
 
-Bytes GptLedger::activation(std::size_t bytes, const Moment& what) {
-  return ledger_.allocate(MemoryCategory::activations, bytes, moment(what));
+Bytes GptLedger::stem_forward() {
+  return activation(state_bytes(), "forward: the embeddings (h0)");
 }
 
-Bytes GptLedger::workspace(std::size_t bytes, const Moment& what) {
-  return ledger_.allocate(MemoryCategory::workspace, bytes, moment(what));
-}
-
-Bytes GptLedger::checkpoint(std::int64_t state) {
-  return ledger_.allocate(MemoryCategory::checkpoints, state_bytes(),
-                          moment("checkpoint of h" + std::to_string(state)));
-}
-
-Bytes GptLedger::block_forward(std::int64_t index, Bytes h, GptBlockBytes& saved,
-                               BlockKeep keep, bool recompute) {
-  BIGBATCH_CHECK(keep != BlockKeep::gemm_outputs,
-                 "GptLedger: BlockKeep::gemm_outputs is the MLP block's");
+Bytes GptLedger::block_forward(std::int64_t index, Bytes h, BlockBytes& saved, BlockKeep keep,
+                               bool recompute) {
+  using namespace gpt_kept;
+  BIGBATCH_CHECK(keeps(keep), "GptLedger: a transformer block keeps all, or all but plain "
+                 "attention's probabilities");
   const std::string block = "block " + std::to_string(index) +
                             (recompute ? " forward (recomputed): " : " forward: ");
-  const std::size_t scores = scores_bytes();
-  saved.input = std::move(h);
-  saved.ln_1_out = activation(state_bytes(), {block, "ln_1's output"});
-  saved.ln_1_mean = activation(statistics_bytes(), {block, "ln_1's mean"});
-  saved.ln_1_rstd = activation(statistics_bytes(), {block, "ln_1's rstd"});
-  saved.qkv = activation(state_bytes(3), {block, "c_attn's output (q, k, v)"});
-  saved.attention = activation(state_bytes(), {block, "the heads' output"});
+  auto& kept = saved.kept;
+  kept[input] = std::move(h);
+  kept[ln_1_out] = activation(state_bytes(), {block, "ln_1's output"});
+  kept[ln_1_mean] = activation(statistics_bytes(), {block, "ln_1's mean"});
+  kept[ln_1_rstd] = activation(statistics_bytes(), {block, "ln_1's rstd"});
+  kept[qkv] = activation(states_bytes(3), {block, "c_attn's output (q, k, v)"});
+  kept[attention] = activation(state_bytes(), {block, "the heads' output"});
   if (config_.attention == AttentionKernel::efficient) {
-    BIGBATCH_CHECK(keep != BlockKeep::all_but_probabilities,
-                   "GptLedger: efficient attention keeps no probabilities to drop");
-    saved.row_stats = activation(2 * attention_rows_bytes(),
+    kept[row_stats] = activation(2 * attention_rows_bytes(),
                                  {block, "the attention's row max and sum (f32)"});
   } else {
-    saved.probabilities = activation(scores, {block, "the attention's probabilities"});
-    if (keep == BlockKeep::all_but_probabilities) saved.probabilities = nullptr;  // recomputed
+    kept[probabilities] = activation(scores_bytes(), {block, "the attention's probabilities"});
+    if (keep == BlockKeep::all_but_probabilities) kept[probabilities] = nullptr;  // recomputed
   }
-  saved.middle = activation(state_bytes(), {block, "the attention's residual sum"});
-  saved.ln_2_out = activation(state_bytes(), {block, "ln_2's output"});
-  saved.ln_2_mean = activation(statistics_bytes(), {block, "ln_2's mean"});
-  saved.ln_2_rstd = activation(statistics_bytes(), {block, "ln_2's rstd"});
-  saved.fc = activation(state_bytes(4), {block, "c_fc's output"});
-  saved.gelu = activation(state_bytes(4), {block, "gelu's output"});
+  kept[middle] = activation(state_bytes(), {block, "the attention's residual sum"});
+  kept[ln_2_out] = activation(state_bytes(), {block, "ln_2's output"});
+  kept[ln_2_mean] = activation(statistics_bytes(), {block, "ln_2's mean"});
+  kept[ln_2_rstd] = activation(statistics_bytes(), {block, "ln_2's rstd"});
+  kept[fc] = activation(states_bytes(4), {block, "c_fc's output"});
+  kept[gelu] = activation(states_bytes(4), {block, "gelu's output"});
   return activation(state_bytes(), {block, "the block's output"});
 }
 
-Bytes GptLedger::block_backward(std::int64_t index, const GptBlockBytes& saved) {
+Bytes GptLedger::head(Bytes h_n) {
+  const std::size_t n = to_size(samples() * length_), V = to_size(config_.vocabulary);
+  // The forward: ln_f and the head.
+  Bytes normed = activation(state_bytes(), "forward: ln_f's output");
+  Bytes mean = activation(statistics_bytes(), "forward: ln_f's mean");
+  Bytes rstd = activation(statistics_bytes(), "forward: ln_f's rstd");
+  hold(activation(4 * n * V, "forward: the logits (f32)"));
+  // The loss (kernels/cross_entropy: one loss per position), its gradient.
+  workspace(4 * n, "the loss: per-position losses");
+  hold(workspace(4 * n * V, "the loss's gradient"));
+  // The backward of the head and ln_f (the embeddings' scatter-add works in place).
+  Bytes d_head;  // fp32: the loss's gradient itself
+  if (is_mixed(config_.precision)) {
+    d_head = workspace(to_size(dtype_size(working_dtype(config_.precision))) * n * V,
+                       "backward: the logits' gradient in 16 bits");
+  }
+  Bytes dx = workspace(state_bytes(), "backward: ln_f's input gradient");
+  h_n = nullptr;  // ln_f's input, which its backward read
+  return dx;
+}
+
+Bytes GptLedger::block_backward(std::int64_t index, const BlockBytes& saved) {
   const std::string block = "block " + std::to_string(index) + " backward: ";
   const bool dropout = config_.dropout > 0.0f;  // a training step's dropout is on
   // The MLP branch: through its dropout (a copy), c_proj, gelu, c_fc, ln_2.
   Bytes d_branch;
   if (dropout) d_branch = workspace(state_bytes(), {block, "the MLP branch's output gradient"});
-  Bytes d_hidden = workspace(state_bytes(4), {block, "mlp.c_proj's input gradient"});
+  Bytes d_hidden = workspace(states_bytes(4), {block, "mlp.c_proj's input gradient"});
   const Bytes d_middle = workspace(state_bytes(), {block, "ln_2's input gradient"});
   d_hidden = nullptr;
   d_branch = nullptr;  // the attention branch reads d_middle, through a copy under dropout
@@ -604,92 +720,18 @@ Bytes GptLedger::block_backward(std::int64_t index, const GptBlockBytes& saved) 
   }
   Bytes d_attention = workspace(state_bytes(), {block, "the heads' output gradient"});
   d_branch = nullptr;
-  Bytes d_qkv = workspace(state_bytes(3), {block, "c_attn's output gradient"});
-  Bytes probabilities;  // plain: the forward's, or rebuilt here when it dropped them
-  if (config_.attention == AttentionKernel::plain && !saved.probabilities) {
-    probabilities = activation(scores_bytes(), {block, "the attention's probabilities, recomputed"});
+  Bytes d_qkv = workspace(states_bytes(3), {block, "c_attn's output gradient"});
+  Bytes rebuilt;  // plain: the forward's P, or rebuilt here when it dropped them
+  if (config_.attention == AttentionKernel::plain && !saved.kept[gpt_kept::probabilities]) {
+    rebuilt = activation(scores_bytes(), {block, "the attention's probabilities, recomputed"});
   }
   workspace(attention_rows_bytes(),
             {block, "the attention's row sums (f32)"});  // freed by the kernel
-  probabilities = nullptr;
+  rebuilt = nullptr;
   d_attention = nullptr;
   Bytes d_input = workspace(state_bytes(), {block, "the block's input gradient"});
   d_qkv = nullptr;
   return d_input;
-}
-
-StepPrediction predict_gpt_step(const GptConfig& c, std::int64_t batch, std::int64_t micro_batch,
-                                std::int64_t length, const Optimizer::Options& optimizer,
-                                GptBlockLedgerRunner* runner, std::size_t held_workspace) {
-  BIGBATCH_CHECK(batch > 0 && micro_batch > 0 && length > 0 && length <= c.context,
-                 "predict_gpt_step: batch and micro_batch must be positive and the length in "
-                 "1..", c.context, ", got ", batch, ", ", micro_batch, " and ", length);
-  MemoryLedger ledger;
-  const bool mixed = is_mixed(c.precision);
-  const std::size_t T = to_size(length), V = to_size(c.vocabulary);
-  const std::size_t W = to_size(dtype_size(working_dtype(c.precision)));
-
-  // Live before the step: the model, its optimizer, one micro-batch of tokens and targets.
-  const StaticBytes fixed = gpt_static_bytes(c);
-  const std::size_t staged = staged_samples(batch, micro_batch);
-  const std::vector<Bytes> live = live_before_step(
-      ledger, {.parameters = fixed.parameters,
-               .master_weights = fixed.master_weights,
-               .gradients = fixed.gradients,
-               .optimizer_state = fixed.trainable * optimizer_state_bytes_per_parameter(optimizer),
-               .samples = 4 * staged * T,
-               .labels = 4 * staged * T,
-               .held_workspace = held_workspace});
-
-  GptLedger model(c, ledger);
-  Bytes loss = ledger.allocate(MemoryCategory::workspace, 4, "the loss");
-  std::int64_t micro_batches = 0;
-  for (std::int64_t begin = 0; begin < batch; begin += micro_batch) {
-    const std::int64_t b = std::min(batch, begin + micro_batch) - begin;
-    model.start_micro_batch(b, length, "micro-batch " + std::to_string(++micro_batches));
-    const std::size_t n = to_size(b) * T;
-
-    // Gpt::forward: the embeddings, the blocks, ln_f and the head.
-    Bytes x = model.activation(model.state_bytes(), "forward: the embeddings (h0)");
-    std::vector<GptBlockBytes> blocks;
-    if (runner) {
-      x = runner->forward(model, std::move(x));
-    } else {
-      blocks.resize(to_size(c.layers));
-      for (std::int64_t i = 0; i < c.layers; ++i) {
-        x = model.block_forward(i, x, blocks[to_size(i)], BlockKeep::all, false);
-      }
-    }
-    Bytes normed = model.activation(model.state_bytes(), "forward: ln_f's output");
-    Bytes mean = model.activation(model.statistics_bytes(), "forward: ln_f's mean");
-    Bytes rstd = model.activation(model.statistics_bytes(), "forward: ln_f's rstd");
-    const Bytes logits = model.activation(4 * n * V, "forward: the logits (f32)");
-    // The loss (kernels/cross_entropy: one loss per position), its gradient.
-    model.workspace(4 * n, "the loss: per-position losses");
-    const Bytes d_logits = model.workspace(4 * n * V, "the loss's gradient");
-
-    // Gpt::backward: the head, ln_f, the blocks last first; the embeddings' scatter-add
-    // works in place.
-    Bytes d_head;  // fp32: d_logits itself
-    if (mixed) d_head = model.workspace(W * n * V, "backward: the logits' gradient in 16 bits");
-    Bytes dx = model.workspace(model.state_bytes(), "backward: ln_f's input gradient");
-    d_head = nullptr;
-    x = normed = mean = rstd = nullptr;
-    if (runner) {
-      dx = runner->backward(model, std::move(dx));
-    } else {
-      for (std::int64_t i = c.layers; i-- > 0;) {
-        dx = model.block_backward(i, blocks[to_size(i)]);
-        blocks[to_size(i)] = GptBlockBytes{};
-      }
-    }
-  }
-  loss = nullptr;
-  StepPrediction p;
-  p.stats = ledger.stats();
-  p.peak_moment = ledger.peak_moment();
-  p.block_forwards = runner ? runner->evaluations() : c.layers * micro_batches;
-  return p;
 }
 
 }  // namespace bigbatch::nn

@@ -25,11 +25,13 @@
 // activations are still held, and activation checkpointing recomputes blocks in the middle
 // of it. So the step is replayed on a MemoryLedger: every tensor forward(), the loss and
 // backward() allocate, of the same size and category, created and released at the same
-// moments as in nn/model.cpp and nn/training.cpp (kernels' own workspace included). The
+// moments as in the model and nn/training.cpp (kernels' own workspace included). The
 // ledger keeps the allocator's books (MemoryStats, the same peak rules) and names the
-// allocation at which the total peaked. ModelLedger is the model's part, block by block,
-// so a driver that runs the blocks differently (chapter 05's checkpointing) replays its
-// own order through BlockLedgerRunner, as it runs through nn::BlockRunner.
+// allocation at which the total peaked. predict_step is one loop for every model: a model
+// brings its part as a NetworkLedger (its stem, its blocks, its head; ModelLedger for the
+// MLP, GptLedger for the GPT), so a driver that runs the blocks differently (chapter 05's
+// checkpointing) replays its own order through a BlockLedgerRunner, as it runs through
+// nn::BlockRunnerFor.
 #pragma once
 
 #include <array>
@@ -66,12 +68,6 @@ struct PredictedBytes {
 /// sample: not modelled by this formula; predict_step models both norms).
 PredictedBytes predict_memory(const ModelConfig& config, std::int64_t rows);
 
-/// The element counts of a model's trainable tensors, one per Model::parameters() entry
-/// (in no particular order): what sharding splits tensor by tensor (chapter 07's ZeRO).
-std::vector<std::int64_t> trainable_sizes(const ModelConfig& config);
-/// The element counts of the Linear weights, the tensors with an f32 master under mixed
-/// precision (whatever the config's precision).
-std::vector<std::int64_t> master_weight_sizes(const ModelConfig& config);
 /// Bytes of optimizer state per trainable parameter: AdamW 8 (two moments), SGD with
 /// momentum 4, plain SGD 0.
 std::size_t optimizer_state_bytes_per_parameter(const Optimizer::Options& options);
@@ -150,168 +146,206 @@ class MemoryLedger {
   void* free_ = nullptr;
 };
 
-/// What one block keeps for its backward, in bytes (BlockActivations' tensors).
+/// What one block keeps for its backward, in bytes: a handle for each tensor it saves, in
+/// the order its model's ledger numbers them (nn/mlp_ledger.cpp, nn/gpt_ledger.cpp), null
+/// where the block keeps none.
 struct BlockBytes {
-  /// \var input
-  /// The block's input h.
-  /// \var normed
-  /// ln(h); null under BlockKeep::gemm_outputs.
-  /// \var mean
-  /// ln's mean.
-  /// \var rstd
-  /// ln's 1 / sqrt(var + eps).
-  /// \var pre_activation
-  /// fc1's output.
-  /// \var hidden
-  /// fc2's input, the activation after dropout; null under BlockKeep::gemm_outputs.
-  MemoryLedger::Bytes input, normed, mean, rstd, pre_activation, hidden;
+  /// The most tensors a block of any model saves (the GPT's block: 14).
+  static constexpr std::size_t kMaxKept = 16;
+  /// The handles, by the model's numbering.
+  std::array<MemoryLedger::Bytes, kMaxKept> kept{};
 };
 
-/// The model's allocations replayed on a ledger, for one forward and backward of `rows`
-/// samples at a time: Model::block_forward, Model::block_backward, and a copy as chapter
-/// 05's checkpoints make. `label` prefixes every moment ("micro-batch 2").
-class ModelLedger {
- public:
-  /// A model of `config` replayed on `ledger`, which must outlive it. released_gradients:
-  /// the model's gradients are released after every backward (Model::release_gradients,
-  /// ZeRO stage 2), so each group's backward allocates its gradients again, live until the
-  /// group is done (gradients_done); otherwise they live through the step and are not
-  /// replayed here. bucket_bytes: HeldElements::gradient_bucket_bytes.
-  ModelLedger(const ModelConfig& config, MemoryLedger& ledger, bool released_gradients = false,
-              std::size_t bucket_bytes = 0);
-  /// Sets the rows of the following allocations and the label that prefixes their moments.
-  void start_micro_batch(std::int64_t rows, std::string label);
+/// What a model holds through a step whatever its batch, and what one sample of the
+/// micro-batch buffer takes.
+struct ModelBytes {
+  /// \var parameters
+  /// MemoryCategory::parameters: the working copies, and BatchNorm's running statistics.
+  /// \var master_weights
+  /// MemoryCategory::master_weights: the f32 masters under fp16 or bf16, else 0.
+  /// \var gradients
+  /// MemoryCategory::gradients held through the step (the GPT's tied head adds a buffer).
+  std::size_t parameters = 0, master_weights = 0, gradients = 0;
+  /// \var trainable
+  /// Elements with a gradient and an optimizer state.
+  /// \var master_elements
+  /// Elements of the tensors with an f32 master under mixed precision.
+  std::int64_t trainable = 0, master_elements = 0;
+  /// \var sample
+  /// One sample's inputs in the buffer (MemoryCategory::data).
+  /// \var labels
+  /// One sample's targets in the buffer (MemoryCategory::data).
+  std::size_t sample = 0, labels = 0;
+};
 
-  /// Model::block_forward of block `index` from h (recompute: a second run in the step,
-  /// named so in the moment).
-  MemoryLedger::Bytes block_forward(std::int64_t index, MemoryLedger::Bytes h, BlockBytes& saved,
-                                    BlockKeep keep, bool recompute);
-  /// Model::block_backward: returns d_input (the gradient of the block's output stays the
+/// A model's allocations replayed on a ledger, part by part in its own order: the stem, a
+/// block's forward and backward (and a copy of a block's input as chapter 05's checkpoints
+/// make), the head with the loss. A model brings these (ModelLedger for the MLP, GptLedger
+/// for the GPT); predict_step and the block runners' replays (BlockLedgerRunner) run any of
+/// them. One step at a time: predict_step starts each.
+class NetworkLedger {
+ public:
+  virtual ~NetworkLedger() = default;
+
+  /// What the model holds through a step.
+  virtual ModelBytes held() const = 0;
+  /// The element counts of its trainable tensors, one per parameter (in no particular
+  /// order): what chapter 07's ZeRO shards tensor by tensor.
+  virtual std::vector<std::int64_t> trainable_sizes() const = 0;
+  /// The element counts of the tensors with an f32 master under mixed precision (whatever
+  /// the precision).
+  virtual std::vector<std::int64_t> master_weight_sizes() const = 0;
+  /// Its blocks, the chain a BlockLedgerRunner runs.
+  virtual std::int64_t depth() const = 0;
+  /// Whether its blocks can keep what `keep` says (BlockKeep::all always).
+  virtual bool keeps(BlockKeep keep) const = 0;
+  /// Whether its backward tells each group of gradients as it finishes them, so that ZeRO
+  /// stage 2 can release them (nn::Network::releases_state).
+  virtual bool releases_state() const { return false; }
+
+  /// The stem's forward in this micro-batch; returns h0, the first block's input. What the
+  /// stem keeps for its backward is held until end_micro_batch.
+  virtual MemoryLedger::Bytes stem_forward() = 0;
+  /// Block `index`'s forward from h (recompute: a second run in the step, named so in the
+  /// moments); fills `saved` with what `keep` keeps, returns its output.
+  virtual MemoryLedger::Bytes block_forward(std::int64_t index, MemoryLedger::Bytes h,
+                                            BlockBytes& saved, BlockKeep keep,
+                                            bool recompute) = 0;
+  /// The head's forward from h_n, the loss, the head's backward; returns dh_n. The logits
+  /// and their gradient are held until end_micro_batch.
+  virtual MemoryLedger::Bytes head(MemoryLedger::Bytes h_n) = 0;
+  /// Block `index`'s backward: returns d_input (the gradient of the block's output stays the
   /// caller's, held throughout, so it is not an argument here).
-  MemoryLedger::Bytes block_backward(std::int64_t index, const BlockBytes& saved);
+  virtual MemoryLedger::Bytes block_backward(std::int64_t index, const BlockBytes& saved) = 0;
+  /// The stem's backward, the micro-batch's last part (the MLP's allocates only its
+  /// gradients, when they are released; the GPT's scatter-add none).
+  virtual void stem_backward() {}
+  /// One block input of this micro-batch (a checkpoint's bytes).
+  virtual std::size_t state_bytes() const = 0;
+
+  /// Starts a step on `ledger`, which must outlive it. released_gradients: the model's
+  /// gradients are released after each group's backward (ZeRO stage 2; releases_state()
+  /// must hold), so gradients() allocates them again, live until the group is done;
+  /// otherwise they live through the step and gradients() allocates nothing. bucket_bytes:
+  /// HeldElements::gradient_bucket_bytes.
+  void start_step(MemoryLedger& ledger, bool released_gradients, std::size_t bucket_bytes);
+  /// Sets the samples of the following allocations (the MLP's rows, the GPT's sequences)
+  /// and the label that prefixes their moments ("micro-batch 2").
+  void start_micro_batch(std::int64_t samples, std::string label);
+  /// Releases what the stem and the head held through the micro-batch.
+  void end_micro_batch() { held_.clear(); }
+  /// A copy of block input h_`state` into MemoryCategory::checkpoints.
+  MemoryLedger::Bytes checkpoint(std::int64_t state);
+
+  /// `bytes` of MemoryCategory::activations in this micro-batch; `what` names the moment.
+  MemoryLedger::Bytes activation(std::size_t bytes, const Moment& what);
+  /// `bytes` of MemoryCategory::workspace in this micro-batch; `what` names the moment.
+  MemoryLedger::Bytes workspace(std::size_t bytes, const Moment& what);
   /// Under released gradients, `elements` f32 of MemoryCategory::gradients that a
   /// backward allocates for a group of parameters (`what` names it); else nothing (null).
   MemoryLedger::Bytes gradients(std::int64_t elements, const Moment& what);
   /// The backward has finished a group's `gradients` (from gradients()): released now or,
   /// with buckets, once the bucket after its own is full or the backward ends (`last`: the
-  /// stem's group, the backward's last).
+  /// backward's last group).
   void gradients_done(MemoryLedger::Bytes gradients, bool last);
-  /// A copy of a hidden state h_i into MemoryCategory::checkpoints.
-  MemoryLedger::Bytes checkpoint(std::int64_t state);
 
-  /// `bytes` of MemoryCategory::activations in this micro-batch; `what` names the moment.
-  MemoryLedger::Bytes activation(std::size_t bytes, const Moment& what);
-  /// `bytes` of MemoryCategory::workspace in this micro-batch; `what` names the moment.
-  MemoryLedger::Bytes workspace(std::size_t bytes, const Moment& what);
-
-  /// The configuration being replayed.
-  const ModelConfig& config() const { return config_; }
-  std::size_t hidden_state_bytes() const;  ///< one [rows, H] activation
-  std::size_t statistics_bytes() const;    ///< one of a norm's mean and rstd (f32)
+ protected:
+  /// The samples of this micro-batch.
+  std::int64_t samples() const { return samples_; }
+  /// Keeps `bytes` live until end_micro_batch.
+  void hold(MemoryLedger::Bytes bytes) { held_.push_back(std::move(bytes)); }
 
  private:
   Moment moment(const Moment& what) const { return Moment::labelled(label_, what); }
 
-  ModelConfig config_;
-  MemoryLedger& ledger_;
+  MemoryLedger* ledger_ = nullptr;
   bool released_gradients_ = false;
   std::size_t bucket_bytes_ = 0;
   std::vector<MemoryLedger::Bytes> open_, in_flight_;  // with buckets: groups not released
   std::size_t open_bytes_ = 0;
-  std::int64_t rows_ = 0;
+  std::vector<MemoryLedger::Bytes> held_;
+  std::int64_t samples_ = 0;
   std::string label_;
 };
 
-/// The memory side of a block runner (nn::BlockRunnerFor): replays the runner's order of
-/// block forwards, backwards and copies on a model's ledger (ModelLedger for the MLP,
-/// GptLedger for the GPT); forward returns h_n, backward dh_0.
-template <class Ledger>
-class BlockLedgerRunnerFor {
+/// The residual MLP's replay (nn/model.cpp's order, nn/mlp_ledger.cpp): a micro-batch of b
+/// rows.
+class ModelLedger final : public NetworkLedger {
  public:
-  virtual ~BlockLedgerRunnerFor() = default;
+  /// The MLP of `config`.
+  explicit ModelLedger(const ModelConfig& config) : config_(config) {}
+  ModelBytes held() const override;
+  std::vector<std::int64_t> trainable_sizes() const override;
+  std::vector<std::int64_t> master_weight_sizes() const override;
+  std::int64_t depth() const override { return config_.depth; }
+  /// BlockKeep::all or gemm_outputs (selective recomputation).
+  bool keeps(BlockKeep keep) const override { return keep != BlockKeep::all_but_probabilities; }
+  bool releases_state() const override { return true; }
+  MemoryLedger::Bytes stem_forward() override;
+  MemoryLedger::Bytes block_forward(std::int64_t index, MemoryLedger::Bytes h, BlockBytes& saved,
+                                    BlockKeep keep, bool recompute) override;
+  MemoryLedger::Bytes head(MemoryLedger::Bytes h_n) override;
+  MemoryLedger::Bytes block_backward(std::int64_t index, const BlockBytes& saved) override;
+  void stem_backward() override;
+  std::size_t state_bytes() const override;  ///< one [rows, H] activation
+
+ private:
+  std::size_t statistics_bytes() const;  // one of a norm's mean and rstd (f32)
+  ModelConfig config_;
+};
+
+/// The GPT's replay (nn/gpt.cpp's order, nn/gpt_ledger.cpp): a micro-batch of b sequences
+/// of `length` positions.
+class GptLedger final : public NetworkLedger {
+ public:
+  /// A GPT of `config` on sequences of `length` positions (1..config.context, else
+  /// std::invalid_argument).
+  GptLedger(const GptConfig& config, std::int64_t length);
+  ModelBytes held() const override;
+  /// wte, wpe, each block's, ln_f's (gpt_parameter_count's terms).
+  std::vector<std::int64_t> trainable_sizes() const override;
+  /// wte, wpe and each block's four Linear weights.
+  std::vector<std::int64_t> master_weight_sizes() const override;
+  std::int64_t depth() const override { return config_.layers; }
+  /// BlockKeep::all, or all_but_probabilities under plain attention: P dropped after the
+  /// attention and rebuilt in the backward.
+  bool keeps(BlockKeep keep) const override;
+  MemoryLedger::Bytes stem_forward() override;
+  MemoryLedger::Bytes block_forward(std::int64_t index, MemoryLedger::Bytes h, BlockBytes& saved,
+                                    BlockKeep keep, bool recompute) override;
+  MemoryLedger::Bytes head(MemoryLedger::Bytes h_n) override;
+  /// Rebuilds P for the attention's backward when `saved` has none.
+  MemoryLedger::Bytes block_backward(std::int64_t index, const BlockBytes& saved) override;
+  std::size_t state_bytes() const override { return states_bytes(1); }
+
+ private:
+  std::size_t states_bytes(std::int64_t channels_per_position) const;  // n C of the dtype
+  std::size_t statistics_bytes() const;      // a LayerNorm's mean or rstd, f32 per position
+  std::size_t scores_bytes() const;          // P [b, heads, T, T] in the activations' dtype
+  std::size_t attention_rows_bytes() const;  // f32 per query row, [b, heads, T]
+  GptConfig config_;
+  std::int64_t length_ = 0;
+};
+
+/// The memory side of a block runner (nn::BlockRunnerFor): replays the runner's order of
+/// block forwards, backwards and copies on any model's ledger; forward returns h_n,
+/// backward dh_0.
+class BlockLedgerRunner {
+ public:
+  virtual ~BlockLedgerRunner() = default;
   /// Replays the runner's forward of every block from h0 (the first block's input);
   /// returns h_n.
-  virtual MemoryLedger::Bytes forward(Ledger& model, MemoryLedger::Bytes h0) = 0;
+  virtual MemoryLedger::Bytes forward(NetworkLedger& model, MemoryLedger::Bytes h0) = 0;
   /// Replays its backward from dh_n, releasing what forward kept; returns dh_0.
-  virtual MemoryLedger::Bytes backward(Ledger& model, MemoryLedger::Bytes dh_n) = 0;
+  virtual MemoryLedger::Bytes backward(NetworkLedger& model, MemoryLedger::Bytes dh_n) = 0;
   /// Block forwards replayed so far.
   virtual std::int64_t evaluations() const = 0;
 };
 
-/// The MLP's.
-using BlockLedgerRunner = BlockLedgerRunnerFor<ModelLedger>;
-
-/// What one transformer block keeps for its backward, in bytes (GptBlockActivations'
-/// tensors, the same names).
-struct GptBlockBytes {
-  MemoryLedger::Bytes input;  ///< x entering the block (the previous block's output)
-  MemoryLedger::Bytes ln_1_out;       ///< ln_1(x)
-  MemoryLedger::Bytes ln_1_mean;      ///< ln_1's means (f32)
-  MemoryLedger::Bytes ln_1_rstd;      ///< ln_1's 1 / sqrt(var + eps) (f32)
-  MemoryLedger::Bytes qkv;            ///< c_attn's output
-  MemoryLedger::Bytes attention;      ///< the heads' output
-  MemoryLedger::Bytes probabilities;  ///< plain attention's P [b, heads, T, T]
-  MemoryLedger::Bytes row_stats;      ///< efficient attention's (m, l) [b, heads, T, 2] f32
-  MemoryLedger::Bytes middle;         ///< x after the attention's residual
-  MemoryLedger::Bytes ln_2_out;       ///< ln_2(middle)
-  MemoryLedger::Bytes ln_2_mean;      ///< ln_2's means (f32)
-  MemoryLedger::Bytes ln_2_rstd;      ///< ln_2's 1 / sqrt(var + eps) (f32)
-  MemoryLedger::Bytes fc;             ///< c_fc's output
-  MemoryLedger::Bytes gelu;           ///< gelu(fc), mlp.c_proj's input
-};
-
-/// The GPT's allocations replayed on a ledger (nn/gpt.cpp's order): Gpt::block_forward,
-/// Gpt::block_backward, and a copy as chapter 05's checkpoints make, for b sequences of T
-/// positions at a time.
-class GptLedger {
- public:
-  /// A GPT of `config` replayed on `ledger`, which must outlive it.
-  GptLedger(const GptConfig& config, MemoryLedger& ledger);
-  /// Sets the sequences and positions of the following allocations and the label that
-  /// prefixes their moments ("micro-batch 2").
-  void start_micro_batch(std::int64_t sequences, std::int64_t length, std::string label);
-
-  /// Gpt::block_forward of block `index` from h (recompute: named so in the moments; keep:
-  /// BlockKeep::all or all_but_probabilities, which drops P after the attention).
-  MemoryLedger::Bytes block_forward(std::int64_t index, MemoryLedger::Bytes h,
-                                    GptBlockBytes& saved, BlockKeep keep, bool recompute);
-  /// Gpt::block_backward: returns d_input (the gradient of the block's output stays the
-  /// caller's, held throughout); rebuilds P for the attention's backward when `saved` has
-  /// none.
-  MemoryLedger::Bytes block_backward(std::int64_t index, const GptBlockBytes& saved);
-  /// A copy of a block input into MemoryCategory::checkpoints.
-  MemoryLedger::Bytes checkpoint(std::int64_t state);
-
-  /// `bytes` of MemoryCategory::activations in this micro-batch; `what` names the moment.
-  MemoryLedger::Bytes activation(std::size_t bytes, const Moment& what);
-  /// `bytes` of MemoryCategory::workspace in this micro-batch; `what` names the moment.
-  MemoryLedger::Bytes workspace(std::size_t bytes, const Moment& what);
-  /// n C elements of the activations' dtype: one [b, T, C] state.
-  std::size_t state_bytes(std::int64_t channels_per_position = 1) const;
-  /// A LayerNorm's mean or rstd over the n rows (f32).
-  std::size_t statistics_bytes() const;
-  /// The attention's probabilities P [b, heads, T, T] in the activations' dtype.
-  std::size_t scores_bytes() const;
-  /// One f32 for each of the attention's query rows, [b, heads, T]: the backward's row sums
-  /// (r or D), and half of efficient attention's row statistics.
-  std::size_t attention_rows_bytes() const;
-
- private:
-  Moment moment(const Moment& what) const { return Moment::labelled(label_, what); }
-
-  GptConfig config_;
-  MemoryLedger& ledger_;
-  std::int64_t sequences_ = 0, length_ = 0;
-  std::string label_;
-};
-
-/// The GPT's.
-using GptBlockLedgerRunner = BlockLedgerRunnerFor<GptLedger>;
-
-/// One step's prediction: accumulate_gradients over a batch of `batch` rows on the host, in
-/// micro-batches of `micro_batch`, each copied into an nn::MicroBatchBuffer of
-/// min(micro_batch, batch) rows (x f32 and labels i32, MemoryCategory::data) before its
-/// forward pass, with the parameters, their gradients and the optimizer's state live.
+/// One step's prediction: accumulate_gradients over a batch of `batch` samples on the host,
+/// in micro-batches of `micro_batch`, each copied into an nn::MicroBatchBuffer of
+/// min(micro_batch, batch) samples (MemoryCategory::data) before its forward pass, with the
+/// parameters, their gradients and the optimizer's state live.
 struct StepPrediction {
   MemoryStats stats;          ///< as the allocator reports it after the step, its peak
                               ///< reset just before accumulate_gradients
@@ -328,10 +362,10 @@ struct HeldElements {
   std::int64_t optimizer_state = -1;
   /// The gradient elements held through the step (stage 2). A part means that the model's
   /// own gradients live only from each group's backward to its sum over ranks
-  /// (ModelLedger's released gradients).
+  /// (NetworkLedger's released gradients).
   std::int64_t gradients = -1;
-  /// The f32 master elements of the Linear weights held under mixed precision (stages 1
-  /// and 2: the model keeps only the 16-bit working copies whole); fp32 has no masters.
+  /// The f32 master elements held under mixed precision (stages 1 and 2: the model keeps
+  /// only the 16-bit working copies whole); fp32 has no masters.
   std::int64_t master_weights = -1;
   /// With gradients held in part (stage 2): 0, each group of the model's gradients is
   /// released as soon as the backward finishes it (its sum taken at once); else the groups
@@ -341,27 +375,24 @@ struct HeldElements {
   std::size_t gradient_bucket_bytes = 0;
 };
 
-/// Replays the step. runner: nullptr for the model's own order (every block's activations
-/// kept), else the replay of the BlockRunner the model runs with. held_workspace: bytes of
-/// MemoryCategory::workspace that the caller keeps on the device through every step, live
-/// before it like the parameters (an optimizer boundary's results, chapter 04: 12 bytes
-/// with a loss scale or clipping). held: the optimizer state, gradients and masters the
-/// step holds when a part of them (a rank's shards under ZeRO).
-StepPrediction predict_step(const ModelConfig& config, std::int64_t batch,
-                            std::int64_t micro_batch, const Optimizer::Options& optimizer,
+/// Replays a step of `model` (any model's ledger: ModelLedger, GptLedger). runner: nullptr
+/// for the model's own order (every block's activations kept), else the replay of the
+/// BlockRunner the model runs with. held_workspace: bytes of MemoryCategory::workspace that
+/// the caller keeps on the device through every step, live before it like the parameters
+/// (an optimizer boundary's results, chapter 04: 12 bytes with a loss scale or clipping).
+/// held: the optimizer state, gradients and masters the step holds when a part of them (a
+/// rank's shards under ZeRO; gradients in part need model.releases_state()).
+StepPrediction predict_step(NetworkLedger& model, std::int64_t batch, std::int64_t micro_batch,
+                            const Optimizer::Options& optimizer,
                             BlockLedgerRunner* runner = nullptr, std::size_t held_workspace = 0,
                             const HeldElements& held = {});
-
-/// The same for chapter 08's GPT: a batch of `batch` sequences of `length` positions in
-/// micro-batches of `micro_batch` sequences (the trainer's nn::MicroBatchBuffer: tokens and
-/// targets, i32, MemoryCategory::data), the parameters with their f32 masters under mixed
-/// precision, the gradients and the tied head's own gradient buffer, the optimizer's state
-/// and `held_workspace` live before it. runner: nullptr for every block's activations kept,
-/// else the replay of the block runner the GPT runs with.
-StepPrediction predict_gpt_step(const GptConfig& config, std::int64_t batch,
-                                std::int64_t micro_batch, std::int64_t length,
-                                const Optimizer::Options& optimizer,
-                                GptBlockLedgerRunner* runner = nullptr,
-                                std::size_t held_workspace = 0);
+/// The same for a ledger made in the call: predict_step(nn::ModelLedger(config), ...).
+inline StepPrediction predict_step(NetworkLedger&& model, std::int64_t batch,
+                                   std::int64_t micro_batch, const Optimizer::Options& optimizer,
+                                   BlockLedgerRunner* runner = nullptr,
+                                   std::size_t held_workspace = 0,
+                                   const HeldElements& held = {}) {
+  return predict_step(model, batch, micro_batch, optimizer, runner, held_workspace, held);
+}
 
 }  // namespace bigbatch::nn

@@ -225,6 +225,9 @@ using BlockRunner = BlockRunnerFor<Model>;
 /// activations on one device.
 class Model : public Network {
  public:
+  /// What block_forward keeps of one block for its backward (a block runner holds these).
+  using SavedBlock = BlockActivations;
+
   /// Parameters initialised as PyTorch initialises them (Linear: weight and bias uniform
   /// in [-1/sqrt(in), 1/sqrt(in)]; norm weight 1, bias 0, running mean 0, var 1), drawn
   /// from random_uniform(config.seed, stream = the parameter's index in parameters(),
@@ -233,6 +236,8 @@ class Model : public Network {
 
   /// The configuration the model was built with.
   const ModelConfig& config() const { return config_; }
+  /// Its residual blocks, the chain a block runner runs: config().depth.
+  std::int64_t blocks() const { return config_.depth; }
   /// The device that holds every tensor of the model.
   Device device() const override { return device_; }
   /// The dtype of activations and their gradients: working_dtype(config().precision).

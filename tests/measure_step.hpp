@@ -21,6 +21,32 @@
 
 namespace bigbatch::testing {
 
+/// A step of the MLP of `model` as measure() runs it; shape() is chapter 05's view of it.
+struct MlpStep {
+  nn::ModelConfig model;
+  std::int64_t batch = 0, micro_batch = 0;  ///< rows
+  nn::Optimizer::Options optimizer;
+  std::size_t boundary_bytes = 0;  ///< checkpointing::StepShape::boundary_bytes
+  checkpointing::StepShape shape() const {
+    return {std::make_shared<nn::ModelLedger>(model), batch, micro_batch, optimizer,
+            boundary_bytes};
+  }
+};
+
+/// A step of chapter 08's GPT of `model` on sequences of `length` positions, as
+/// measure_gpt() runs it; shape() is chapter 05's view of it.
+struct GptStep {
+  nn::GptConfig model;
+  std::int64_t batch = 0, micro_batch = 0;  ///< sequences
+  std::int64_t length = 0;                  ///< positions per sequence
+  nn::Optimizer::Options optimizer;
+  std::size_t boundary_bytes = 0;  ///< checkpointing::StepShape::boundary_bytes
+  checkpointing::StepShape shape() const {
+    return {std::make_shared<nn::GptLedger>(model, length), batch, micro_batch, optimizer,
+            boundary_bytes};
+  }
+};
+
 struct Measured {
   MemoryStats stats;
   std::int64_t evaluations = -1, recomputations = -1;  // -1: no runner
@@ -30,7 +56,7 @@ struct Measured {
 /// predict_step describes the step (AdamW's state live, one micro-batch at a time copied
 /// into an nn::MicroBatchBuffer on `device`; with step.boundary_bytes, the optimizer
 /// boundary's pass results allocated as the trainer keeps them).
-inline Measured measure(const checkpointing::StepShape& step, const checkpointing::Policy& policy,
+inline Measured measure(const MlpStep& step, const checkpointing::Policy& policy,
                         bool runner_for_none, Device device) {
   nn::Model model(step.model, device);
   nn::Optimizer optimizer(model.parameters(), step.optimizer);
@@ -70,7 +96,7 @@ inline Measured measure(const checkpointing::StepShape& step, const checkpointin
 /// cut into sequences of `step.length` positions, in micro-batches of `step.micro_batch`
 /// sequences: the step's books (what is live after it is the trainer's) and the block
 /// forwards its runner counted.
-inline Measured measure_gpt(const checkpointing::GptStepShape& step,
+inline Measured measure_gpt(const GptStep& step,
                             const checkpointing::Policy& policy, Device device) {
   const Dataset data = make_token_dataset(
       make_sequences(synthetic_documents(3 * step.batch, 2, 3 * step.length, /*seed=*/6),

@@ -502,9 +502,10 @@ TEST(RankPlans, AreTheSharesPlansWithTheSumInEveryStepTime) {
       // The other shards' optimizer state (AdamW: 8 bytes per element) and, in 16 bits,
       // their f32 masters (4 bytes per Linear weight element); at stage 2 their gradients
       // too (4 bytes), less the largest group of gradients a backward holds.
-      const nn::HeldElements held = data_parallel::held_elements(model, 8, 0, zero);
-      const auto [state, trainable] = held_of(held.optimizer_state, nn::trainable_sizes(model));
-      const auto [masters, weights] = held_of(held.master_weights, nn::master_weight_sizes(model));
+      const nn::ModelLedger ledger(model);
+      const nn::HeldElements held = data_parallel::held_elements(ledger, 8, 0, zero);
+      const auto [state, trainable] = held_of(held.optimizer_state, ledger.trainable_sizes());
+      const auto [masters, weights] = held_of(held.master_weights, ledger.master_weight_sizes());
       EXPECT_EQ(state < trainable, zero != data_parallel::ZeroStage::replicated);
       EXPECT_EQ(masters < weights, zero != data_parallel::ZeroStage::replicated);
       for (const planning::Plan& plan : ranked.result.feasible) {

@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <limits>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -23,6 +24,7 @@
 #include "chapters/06_planner/planner.hpp"
 #include "chapters/train/trainer.hpp"
 #include "common/format.hpp"
+#include "nn/memory_model.hpp"
 #include "nn/sample_stream.hpp"
 #include "tests/tiny_training.hpp"
 
@@ -85,7 +87,9 @@ TEST(DocumentedRules, RecomputeCostIsTheAdvancesPlusSelectivesCostPerBlockAtEver
 
 TEST(DocumentedRules, ANoFitBudgetNamesTheSmallestPeakOfAllCandidatesAndItsPolicy) {
   for (const std::int64_t depth : {3, 8}) {
-    const checkpointing::StepShape step{testing::tiny_model(depth, 0.1f), 64, 24, AdamWOptions{}};
+    const checkpointing::StepShape step{
+        std::make_shared<nn::ModelLedger>(testing::tiny_model(depth, 0.1f)), 64, 24,
+        AdamWOptions{}};
     std::size_t smallest = std::numeric_limits<std::size_t>::max();
     std::string policy;
     for (const Policy& p : checkpointing::checkpoint_candidates(depth)) {

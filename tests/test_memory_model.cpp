@@ -5,8 +5,8 @@
 // policy, both precisions, both norms, depths 1, 2, 7, 16, 33 and 64, with uneven
 // micro-batches; and the block forwards the runner counts equal the formula of each
 // schedule (the binomial optimum for optimal:SLOTS). The same for chapter 08's GPT
-// (nn::predict_gpt_step): the trainer's step, every precision, dropout on and off, uneven
-// micro-batches of sequences, and its whole-block policies.
+// (nn::predict_step over nn::GptLedger): the trainer's step, every precision, dropout on
+// and off, uneven micro-batches of sequences, and its whole-block policies.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -30,7 +30,7 @@ namespace bigbatch {
 namespace {
 
 using checkpointing::ScheduledRunner;
-using checkpointing::StepShape;
+using testing::MlpStep;
 using testing::Measured;
 using testing::measure;
 
@@ -80,11 +80,11 @@ TEST_P(MemoryModel, EveryPolicyPrecisionAndDepthIsPredictedToTheByte) {
     for (const std::int64_t depth : {1, 2, 7, 16, 33, 64}) {
       for (const std::string& text : kPolicies) {
         const checkpointing::Policy policy = checkpointing::Policy::parse(text);
-        StepShape step{testing::tiny_model(depth, 0.25f), kBatch, kMicroBatch, AdamWOptions{}};
+        MlpStep step{testing::tiny_model(depth, 0.25f), kBatch, kMicroBatch, AdamWOptions{}};
         step.model.precision = precision;
         const std::string what = nn::precision_name(precision) + ", depth " +
                                  std::to_string(depth) + ", " + text;
-        const nn::StepPrediction predicted = checkpointing::predict_policy(step, policy);
+        const nn::StepPrediction predicted = checkpointing::predict_policy(step.shape(), policy);
         const Measured measured = measure(step, policy, false, device());
         expect_equal_books(predicted.stats, measured.stats, what);
         const std::int64_t advances = expected_advances(text, depth);
@@ -102,15 +102,15 @@ TEST_P(MemoryModel, BatchNormAndTheRunnerForNoneArePredictedToTheByte) {
   for (const std::int64_t depth : {1, 7, 16}) {
     for (const std::string text : {"none", "sqrt", "optimal:2+selective"}) {
       const checkpointing::Policy policy = checkpointing::Policy::parse(text);
-      StepShape step{testing::tiny_model(depth, 0.25f), kBatch, kMicroBatch, SgdOptions{}};
+      MlpStep step{testing::tiny_model(depth, 0.25f), kBatch, kMicroBatch, SgdOptions{}};
       step.model.norm = nn::Norm::batch;
       const std::string what = "BatchNorm, SGD, depth " + std::to_string(depth) + ", " + text;
-      expect_equal_books(checkpointing::predict_policy(step, policy).stats,
+      expect_equal_books(checkpointing::predict_policy(step.shape(), policy).stats,
                          measure(step, policy, false, device()).stats, what);
     }
     // store_all executed by the runner allocates as the model's own loop does.
-    const StepShape step{testing::tiny_model(depth, 0.0f), kBatch, kMicroBatch, AdamWOptions{}};
-    expect_equal_books(checkpointing::predict_policy(step, {}).stats,
+    const MlpStep step{testing::tiny_model(depth, 0.0f), kBatch, kMicroBatch, AdamWOptions{}};
+    expect_equal_books(checkpointing::predict_policy(step.shape(), {}).stats,
                        measure(step, {}, true, device()).stats, "the runner's none");
   }
 }
@@ -158,14 +158,14 @@ TEST_P(GptMemoryModel, EveryPrecisionPolicyAndDepthIsPredictedToTheByte) {
                                    std::to_string(dropout) + ", " + std::to_string(layers) +
                                    " blocks, " + policy;
           const checkpointing::Policy parsed = checkpointing::Policy::parse(checkpoint);
-          std::unique_ptr<nn::GptBlockLedgerRunner> ledger;
+          std::unique_ptr<nn::BlockLedgerRunner> ledger;
           if (parsed.needs_runner()) {
             ledger = checkpointing::GptScheduledRunner::for_policy(parsed, layers)->ledger();
           }
           // Batches of 10 sequences in micro-batches of 4, 4 and 2; fp16 with the scaler
           // keeps the boundary's 12 bytes.
-          const nn::StepPrediction predicted = nn::predict_gpt_step(
-              config, 10, 4, config.context, AdamWOptions{}, ledger.get(),
+          const nn::StepPrediction predicted = nn::predict_step(
+              nn::GptLedger(config, config.context), 10, 4, AdamWOptions{}, ledger.get(),
               loss_scaling::boundary_workspace_bytes(train::boundary_options(train)));
           const testing::Measured measured = testing::measure_gpt(
               {config, 10, 4, config.context, AdamWOptions{},
@@ -191,10 +191,26 @@ TEST(GptMemoryModel, NamesTheMomentThatHoldsThePeak) {
   // and ln_2's input.
   const nn::GptConfig config{.vocabulary = 256, .context = 64, .layers = 4, .width = 32,
                              .heads = 4};
-  const nn::StepPrediction p = nn::predict_gpt_step(config, 8, 8, 64, AdamWOptions{});
+  const nn::StepPrediction p = nn::predict_step(nn::GptLedger(config, 64), 8, 8, AdamWOptions{});
   EXPECT_EQ(p.peak_moment, "micro-batch 1, block 3 backward: the attention's row sums (f32)");
   EXPECT_EQ(p.block_forwards, 4);
-  EXPECT_THROW(nn::predict_gpt_step(config, 8, 8, 65, AdamWOptions{}), std::invalid_argument);
+  EXPECT_THROW(nn::GptLedger(config, 65), std::invalid_argument);
+}
+
+// ZeRO stage 2 releases a model's gradients group by group as its backward tells them
+// (nn::Network::releases_state); the GPT's backward tells none, so a step that holds only
+// a shard of its gradients cannot be replayed, and is refused rather than counted without
+// the groups' bytes.
+TEST(GptMemoryModel, AStepHoldingAPartOfTheGradientsIsRefused) {
+  const nn::GptConfig config{.vocabulary = 64, .context = 8, .layers = 2, .width = 16,
+                             .heads = 2};
+  nn::GptLedger model(config, 8);
+  EXPECT_FALSE(model.releases_state());
+  EXPECT_THROW(nn::predict_step(model, 4, 2, AdamWOptions{}, nullptr, 0, {.gradients = 100}),
+               std::invalid_argument);
+  EXPECT_GT(nn::predict_step(model, 4, 2, AdamWOptions{}, nullptr, 0, {.optimizer_state = 100})
+                .peak(),
+            0u);
 }
 
 TEST(MemoryModel, ParameterBytesAreTheBuiltModelsAndSaturatePast64Bits) {
@@ -240,23 +256,67 @@ TEST(MemoryModel, ListsTheTrainableTensorsTheModelHas) {
     const nn::Model model(config, Device::cpu());
     std::vector<std::int64_t> sizes;
     for (const nn::NamedParameter& p : model.parameters()) sizes.push_back(p.value.numel());
-    std::vector<std::int64_t> predicted = nn::trainable_sizes(config);
+    std::vector<std::int64_t> predicted = nn::ModelLedger(config).trainable_sizes();
     std::sort(sizes.begin(), sizes.end());
     std::sort(predicted.begin(), predicted.end());
     EXPECT_EQ(predicted, sizes) << "depth " << depth;
   }
 }
 
+// The GPT's lists, which ZeRO would shard tensor by tensor: one count per parameter of the
+// built model, and the masters' those of the 16-bit working copies.
+TEST(GptMemoryModel, ListsTheTrainableTensorsTheModelHas) {
+  for (const std::int64_t layers : {0, 1, 3}) {
+    const nn::GptConfig config{.vocabulary = 40, .context = 12, .layers = layers, .width = 16,
+                               .heads = 2, .precision = nn::Precision::bf16};
+    const nn::Gpt model(config, Device::cpu());
+    std::vector<std::int64_t> sizes, halves;
+    for (const nn::NamedParameter& p : model.parameters()) {
+      sizes.push_back(p.value.numel());
+      if (p.half.defined()) halves.push_back(p.half.numel());
+    }
+    const nn::GptLedger ledger(config, 12);
+    std::vector<std::int64_t> predicted = ledger.trainable_sizes();
+    std::vector<std::int64_t> masters = ledger.master_weight_sizes();
+    for (std::vector<std::int64_t>* list : {&sizes, &halves, &predicted, &masters}) {
+      std::sort(list->begin(), list->end());
+    }
+    EXPECT_EQ(predicted, sizes) << layers << " blocks";
+    EXPECT_EQ(masters, halves) << layers << " blocks";
+  }
+}
+
+// What a block can keep: the MLP's all or its GEMM outputs (selective recomputation); a
+// transformer block all, or all but its attention's probabilities where plain attention
+// keeps them. budget:BYTES weighs only these.
+TEST(GptMemoryModel, EachModelKeepsWhatItsBlocksCan) {
+  const nn::ModelLedger mlp(testing::tiny_model(2, 0.0f));
+  EXPECT_TRUE(mlp.keeps(nn::BlockKeep::all));
+  EXPECT_TRUE(mlp.keeps(nn::BlockKeep::gemm_outputs));
+  EXPECT_FALSE(mlp.keeps(nn::BlockKeep::all_but_probabilities));
+  nn::GptConfig config{.vocabulary = 40, .context = 12, .layers = 2, .width = 16, .heads = 2};
+  for (const nn::AttentionKernel kernel :
+       {nn::AttentionKernel::plain, nn::AttentionKernel::efficient}) {
+    config.attention = kernel;
+    const nn::GptLedger gpt(config, 12);
+    EXPECT_TRUE(gpt.keeps(nn::BlockKeep::all));
+    EXPECT_FALSE(gpt.keeps(nn::BlockKeep::gemm_outputs));
+    EXPECT_EQ(gpt.keeps(nn::BlockKeep::all_but_probabilities),
+              kernel == nn::AttentionKernel::plain);
+  }
+}
+
 TEST(MemoryModel, AnOptimizerOverPartOfTheParametersHoldsThatPartsState) {
   const nn::ModelConfig config = testing::tiny_model(2, 0.0f);
   const AdamWOptions adamw;
-  const nn::StepPrediction all = nn::predict_step(config, 20, 8, adamw);
+  nn::ModelLedger model(config);
+  const nn::StepPrediction all = nn::predict_step(model, 20, 8, adamw);
   const nn::StepPrediction part =
-      nn::predict_step(config, 20, 8, adamw, nullptr, 0, {.optimizer_state = 100});
+      nn::predict_step(model, 20, 8, adamw, nullptr, 0, {.optimizer_state = 100});
   const auto state = static_cast<std::size_t>(MemoryCategory::optimizer_state);
   EXPECT_EQ(part.stats.live[state], 800u) << "AdamW: 8 bytes per element";
   EXPECT_EQ(all.stats.peak_total - part.stats.peak_total, all.stats.live[state] - 800u);
-  EXPECT_THROW(nn::predict_step(config, 20, 8, adamw, nullptr, 0, {.optimizer_state = 1 << 30}),
+  EXPECT_THROW(nn::predict_step(model, 20, 8, adamw, nullptr, 0, {.optimizer_state = 1 << 30}),
                std::invalid_argument);
 }
 
@@ -267,19 +327,21 @@ TEST(MemoryModel, APartOfTheMastersHoldsThatPartsBytes) {
   config.precision = nn::Precision::bf16;
   const AdamWOptions adamw;
   const auto masters = static_cast<std::size_t>(MemoryCategory::master_weights);
-  const nn::StepPrediction all = nn::predict_step(config, 20, 8, adamw);
-  const nn::StepPrediction part =
-      nn::predict_step(config, 20, 8, adamw, nullptr, 0, {.master_weights = 100});
+  const nn::StepPrediction all = nn::predict_step(nn::ModelLedger(config), 20, 8, adamw);
+  const nn::StepPrediction part = nn::predict_step(nn::ModelLedger(config), 20, 8, adamw,
+                                                   nullptr, 0, {.master_weights = 100});
   EXPECT_EQ(part.stats.live[masters], 400u);
   EXPECT_GT(all.stats.live[masters], 400u);
   EXPECT_EQ(all.stats.peak_total - part.stats.peak_total, all.stats.live[masters] - 400u);
   std::int64_t weights = 0;
-  for (const std::int64_t n : nn::master_weight_sizes(config)) weights += n;
+  for (const std::int64_t n : nn::ModelLedger(config).master_weight_sizes()) weights += n;
   EXPECT_EQ(all.stats.live[masters], 4 * static_cast<std::size_t>(weights));
-  EXPECT_THROW(nn::predict_step(config, 20, 8, adamw, nullptr, 0, {.master_weights = weights + 1}),
+  EXPECT_THROW(nn::predict_step(nn::ModelLedger(config), 20, 8, adamw, nullptr, 0,
+                                {.master_weights = weights + 1}),
                std::invalid_argument);
   config.precision = nn::Precision::fp32;
-  EXPECT_EQ(nn::predict_step(config, 20, 8, adamw, nullptr, 0, {.master_weights = 100})
+  EXPECT_EQ(nn::predict_step(nn::ModelLedger(config), 20, 8, adamw, nullptr, 0,
+                             {.master_weights = 100})
                 .stats.live[masters],
             0u);
 }
@@ -289,20 +351,20 @@ TEST(MemoryModel, NamesTheMomentThatHoldsThePeak) {
   // input gradient is allocated: every activation of the forward pass is still held but
   // the head's, and the workspace holds the gradients of the block's output, of fc2's and
   // fc1's inputs, and the one being made.
-  StepShape step{testing::tiny_model(4, 0.0f), 8, 8, AdamWOptions{}};
-  EXPECT_EQ(checkpointing::predict_policy(step, {}).peak_moment,
+  MlpStep step{testing::tiny_model(4, 0.0f), 8, 8, AdamWOptions{}};
+  EXPECT_EQ(checkpointing::predict_policy(step.shape(), {}).peak_moment,
             "micro-batch 1, block 3 backward: the block's input gradient");
   // With one checkpoint slot, every block but the first is reached again from h0 only:
   // the peak comes while block 3 is taped again for its backward.
-  const std::string optimal = checkpointing::predict_policy(step, checkpointing::Policy::parse("optimal:1")).peak_moment;
+  const std::string optimal = checkpointing::predict_policy(step.shape(), checkpointing::Policy::parse("optimal:1")).peak_moment;
   EXPECT_NE(optimal.find("backward"), std::string::npos) << optimal;
 }
 
 TEST(MemoryModel, TheBudgetPolicyPicksTheCheapestThatFits) {
-  StepShape step{testing::tiny_model(16, 0.0f), 64, 64, AdamWOptions{}};
-  const std::size_t none = checkpointing::predict_policy(step, {}).peak();
+  MlpStep step{testing::tiny_model(16, 0.0f), 64, 64, AdamWOptions{}};
+  const std::size_t none = checkpointing::predict_policy(step.shape(), {}).peak();
   // Room for everything: no recomputation at all.
-  EXPECT_EQ(checkpointing::choose_for_budget(step, none).policy.text(), "none");
+  EXPECT_EQ(checkpointing::choose_for_budget(step.shape(), none).policy.text(), "none");
   // Tighter budgets: something must be recomputed. The choice fits, and no policy that
   // fits costs less (brute force over every candidate the header lists).
   std::vector<std::string> candidates = {"none", "selective"};
@@ -313,14 +375,14 @@ TEST(MemoryModel, TheBudgetPolicyPicksTheCheapestThatFits) {
     }
   }
   const std::size_t selective =
-      checkpointing::predict_policy(step, checkpointing::Policy::parse("selective")).peak();
+      checkpointing::predict_policy(step.shape(), checkpointing::Policy::parse("selective")).peak();
   for (const std::size_t budget : {none - 1, selective - 1}) {
-    const checkpointing::BudgetChoice choice = checkpointing::choose_for_budget(step, budget);
+    const checkpointing::BudgetChoice choice = checkpointing::choose_for_budget(step.shape(), budget);
     EXPECT_LE(choice.prediction.peak(), budget);
     EXPECT_EQ(choice.candidates, candidates.size());
     for (const std::string& text : candidates) {
       const checkpointing::Policy policy = checkpointing::Policy::parse(text);
-      if (checkpointing::predict_policy(step, policy).peak() <= budget) {
+      if (checkpointing::predict_policy(step.shape(), policy).peak() <= budget) {
         EXPECT_LE(choice.cost, checkpointing::recompute_cost(policy, 16))
             << "budget " << budget << ": " << choice.policy.text() << " chosen, " << text
             << " fits and costs less";
@@ -331,19 +393,19 @@ TEST(MemoryModel, TheBudgetPolicyPicksTheCheapestThatFits) {
   }
   // Below the smallest possible peak: a clear error naming it.
   try {
-    checkpointing::choose_for_budget(step, 1000);
+    checkpointing::choose_for_budget(step.shape(), 1000);
     FAIL() << "a budget of 1000 bytes fitted";
   } catch (const std::invalid_argument& e) {
     EXPECT_NE(std::string(e.what()).find("the smallest predicted peak is"), std::string::npos)
         << e.what();
   }
   const auto resolved = [&](const std::string& text) {
-    return checkpointing::resolve_policy(checkpointing::Policy::parse(text), step).text();
+    return checkpointing::resolve_policy(checkpointing::Policy::parse(text), step.shape()).text();
   };
   EXPECT_EQ(resolved("sqrt"), "sqrt");
   EXPECT_EQ(resolved("budget:" + std::to_string(none)), "none");
   EXPECT_EQ(resolved("budget:" + std::to_string(none - 1)),
-            checkpointing::choose_for_budget(step, none - 1).policy.text());
+            checkpointing::choose_for_budget(step.shape(), none - 1).policy.text());
 }
 
 }  // namespace

@@ -77,8 +77,8 @@ struct Triple {
 /// The step of a plan: fp16 trains with dynamic loss scaling, whose boundary keeps its
 /// pass's 12 bytes (f32 found-inf, f64 squared norm) through every step; fp32 and bf16
 /// keep none (no clipping is asked here).
-checkpointing::StepShape plan_step(const PlanRequest& request, nn::Precision precision,
-                                   std::int64_t micro) {
+testing::MlpStep plan_step(const PlanRequest& request, nn::Precision precision,
+                           std::int64_t micro) {
   nn::ModelConfig config = request.model;
   config.precision = precision;
   return {config, request.batch, micro, request.optimizer,
@@ -93,7 +93,7 @@ std::vector<Triple> every_triple(const PlanRequest& request, const CostModel& co
     nn::ModelConfig config = request.model;
     config.precision = precision;
     for (const std::int64_t micro : planning::micro_batch_candidates(config, request.batch)) {
-      const checkpointing::StepShape step = plan_step(request, precision, micro);
+      const checkpointing::StepShape step = plan_step(request, precision, micro).shape();
       for (const checkpointing::Policy& policy : checkpointing::checkpoint_candidates(depth)) {
         all.push_back({micro, precision, policy, checkpointing::predict_policy(step, policy).peak(),
                        cost.step_seconds(request.batch, micro, precision,
@@ -140,8 +140,9 @@ TEST(Planner, TheChosenPlanFitsIsMeasuredAsPredictedAndNothingFasterFits) {
           }
         }
         // Run the chosen plan's step: the allocator's peak is the prediction, to the byte.
-        const checkpointing::StepShape step = plan_step(request, best.precision, best.micro_batch);
-        const testing::Measured measured = testing::measure(step, best.checkpoint, false, Device::cpu());
+        const testing::Measured measured = testing::measure(
+            plan_step(request, best.precision, best.micro_batch), best.checkpoint, false,
+            Device::cpu());
         EXPECT_EQ(measured.stats.peak_total, best.prediction.peak()) << where;
         EXPECT_LE(measured.stats.peak_total, budget) << where;
       }
@@ -242,9 +243,8 @@ TEST(GptPlanner, TheChosenPlanFitsIsMeasuredAsPredictedAndNothingFasterFits) {
     nn::GptConfig config = model;
     config.precision = precision;
     config.attention = kernel;
-    return checkpointing::GptStepShape{config, request.batch, micro, request.length,
-                                       request.optimizer,
-                                       precision == nn::Precision::fp16 ? 12u : 0u};
+    return testing::GptStep{config, request.batch, micro, request.length, request.optimizer,
+                            precision == nn::Precision::fp16 ? 12u : 0u};
   };
   for (const nn::AttentionKernel kernel : request.kernels) {
     const CostModel& cost = costs.at(kernel);
@@ -257,7 +257,8 @@ TEST(GptPlanner, TheChosenPlanFitsIsMeasuredAsPredictedAndNothingFasterFits) {
             if (rebuilt && kernel == nn::AttentionKernel::efficient) continue;  // no P kept
             policy.keep = rebuilt ? nn::BlockKeep::all_but_probabilities : nn::BlockKeep::all;
             const std::size_t peak =
-                checkpointing::predict_policy(step_of(kernel, precision, micro), policy).peak();
+                checkpointing::predict_policy(step_of(kernel, precision, micro).shape(), policy)
+                    .peak();
             all.push_back({{micro, precision, policy, peak,
                             cost.step_seconds(12, micro, precision, recompute, 4, rebuilt)},
                            kernel});

@@ -76,7 +76,7 @@ Outcome run(const Case& c) {
   EXPECT_EQ(loss_scaling::boundary_workspace_bytes(train::boundary_options(config)), boundary)
       << c.name();
   const std::size_t predicted =
-      nn::predict_step(model_config, kBatch, kMicro, c.optimizer, nullptr, boundary).peak();
+      nn::predict_step(nn::ModelLedger(model_config), kBatch, kMicro, c.optimizer, nullptr, boundary).peak();
   Outcome outcome;
   int clipped = 0;
   trainer.run([&](const train::StepRecord& record) {

@@ -77,7 +77,8 @@ void BM_CheckpointedStep(benchmark::State& state) {
     step_bytes = stats.peak_total - stats.live_total;  // the step leaves nothing live
   }
   const nn::StepPrediction predicted =
-      checkpointing::predict_policy({config, kBatch, kBatch, AdamWOptions{}}, policy);
+      checkpointing::predict_policy(
+          {std::make_shared<nn::ModelLedger>(config), kBatch, kBatch, AdamWOptions{}}, policy);
   state.counters["activation_bytes"] = static_cast<double>(activation_bytes);
   state.counters["step_bytes"] = static_cast<double>(step_bytes);
   state.counters["predicted_activation_bytes"] =

@@ -141,7 +141,8 @@ void BM_GptAttentionMemory(benchmark::State& state) {
                        stats.at_peak_of(MemoryCategory::checkpoints);
   }
   const nn::StepPrediction predicted =
-      checkpointing::predict_policy({config, 1, 1, T, AdamWOptions{}}, policy);
+      checkpointing::predict_policy(
+          {std::make_shared<nn::GptLedger>(config, T), 1, 1, AdamWOptions{}}, policy);
   state.counters["activation_bytes"] = static_cast<double>(activation_bytes);
   state.counters["predicted_activation_bytes"] =
       static_cast<double>(predicted.stats.at_peak_of(MemoryCategory::activations) +

@@ -120,7 +120,8 @@ void the_schedules(bb::SelfCheck& report) {
 }
 
 cp::StepShape step_of(std::int64_t depth, const bb::Tensor& x) {
-  return {deep(depth), x.dim(0), x.dim(0), bb::AdamWOptions{}};
+  return {std::make_shared<bb::nn::ModelLedger>(deep(depth)), x.dim(0), x.dim(0),
+          bb::AdamWOptions{}};
 }
 
 /// The bytes the step adds at its peak to what was live before it, predicted.

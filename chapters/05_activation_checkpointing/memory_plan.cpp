@@ -12,20 +12,11 @@
 namespace bigbatch::checkpointing {
 
 nn::StepPrediction predict_policy(const StepShape& step, const Policy& policy) {
-  const auto runner =
-      policy.needs_runner() ? ScheduledRunner::for_policy(policy, step.model.depth) : nullptr;
-  const auto ledger = runner ? runner->ledger() : nullptr;
-  return nn::predict_step(step.model, step.batch, step.micro_batch, step.optimizer, ledger.get(),
-                          step.boundary_bytes, step.held);
-}
-
-nn::StepPrediction predict_policy(const GptStepShape& step, const Policy& policy) {
-  const auto runner = policy.needs_runner()
-                          ? GptScheduledRunner::for_policy(policy, step.model.layers)
-                          : nullptr;
-  const auto ledger = runner ? runner->ledger() : nullptr;
-  return nn::predict_gpt_step(step.model, step.batch, step.micro_batch, step.length,
-                              step.optimizer, ledger.get(), step.boundary_bytes);
+  BIGBATCH_CHECK(step.model != nullptr, "predict_policy: the step has no model");
+  const auto ledger =
+      policy.needs_runner() ? ledger_for_policy(policy, step.model->depth()) : nullptr;
+  return nn::predict_step(*step.model, step.batch, step.micro_batch, step.optimizer,
+                          ledger.get(), step.boundary_bytes, step.held);
 }
 
 double recompute_cost(const Policy& policy, std::int64_t depth) {
@@ -52,27 +43,14 @@ std::vector<Policy> checkpoint_candidates(std::int64_t depth) {
   return candidates;
 }
 
-namespace {
-
-std::int64_t depth_of(const StepShape& step) { return step.model.depth; }
-std::int64_t depth_of(const GptStepShape& step) { return step.model.layers; }
-
-/// The candidates a step weighs: every one for the MLP; for the GPT those that keep
-/// whole blocks.
-std::vector<Policy> candidates_for(const StepShape& step) {
-  return checkpoint_candidates(depth_of(step));
-}
-std::vector<Policy> candidates_for(const GptStepShape& step) {
-  std::vector<Policy> candidates = checkpoint_candidates(depth_of(step));
+BudgetChoice choose_for_budget(const StepShape& step, std::size_t budget) {
+  BIGBATCH_CHECK(step.model != nullptr, "choose_for_budget: the step has no model");
+  const std::int64_t depth = step.model->depth();
+  // The candidates the model's blocks can keep: every one for the MLP; for the GPT those
+  // that keep whole blocks.
+  std::vector<Policy> candidates = checkpoint_candidates(depth);
   std::erase_if(candidates,
-                [](const Policy& policy) { return policy.keep != nn::BlockKeep::all; });
-  return candidates;
-}
-
-template <class Shape>
-BudgetChoice choose(const Shape& step, std::size_t budget) {
-  const std::int64_t depth = depth_of(step);
-  const std::vector<Policy> candidates = candidates_for(step);
+                [&](const Policy& policy) { return !step.model->keeps(policy.keep); });
   BudgetChoice best;
   bool found = false;
   std::optional<Policy> smallest_policy;
@@ -104,21 +82,7 @@ BudgetChoice choose(const Shape& step, std::size_t budget) {
   return best;
 }
 
-}  // namespace
-
-BudgetChoice choose_for_budget(const StepShape& step, std::size_t budget) {
-  return choose(step, budget);
-}
-
-BudgetChoice choose_for_budget(const GptStepShape& step, std::size_t budget) {
-  return choose(step, budget);
-}
-
 Policy resolve_policy(const Policy& policy, const StepShape& step) {
-  return policy.is_budget() ? choose_for_budget(step, *policy.budget).policy : policy;
-}
-
-Policy resolve_policy(const Policy& policy, const GptStepShape& step) {
   return policy.is_budget() ? choose_for_budget(step, *policy.budget).policy : policy;
 }
 

@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -18,11 +19,14 @@
 
 namespace bigbatch::checkpointing {
 
-/// What a step is: the model, the batch and micro-batch, the optimizer (its state is live).
+/// What a step is: the model as the memory model replays it, the batch and micro-batch, the
+/// optimizer (its state is live).
 struct StepShape {
-  nn::ModelConfig model;
-  std::int64_t batch = 0;
-  std::int64_t micro_batch = 0;
+  /// Any model's ledger (nn::ModelLedger, nn::GptLedger); each prediction starts a step on
+  /// it, so one shape predicts one step at a time.
+  std::shared_ptr<nn::NetworkLedger> model;
+  std::int64_t batch = 0;        ///< samples per optimizer step (the GPT's: sequences)
+  std::int64_t micro_batch = 0;  ///< samples per forward pass
   nn::Optimizer::Options optimizer;
   /// What the optimizer boundary keeps on the device through every step (chapter 04's
   /// loss_scaling::boundary_workspace_bytes: 12 with a loss scale or clipping, else 0).
@@ -32,22 +36,9 @@ struct StepShape {
   nn::HeldElements held = {};
 };
 
-/// What a step of chapter 08's GPT is: the model, the batch and micro-batch in sequences of
-/// `length` positions, the optimizer, the boundary's bytes (as StepShape's).
-struct GptStepShape {
-  nn::GptConfig model;
-  std::int64_t batch = 0;        ///< sequences per optimizer step
-  std::int64_t micro_batch = 0;  ///< sequences per forward pass
-  std::int64_t length = 0;       ///< T, positions per sequence
-  nn::Optimizer::Options optimizer;
-  std::size_t boundary_bytes = 0;  ///< as StepShape::boundary_bytes
-};
-
 /// nn::predict_step for a policy (not a budget: std::invalid_argument); none is the model
 /// run without a runner (its own order).
 nn::StepPrediction predict_policy(const StepShape& step, const Policy& policy);
-/// nn::predict_gpt_step for a policy, the same way.
-nn::StepPrediction predict_policy(const GptStepShape& step, const Policy& policy);
 
 /// The recomputation a policy costs, in block forwards per step beyond the n of plain
 /// training: its advances, plus, with selective recomputation, kSelectiveCost for each
@@ -74,19 +65,15 @@ struct BudgetChoice {
 /// optimal:SLOTS for K, SLOTS = 1 .. depth, each without and with +selective.
 std::vector<Policy> checkpoint_candidates(std::int64_t depth);
 
-/// budget:BYTES: of checkpoint_candidates(depth), the one of least recompute_cost whose
-/// predicted step peak (StepPrediction::peak: everything on the device) is at most
-/// `budget`; ties go to the smaller peak, then to the earlier in that list. Throws std::invalid_argument when
-/// none fits, naming the smallest peak any of them reaches and its policy.
+/// budget:BYTES: of checkpoint_candidates(depth) those whose keep the model's blocks can
+/// keep (NetworkLedger::keeps), the one of least recompute_cost whose predicted step peak
+/// (StepPrediction::peak: everything on the device) is at most `budget`; ties go to the
+/// smaller peak, then to the earlier in that list. Throws std::invalid_argument when none
+/// fits, naming the smallest peak any of them reaches and its policy.
 BudgetChoice choose_for_budget(const StepShape& step, std::size_t budget);
-/// The same for the GPT, of the candidates that keep whole blocks (a transformer block has
-/// no selective recomputation).
-BudgetChoice choose_for_budget(const GptStepShape& step, std::size_t budget);
 
 /// A policy with budget:BYTES resolved by choose_for_budget; any other policy is returned
 /// as it is.
 Policy resolve_policy(const Policy& policy, const StepShape& step);
-/// \copydoc resolve_policy(const Policy&, const StepShape&)
-Policy resolve_policy(const Policy& policy, const GptStepShape& step);
 
 }  // namespace bigbatch::checkpointing

@@ -12,15 +12,10 @@
 
 namespace bigbatch::checkpointing {
 
-/// The blocks' saved activations of each network.
-template <class Net>
-using SavedBlock = std::conditional_t<std::is_same_v<Net, nn::Model>, nn::BlockActivations,
-                                      nn::GptBlockActivations>;
-
 template <class Net>
 struct NetworkExecutor {
   using Value = Tensor;
-  using Saved = SavedBlock<Net>;
+  using Saved = typename Net::SavedBlock;
 
   Net& model;
   const nn::ForwardContext& context;
@@ -41,22 +36,13 @@ struct NetworkExecutor {
     cast(h, copy);  // same dtype: a copy
     return copy;
   }
-  static std::int64_t depth(const Net& net) {
-    if constexpr (std::is_same_v<Net, nn::Model>) {
-      return net.config().depth;
-    } else {
-      return net.config().layers;
-    }
-  }
 };
 
-template <class Ledger>
 struct LedgerExecutor {
   using Value = nn::MemoryLedger::Bytes;
-  using Saved = std::conditional_t<std::is_same_v<Ledger, nn::ModelLedger>, nn::BlockBytes,
-                                   nn::GptBlockBytes>;
+  using Saved = nn::BlockBytes;
 
-  Ledger& model;
+  nn::NetworkLedger& model;
 
   Value block_forward(std::int64_t i, Value h, Saved& saved, nn::BlockKeep keep, bool recompute) {
     return model.block_forward(i, std::move(h), saved, keep, recompute);
@@ -69,25 +55,32 @@ struct LedgerExecutor {
 
 namespace {
 
-template <class Ledger>
-class ScheduleLedger : public nn::BlockLedgerRunnerFor<Ledger> {
+class ScheduleLedger : public nn::BlockLedgerRunner {
  public:
-  ScheduleLedger(const Schedule& schedule, nn::BlockKeep keep) : execution_(schedule, keep) {}
-  nn::MemoryLedger::Bytes forward(Ledger& model, nn::MemoryLedger::Bytes h0) override {
-    LedgerExecutor<Ledger> executor{model};
+  ScheduleLedger(const Schedule& schedule, nn::BlockKeep keep) : execution_(schedule, keep) {
+    validate(schedule);
+  }
+  nn::MemoryLedger::Bytes forward(nn::NetworkLedger& model, nn::MemoryLedger::Bytes h0) override {
+    LedgerExecutor executor{model};
     return execution_.forward(executor, std::move(h0));
   }
-  nn::MemoryLedger::Bytes backward(Ledger& model, nn::MemoryLedger::Bytes dh_n) override {
-    LedgerExecutor<Ledger> executor{model};
+  nn::MemoryLedger::Bytes backward(nn::NetworkLedger& model,
+                                   nn::MemoryLedger::Bytes dh_n) override {
+    LedgerExecutor executor{model};
     return execution_.backward(executor, std::move(dh_n));
   }
   std::int64_t evaluations() const override { return execution_.evaluations(); }
 
  private:
-  ScheduleExecution<LedgerExecutor<Ledger>> execution_;
+  ScheduleExecution<LedgerExecutor> execution_;
 };
 
 }  // namespace
+
+std::unique_ptr<nn::BlockLedgerRunner> ledger_for_policy(const Policy& policy,
+                                                         std::int64_t depth) {
+  return std::make_unique<ScheduleLedger>(policy.schedule_for(depth), policy.keep);
+}
 
 template <class Net>
 ScheduledRunnerFor<Net>::ScheduledRunnerFor(Schedule schedule, nn::BlockKeep keep)
@@ -120,7 +113,7 @@ std::shared_ptr<ScheduledRunnerFor<Net>> ScheduledRunnerFor<Net>::for_policy(
 template <class Net>
 Tensor ScheduledRunnerFor<Net>::forward(Net& model, Tensor h0,
                                         const nn::ForwardContext& context) {
-  const std::int64_t depth = NetworkExecutor<Net>::depth(model);
+  const std::int64_t depth = model.blocks();
   BIGBATCH_CHECK(schedule_.depth == depth, "ScheduledRunner: the schedule is for ",
                  schedule_.depth, " blocks, the model has ", depth);
   NetworkExecutor<Net> executor{model, context};
@@ -136,10 +129,8 @@ Tensor ScheduledRunnerFor<Net>::backward(Net& model, Tensor dh_n,
 }
 
 template <class Net>
-std::unique_ptr<LedgerRunnerOf<Net>> ScheduledRunnerFor<Net>::ledger() const {
-  using Ledger = std::conditional_t<std::is_same_v<Net, nn::Model>, nn::ModelLedger,
-                                    nn::GptLedger>;
-  return std::make_unique<ScheduleLedger<Ledger>>(schedule_, keep_);
+std::unique_ptr<nn::BlockLedgerRunner> ScheduledRunnerFor<Net>::ledger() const {
+  return std::make_unique<ScheduleLedger>(schedule_, keep_);
 }
 
 template <class Net>

@@ -14,8 +14,8 @@
 //
 // forward() runs the actions up to the one that produces h_n, the head's input; backward()
 // runs the rest. The interpreter of the actions is schedule_execution.hpp, shared with the
-// memory model: ledger() replays the same schedule on nn::predict_step's ledger (the MLP's)
-// or nn::predict_gpt_step's (the GPT's).
+// memory model: ledger() replays the same schedule on nn::predict_step's ledger, any
+// model's.
 // An evaluation forward (context.training false) keeps nothing: it runs every block once
 // and no backward may follow. A block run a second time in the same step is a
 // recomputation (ForwardContext::recompute): its dropout masks are the same (the counter
@@ -25,7 +25,6 @@
 #include <cstdint>
 #include <memory>
 #include <string>
-#include <type_traits>
 
 #include "chapters/05_activation_checkpointing/policy.hpp"
 #include "chapters/05_activation_checkpointing/schedule.hpp"
@@ -39,14 +38,8 @@ namespace bigbatch::checkpointing {
 /// tensors): Net is nn::Model or nn::Gpt.
 template <class Net>
 struct NetworkExecutor;
-/// Replays a schedule on a model's memory ledger (the executor for bytes).
-template <class Ledger>
+/// Replays a schedule on any model's memory ledger (the executor for bytes).
 struct LedgerExecutor;
-
-/// The memory side of Net's runner: the MLP's ledger runner, or the GPT's.
-template <class Net>
-using LedgerRunnerOf = std::conditional_t<std::is_same_v<Net, nn::Model>, nn::BlockLedgerRunner,
-                                          nn::GptBlockLedgerRunner>;
 template <class Executor>
 class ScheduleExecution;
 
@@ -68,9 +61,8 @@ class ScheduledRunnerFor : public nn::BlockRunnerFor<Net> {
   Tensor forward(Net& model, Tensor h0, const nn::ForwardContext& context) override;
   Tensor backward(Net& model, Tensor dh_n, const nn::ForwardContext& context) override;
 
-  /// A replay of this runner's schedule for nn::predict_step or nn::predict_gpt_step
-  /// (fresh counts).
-  std::unique_ptr<LedgerRunnerOf<Net>> ledger() const;
+  /// A replay of this runner's schedule for nn::predict_step (fresh counts).
+  std::unique_ptr<nn::BlockLedgerRunner> ledger() const;
 
   /// The schedule it runs.
   const Schedule& schedule() const { return schedule_; }
@@ -86,6 +78,12 @@ class ScheduledRunnerFor : public nn::BlockRunnerFor<Net> {
   nn::BlockKeep keep_;
   std::unique_ptr<ScheduleExecution<NetworkExecutor<Net>>> execution_;
 };
+
+/// The replay of a policy's schedule on `depth` blocks for nn::predict_step, on any model's
+/// ledger (what ScheduledRunnerFor::for_policy(policy, depth)->ledger() replays); throws
+/// std::invalid_argument for a budget, as for_policy does.
+std::unique_ptr<nn::BlockLedgerRunner> ledger_for_policy(const Policy& policy,
+                                                         std::int64_t depth);
 
 /// The MLP's runner (chapters 05-07).
 using ScheduledRunner = ScheduledRunnerFor<nn::Model>;

@@ -136,7 +136,8 @@ int main(int argc, char** argv) {
   const bb::nn::ModelConfig model = base::model_config();
   const planning::PlanRequest request{model, base::kWantedBatch, base::adamw_options(),
                                       base::kDeviceBytes};
-  const bb::checkpointing::StepShape whole{model, base::kWantedBatch, base::kWantedBatch,
+  const bb::checkpointing::StepShape whole{std::make_shared<bb::nn::ModelLedger>(model),
+                                           base::kWantedBatch, base::kWantedBatch,
                                            base::adamw_options()};
   const std::size_t whole_peak = bb::checkpointing::predict_policy(whole, {}).peak();
   report.check(whole_peak > base::kDeviceBytes,

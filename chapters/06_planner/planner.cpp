@@ -335,11 +335,13 @@ std::vector<std::int64_t> micro_batches_of(const nn::GptConfig&, std::int64_t ba
 /// The step a plan of micro-batch `micro` runs, as chapter 05's memory model takes it.
 checkpointing::StepShape step_of(const PlanRequest& request, const nn::ModelConfig& config,
                                  std::int64_t micro, std::size_t boundary_bytes) {
-  return {config, request.batch, micro, request.optimizer, boundary_bytes, request.held};
+  return {std::make_shared<nn::ModelLedger>(config), request.batch, micro, request.optimizer,
+          boundary_bytes, request.held};
 }
-checkpointing::GptStepShape step_of(const GptPlanRequest& request, const nn::GptConfig& config,
-                                    std::int64_t micro, std::size_t boundary_bytes) {
-  return {config, request.batch, micro, request.length, request.optimizer, boundary_bytes};
+checkpointing::StepShape step_of(const GptPlanRequest& request, const nn::GptConfig& config,
+                                 std::int64_t micro, std::size_t boundary_bytes) {
+  return {std::make_shared<nn::GptLedger>(config, request.length), request.batch, micro,
+          request.optimizer, boundary_bytes};
 }
 
 /// A model to plan (the GPT's with one attention kernel) and its cost model.

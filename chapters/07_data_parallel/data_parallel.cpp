@@ -51,7 +51,7 @@ std::vector<nn::NamedParameter> parameter_shards(const std::vector<nn::NamedPara
   return shards;
 }
 
-nn::HeldElements held_elements(const nn::ModelConfig& config, int ranks, int rank,
+nn::HeldElements held_elements(const nn::NetworkLedger& model, int ranks, int rank,
                                ZeroStage zero, std::size_t bucket_bytes) {
   if (zero == ZeroStage::replicated) return {};
   const auto shards = [&](const std::vector<std::int64_t>& sizes) {
@@ -60,8 +60,8 @@ nn::HeldElements held_elements(const nn::ModelConfig& config, int ranks, int ran
     return elements;
   };
   nn::HeldElements held;
-  held.optimizer_state = shards(nn::trainable_sizes(config));
-  held.master_weights = shards(nn::master_weight_sizes(config));
+  held.optimizer_state = shards(model.trainable_sizes());
+  held.master_weights = shards(model.master_weight_sizes());
   if (zero == ZeroStage::gradients) {
     held.gradients = held.optimizer_state;
     held.gradient_bucket_bytes = bucket_bytes;
@@ -69,14 +69,14 @@ nn::HeldElements held_elements(const nn::ModelConfig& config, int ranks, int ran
   return held;
 }
 
-nn::StepPrediction predict_rank_step(const nn::ModelConfig& config, std::int64_t batch,
+nn::StepPrediction predict_rank_step(nn::NetworkLedger& model, std::int64_t batch,
                                      std::int64_t micro_batch,
                                      const nn::Optimizer::Options& optimizer, int ranks,
                                      int rank, ZeroStage zero, nn::BlockLedgerRunner* runner,
                                      std::size_t held_workspace, std::size_t bucket_bytes) {
-  return nn::predict_step(config, collectives::share_of(batch, ranks, rank).size, micro_batch,
+  return nn::predict_step(model, collectives::share_of(batch, ranks, rank).size, micro_batch,
                           optimizer, runner, held_workspace,
-                          held_elements(config, ranks, rank, zero, bucket_bytes));
+                          held_elements(model, ranks, rank, zero, bucket_bytes));
 }
 
 Device device_of_rank(Device requested, int local_rank, int local_ranks, int devices) {

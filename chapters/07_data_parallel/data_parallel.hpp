@@ -74,13 +74,13 @@ Tensor shard_view(const Tensor& tensor, int ranks, int rank);
 /// optimizer made over these steps, and allocates state for, the shard alone.
 std::vector<nn::NamedParameter> parameter_shards(const std::vector<nn::NamedParameter>& parameters,
                                                  int ranks, int rank);
-/// What rank `rank` of R holds of the model's state (nn::HeldElements): everything at
-/// stage 0; at stages 1 and 2 its shard of every trainable tensor's optimizer state and of
-/// every Linear weight's f32 master (mixed precision: the 16-bit working copies stay
-/// whole); at stage 2 also its shard of every gradient, held through the step.
+/// What rank `rank` of R holds of the state of `model` (any model's ledger;
+/// nn::HeldElements): everything at stage 0; at stages 1 and 2 its shard of every trainable
+/// tensor's optimizer state and of every f32 master (mixed precision: the 16-bit working
+/// copies stay whole); at stage 2 also its shard of every gradient, held through the step.
 /// At stage 2 with bucket_bytes > 0 the gradients are summed in buckets of at least that
 /// many bytes, overlapping the backward (HeldElements::gradient_bucket_bytes).
-nn::HeldElements held_elements(const nn::ModelConfig& config, int ranks, int rank,
+nn::HeldElements held_elements(const nn::NetworkLedger& model, int ranks, int rank,
                                ZeroStage zero, std::size_t bucket_bytes = 0);
 /// The memory of rank `rank`'s step of a batch of `batch` under MPI (CommunicatorRanks), by
 /// category: nn::predict_step of its share (its micro-batches, its staging buffer), holding
@@ -90,7 +90,7 @@ nn::HeldElements held_elements(const nn::ModelConfig& config, int ranks, int ran
 /// group at a time after its backward: less than its backward held. The collectives'
 /// buffers are host memory of the engine's and of collectives/ (not counted by the
 /// allocator, as a GPU run's would not be either).
-nn::StepPrediction predict_rank_step(const nn::ModelConfig& config, std::int64_t batch,
+nn::StepPrediction predict_rank_step(nn::NetworkLedger& model, std::int64_t batch,
                                      std::int64_t micro_batch,
                                      const nn::Optimizer::Options& optimizer, int ranks,
                                      int rank, ZeroStage zero,

@@ -261,6 +261,7 @@ bb::Json on_modelled_cluster(bb::SelfCheck& report) {
 void report_rank_memory(bb::SelfCheck& report) {
   const bb::nn::ModelConfig model{.inputs = 784, .hidden = 512, .expansion = 4, .classes = 10,
                                   .depth = 4, .seed = 0};
+  bb::nn::ModelLedger ledger(model);
   const bb::AdamWOptions adamw;
   const auto state = static_cast<std::size_t>(bb::MemoryCategory::optimizer_state);
   const auto gradients = static_cast<std::size_t>(bb::MemoryCategory::gradients);
@@ -275,7 +276,7 @@ void report_rank_memory(bb::SelfCheck& report) {
     for (const dp::ZeroStage zero : {dp::ZeroStage::replicated, dp::ZeroStage::optimizer_state,
                                      dp::ZeroStage::gradients}) {
       const bb::MemoryStats rank0 =
-          dp::predict_rank_step(model, 1024, 256, adamw, ranks, 0, zero).stats;
+          dp::predict_rank_step(ledger, 1024, 256, adamw, ranks, 0, zero).stats;
       std::printf("   %-8d %-6s %16s %22s %12s\n", ranks, dp::setting_text(zero).c_str(),
                   mib(rank0.live[state]).c_str(),
                   (mib(rank0.live[gradients]) + " (" + mib(rank0.at_peak[gradients]) + ")").c_str(),
@@ -291,7 +292,7 @@ void report_rank_memory(bb::SelfCheck& report) {
   }
   // Rank 0's share of a tensor of n elements is ceil(n / 4): 4 ceil(n / 4) - n <= 3 elements
   // more than a quarter, of 8 bytes each (AdamW's two moments), per trainable tensor.
-  const std::size_t rounding = 3 * 8 * bb::nn::trainable_sizes(model).size();
+  const std::size_t rounding = 3 * 8 * ledger.trainable_sizes().size();
   report.check(sharded_state * 4 >= replicated_state &&
                    sharded_state * 4 <= replicated_state + rounding,
                "at 4 ranks stage 1 keeps a quarter of the optimizer state on rank 0 (its "
@@ -312,11 +313,14 @@ void report_rank_memory(bb::SelfCheck& report) {
   bb::nn::ModelConfig bf16 = model;
   bf16.precision = bb::nn::Precision::bf16;
   const auto masters = static_cast<std::size_t>(bb::MemoryCategory::master_weights);
+  bb::nn::ModelLedger bf16_ledger(bf16);
   const std::size_t all_masters =
-      dp::predict_rank_step(bf16, 1024, 256, adamw, 4, 0, dp::ZeroStage::replicated).stats.live[masters];
+      dp::predict_rank_step(bf16_ledger, 1024, 256, adamw, 4, 0, dp::ZeroStage::replicated)
+          .stats.live[masters];
   const std::size_t shard_masters =
-      dp::predict_rank_step(bf16, 1024, 256, adamw, 4, 0, dp::ZeroStage::optimizer_state).stats.live[masters];
-  const std::size_t master_rounding = 3 * 4 * bb::nn::master_weight_sizes(model).size();
+      dp::predict_rank_step(bf16_ledger, 1024, 256, adamw, 4, 0, dp::ZeroStage::optimizer_state)
+          .stats.live[masters];
+  const std::size_t master_rounding = 3 * 4 * bf16_ledger.master_weight_sizes().size();
   report.check(shard_masters * 4 >= all_masters && shard_masters * 4 <= all_masters + master_rounding,
                "in bf16, at 4 ranks stages 1 and 2 keep a quarter of the f32 master weights "
                "on rank 0 too: " + mib(shard_masters) + " of " + mib(all_masters) +
@@ -478,8 +482,9 @@ void sharded_jobs(const bb::Dataset& data, const bb::nn::ModelConfig& model_conf
     dp::SimulatedRanks simulated(ranks, bb::nn::Model(config, bb::Device::cpu()), zero);
     const Outcome own = train(data, config, s, &simulated);
     dp::CommunicatorRanks communicator(*world, collectives::Reduction::deterministic, zero);
+    bb::nn::ModelLedger ledger(config);
     ShardedJob sharded{train(data, config, s, &communicator),
-                       dp::predict_rank_step(config, s.batch, s.micro_batch, kOptimizer, ranks,
+                       dp::predict_rank_step(ledger, s.batch, s.micro_batch, kOptimizer, ranks,
                                              world->rank(), zero)
                            .stats};
     report.check(bitwise_equal(sharded.job.parameters, own.parameters),

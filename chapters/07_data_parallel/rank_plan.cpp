@@ -34,7 +34,7 @@ RankPlans plan_share(planning::PlanRequest request, const planning::CostModel& c
   RankPlans plans;
   plans.share = collectives::share_of(request.batch, ranks, 0).size;
   request.batch = plans.share;
-  request.held = held_elements(request.model, ranks, 0, zero);
+  request.held = held_elements(nn::ModelLedger(request.model), ranks, 0, zero);
   plans.result = planning::make_plan(request, cost);
   return plans;
 }

@@ -408,7 +408,7 @@ struct CheckpointedRun {
   bb::checkpointing::ScheduleStats schedule;
   std::size_t kept_bytes = 0;  // activations + checkpoints at the step's peak, the largest step
   std::size_t peak = 0;        // the largest step's peak, every category
-  std::size_t predicted = 0;   // nn::predict_gpt_step's, before the run
+  std::size_t predicted = 0;   // nn::predict_step's, before the run
   double ms_per_step = 0;
   std::vector<std::vector<float>> parameters;
 };
@@ -436,7 +436,9 @@ void checkpointed_blocks(bb::SelfCheck& report, const Corpus& corpus, bool quick
     run.policy = policy;
     run.schedule = bb::checkpointing::simulate(parsed.schedule_for(layers));
     run.predicted = bb::checkpointing::predict_policy(
-                        {config, batch, micro, kLength, bb::AdamWOptions{.lr = 3e-3}}, parsed)
+                        {std::make_shared<bb::nn::GptLedger>(config, kLength), batch, micro,
+                         bb::AdamWOptions{.lr = 3e-3}},
+                        parsed)
                         .peak();
     if (parsed.needs_runner()) {
       model.set_block_runner(bb::checkpointing::GptScheduledRunner::for_policy(parsed, layers));
@@ -484,14 +486,14 @@ void checkpointed_blocks(bb::SelfCheck& report, const Corpus& corpus, bool quick
   report.check(same_bits, "every policy trains the parameters of no checkpointing, bit for bit");
   report.check(fewer_bytes, "every policy keeps fewer activation bytes at the step's peak");
   report.check(fewest_with_one_slot, "one kept block input (optimal:1) keeps the fewest");
-  report.check(predicted, "nn::predict_gpt_step predicted every policy's step peak to the byte");
+  report.check(predicted, "nn::predict_step predicted every policy's step peak to the byte");
 }
 
 // ---- (f) a length plain attention cannot fit -------------------------------------------
 
 struct BudgetRun {
   std::string way;            // a checkpoint policy, or "efficient" (the kernel)
-  std::size_t predicted = 0;  // nn::predict_gpt_step's peak, before the run
+  std::size_t predicted = 0;  // nn::predict_step's peak, before the run
   std::size_t peak = 0;       // the largest step's measured peak, every category
   double ms_per_step = 0;
   float last_loss = 0;
@@ -511,9 +513,10 @@ Way way_of(const std::string& way, const nn::GptConfig& plain) {
   return {config, bb::checkpointing::Policy::parse(efficient ? "none" : way)};
 }
 
-// nn::predict_gpt_step's peak of a step of `batch` sequences of T at micro-batch 1.
+// nn::predict_step's peak of a step of `batch` sequences of T at micro-batch 1.
 std::size_t predicted_peak(const Way& w, std::int64_t batch, std::int64_t T) {
-  return bb::checkpointing::predict_policy({w.config, batch, 1, T, bb::AdamWOptions{.lr = 3e-3}},
+  return bb::checkpointing::predict_policy({std::make_shared<bb::nn::GptLedger>(w.config, T),
+                                            batch, 1, bb::AdamWOptions{.lr = 3e-3}},
                                            w.policy)
       .peak();
 }
@@ -622,7 +625,7 @@ void attention_budget(bb::SelfCheck& report, bool quick) {
     }
   }
   report.check(fit, "every:1, attention and efficient each train within the device");
-  report.check(predicted, "nn::predict_gpt_step predicted every step peak to the byte");
+  report.check(predicted, "nn::predict_step predicted every step peak to the byte");
   report.check(same_bits, "every:1 and attention train plain attention's bits");
   report.check(close, "efficient attention trains its own bits, within 1e-3 of plain "
                       "attention's loss");

@@ -86,8 +86,8 @@ void load_init(Net& model, const std::string& path) {
 }
 
 /// What every model's run holds the same way: its shape (Config), its step as chapter 05's
-/// memory model sees it (Step), the model (Net) and its checkpoint runner.
-template <class Net, class Config, class Step>
+/// memory model sees it, the model (Net) and its checkpoint runner.
+template <class Net, class Config>
 class ModelRunOf : public ModelRun {
  public:
   train::RunConfig settings(const TrainOptions& options, const nn::Optimizer::Options& optimizer,
@@ -115,7 +115,7 @@ class ModelRunOf : public ModelRun {
   }
 
   Config shape_;
-  Step step_;
+  checkpointing::StepShape step_;
   std::optional<Net> model_;
   Checkpointing<Net> checkpoint_;
 };

@@ -248,7 +248,7 @@ Device RunRanks::device_of_this_rank(Device requested) const {
 checkpointing::StepShape RunRanks::rank_step(checkpointing::StepShape whole) const {
   if (!communicator_) return whole;
   whole.held =
-      data_parallel::held_elements(whole.model, count_, 0, options_.zero, options_.bucket_bytes);
+      data_parallel::held_elements(*whole.model, count_, 0, options_.zero, options_.bucket_bytes);
   whole.batch = rank_batch(whole.batch);
   whole.micro_batch = std::min(whole.micro_batch, whole.batch);
   return whole;

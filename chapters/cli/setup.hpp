@@ -150,12 +150,11 @@ struct Checkpointing {
   std::shared_ptr<checkpointing::ScheduledRunnerFor<Net>> runner;  ///< null: none
 };
 
-/// Resolves --checkpoint for a step of `shape` (checkpointing::StepShape for the MLP,
-/// GptStepShape for the GPT) whose model has `depth` blocks; UsageError with what the
-/// budget search or the runner refuses.
-template <class Net, class Shape>
-Checkpointing<Net> checkpointing_for(const checkpointing::Policy& asked, const Shape& shape,
-                                     std::int64_t depth) {
+/// Resolves --checkpoint for a step of `shape` whose model has `depth` blocks; UsageError
+/// with what the budget search or the runner refuses.
+template <class Net>
+Checkpointing<Net> checkpointing_for(const checkpointing::Policy& asked,
+                                     const checkpointing::StepShape& shape, std::int64_t depth) {
   Checkpointing<Net> c;
   c.asked = asked;
   try {

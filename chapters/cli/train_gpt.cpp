@@ -1,6 +1,6 @@
 // train_gpt.cpp: what `bigbatch train --model gpt` asks of chapter 08's GPT on byte tokens
 // (model_run.hpp): run_train's one path runs it through the same trainer, snapshots, plan
-// and ranks as the MLP. Its step as the memory model sees it is nn::predict_gpt_step's; the
+// and ranks as the MLP. Its step as the memory model sees it is nn::predict_step's; the
 // loss of every target token is over the count of the whole batch's target tokens, on
 // every rank. What the MLP's ranks have and the GPT's do not (ZeRO, overlapped sums) is
 // refused by name before anything runs.
@@ -65,7 +65,7 @@ std::string describe_tokens(const Dataset& data) {
   return out.str();
 }
 
-class GptRun final : public ModelRunOf<nn::Gpt, nn::GptConfig, checkpointing::GptStepShape> {
+class GptRun final : public ModelRunOf<nn::Gpt, nn::GptConfig> {
  public:
   void check_flags(const TrainOptions& options) const override { check_gpt_flags(options); }
 
@@ -94,12 +94,13 @@ class GptRun final : public ModelRunOf<nn::Gpt, nn::GptConfig, checkpointing::Gp
                      const nn::Optimizer::Options& optimizer,
                      const train::TrainConfig& config) override {
     shape_ = gpt_config(options);  // checked by check_model_fits
-    // The step as nn::predict_gpt_step sees it (sequences of the data's length; under MPI,
+    // The step as nn::predict_step sees it (sequences of the data's length; under MPI,
     // rank 0's share): checked against the device and the cap before the model takes a
     // byte, budget:BYTES chosen by it, --explain prints it.
-    const std::int64_t rank_batch = ranks.rank_batch(options.train.batch);
-    step_ = {shape_, rank_batch, std::min(micro_batch, rank_batch), splits.train.feature_dim(),
-             optimizer, loss_scaling::boundary_workspace_bytes(train::boundary_options(config))};
+    step_ = ranks.rank_step(
+        {std::make_shared<nn::GptLedger>(shape_, splits.train.feature_dim()),
+         options.train.batch, micro_batch, optimizer,
+         loss_scaling::boundary_workspace_bytes(train::boundary_options(config))});
     return build_model(options, device, shape_.layers);
   }
 

@@ -31,7 +31,7 @@ void check_mlp_flags(const TrainOptions& options) {
 
 namespace {
 
-class MlpRun final : public ModelRunOf<nn::Model, nn::ModelConfig, checkpointing::StepShape> {
+class MlpRun final : public ModelRunOf<nn::Model, nn::ModelConfig> {
  public:
   void check_flags(const TrainOptions& options) const override { check_mlp_flags(options); }
 
@@ -74,7 +74,7 @@ class MlpRun final : public ModelRunOf<nn::Model, nn::ModelConfig, checkpointing
     // and --explain prints the prediction. Under MPI, rank 0's step: its share, its shard
     // of the optimizer state (chapter 07).
     step_ = ranks.rank_step(
-        {shape_, options.train.batch, micro_batch, optimizer,
+        {std::make_shared<nn::ModelLedger>(shape_), options.train.batch, micro_batch, optimizer,
          loss_scaling::boundary_workspace_bytes(train::boundary_options(config))});
     return build_model(options, device, shape_.depth);
   }

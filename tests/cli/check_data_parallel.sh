@@ -463,7 +463,7 @@ part_gpt() {
   # batch of 8 in shares of 3, 3 and 2 sequences, every rank dividing its target tokens' loss
   # by the whole batch's count. The job saves the simulation's bytes (fp32 with dropout, bf16
   # with checkpointed blocks); rank 0's steps peak where its share's step is predicted
-  # (nn::predict_gpt_step); --plan auto plans rank 0's share for every rank.
+  # (nn::predict_step); --plan auto plans rank 0's share for every rank.
   "$(dirname "$0")/write_corpus.sh" corpus.txt || fail "cannot write corpus.txt"
   gpt="--model gpt --data text:corpus.txt --seq-len 24 --layers 2 --width 32 --heads 4 --batch 8 --steps 4 --lr 1e-2 --seed 5"
   same_gpt() {  # same_gpt NAME FLAGS...: 3 ranks under MPI and simulated save the same bytes

@@ -124,7 +124,7 @@ grep -q '^bigbatch train: .*, GPT of 2 blocks, width 32, 4 heads (efficient atte
   fail "the header does not name efficient attention: $(head -n 1 efficient.txt)"
 awk "BEGIN { d = $(last_loss efficient.jsonl) - $(last_loss whole.jsonl); exit !(d < 1e-3 && d > -1e-3) }" ||
   fail "efficient attention ended on loss $(last_loss efficient.jsonl), plain on $(last_loss whole.jsonl)"
-# The step's memory predicted to the byte (nn::predict_gpt_step): the printed prediction is
+# The step's memory predicted to the byte (nn::predict_step): the printed prediction is
 # the largest step peak of the log (every batch of 8 is whole here), with --explain too.
 predicted() { sed -n 's/^predicted step peak .* (\([0-9]*\) bytes), at: .*/\1/p' "$1"; }
 largest_peak() { sed 's/.*"peak_bytes_total":\([0-9]*\).*/\1/' "$1" | sort -n | tail -n 1; }

@@ -254,8 +254,9 @@ TEST(RankMemory, EveryRanksStepIsPredictedToTheByte) {
         ranks.take_model(model);
         nn::Optimizer optimizer(ranks.stepped_parameters(model), adamw);
         train::Trainer trainer(model, optimizer, data, run, &ranks);
+        nn::ModelLedger ledger(config);
         const nn::StepPrediction predicted = data_parallel::predict_rank_step(
-            config, run.batch, run.micro_batch, adamw, world().size(), world().rank(), zero,
+            ledger, run.batch, run.micro_batch, adamw, world().size(), world().rank(), zero,
             nullptr, trainer.boundary_bytes(), bucket_bytes);
         for (int step = 1; step <= run.steps; ++step) {
           const MemoryStats measured = trainer.step().memory;
