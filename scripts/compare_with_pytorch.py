@@ -43,7 +43,6 @@ import argparse
 import json
 import math
 import pathlib
-import struct
 import subprocess
 import sys
 import tempfile
@@ -63,6 +62,7 @@ except ImportError as error:
     sys.exit(EXIT_SKIPPED)
 
 import gpt_module  # scripts/gpt_module.py: docs/model.md's GPT in PyTorch
+import safetensors_f32  # scripts/safetensors_f32.py: the format with numpy alone
 
 try:
     import safetensors.torch as safetensors_torch
@@ -240,44 +240,18 @@ def make_dataset():
 
 
 def write_safetensors(path, tensors):
-    """{name: float32 tensor} as safetensors: u64 header length, JSON header, bytes."""
+    """{name: float32 tensor} as safetensors."""
     if safetensors_torch is not None:
         safetensors_torch.save_file({k: v.contiguous() for k, v in tensors.items()}, str(path))
         return
-    header, chunks, offset = {}, [], 0
-    for name, tensor in tensors.items():
-        data = tensor.detach().contiguous().numpy().astype("<f4").tobytes()
-        header[name] = {"dtype": "F32", "shape": list(tensor.shape),
-                        "data_offsets": [offset, offset + len(data)]}
-        chunks.append(data)
-        offset += len(data)
-    encoded = json.dumps(header, separators=(",", ":")).encode()
-    encoded += b" " * (-len(encoded) % 8)  # the format allows padding with spaces
-    with open(path, "wb") as out:
-        out.write(struct.pack("<Q", len(encoded)))
-        out.write(encoded)
-        for chunk in chunks:
-            out.write(chunk)
+    safetensors_f32.write(path, {k: v.detach().numpy() for k, v in tensors.items()})
 
 
 def read_safetensors(path):
     """{name: float32 tensor} from a safetensors file of F32 tensors."""
     if safetensors_torch is not None:
         return safetensors_torch.load_file(str(path))
-    blob = pathlib.Path(path).read_bytes()
-    (length,) = struct.unpack("<Q", blob[:8])
-    header = json.loads(blob[8:8 + length])
-    body = blob[8 + length:]
-    tensors = {}
-    for name, entry in header.items():
-        if name == "__metadata__":
-            continue
-        if entry["dtype"] != "F32":
-            raise ValueError(f"{path}: {name} is {entry['dtype']}, expected F32")
-        begin, end = entry["data_offsets"]
-        array = np.frombuffer(body[begin:end], dtype="<f4").reshape(entry["shape"])
-        tensors[name] = torch.from_numpy(array.copy())
-    return tensors
+    return {k: torch.from_numpy(v) for k, v in safetensors_f32.read(path).items()}
 
 
 # ---- the two trainings ----------------------------------------------------------------

@@ -48,10 +48,10 @@ echo "== test"
   > "$out/ctest.log" 2>&1
 test_status=$?
 tail -5 "$out/ctest.log"
-skipped=$(grep '\*\*\*Skipped' "$out/ctest.log" | grep -vc 'compare_with_pytorch' || true)
+skipped=$(grep '\*\*\*Skipped' "$out/ctest.log" | grep -vc 'compare_with_pytorch\|compare_with_keras' || true)
 if [ "$skipped" -gt 0 ]; then
   echo "!! $skipped tests were skipped on a GPU machine:"
-  grep '\*\*\*Skipped' "$out/ctest.log" | grep -v 'compare_with_pytorch' | head -20
+  grep '\*\*\*Skipped' "$out/ctest.log" | grep -v 'compare_with_pytorch\|compare_with_keras' | head -20
   grep -m1 -o 'CUDA test skipped: .*' "$build/Testing/Temporary/LastTest.log" || true
   test_status=1
 fi
