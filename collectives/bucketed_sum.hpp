@@ -1,6 +1,5 @@
 // bucketed_sum.hpp: a sum over ranks in buckets, each started as soon as its buffers are
-// final, so that the engine moves it while the caller goes on computing (DDP's gradient
-// buckets; chapter 07 starts them during the last micro-batch's backward).
+// final, so that the engine moves it while the caller goes on computing (DDP's buckets).
 //
 //   BucketedSum sum(communicator, Reduction::deterministic, BucketedSum::Result::every_rank);
 //   ... backward of the head:    sum.start({head's gradients});    sum.progress();
@@ -8,24 +7,11 @@
 //   ...
 //   sum.finish();  // waits for what is left; every buffer now holds the sum over ranks
 //
-// A bucket is the buffers whose sums start together. Each buffer is summed in its own
-// memory by one nonblocking collective, sharded as Communicator::all_reduce_sum and
-// reduce_scatter_sum shard it alone (rank s sums shard s, share_of(buffer.size(), R, s)).
-// DDP copies a bucket into one flat message to pay one latency per bucket; here the copy
-// in and out costs what the sum itself does (this CPU's cores move the bytes either way),
-// so a bucket only says when its sums start. Summing an element is the same arithmetic
-// whenever it starts: under Reduction::deterministic every element is the rank-order sum
-// ((g_0 + g_1) + g_2) + ..., the bits of the one-call collectives and of the one-process
-// simulation, whatever the bucket size. Under Reduction::engine the library picks its
-// algorithm per call (blocking or not, by size), so the bits may change when R > 2 (with
-// two ranks every order is the one addition).
+// Each buffer is summed in its own memory, sharded as Communicator's one-call sums shard
+// it; under Reduction::deterministic the bits are theirs whatever the bucket size. The
+// engine moves a sum only inside MPI calls: start() and progress() are those calls.
 //
-// The engine (Open MPI here) moves a nonblocking collective only inside MPI calls: start()
-// and progress() are those calls, made between the caller's pieces of work. The
-// deterministic sum's two phases (an all-to-all of the pieces, the rank-order additions,
-// an all-gather of the sums) run on two duplicates of the run's communicator, each started
-// in the same buffer order on every rank, so that no rank's collectives interleave
-// differently from another's.
+// Why and how: docs/internals.md#collectivesbucketed_sumhpp
 #pragma once
 
 #include <cstddef>

@@ -1,27 +1,16 @@
 // communicator.hpp: the collectives a data-parallel run needs, on an existing engine.
 //
-// A data-parallel run is R processes (ranks), each computing the gradient of its share
-// of every batch; once per optimizer step the R gradients are summed, and every rank
-// steps the same optimizer on the same sum. The sums are formed by MPI (Open MPI, here
-// on host tensors); this file adds no transport of its own, only the order of a sum.
+// The ranks' sums are formed by MPI (Open MPI, on host tensors); this file adds no transport
+// of its own, only the order of a sum (Reduction):
+//   engine         MPI_Allreduce: the engine chooses the order of the additions, so the bits
+//                  of a float sum may change with R, the message size or the library version
+//   deterministic  every element summed in rank order, ((g_0 + g_1) + g_2) + ... + g_{R-1}:
+//                  the same bits on every run with the same R, and the bits a one-process
+//                  simulation of the R ranks gets by adding its R buffers with add_next_rank
+// For ZeRO stage 1, reduce_scatter_sum leaves each rank only its shard's sum (share_of of
+// the buffer), and all_gather_shares sends every rank's updated shard to every rank.
 //
-// Two ways to sum over ranks (Reduction):
-//   engine         MPI_Allreduce. Fast, and the engine chooses the order of the additions
-//                  (by its algorithm: ring, recursive doubling, ...; by message size; by R),
-//                  so the bits of a float sum may change with R, with the message size
-//                  or with the library's version. Float addition is not associative.
-//   deterministic  every element summed in rank order, ((g_0 + g_1) + g_2) + ... + g_{R-1},
-//                  built from the engine's collectives: an all-to-all sends shard s of
-//                  every rank's buffer to rank s (a reduce-scatter's traffic), rank s adds
-//                  its R pieces in rank order, and an all-gather returns the sums. The same
-//                  bits on every run with the same R, and the bits a one-process simulation
-//                  of the R ranks gets by adding its R buffers with add_next_rank.
-// Both move about 2 (R - 1) / R of the buffer per rank, as a ring all-reduce does.
-//
-// ZeRO stage 1 (chapter 07) splits the all-reduce in its two halves with an optimizer step
-// between them: reduce_scatter_sum leaves each rank only its shard's sum (share_of of the
-// buffer: half the traffic of an all-reduce), each rank steps its shard of the parameters,
-// and all_gather_shares sends every rank's updated shard to every rank.
+// Why and how: docs/internals.md#collectivescommunicatorhpp
 #pragma once
 
 #include <cstddef>

@@ -1,33 +1,16 @@
 // device_communicator.hpp: the ranks' sums of CUDA tensors, on NCCL.
 //
-// The same collectives as Communicator, with the same meaning and the same two
-// reductions, for buffers in GPU memory: NCCL moves them between the GPUs (NVLink, PCIe,
-// InfiniBand) without a copy through the host. One rank per GPU: NCCL refuses two ranks on
-// one device. MPI still starts the run and carries the small host values (the losses,
-// the flags, the fingerprints); NCCL's unique id, made by rank 0, reaches the other ranks
-// with Communicator::broadcast, as llm.c sends it.
-//
-//   engine         ncclAllReduce (and, at ZeRO stage 1, one ncclReduce per rank's shard:
-//                  NCCL's reduce-scatter takes equal shards only). NCCL picks a ring or a
-//                  tree and its own order, so the bits may change with R and the topology.
-//   deterministic  every element summed in rank order, as Communicator's: each rank sends
-//                  shard s of its buffer to rank s (grouped ncclSend/ncclRecv, an
-//                  all-to-all), rank s adds its R pieces in rank order on the GPU (one
-//                  kernel, the additions of add_next_rank: the bits of the host sum), and
-//                  one in-place ncclBroadcast per shard returns the sums to every rank.
-// The calls are queued on the default stream, in order with the kernels that made the
-// gradients and before those that read the sums; none waits for the GPU.
-//
-// Overlap (chapter 07's buckets) runs the sums beside the backward instead: start_beside
-// queues a bucket's sums on a stream of the communicator's own, behind an event recorded
-// on the default stream (they start once the kernels that made the bucket are done, and
-// the backward's next kernels run meanwhile); join_beside makes the default stream wait
-// for every sum started (an event), so the kernels queued after it read the sums. Neither
-// waits on the host. The sums' arithmetic is the same on either stream: the same bits.
-//
-// Memory: NCCL's own buffers and the deterministic sum's pieces (the largest buffer summed
-// so far) are device memory of the engine's, outside the tracking allocator, as the host
-// engine's buffers are outside it on the CPU.
+// The same collectives as Communicator, with the same meaning and the same two reductions
+// (deterministic: the bits of the host sum), for buffers in GPU memory. One rank per GPU.
+// MPI still starts the run and carries the small host values; NCCL's unique id, made by
+// rank 0, reaches the other ranks with Communicator::broadcast. The calls are queued on the
+// default stream, in order with the kernels that made the gradients and before those that
+// read the sums; none waits for the GPU. start_beside queues a bucket's sums on a stream of
+// the communicator's own, behind an event recorded on the default stream; join_beside makes
+// the default stream wait for every sum started. Either stream gives the same bits. NCCL's
+// buffers and the deterministic sum's pieces are device memory outside the tracking
+// allocator.
+// Why and how: docs/internals.md#collectivesdevice_communicatorhpp
 #pragma once
 
 #include <cstddef>

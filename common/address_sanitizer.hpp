@@ -1,19 +1,12 @@
 // address_sanitizer.hpp: a hot loop's memory checked once per call under AddressSanitizer.
 //
-// Under AddressSanitizer (the preset sanitize) every load and store is checked against the
-// shadow memory as it happens. In the GEMM's micro-kernels that is a check for each element
-// of A broadcast and each vector of B loaded, several instructions beside every FMA:
-// chapter 04's `--quick` run spent 99 of its 146 s in them on one thread (an AMD EPYC, on
-// the AVX2 kernels), and about 15 s checked as below. A function marked
-// BIGBATCH_CHECKED_BY_SPANS is not instrumented; before its loop it calls
-// require_addressable_span on every span of memory it reads or writes. The spans cover
-// every byte the loop touches, so an access out of bounds, or to freed memory, is reported
-// as AddressSanitizer reports any other (its own report, with the stack; the program
-// aborts), once per call instead of per access. What goes unreported is what the
-// per-access check would miss too: a row of a matrix read past its width into the next
-// row, inside the same allocation.
+// A function marked BIGBATCH_CHECKED_BY_SPANS is not instrumented; before its loop it calls
+// require_addressable_span on every span of memory it reads or writes, and the spans cover
+// every byte the loop touches. An access out of bounds, or to freed memory, is reported as
+// AddressSanitizer reports any other (its own report, with the stack; the program aborts),
+// once per call instead of per access. Outside AddressSanitizer both compile to nothing.
 //
-// Outside AddressSanitizer both compile to nothing.
+// Why and how: docs/internals.md#commonaddress_sanitizerhpp
 #pragma once
 
 #include <cstddef>

@@ -1,20 +1,14 @@
 // bfloat16.hpp: bfloat16, the upper half of an IEEE binary32, on both backends.
 //
-// A bf16 value is the top 16 bits of a float: the sign, the same 8 exponent bits, and 7 of
-// the 23 significand bits. So it has fp32's range (no loss scale is needed to keep small
-// gradients from flushing to zero) and 8 significant bits where fp16 has 11: what bf16
-// costs is precision, not range.
-//
 //   bf16 -> float   exact: the 16 bits become the float's top half, the rest zeros
-//   float -> bf16   round to nearest, ties to even, on the bits: add 0x7FFF plus the lowest
-//                   kept bit and drop the low half. This is IEEE rounding for every finite
-//                   value, subnormals included (they share the float's encoding), and a
-//                   value past the largest bf16's half-way point rounds to infinity, as
-//                   IEEE says. A NaN is not rounded: its top half is kept and the quiet bit
-//                   set, because adding to a NaN whose payload sits only in the low half
-//                   would carry into the exponent and turn it into an infinity.
+//   float -> bf16   round to nearest, ties to even: IEEE rounding for every finite value,
+//                   subnormals included, and a value past the largest bf16's half-way
+//                   point rounds to infinity. A NaN is not rounded: its top half is kept
+//                   and the quiet bit set.
 // This is what CUDA's __float2bfloat16_rn does (and PyTorch's round_to_nearest_even, which
 // returns one canonical NaN where this keeps the sign and the payload's top bits).
+//
+// Why and how: docs/internals.md#commonbfloat16hpp
 #pragma once
 
 #include <bit>

@@ -1,29 +1,16 @@
 // caching_allocator.hpp: device memory kept for reuse, so that a training step after the
-// first makes no driver allocation (cudaMalloc) and no driver free (cudaFree, which also
-// waits for the whole device).
+// first makes no driver allocation (cudaMalloc) and no driver free (cudaFree).
 //
-// A request is rounded up to its size class (round_to_size_class):
-//   up to 1 MiB       a multiple of 512 bytes     (at most 511 bytes unused)
-//   above 1 MiB       a multiple of 2 MiB         (at most 2 MiB - 1 unused)
-// and served from a block of exactly that class: a block freed earlier and kept in the
-// cache when there is one, a new block from the source (the driver) otherwise. Blocks are
-// never split or merged, so the blocks a step needs are the same every step, and after
-// the first step every request finds its block in the cache. The price is the rounding
-// (bounded above) and blocks cached in one class that a request of another class cannot
-// use; empty_cache() gives the cached blocks back.
+// A request is rounded up to its size class (round_to_size_class: a multiple of 512 bytes
+// up to 1 MiB, of 2 MiB above) and served from a block of exactly that class: a cached one
+// when there is one, a new one from the source (the driver) otherwise. Blocks are never
+// split or merged; empty_cache() gives the cached blocks back. When the source refuses a
+// block, every cached block goes back to it and the request is tried once more; a second
+// refusal returns nullptr. Reuse is safe without events because every kernel and copy runs
+// on one stream (the legacy default stream), in order. The books are of blocks (rounded
+// sizes). Not thread-safe: the TrackingAllocator calls it under its lock.
 //
-// When the source refuses a block, every cached block goes back to it and the request is
-// tried once more (the cached blocks may be what fills the device); a second refusal is
-// reported to the caller (nullptr), which turns it into an OutOfMemoryError.
-//
-// Reuse is safe without events because the CUDA backend runs every kernel and copy on one
-// stream (the legacy default stream), in order: work queued after a block is freed and
-// reused starts only after the work that used it before. Work on other streams would
-// need an event per block (as PyTorch's record_stream).
-//
-// The books here are of blocks (rounded sizes); the TrackingAllocator above keeps the
-// bytes requested, by category. Not thread-safe: the TrackingAllocator calls it under
-// its lock.
+// Why and how: docs/internals.md#commoncaching_allocatorhpp
 #pragma once
 
 #include <cstddef>

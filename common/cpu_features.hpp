@@ -1,22 +1,17 @@
 // cpu_features.hpp: which x86 instruction sets the CPU kernels may use.
 //
-// Every CPU path that needs an instruction set beyond the x86-64 baseline (the GEMM's
-// AVX2 and AVX-512 micro-kernels, the optimizer's AVX2 loop, the vectorised elementwise
-// loops) asks cpu_supports() before it runs, so the library runs on any x86-64 and picks
-// the fastest path the CPU has.
-//
-// The environment variable BIGBATCH_MAX_ISA hides the instruction sets above a level,
-// as if the CPU lacked them, for the whole process:
+// Every CPU path that needs an instruction set beyond the x86-64 baseline asks
+// cpu_supports() before it runs. The environment variable BIGBATCH_MAX_ISA hides the
+// instruction sets above a level, as if the CPU lacked them, for the whole process:
 //
 //   BIGBATCH_MAX_ISA=avx512    nothing hidden (the default)
 //   BIGBATCH_MAX_ISA=avx2      AVX-512 hidden: what a CPU with AVX2 + FMA + F16C runs
 //   BIGBATCH_MAX_ISA=baseline  AVX2, FMA and F16C hidden too: SSE2 code only
 //
-// so that one machine runs, and tests, the paths of a smaller one (CI runs the tests once
-// with BIGBATCH_MAX_ISA=avx2). scripts/mutation-check.sh reads the same variable to decide
-// which plants this CPU can reach. The variable is read once, at the first question asked
-// (the paths a program chose must not change under it); any other value is refused then
+// The variable is read once, at the first question asked; any other value is refused then
 // with std::invalid_argument.
+//
+// Why and how: docs/internals.md#commoncpu_featureshpp
 #pragma once
 
 #include <array>

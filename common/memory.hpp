@@ -1,32 +1,16 @@
 // memory.hpp: the tracking allocator. Memory is counted, not guessed.
 //
-// Every byte a tensor owns comes from the TrackingAllocator of its device and is
-// tagged with a MemoryCategory. The allocator keeps, per category and in total, the
-// bytes live now and the most that were ever live at once (the peak), plus the
-// category breakdown at the moment of the total peak: "what a step needs".
+// Every byte a tensor owns comes from the TrackingAllocator of its device and is tagged
+// with a MemoryCategory. Per category and in total, the allocator keeps the bytes live now
+// and the peak, plus the category breakdown at the total's peak. Counts are the bytes
+// requested (no rounding, no allocator overhead); what the device's CachingAllocator holds
+// from the driver is reported apart, as reserved bytes. A cap limits the bytes requested: a
+// request that would take the live total past it throws OutOfMemoryError, naming the
+// request, the cap and the live bytes by category; a real cudaMalloc failure throws the
+// same error. host_data (the data sets a run reads from) is counted in its own row but not
+// in the totals, the peaks' breakdown or the cap.
 //
-// A cap makes a small device out of a large one: with the cap at 2 GiB, a request
-// that would take the live total past 2 GiB throws OutOfMemoryError, whose message
-// names the request, the cap and the live bytes by category, exactly where a 2 GiB
-// GPU would have failed. Counts are the bytes requested (no rounding, no allocator
-// overhead), so a predicted peak can be checked against the measured one to the byte.
-//
-// Device memory comes through a CachingAllocator (caching_allocator.hpp): freed blocks are
-// kept for reuse, so that after the first training step no step calls cudaMalloc or
-// cudaFree. The counts above stay the bytes requested; what the allocator holds from the
-// driver (blocks in use at their rounded size, plus cached blocks) is reported apart, as
-// reserved bytes, with the number of driver allocations, and empty_cache() gives the
-// cached blocks back. On the CPU nothing is cached: reserved is the live allocations
-// rounded to 64 bytes (the alignment). The cap limits the bytes requested, not reserved.
-// A real cudaMalloc failure first empties the cache and retries once, then throws the
-// same OutOfMemoryError as the cap (with what cudaMemGetInfo saw).
-//
-// One category stands apart: host_data, the data sets a run reads from. A GPU run keeps
-// them in host memory and copies one micro-batch at a time to the device (that micro-batch
-// is MemoryCategory::data, nn::MicroBatchBuffer), so host_data is counted in its own row
-// but not in the totals, the peaks' breakdown or the cap. The CPU backend, which stands in
-// for a device, thus reports the same device figures a GPU would, and `--device-memory
-// 48MiB` means 48 MiB for the model, its state, the activations and the micro-batch.
+// Why and how: docs/internals.md#commonmemoryhpp
 #pragma once
 
 #include <array>

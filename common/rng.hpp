@@ -1,24 +1,15 @@
-// rng.hpp: counter-based random numbers (Philox 4x32-10).
+// rng.hpp: counter-based random numbers (Philox 4x32-10), the same code on both backends.
 //
-// A value is a pure function of (seed, stream, index): there is no generator state
-// to advance. Dropout keyed by a sample's global index therefore draws the same mask
-// whether that sample sits in a batch of 1024 or a micro-batch of 7, and the same
-// again when a checkpointed segment is recomputed. The same code runs on both backends.
-//
-// The contract. One Philox evaluation gives four 32-bit words, and all four are used:
-// the four consecutive indices 4q, 4q + 1, 4q + 2, 4q + 3 form group q and take its
-// words in order,
+// A value is a pure function of (seed, stream, index): there is no generator state to
+// advance. The four consecutive indices 4q, 4q + 1, 4q + 2, 4q + 3 form group q and take
+// the four words of one Philox evaluation in order,
 //   random_bits(seed, stream, index) = philox4x32_10(counter = (q_lo, q_hi, stream_lo,
 //                                      stream_hi), key = (seed_lo, seed_hi)).v[index & 3]
-// with q = index >> 2 (lo/hi: the low and high 32 bits). That is a quarter of the
-// arithmetic of one evaluation per index, which is what bounds dropout's speed, and a
-// value still depends on nothing but (seed, stream, index): a caller may start or stop
-// anywhere, mid-group included, and draws the same values as one that covers the whole
-// range. A caller that needs many consecutive values evaluates each group once
-// (random_group) and takes its four words.
+// with q = index >> 2 (lo/hi: the low and high 32 bits). A caller may start or stop
+// anywhere, mid-group included; one that needs many consecutive values evaluates each group
+// once (random_group) and takes its four words.
 //
-// Philox 4x32-10 is Salmon, Moraes, Dror and Shaw, "Parallel random numbers: as easy
-// as 1, 2, 3" (SC'11); the tests check it against that paper's known-answer vectors.
+// Why and how: docs/internals.md#commonrnghpp
 #pragma once
 
 #include <cstdint>

@@ -1,28 +1,14 @@
 // settings.hpp: every field of a configuration struct says what it means for a run.
 //
-// A run's trajectory (its losses and final parameters, bit for bit) depends on some of its
-// settings and not on others. A snapshot records the first kind, and a resumed run must
-// repeat them (chapters/train/snapshot.hpp). So that no setting is forgotten, each
-// configuration struct comes with a visitor beside its fields,
+// Each configuration struct comes with a visitor beside its fields, visit_settings(c,
+// visit), that hands every field, once, to `visit` with its name and its SettingRole; below
+// it, static_assert(every_field_visited<Config>()) counts the struct's fields and the
+// visitor's calls at compile time, so a field the visitor misses stops the build. Names are
+// the command line's flags without the dashes ("batch" for --batch), or the field's name
+// where no flag sets it ("beta1"). A field that is itself such a struct is visited as one
+// field; SettingsRecord (below) descends into it.
 //
-//   template <SettingsOf<TrainConfig> Self, class Visit>  // Self: const or not
-//   constexpr void visit_settings(Self& c, Visit&& visit) {
-//     visit("batch", c.batch, SettingRole::trajectory);
-//     visit("micro-batch", c.micro_batch, SettingRole::same_bits);
-//     ...
-//   }
-//
-// that hands every field, once, to the visitor with its name and role; and below it
-//
-//   static_assert(every_field_visited<TrainConfig>());
-//
-// which counts the struct's fields (it is an aggregate) and the visitor's calls at compile
-// time: a field added to the struct and not to its visitor stops the build, so every new
-// setting is classified by whoever adds it.
-//
-// A field that is itself such a struct is visited as one field; SettingsRecord (below)
-// descends into it. Names are the command line's flags without the dashes ("batch" for
-// --batch), or the field's name where no flag sets it ("beta1").
+// Why and how: docs/internals.md#commonsettingshpp
 #pragma once
 
 #include <charconv>

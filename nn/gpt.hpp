@@ -7,37 +7,11 @@
 //     x = x + dropout(mlp.c_proj(gelu(mlp.c_fc(ln_2(x)))))   c_fc: C -> 4C, c_proj: 4C -> C
 //   logits = ln_f(x) wte^T                                   the head, tied to wte [b*T, V]
 //
-// attention is kernels/attention.hpp's causal multi-head self-attention (dropout on its
-// probabilities); every dropout has probability GptConfig::dropout. The parameter names and
-// their order are nanoGPT's named_parameters() (transformer.wte.weight, transformer.h.0.ln_1
-// .weight, ..., transformer.ln_f.bias); lm_head.weight is wte itself and is not listed, as
-// named_parameters() does not list a tied tensor twice. Initialisation as nanoGPT's: every
-// Linear weight and both tables normal(0, 0.02), the two c_proj weights of each block
-// normal(0, 0.02 / sqrt(2 N)), biases 0, LayerNorm weight 1 and bias 0; drawn from the
-// counter-based RNG (stream = the parameter's index in parameters()), so the same on every
-// device. docs/model.md writes the PyTorch module out.
-//
-// Rows. The b sequences of T tokens are b*T rows of the residual stream, position-major
-// within a sequence: row s*T + t is token t of sequence s. ForwardContext::first_row is the
-// global index of sequence 0 (in sequences, not rows), so a sequence draws the same dropout
-// masks in a batch and in a micro-batch: the row-wise dropouts key a row by its global row
-// (first_row * T + row), the attention's by its global sequence (attention.hpp).
-//
-// The accumulation contract is the MLP's: backward() adds (+=) into the parameter gradients,
-// activation gradients are overwritten, and on the CPU in fp32 (and bf16) micro-batches of
-// sequences give the batch's gradients bit for bit. The tied head needs one more step for
-// that: the head's share of wte's gradient (d_logits^T ln_f(x), a GEMM chained over rows)
-// and the embedding's share (a scatter-add over positions) would interleave differently in
-// micro-batches than in one batch, so the head's share accumulates in a buffer of its own
-// (MemoryCategory::gradients, [V, C]) and complete_gradients() adds it into wte's gradient
-// once per optimizer step, after the last micro-batch's backward. (PyTorch's autograd adds
-// both into .grad as it goes, which is why its tied gradients do not promise bits.)
-//
-// Precision: as the MLP's table (model.hpp), with the two tables beside the Linear weights:
-// under mixed precision wte and wpe have f32 masters and 16-bit working copies that the
-// embedding and the head read. The logits are f32; d_logits are rounded to the working type
-// where they enter the head's backward. Gpt::float64() builds a CPU twin with every tensor
-// f64: the tests take finite differences of it.
+// Parameter names, their order and the initialisation are nanoGPT's (docs/model.md). Row
+// s*T + t is token t of sequence s. backward() adds (+=) into the parameter gradients, as the
+// MLP's; the head's share of wte's gradient is added by complete_gradients(), once per
+// optimizer step, after the last micro-batch's backward. Gpt::float64() is an all-f64 twin.
+// Why and how: docs/internals.md#nngpthpp
 #pragma once
 
 #include <cstdint>

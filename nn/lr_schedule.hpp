@@ -1,27 +1,17 @@
 // lr_schedule.hpp: the learning rate of every optimizer step, as a pure function of the
 // step, and the batch-size scaling rules of large-batch training.
 //
-// Steps are OPTIMIZER steps, counted from 0 (gradient accumulation does not change them:
-// a batch of 4096 in micro-batches of 256 is one step). With base rate lr, T steps in
-// all and W warm-up steps, step i uses
+// Steps are OPTIMIZER steps, counted from 0 (a batch of 4096 in micro-batches of 256 is one
+// step). With base rate lr, T steps in all and W warm-up steps, step i uses
 //
 //   warm-up, i < W:    lr * (i + 1) / W          linear, from lr / W at step 0 to lr at W - 1
 //   constant, i >= W:  lr
 //   cosine, i >= W:    lr * (1 + cos(pi * (i - W) / (T - W))) / 2
 //
-// which are PyTorch's closed forms, stepped once per optimizer step:
-//   warm-up   torch.optim.lr_scheduler.LinearLR(start_factor=1/W, end_factor=1,
-//             total_iters=W-1): factor start + (1 - start) * min(i, W-1) / (W-1) = (i+1)/W
-//   cosine    torch.optim.lr_scheduler.CosineAnnealingLR(T_max=T-W, eta_min=0):
-//             eta_min + (lr - eta_min) * (1 + cos(pi * T_cur / T_max)) / 2, T_cur = i - W
-// joined as SequentialLR(schedulers=[warm-up, cosine], milestones=[W]). The warm-up starts
-// at lr / W rather than 0 so that no step is wasted on a zero update (Goyal et al. 2017,
-// "Accurate, Large Minibatch SGD": a gradual warm-up from a small rate).
-// The cosine never reaches 0: the last step, i = T - 1, uses lr (1 + cos(pi (T-1-W)/(T-W)))/2.
-//
-// The scaling rules (Goyal et al. 2017 for the linear rule with SGD; the square-root rule
-// is the one commonly used with Adam) set the base rate from a rate tuned at a reference
-// batch: linear lr * B / B_ref, sqrt lr * sqrt(B / B_ref), none lr.
+// (PyTorch's LinearLR, then CosineAnnealingLR with eta_min = 0). The scaling rules set the
+// base rate from a rate lr tuned at a reference batch B_ref: linear lr * B / B_ref, sqrt
+// lr * sqrt(B / B_ref), none lr.
+// Why and how: docs/internals.md#nnlr_schedulehpp
 #pragma once
 
 #include <cstdint>

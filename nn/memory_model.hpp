@@ -2,36 +2,16 @@
 // configuration alone, category by category (common/memory.hpp). Tests and chapter demos
 // hold these predictions against the tracking allocator's counts, to the byte.
 //
-// Two levels:
+// predict_memory: the totals, as formulas (parameters, master_weights, gradients,
+// adamw_state, and the activations forward() saves for `rows` samples, at their peak).
+// predict_step: the whole step, moment by moment, replayed on a MemoryLedger: every tensor
+// forward(), the loss and backward() allocate, of the same size and category, created and
+// released at the same moments as in the model and nn/training.cpp. The ledger keeps the
+// allocator's books (MemoryStats) and names the allocation at which the total peaked. A
+// model brings its part as a NetworkLedger (ModelLedger, GptLedger); a driver that runs the
+// blocks in its own order replays that order through a BlockLedgerRunner.
 //
-// predict_memory: the totals, as formulas.
-//   parameters       Linear weights: 4 bytes each (fp32), or 2 (fp16, bf16: the working
-//                    copy);
-//                    biases and norm weights: 4 bytes each; BatchNorm's running statistics
-//   master_weights   fp16 and bf16 only: the Linear weights' f32 masters, 4 bytes each
-//   gradients        4 bytes per trainable parameter (f32 in every precision)
-//   adamw_state      AdamW's exp_avg and exp_avg_sq: 8 bytes per trainable parameter
-//   activations      what forward() saves for backward() for `rows` samples, its peak (at
-//                    the end of forward): per sample, with s the activations' element size
-//                    (4 fp32, 2 fp16 or bf16): the stem's pre-activation and output (2H s); per block
-//                    the normed input, fc1's output, the hidden layer after dropout and the
-//                    block's output ((2H + 2EH) s) and LayerNorm's mean and rstd (8); the
-//                    head's normed input (H s) and statistics (8); the logits (4C, f32 in
-//                    every precision); under fp16 and bf16 also the input rounded to 16
-//                    bits (2D). LayerNorm only. (fp16 and bf16 take the same bytes.)
-//
-// predict_step: the whole step, moment by moment. A step's peak is not the end of the
-// forward pass: the backward pass allocates gradients of activations (workspace) while
-// activations are still held, and activation checkpointing recomputes blocks in the middle
-// of it. So the step is replayed on a MemoryLedger: every tensor forward(), the loss and
-// backward() allocate, of the same size and category, created and released at the same
-// moments as in the model and nn/training.cpp (kernels' own workspace included). The
-// ledger keeps the allocator's books (MemoryStats, the same peak rules) and names the
-// allocation at which the total peaked. predict_step is one loop for every model: a model
-// brings its part as a NetworkLedger (its stem, its blocks, its head; ModelLedger for the
-// MLP, GptLedger for the GPT), so a driver that runs the blocks differently (chapter 05's
-// checkpointing) replays its own order through a BlockLedgerRunner, as it runs through
-// nn::BlockRunnerFor.
+// Why and how: docs/internals.md#nnmemory_modelhpp
 #pragma once
 
 #include <array>
@@ -147,8 +127,8 @@ class MemoryLedger {
 };
 
 /// What one block keeps for its backward, in bytes: a handle for each tensor it saves, in
-/// the order its model's ledger numbers them (nn/mlp_ledger.cpp, nn/gpt_ledger.cpp), null
-/// where the block keeps none.
+/// the order its model's ledger numbers them (nn/memory_model.cpp: mlp_kept, gpt_kept),
+/// null where the block keeps none.
 struct BlockBytes {
   /// The most tensors a block of any model saves (the GPT's block: 14).
   static constexpr std::size_t kMaxKept = 16;
@@ -268,8 +248,7 @@ class NetworkLedger {
   std::string label_;
 };
 
-/// The residual MLP's replay (nn/model.cpp's order, nn/mlp_ledger.cpp): a micro-batch of b
-/// rows.
+/// The residual MLP's replay (nn/model.cpp's order): a micro-batch of b rows.
 class ModelLedger final : public NetworkLedger {
  public:
   /// The MLP of `config`.
@@ -294,8 +273,8 @@ class ModelLedger final : public NetworkLedger {
   ModelConfig config_;
 };
 
-/// The GPT's replay (nn/gpt.cpp's order, nn/gpt_ledger.cpp): a micro-batch of b sequences
-/// of `length` positions.
+/// The GPT's replay (nn/gpt.cpp's order): a micro-batch of b sequences of `length`
+/// positions.
 class GptLedger final : public NetworkLedger {
  public:
   /// A GPT of `config` on sequences of `length` positions (1..config.context, else

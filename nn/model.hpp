@@ -6,52 +6,12 @@
 //                                                      fc2: Linear(E*H, H)
 //   head:    logits = head(head.ln(h))                 head: Linear(H, C), its own norm
 //
-// act is GELU (tanh approximation) or ReLU; ln is LayerNorm (eps 1e-5) or, as the
-// counter-example of gradient accumulation, BatchNorm1d (momentum 0.1, eps 1e-5, running
-// statistics). docs/model.md writes out the equivalent PyTorch module and the parameter
-// names, which are those of its state_dict.
-//
-// The accumulation contract, as in the kernels: backward() ADDS (+=) into the parameter
-// gradients (dW += dY^T X by gemm with beta = 1, bias_backward, layernorm_backward), so
-// micro-batches accumulate with no extra pass; call zero_grad() before a batch's first
-// micro-batch. Activation gradients are overwritten (=). With LayerNorm, the fp32 CPU
-// backend gives gradients of micro-batches that are bit for bit those of the whole batch
-// (every kernel is batch invariant, and the batch reductions chain in row order);
-// tests/test_model.cpp proves it.
-//
-// Dropout masks depend on (ForwardContext::dropout_seed, stream = block index, the
-// element's global index), where a row's global index is ForwardContext::first_row plus
-// its row: the same sample draws the same mask in a batch of 128 or a micro-batch of 7.
-//
-// Memory: parameters are tagged MemoryCategory::parameters (BatchNorm's running
-// statistics too), their gradients MemoryCategory::gradients, everything forward() saves
-// for backward() MemoryCategory::activations, temporaries of backward()
-// MemoryCategory::workspace. The saved activations of one block are one BlockActivations,
-// so a later chapter can drop them and recompute them with block_forward().
-//
-// Precision (ModelConfig::precision), written once for both backends. fp16 and bf16 are
-// the same mixed precision with a different 16-bit type (the working type, W below):
-//
-//   what                                  fp32          fp16 / bf16 (mixed precision)
-//   Linear weights the forward reads      f32           W working copy (parameters)
-//   Linear weights the optimizer updates  the same      f32 master copy (master_weights)
-//   biases, norm weights and statistics   f32           f32
-//   parameter gradients                   f32 (+=)      f32 (+=): 16-bit GEMMs write f32
-//   input x (saved for stem's backward)   f32, as is    rounded to W (activations)
-//   activations and their gradients       f32           W (matmuls accumulate in f32,
-//                                                       round once on store)
-//   LayerNorm/BatchNorm statistics        f32           f32
-//   logits, loss, softmax, dlogits        f32           f32 (dlogits rounded to W as it
-//                                                       enters the head's backward)
-//
-// The optimizer writes the working copy from the updated master in the same pass
-// (kernels/optimizer.hpp); load() and the constructor write it from the master. A loss
-// scale S enters once, in the cross-entropy's backward (nn::accumulate_gradients), so
-// every 16-bit gradient is S times the true one; it leaves at the optimizer boundary.
-// fp16 needs it (gradients below 2^-24 flush to zero); bf16 has fp32's exponent range and
-// runs without one by default, paying instead with 8 significant bits to fp16's 11.
-//
-// Inputs are [b, D] f32, labels [b] i32, logits [b, C] f32, in either precision.
+// backward() ADDS (+=) into the parameter gradients (call zero_grad() before a batch's first
+// micro-batch) and overwrites (=) the activation gradients. Inputs are [b, D] f32, labels
+// [b] i32, logits [b, C] f32, in every precision (fp32, fp16, bf16). A sample draws the
+// same dropout mask in a batch and in a micro-batch. The saved activations of one block are
+// one BlockActivations, so a later chapter can drop them and recompute them.
+// Why and how (norms, bits, memory, the precision table): docs/internals.md#nnmodelhpp
 #pragma once
 
 #include <cstdint>

@@ -9,11 +9,9 @@
 //   model.complete_gradients();                   once, after the step's last backward
 //   optimizer step over model.parameters()
 //
-// A sample is a row of a Dataset (common/data/dataset.hpp): for the MLP, D features and one
-// label, so a micro-batch of b samples has b logit rows; for the GPT, T tokens and T targets
-// (the next token, or kIgnoredLabel on padding), so b sequences have b*T logit rows, position
-// major. Either way the logits have one row per target, in the targets' order, and a loss
-// counts the targets that are not ignored.
+// The logits have one row per target, in the targets' order, and a loss counts the targets
+// that are not ignored.
+// Why and how: docs/internals.md#nnnetworkhpp
 #pragma once
 
 #include <cstddef>

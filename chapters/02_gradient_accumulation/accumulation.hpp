@@ -2,28 +2,16 @@
 // N micro-batches in two ways side by side, and the classic mistakes as functions, so the
 // demo and tests/test_gradient_accumulation.cpp show exactly the same code.
 //
-//   memory-free (the right way):
-//     model.zero_grad() once; every micro-batch's loss is divided by the GLOBAL batch
-//     size B, and its backward ADDS into the gradients (GEMMs with beta = 1). No memory
-//     beyond the gradients the model already has (nn::accumulate_gradients).
-//
-//   naive (many forum answers):
-//     a separate fp32 buffer per parameter (MemoryCategory::gradients: one more
-//     gradients-sized allocation); per micro-batch: zero the gradients, backward of the
-//     micro-batch's own MEAN loss, buffer += gradients; at the end buffer /= N and copy it
-//     into the gradients. Right only when the N micro-batches are equal in size.
-//
-// The mistakes (each returns what a real training loop that makes it would leave in the
-// gradients or parameters; the tests predict the size of each error):
-//   forgotten_zero_grad         step 2's gradient is g1 + g2
-//   sum_of_micro_batch_means    no 1/N: N times the gradient
-//   (the naive accumulator on an uneven split: per-micro-batch averaging weights micro-
-//    batch k by 1/(N n_k) instead of 1/B)
-//   step_every_micro_batch      N optimizer steps of batch B/N instead of one of B
+//   memory-free   model.zero_grad() once; every micro-batch's loss divided by the GLOBAL
+//                 batch size B, its backward adding into the gradients (no extra memory)
+//   naive         a separate fp32 buffer per parameter that averages the micro-batches'
+//                 MEAN-loss gradients: right only when the N micro-batches are equal
+//   mistakes      forgotten_zero_grad, sum_of_micro_batch_means, step_every_micro_batch:
+//                 each returns what a training loop that makes it would leave behind
 //
 // Every function runs the micro-batches [0, m), [m, 2m), ... of x in row order, with
-// micro-batch k's ForwardContext::first_row = context.first_row + k * m (so dropout masks
-// follow the sample).
+// micro-batch k's ForwardContext::first_row = context.first_row + k * m.
+// Why and how: docs/internals.md#chapters02_gradient_accumulationaccumulationhpp
 #pragma once
 
 #include <cstdint>

@@ -1,20 +1,16 @@
-// loss_scaling.hpp: chapter 03's component. Under fp16, gradients smaller than 2^-24
-// become zero; the loss scale S multiplies the loss's gradient (and so, by linearity,
-// every gradient) to lift them into fp16's range, and is divided out again before the
-// optimizer sees them. The scale enters once and leaves once:
+// loss_scaling.hpp: chapter 03's component. The loss scale S multiplies the loss's gradient
+// (and so every gradient) to lift fp16's small gradients into range, and is divided out
+// again before the optimizer sees them. The scale enters once and leaves once:
 //
 //   enters   nn::accumulate_gradients(..., loss_scale = S): dlogits = S (p - y) / B,
 //            every micro-batch of the optimizer step with the same S
 //   leaves   unscale_gradients(model, S): every f32 parameter gradient g = g * (1/S),
 //            in one fused pass that also reports whether any was inf or NaN (overflow)
 //
-// With an overflow the step must be skipped: a non-finite gradient would write inf or NaN
-// into the weights. StaticLossScaler keeps S fixed and says whether to step; chapter 04's
-// DynamicLossScaler also moves S, and its OptimizerBoundary puts the pieces in order.
-//
-// UnscalePass is the one place that holds the pass's results on the device (found-inf, and
-// the squared norm when it is measured): the scalers here and chapter 04's boundary each
-// run their pass through one.
+// With an overflow the step must be skipped; StaticLossScaler keeps S fixed and says
+// whether to step. UnscalePass holds the pass's results on the device (found-inf, and the
+// squared norm when it is measured).
+// Why and how: docs/internals.md#chapters03_fp16_static_loss_scalingloss_scalinghpp
 #pragma once
 
 #include <limits>

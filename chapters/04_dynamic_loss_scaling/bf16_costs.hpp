@@ -1,7 +1,6 @@
 // bf16_costs.hpp: chapter 04's last part, bf16 against fp16, as measurements with their
-// predictions. bf16 (common/bfloat16.hpp) keeps fp32's 8 exponent bits, so nothing a loss
-// scale rescues in fp16 is at risk in bf16; it keeps 8 significant bits to fp16's 11, and
-// that is what it costs instead:
+// predictions. bf16 keeps fp32's 8 exponent bits but 8 significant bits to fp16's 11, and
+// that is what it costs:
 //
 //   Accumulation            gradients of N micro-batches summed in a 16-bit buffer against
 //                           the f32 sum: the share of the update that is wrong, measured
@@ -10,15 +9,9 @@
 //                           nonzero updates that round away; predicted for weights uniform
 //                           in (-b, b) by predicted_lost_share
 //
-// (What a 16-bit type flushes to zero or keeps only as subnormals is chapter 03's
-// loss_scaling::range_shares: fp16 at S = 1 loses the small gradients of a large batch,
-// bf16 none of them.)
-//
-// The rounding model behind both predictions: a value rounded to nearest with p significant
-// bits errs by at most half a unit in its last place; for values whose significands are
-// spread evenly on a log scale (Benford's law, which sums and products of many terms
-// follow), the root-mean-square relative error is kRmsRelativeRounding times the unit
-// roundoff u = 2^-p: sqrt(E[1/m^2] / 3) with m log-uniform in [1, 2), E[1/m^2] = 3/(8 ln 2).
+// Both predictions take the root-mean-square relative error of a rounding to p significant
+// bits to be kRmsRelativeRounding times the unit roundoff u = 2^-p.
+// Why and how: docs/internals.md#chapters04_dynamic_loss_scalingbf16_costshpp
 #pragma once
 
 #include <cstdint>

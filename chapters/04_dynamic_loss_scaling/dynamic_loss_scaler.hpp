@@ -1,22 +1,15 @@
 // dynamic_loss_scaler.hpp: chapter 04's component, a loss scale that finds itself.
 //
-// PyTorch's GradScaler rules, with its defaults:
-//   - start at S = 2^16;
-//   - an optimizer step whose gradients hold an inf or a NaN (an overflow) is skipped,
-//     S is multiplied by the backoff factor 0.5 and the run of clean steps restarts;
-//   - after 2000 consecutive clean optimizer steps, S is multiplied by the growth
-//     factor 2.
-// and three additions that GradScaler lacks:
-//   - hysteresis H (DeepSpeed's name): back off only on the H-th overflow in a row
-//     (H = 1 is GradScaler); every overflow still skips its step;
-//   - a maximum scale: growth stops there;
-//   - a minimum scale: a backoff that would go below it stops the run with
-//     LossScaleUnderflowError instead of letting S collapse towards zero (a NaN in the
-//     data or a diverged model overflows at any scale).
-//
-// Under gradient accumulation the scale is constant within an optimizer step: every
+// PyTorch's GradScaler rules, with its defaults: start at S = 2^16; an optimizer step whose
+// gradients hold an inf or a NaN (an overflow) is skipped and S is multiplied by 0.5; after
+// 2000 consecutive clean optimizer steps S is multiplied by 2. Added: hysteresis H (back off
+// only on the H-th overflow in a row; every overflow still skips its step), a maximum scale
+// (growth stops there) and a minimum scale (a backoff below it throws
+// LossScaleUnderflowError). The scale is constant within an optimizer step: every
 // micro-batch's backward uses scale(), and update() runs once, at the boundary, after the
 // unscale. The counters count optimizer steps, not micro-batches.
+//
+// Why and how: docs/internals.md#chapters04_dynamic_loss_scalingdynamic_loss_scalerhpp
 #pragma once
 
 #include <cstdint>

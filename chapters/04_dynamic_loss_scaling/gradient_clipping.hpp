@@ -1,9 +1,6 @@
 // gradient_clipping.hpp: chapter 04's second component: clipping by the global L2 norm, and
-// the order of everything that happens at the optimizer boundary.
-//
-// The boundary, after the step's last micro-batch (optimizer_boundary.hpp holds exactly
-// this sequence in one object, which bigbatch::train::Trainer uses; the chapter's demo
-// checks each mistake it avoids):
+// the order of everything that happens at the optimizer boundary, after the step's last
+// micro-batch (optimizer_boundary.hpp holds exactly this sequence in one object):
 //   1. unscale    g = g * (1/S) for every parameter gradient, with the inf/NaN check and
 //                 the global squared norm in the same pass (UnscalePass::unscale_and_measure)
 //   2. overflow?  skip: no clip, no optimizer step, the learning-rate schedule does not
@@ -14,11 +11,7 @@
 //   5. step       the optimizer, with the schedule's learning rate; the schedule advances
 //   6. scale      the dynamic scale's growth counter counts the step
 //   7. zero       the gradients, before the next step's first micro-batch
-//
-// The mistakes this order avoids: clipping each micro-batch (the norm of a part of the
-// batch, not of the step's gradient), clipping before unscaling (the threshold then acts
-// on S times the gradient: the true one is clipped at MAX / S), and advancing the schedule
-// on a skipped step.
+// Why and how: docs/internals.md#chapters04_dynamic_loss_scalinggradient_clippinghpp
 #pragma once
 
 #include <cstdint>

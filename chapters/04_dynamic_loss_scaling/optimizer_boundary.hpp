@@ -1,7 +1,5 @@
 // optimizer_boundary.hpp: chapter 04's third component, the optimizer boundary as one
-// object, shaped like PyTorch's GradScaler. Chapters 03-04 teach its pieces (the loss
-// scale, the fused unscale pass, the static and dynamic rules, clipping); this object
-// holds them in gradient_clipping.hpp's order and refuses any other:
+// object, shaped like PyTorch's GradScaler, holding gradient_clipping.hpp's order:
 //
 //   const float s = boundary.scale();       S for every micro-batch of the step (1: none)
 //   ... nn::accumulate_gradients(..., s) ... the loss scaled by S, micro-batch by micro-batch
@@ -12,16 +10,9 @@
 //   boundary.update();                      stepped -> ready: the scale rule (static: none;
 //                                           dynamic: back off, or count the clean step)
 //
-// Misuse throws std::logic_error naming the stage: unscale twice, step before unscale when
-// the pass is needed (a loss scale or clipping: the optimizer would see S times the
-// gradients, or clip them unmeasured), step twice, update without a step, or scale() asked
-// mid-boundary. With neither a loss scale nor clipping there is nothing to unscale, and
-// step() may follow the micro-batches directly.
-//
-// The strategies: LossScaleRule::none (S = 1), fixed (chapter 03: S stays, an overflow
-// skips the step) and dynamic (chapter 04's DynamicLossScaler rule). The pass's results
-// live in one UnscalePass (12 bytes of workspace, allocated by the constructor when the
-// pass is needed, so that every step holds the same bytes).
+// Misuse (any other order) throws std::logic_error naming the stage. With neither a loss
+// scale nor clipping there is nothing to unscale: step() may follow the micro-batches.
+// Why and how: docs/internals.md#chapters04_dynamic_loss_scalingoptimizer_boundaryhpp
 #pragma once
 
 #include <cstddef>

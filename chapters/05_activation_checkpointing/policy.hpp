@@ -1,6 +1,6 @@
 // policy.hpp: a checkpoint policy as a value. `bigbatch train --checkpoint` reads one from
-// text once, at the edge (Policy::parse); below it every component (the runner, the memory
-// plan, the budget search, the planner) takes the value, and text() prints it back:
+// text once, at the edge (Policy::parse); every component below takes the value; text()
+// prints it back, and parse(p.text()) == p:
 //
 //   text               schedule         argument  keep          budget
 //   none               none             0         all           -
@@ -12,13 +12,7 @@
 //   attention          none             0         all_but_probabilities  -
 //   POLICY+attention   POLICY's         POLICY's  all_but_probabilities  -
 //   budget:BYTES       (resolved by memory_plan.hpp's resolve_policy)  BYTES
-//
-// K and SLOTS are whole numbers >= 1. "none+selective" reads as "selective" (the same
-// runner), "none+attention" as "attention". selective is the MLP block's (its norm's output
-// and activation recomputed), attention the transformer block's (its attention's
-// probabilities recomputed); each model's runner refuses the other's. A budget's BYTES are read by common/format's parse_bytes (96MiB, 1.5GiB,
-// 123456) and printed in the largest binary unit that holds them exactly, so
-// parse(p.text()) == p for every policy, and text(parse(t)) == t for every text printed.
+// Why and how: docs/internals.md#chapters05_activation_checkpointingpolicyhpp
 #pragma once
 
 #include <cstddef>

@@ -1,42 +1,17 @@
 // schedule.hpp: chapter 05's checkpoint schedules, as pure functions: which hidden states
 // to keep, which blocks to recompute, in which order. No model and no tensors: a schedule
-// is a list of actions that a driver executes, and everything the chapter claims about
-// memory and recomputation is counted here, exactly, before any block runs.
-//
-// The chain. A model has n residual blocks; h_0 is the first block's input, block i maps
-// h_i to h_{i+1}, and h_n feeds the head. The backward pass of block i needs its saved
-// activations, which only a "taping" forward of block i from h_i produces. Without
-// checkpointing every block is taped once (n blocks' activations held at the peak); with
-// it, only a few states h_i are kept and the blocks in between are run again.
-//
-// The driver holds one "current state" (some h_i), starts with h_0 and nothing stored, and
-// runs the actions in order:
+// is a list of actions on the chain h_0 -> h_1 -> ... -> h_n (block i maps h_i to h_{i+1};
+// h_n feeds the head) that a driver runs in order, holding one current state, h_0 at first:
 //   store(i)     keep a copy of the current state, which must be h_i, as checkpoint i
 //   advance(i)   current must be h_i; compute h_{i+1} without saving activations
-//   tape(i)      current must be h_i; compute h_{i+1} and keep block i's activations until
-//                backward(i)
-//   backward(i)  block i must be taped; backwards come in the order n-1, n-2, ..., 0, each
-//                exactly once (block i needs the gradient of h_{i+1}, from backward(i+1) or
-//                from the head); frees block i's activations
-//   restore(i)   checkpoint i must be stored; current becomes h_i (a restore right after
-//                the store of the same state is a no-op: the driver makes it free)
+//   tape(i)      current must be h_i; compute h_{i+1}, keep block i's activations
+//   backward(i)  in the order n-1, ..., 0, each exactly once; frees block i's activations
+//   restore(i)   checkpoint i must be stored; current becomes h_i
 //   drop(i)      frees checkpoint i, which must be stored
-// The head runs once, at the first action that produces h_n (a tape or an advance of block
-// n-1); an action that produces h_n again later (a tape of block n-1 after an advance of
-// it) recomputes the state but does not run the head again. validate() states the full
-// rules, with the three this file adds: nothing is backwarded before the head, a block is
-// not taped again once backwarded, and every checkpoint is dropped by the end.
+// The head runs once, at the first action that produces h_n; validate() states the full
+// rules. The schedules: none, every:K, sqrt and optimal:SLOTS (Revolve's binomial one).
 //
-// The schedules:
-//   "none"          store_all: tape every block, then backward them all (0 recomputation,
-//                   n blocks' activations at the peak)
-//   "every:K"       segments of K blocks, the start of each one stored, the last segment's
-//                   blocks taped in the forward sweep and every other segment replayed once
-//                   (Chen et al. 2016, PyTorch's checkpoint_sequential)
-//   "sqrt"          every:ceil(sqrt(n)): about 2 sqrt(n) states and n - sqrt(n) advances
-//   "optimal:SLOTS" the binomial schedule (Griewank and Walther's Revolve): with SLOTS
-//                   checkpoints, the fewest advances any schedule that tapes one block at a
-//                   time can have
+// Why and how: docs/internals.md#chapters05_activation_checkpointingschedulehpp
 #pragma once
 
 #include <cstdint>

@@ -1,25 +1,15 @@
 // scheduled_runner.hpp: chapter 05's driver. One class executes every checkpointing
-// policy: the policy is only a schedule (schedule.hpp), a list of actions on the chain of
-// blocks, and this runner carries them out through the model's hooks (nn::BlockRunnerFor,
+// policy's schedule (schedule.hpp) through the model's hooks (nn::BlockRunnerFor,
 // Net::block_forward and Net::block_backward), on the MLP's residual blocks and on the
-// GPT's transformer blocks alike (chapter 08):
+// GPT's transformer blocks alike. forward() runs the actions up to the one that produces
+// h_n, the head's input; backward() runs the rest; checkpoints are MemoryCategory::
+// checkpoints. ledger() replays the same schedule on nn::predict_step's ledger. An
+// evaluation forward (context.training false) keeps nothing: it runs every block once and
+// no backward may follow. A block run a second time in the same step is a recomputation
+// (ForwardContext::recompute): its dropout masks are the same, and BatchNorm's running
+// statistics are not updated again.
 //
-//   store i      copy the current block input h_i into a checkpoint (MemoryCategory::
-//                checkpoints)
-//   advance i    h_{i+1} = block i (h_i), keeping nothing of the block
-//   tape i       h_{i+1} = block i (h_i), keeping the block's activations for its backward
-//   backward i   the block's backward from its taped activations, which are then freed
-//   restore i    continue from checkpoint i
-//   drop i       free checkpoint i
-//
-// forward() runs the actions up to the one that produces h_n, the head's input; backward()
-// runs the rest. The interpreter of the actions is schedule_execution.hpp, shared with the
-// memory model: ledger() replays the same schedule on nn::predict_step's ledger, any
-// model's.
-// An evaluation forward (context.training false) keeps nothing: it runs every block once
-// and no backward may follow. A block run a second time in the same step is a
-// recomputation (ForwardContext::recompute): its dropout masks are the same (the counter
-// RNG), and BatchNorm's running statistics are not updated again.
+// Why and how: docs/internals.md#chapters05_activation_checkpointingscheduled_runnerhpp
 #pragma once
 
 #include <cstdint>

@@ -1,15 +1,8 @@
 // data_parallel.hpp: chapter 07's component, the ranks of a data-parallel step.
 //
-// With R ranks the batch of a step (b samples) is split into R contiguous shares
-// (collectives::share_of: the first b mod R ranks take one sample more). Rank r accumulates the
-// gradient of its share over its micro-batches exactly as chapter 02 accumulates a batch:
-// locally, with no communication, every sample's loss divided by the GLOBAL count b (not
-// by its share: a per-rank mean would weigh a short share's samples more), the dropout
-// masks keyed by each sample's global row. Then, once per optimizer step, at the
-// optimizer boundary, the R gradients are summed (collectives::Communicator::all_reduce_sum) and
-// every rank continues with the same sum: the same loss-scale decision (an inf on one
-// rank is an inf in everyone's sum, so every rank skips the same steps), the same clipping
-// norm, the same optimizer step, so the ranks' parameters never part.
+// The step's b samples are split into R contiguous shares (collectives::share_of); each rank
+// accumulates its share locally, every sample's loss divided by the GLOBAL count b, and once
+// per optimizer step the R gradients are summed, so that every rank steps on the same sum:
 //
 //   model.zero_grad()
 //   for share r in ranks.parts(b):           // this rank's; every rank's when simulated
@@ -18,24 +11,8 @@
 //   loss = ranks.reduce(model, {loss_r})     // the summed gradients in model's buffers
 //   boundary: unscale, check, clip, step     // chapter 04, unchanged
 //
-// That is the trainer's one step (chapters/train/trainer.cpp) with a RankGroup as its
-// train::GradientSync: the step is the single process's, and the ranks join it at its
-// hooks.
-//
-// A one-process simulation of R ranks (SimulatedRanks) computes every share in turn into
-// its own gradient buffer and adds the buffers in rank order with collectives::add_next_rank, the
-// same additions as the deterministic reduction: R processes under MPI and the simulation
-// give the same bits. Against one process on the whole batch the sum's order differs
-// (each rank's share starts its own sum), so the two agree within a rounding bound, not
-// bit for bit; R = 1 is the single process exactly.
-//
-// ZeRO (DeepSpeed's stages) shards what every rank would otherwise hold whole: stage 1 the
-// optimizer state and, in fp16 or bf16, the f32 masters (the sum becomes a reduce-scatter,
-// each rank steps its shard, an all-gather shares the parameters: of a Linear weight its
-// 16-bit working copy, the only one the forward reads), stage 2 the gradients too. A rank that keeps only its
-// shard of the gradients cannot accumulate micro-batches into a whole buffer, so at stage 2
-// the sum is taken after every micro-batch, group by group as the backward finishes them,
-// and the model's gradients are released in between (nn::Network::release_gradients).
+// SimulatedRanks, one process, gives the bits of R processes under MPI (rank-order sums).
+// Why and how: docs/internals.md#chapters07_data_paralleldata_parallelhpp
 #pragma once
 
 #include <cstddef>

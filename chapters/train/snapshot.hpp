@@ -1,32 +1,16 @@
 // snapshot.hpp: saved training state, so that a run interrupted at any moment continues
 // to the same bits as if it had never stopped.
 //
-// A snapshot is one file, DIR/step-NNNNNNNN.safetensors (NNNNNNNN: the steps done), that
-// holds everything the run's future depends on:
-//   tensors   "model.<name>"      the model's state_dict, of either nn::Network (f32: the
-//                                 masters when mixed; the MLP's BatchNorm statistics)
-//             "optimizer.<name>"  the optimizer's state (momentum, Adam's moments)
-//   metadata  the safetensors header's "__metadata__" (a small JSON object of strings):
-//             "format", the trainer's counters ("state.steps_done", ...), the dynamic
-//             loss scaler's scale and counters, and the run's configuration
-//             ("config.<flag>": the value of every setting the trajectory depends on)
-// The data order, the dropout masks and the learning rate are pure functions of the
-// counters and the configuration, so nothing else is needed.
+// A snapshot is one file, DIR/step-NNNNNNNN.safetensors (NNNNNNNN: the steps done), with
+// the model's state_dict ("model.<name>"), the optimizer's state ("optimizer.<name>") and,
+// in the metadata, the trainer's and the loss scaler's counters and every setting the
+// trajectory depends on ("config.<flag>"). Writing is atomic: a file named
+// step-*.safetensors is always complete. The newest `keep` are kept. Tensors and metadata
+// carry CRC-32s: a snapshot damaged on disk or edited is refused, naming the file and what
+// is wrong, instead of resumed. One run at a time writes to a folder (an flock on
+// DIR/.lock, which records the holder's pid; a second run is refused with that pid).
 //
-// Writing is atomic: save_safetensors writes a temporary file, fsyncs it, renames it to
-// its name and fsyncs the folder, so a file named step-*.safetensors is always complete:
-// a process killed at any moment, mid-write included, leaves the previous snapshots
-// whole (and at most a *.tmp file, removed by the next write). The newest `keep` are kept.
-//
-// Every tensor's bytes carry a CRC-32 (save_safetensors records them, load_safetensors
-// checks them, and a snapshot's tensor without one is refused), and so do the metadata's
-// settings and counters ("snapshot.crc32", over every other entry), which a resume also
-// cross-checks (Trainer::restore: steps taken and skipped add up to the steps done, the
-// samples are those steps'), so a snapshot damaged on disk or edited is refused, naming
-// the file and what is wrong, instead of resumed. One run at a time writes to a folder:
-// Snapshots holds an advisory lock (flock) on DIR/.lock, which records the holder's pid,
-// for as long as it lives; a second run is refused with that pid. The kernel drops the
-// lock when the process ends, however it ends, so a killed run leaves nothing to clean up.
+// Why and how: docs/internals.md#chapterstrainsnapshothpp
 #pragma once
 
 #include <cstdint>

@@ -6,20 +6,12 @@
 //   classification   features f32 [N, D], labels i32 [N] in 0..num_classes-1
 //   tokens           features i32 [N, T] (token ids), labels i32 [N, T]: the target of each
 //                    position (the next token), or kIgnoredLabel where there is none
-//                    (padding); text_corpus.hpp's make_token_dataset builds one
 //
-// Classification sources:
-//
-//   load_fashion_mnist   the Fashion-MNIST idx files of the Debian package
-//                        dataset-fashion-mnist (60000 train / 10000 test images of
-//                        28x28 pixels, 10 classes), pixels scaled to [0, 1]
-//   load_npy_dataset     a user's data set as two NumPy .npy files
-//   make_synthetic       a deterministic data set labelled by a fixed random teacher
-//                        network; needs no files, the same bytes on every machine
-//
-// Batches: slice() gives a view of consecutive samples (no copy, the way a
-// micro-batch is carved out of a batch); gather_rows() copies samples picked by index
-// (a shuffled batch) into preallocated tensors on the CPU or a GPU.
+// Sources: load_fashion_mnist, load_npy_dataset and make_synthetic (classification), and
+// text_corpus.hpp's make_token_dataset (tokens). slice() gives a view of consecutive samples
+// (no copy); gather_rows() copies samples picked by index into preallocated tensors on the
+// CPU or a GPU.
+// Why and how: docs/internals.md#commondatadatasethpp
 #pragma once
 
 #include <cstdint>

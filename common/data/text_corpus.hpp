@@ -1,34 +1,17 @@
 // text_corpus.hpp: byte-level token data for chapter 08's GPT. A token is a byte
-// (vocabulary 256), so text needs no tokenizer to install, and a document is a piece of text
-// between separators.
+// (vocabulary 256), and a document is a piece of text between separators.
 //
-// Documents. read_documents(path) splits a text file in fortune(6)'s format: documents
-// separated by lines that hold only "%", as in Debian's `fortunes` package
-// (/usr/share/games/fortunes/*, BSD licence: /usr/share/doc/fortunes/copyright). A file
-// without such a line is split at blank lines instead (paragraphs). Leading and trailing
-// newlines of a document are kept as they are; documents of fewer than two bytes (no
-// next-byte target) are dropped.
-//
-// Sequences. make_sequences(documents, T) turns each document into padded sequences of T
-// positions: position t holds byte t and its target is byte t + 1. A document of L bytes
-// has L - 1 targets; one longer than T + 1 bytes is cut into pieces of at most T + 1 bytes
-// that share their boundary byte, so every pair of consecutive bytes is a target exactly
-// once. A piece of n bytes fills n - 1 positions; the rest is padding: token 0 and target
-// kIgnoredLabel (dataset.hpp), which the cross-entropy counts for nothing.
-//
-// Token files. read_token_sequences(path) reads sequences a user tokenized elsewhere: a .npy
-// file of integers [N, L], one sequence a row, whose real tokens (>= 0) may be followed by
-// padding (negative values, e.g. -1) to the row's end. Row i gives one sequence of L - 1
-// positions by the same rule: position t holds token t and its target is token t + 1 while
-// both are real; the rest is padding. The vocabulary is the caller's to check (the largest
-// token is returned with the sequences).
-//
-// Why padded and not packed (nanoGPT packs random windows of one long stream): a padded
-// sequence is one document, so the causal mask alone keeps documents apart (packing needs a
-// block-diagonal document mask), and each sequence brings its own number of real targets,
-// which is what chapter 08's lesson is about: the loss of a step is the sum over its target
-// tokens divided by their count over the whole step, not a mean of per-micro-batch means.
-// The price is the padding's compute, reported by padding_fraction().
+//   read_documents(path)        a fortune(6) file's documents, separated by lines that hold
+//                               only "%" (else at blank lines); documents of fewer than two
+//                               bytes are dropped
+//   make_sequences(docs, T)     padded sequences of T positions (position t: byte t, target
+//                               byte t + 1); a document longer than T + 1 bytes is cut into
+//                               pieces of at most T + 1 bytes that share their boundary byte
+//   read_token_sequences(path)  a .npy file of integers [N, L], real tokens (>= 0) then
+//                               padding (negative): row i is one sequence of L - 1 positions
+// Padding is token 0 with target kIgnoredLabel (dataset.hpp), which the loss counts for
+// nothing.
+// Why and how: docs/internals.md#commondatatext_corpushpp
 #pragma once
 
 #include <cstdint>

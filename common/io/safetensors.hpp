@@ -1,38 +1,16 @@
 // safetensors.hpp: parameters and training snapshots in Hugging Face's safetensors
 // format, so that other tools (PyTorch, NumPy, the safetensors library) can read them.
 //
-// Layout (https://github.com/huggingface/safetensors, "Format"):
+// The writer lays the tensors out as the reference implementation does (every tensor at a
+// multiple of its element size) and writes atomically: `path + ".tmp"`, fsynced, renamed
+// over `path`, then the folder fsynced, so an interrupted save leaves the previous file
+// intact and a finished one survives a crash. Unless told not to, it records each tensor's
+// CRC-32 in the metadata as "crc32.NAME", and the reader checks every tensor that has one;
+// those keys are the file's own (refused in a caller's metadata, not shown in the metadata
+// read back). The reader checks what the reference implementation checks, saying which
+// rule a file broke, and loads F32, F16, F64 and I32 tensors (other dtypes refused by name).
 //
-//   8 bytes   N, the header length, unsigned 64-bit little-endian
-//   N bytes   a UTF-8 JSON object:
-//               {"__metadata__": {"key": "value", ...},                  (optional)
-//                "name": {"dtype": "F32", "shape": [2, 3], "data_offsets": [0, 24]}, ...}
-//             padded at the end with spaces so that N is a multiple of 8
-//   the rest  the byte buffer: each tensor's little-endian, row-major elements at
-//             [begin, end) counted from the start of the buffer
-//
-// The writer lays the tensors out as the reference implementation does: by decreasing
-// element size, then by name, so that every tensor starts at a multiple of its element
-// size (8-byte header padding + sizes ordered large to small) and a memory-mapped
-// reader can view it in place. It writes to `path + ".tmp"`, fsyncs it and renames it
-// over `path` only when complete, then fsyncs the folder: an interrupted save leaves the
-// previous file intact, and a finished one survives a crash.
-//
-// The reader checks what the reference implementation checks, and says which rule a
-// file broke: the header fits in the file and is at most 100 MB, is a JSON object
-// (parsed by nlohmann-json, nested at most 64 deep) without duplicate keys, every dtype is known and every data_offsets range holds
-// exactly shape x element size bytes, the ranges lie inside the buffer, do not overlap,
-// leave no gaps, and cover the buffer to its last byte. Tensors of dtypes F32, F16, F64
-// and I32 are loaded (other dtypes, e.g. BF16, are refused by name).
-//
-// Checksums: the writer records (unless told not to, for byte-exact files) each
-// tensor's CRC-32 (zlib's) in the metadata, as
-// "crc32.NAME": "8 hex digits" (the format allows any string metadata, so other readers
-// see an ordinary entry), and the reader checks every tensor that has one: a flipped bit
-// in a tensor's bytes is refused, naming the file and the tensor, instead of loaded. A
-// file without them (written by another tool) loads as before. The "crc32." keys are the
-// file's own: a caller's metadata may not use them, and the metadata read back does not
-// show them.
+// Why and how: docs/internals.md#commoniosafetensorshpp
 #pragma once
 
 #include <map>
