@@ -165,6 +165,9 @@ class Gpt : public Network {
   const GptConfig& config() const { return config_; }
   /// Its transformer blocks, the chain a block runner runs: config().layers.
   std::int64_t blocks() const { return config_.layers; }
+  /// Whether block_forward can keep what `keep` says: all, or all but the attention's
+  /// probabilities (which memory-efficient attention keeps none of to drop).
+  static bool keeps(BlockKeep keep) { return keep != BlockKeep::gemm_outputs; }
   /// The device that holds every tensor.
   Device device() const override { return device_; }
   /// The dtype of activations and their gradients (f64 for the float64 twin).

@@ -630,8 +630,8 @@ std::vector<std::int64_t> GptLedger::master_weight_sizes() const {
 }
 
 bool GptLedger::keeps(BlockKeep keep) const {
-  return keep == BlockKeep::all || (keep == BlockKeep::all_but_probabilities &&
-                                    config_.attention == AttentionKernel::plain);
+  return Gpt::keeps(keep) &&
+         (keep != BlockKeep::all_but_probabilities || config_.attention == AttentionKernel::plain);
 }
 
 std::size_t GptLedger::states_bytes(std::int64_t channels_per_position) const {

@@ -258,7 +258,7 @@ class ModelLedger final : public NetworkLedger {
   std::vector<std::int64_t> master_weight_sizes() const override;
   std::int64_t depth() const override { return config_.depth; }
   /// BlockKeep::all or gemm_outputs (selective recomputation).
-  bool keeps(BlockKeep keep) const override { return keep != BlockKeep::all_but_probabilities; }
+  bool keeps(BlockKeep keep) const override { return Model::keeps(keep); }
   bool releases_state() const override { return true; }
   MemoryLedger::Bytes stem_forward() override;
   MemoryLedger::Bytes block_forward(std::int64_t index, MemoryLedger::Bytes h, BlockBytes& saved,

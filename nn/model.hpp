@@ -198,6 +198,8 @@ class Model : public Network {
   const ModelConfig& config() const { return config_; }
   /// Its residual blocks, the chain a block runner runs: config().depth.
   std::int64_t blocks() const { return config_.depth; }
+  /// Whether block_forward can keep what `keep` says: all, or the GEMM outputs alone.
+  static bool keeps(BlockKeep keep) { return keep != BlockKeep::all_but_probabilities; }
   /// The device that holds every tensor of the model.
   Device device() const override { return device_; }
   /// The dtype of activations and their gradients: working_dtype(config().precision).

@@ -470,12 +470,13 @@ TEST(RankPlans, AreTheSharesPlansWithTheSumInEveryStepTime) {
   const data_parallel::Cluster cluster = data_parallel::h200_cluster();
   for (const auto& [batch, rank_0_share] : {std::pair{256, 32}, std::pair{300, 38}}) {
     SCOPED_TRACE("a batch of " + std::to_string(batch) + " over 8 ranks");
-    planning::PlanRequest request{model, batch, adamw, std::size_t{64} << 20};
+    planning::PlanRequest request{
+        {std::make_shared<planning::MlpPlanned>(model)}, batch, adamw, std::size_t{64} << 20};
     const planning::CostModel cost =
         planning::roofline_cost_model(model, adamw, planning::h200_spec(), request.batch);
     planning::PlanRequest share = request;
     share.batch = rank_0_share;
-    const planning::PlanResult alone = planning::make_plan(share, cost);
+    const planning::PlanResult alone = planning::make_plan(share, {cost});
     ASSERT_FALSE(alone.feasible.empty());
     // A held count of -1 is the whole.
     const auto held_of = [](std::int64_t held, const std::vector<std::int64_t>& sizes) {
@@ -492,11 +493,11 @@ TEST(RankPlans, AreTheSharesPlansWithTheSumInEveryStepTime) {
       nn::ModelConfig fp32 = model, bf16 = model;
       bf16.precision = nn::Precision::bf16;
       EXPECT_GT(ranked.sum_seconds_fp32, 0.0);
-      EXPECT_EQ(ranked.sum_seconds_fp32, data_parallel::step_communication_seconds(fp32, 8, zero, cluster));
-      EXPECT_EQ(ranked.sum_seconds_16bit, data_parallel::step_communication_seconds(bf16, 8, zero, cluster));
+      EXPECT_EQ(ranked.sum_seconds_fp32, data_parallel::step_communication_seconds(nn::ModelLedger(fp32), 8, zero, cluster));
+      EXPECT_EQ(ranked.sum_seconds_16bit, data_parallel::step_communication_seconds(nn::ModelLedger(bf16), 8, zero, cluster));
       ASSERT_EQ(ranked.result.feasible.size(), alone.feasible.size());
       EXPECT_EQ(ranked.seconds_per_further_micro_batch,
-                stage2 ? data_parallel::step_communication_seconds(fp32, 8, zero, cluster, 2) -
+                stage2 ? data_parallel::step_communication_seconds(nn::ModelLedger(fp32), 8, zero, cluster, 2) -
                              ranked.sum_seconds_fp32
                        : 0.0);
       // The other shards' optimizer state (AdamW: 8 bytes per element) and, in 16 bits,
@@ -525,7 +526,9 @@ TEST(RankPlans, AreTheSharesPlansWithTheSumInEveryStepTime) {
         // same in every precision.
         EXPECT_EQ(plan.seconds,
                   same->seconds + (stage2 ? data_parallel::step_communication_seconds(
-                                                plan.precision == nn::Precision::fp32 ? fp32 : bf16,
+                                                nn::ModelLedger(plan.precision == nn::Precision::fp32
+                                                                    ? fp32
+                                                                    : bf16),
                                                 8, zero, cluster, micro_batches)
                                           : sum));
         if (stage2) {
@@ -545,23 +548,24 @@ TEST(RankPlans, AreTheSharesPlansWithTheSumInEveryStepTime) {
   // mixed precision only its 16-bit working copy (each rank keeps its shard of the master).
   const double gradients = static_cast<double>(nn::predict_memory(model, 1).gradients);
   const double all_reduce = data_parallel::cluster_all_reduce_seconds(gradients, 8, cluster);
-  EXPECT_EQ(data_parallel::step_communication_seconds(model, 8, data_parallel::ZeroStage::replicated, cluster),
+  EXPECT_EQ(data_parallel::step_communication_seconds(nn::ModelLedger(model), 8, data_parallel::ZeroStage::replicated, cluster),
             all_reduce);
-  EXPECT_EQ(data_parallel::step_communication_seconds(model, 8, data_parallel::ZeroStage::optimizer_state, cluster),
+  EXPECT_EQ(data_parallel::step_communication_seconds(nn::ModelLedger(model), 8, data_parallel::ZeroStage::optimizer_state, cluster),
             0.5 * all_reduce + 0.5 * all_reduce);
   nn::ModelConfig mixed = model;
   mixed.precision = nn::Precision::bf16;
   // 4 bytes a master element, 2 its copy's: the gather moves half the masters' bytes less.
   const double copies = static_cast<double>(nn::predict_memory(mixed, 1).master_weights) / 2;
-  EXPECT_EQ(data_parallel::step_communication_seconds(mixed, 8, data_parallel::ZeroStage::optimizer_state, cluster),
+  EXPECT_EQ(data_parallel::step_communication_seconds(nn::ModelLedger(mixed), 8, data_parallel::ZeroStage::optimizer_state, cluster),
             0.5 * all_reduce + 0.5 * data_parallel::cluster_all_reduce_seconds(gradients - copies, 8, cluster));
   // Stage 2: a reduce-scatter after each of the step's micro-batches, one all-gather.
-  EXPECT_EQ(data_parallel::step_communication_seconds(mixed, 8, data_parallel::ZeroStage::gradients, cluster, 4),
+  EXPECT_EQ(data_parallel::step_communication_seconds(nn::ModelLedger(mixed), 8, data_parallel::ZeroStage::gradients, cluster, 4),
             4 * 0.5 * all_reduce + 0.5 * data_parallel::cluster_all_reduce_seconds(gradients - copies, 8, cluster));
-  EXPECT_EQ(data_parallel::step_communication_seconds(model, 8, data_parallel::ZeroStage::optimizer_state, cluster, 4),
-            data_parallel::step_communication_seconds(model, 8, data_parallel::ZeroStage::optimizer_state, cluster))
+  EXPECT_EQ(data_parallel::step_communication_seconds(nn::ModelLedger(model), 8, data_parallel::ZeroStage::optimizer_state, cluster, 4),
+            data_parallel::step_communication_seconds(nn::ModelLedger(model), 8, data_parallel::ZeroStage::optimizer_state, cluster))
       << "stage 1 sums once, whatever the micro-batches";
-  const planning::PlanRequest request{model, 256, adamw, std::size_t{64} << 20};
+  const planning::PlanRequest request{
+      {std::make_shared<planning::MlpPlanned>(model)}, 256, adamw, std::size_t{64} << 20};
   const planning::CostModel cost =
       planning::roofline_cost_model(model, adamw, planning::h200_spec(), request.batch);
   EXPECT_THROW(data_parallel::plan_ranks(request, cost, 257, data_parallel::ZeroStage::replicated, cluster),
@@ -578,7 +582,8 @@ TEST(RankPlans, AStageTwoPlanPaysAReduceScatterForTheShortLastMicroBatchToo) {
   const AdamWOptions adamw;
   const data_parallel::Cluster cluster = data_parallel::h200_cluster();
   const auto zero = data_parallel::ZeroStage::gradients;
-  const planning::PlanRequest request{model, 296, adamw, std::size_t{512} << 10};
+  const planning::PlanRequest request{
+      {std::make_shared<planning::MlpPlanned>(model)}, 296, adamw, std::size_t{512} << 10};
   const planning::CostModel cost =
       planning::roofline_cost_model(model, adamw, planning::h200_spec(), request.batch);
   const data_parallel::RankPlans share = data_parallel::plan_share(request, cost, 8, zero);
@@ -598,7 +603,7 @@ TEST(RankPlans, AStageTwoPlanPaysAReduceScatterForTheShortLastMicroBatchToo) {
     priced.precision = plan.precision == nn::Precision::fp32 ? nn::Precision::fp32
                                                             : nn::Precision::bf16;
     EXPECT_EQ(plan.seconds, same->seconds + data_parallel::step_communication_seconds(
-                                                priced, 8, zero, cluster,
+                                                nn::ModelLedger(priced), 8, zero, cluster,
                                                 ceil_div(std::int64_t{37}, plan.micro_batch)))
         << "micro-batch " << plan.micro_batch;
     short_last = short_last || 37 % plan.micro_batch != 0;

@@ -114,7 +114,7 @@ TEST(DocumentedRules, ANoFitBudgetNamesTheSmallestPeakOfAllCandidatesAndItsPolic
 
 TEST(DocumentedRules, TheCostKeyTellsApartEveryFieldThatChangesAStepsTime) {
   const nn::ModelConfig base = testing::tiny_model(2, 0.0f);
-  const std::string key = planning::cost_key(base, AdamWOptions{}, Device::cpu());
+  const std::string key = planning::cost_key(planning::MlpPlanned(base), AdamWOptions{}, Device::cpu());
   std::vector<nn::ModelConfig> other(8, base);
   other[0].inputs += 1;
   other[1].classes += 1;
@@ -125,17 +125,17 @@ TEST(DocumentedRules, TheCostKeyTellsApartEveryFieldThatChangesAStepsTime) {
   other[6].activation = nn::Activation::relu;
   other[7].dropout = 0.1f;
   for (std::size_t i = 0; i < other.size(); ++i) {
-    EXPECT_NE(planning::cost_key(other[i], AdamWOptions{}, Device::cpu()), key) << "field " << i;
+    EXPECT_NE(planning::cost_key(planning::MlpPlanned(other[i]), AdamWOptions{}, Device::cpu()), key) << "field " << i;
   }
-  EXPECT_NE(planning::cost_key(base, SgdOptions{}, Device::cpu()), key);
+  EXPECT_NE(planning::cost_key(planning::MlpPlanned(base), SgdOptions{}, Device::cpu()), key);
   // SGD's step reads and writes the momentum buffer only when there is one.
-  EXPECT_NE(planning::cost_key(base, SgdOptions{.momentum = 0.9}, Device::cpu()),
-            planning::cost_key(base, SgdOptions{}, Device::cpu()));
+  EXPECT_NE(planning::cost_key(planning::MlpPlanned(base), SgdOptions{.momentum = 0.9}, Device::cpu()),
+            planning::cost_key(planning::MlpPlanned(base), SgdOptions{}, Device::cpu()));
   // The seed and the precision do not: one calibration measures both precisions.
   nn::ModelConfig same = base;
   same.seed += 1;
   same.precision = nn::Precision::fp16;
-  EXPECT_EQ(planning::cost_key(same, AdamWOptions{}, Device::cpu()), key);
+  EXPECT_EQ(planning::cost_key(planning::MlpPlanned(same), AdamWOptions{}, Device::cpu()), key);
 }
 
 TEST(DocumentedRules, TheLineFitClampsItsSlopeAndInterceptAtZero) {

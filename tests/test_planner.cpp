@@ -42,12 +42,16 @@ CostModel fixed_cost_model() {
 
 TEST(Planner, MicroBatchCandidatesHalveDownToOne) {
   const nn::ModelConfig model = testing::tiny_model(2, 0.0f);
-  EXPECT_EQ(planning::micro_batch_candidates(model, 1000),
-            (std::vector<std::int64_t>{1000, 500, 250, 125, 63, 32, 16, 8, 4, 2, 1}));
-  EXPECT_EQ(planning::micro_batch_candidates(model, 1), (std::vector<std::int64_t>{1}));
+  const std::vector<std::int64_t> halves = {1000, 500, 250, 125, 63, 32, 16, 8, 4, 2, 1};
+  EXPECT_EQ(planning::micro_batch_candidates(1000), halves);
+  EXPECT_EQ(planning::micro_batch_candidates(1), (std::vector<std::int64_t>{1}));
+  EXPECT_EQ(planning::MlpPlanned(model).micro_batches(1000), halves);
   nn::ModelConfig batch_norm = model;
   batch_norm.norm = nn::Norm::batch;  // smaller micro-batches change the update (chapter 02)
-  EXPECT_EQ(planning::micro_batch_candidates(batch_norm, 1000), (std::vector<std::int64_t>{1000}));
+  EXPECT_EQ(planning::MlpPlanned(batch_norm).micro_batches(1000),
+            (std::vector<std::int64_t>{1000}));
+  const nn::GptConfig gpt{.vocabulary = 64, .context = 8, .layers = 1, .width = 16, .heads = 2};
+  EXPECT_EQ(planning::GptPlanned(gpt, 8).micro_batches(1000), halves);
 }
 
 TEST(Planner, StepTimeFollowsTheFormula) {
@@ -74,26 +78,35 @@ struct Triple {
   double seconds;
 };
 
-/// The step of a plan: fp16 trains with dynamic loss scaling, whose boundary keeps its
-/// pass's 12 bytes (f32 found-inf, f64 squared norm) through every step; fp32 and bf16
-/// keep none (no clipping is asked here).
-testing::MlpStep plan_step(const PlanRequest& request, nn::Precision precision,
-                           std::int64_t micro) {
-  nn::ModelConfig config = request.model;
+/// The request to plan the MLP of `model`.
+PlanRequest mlp_request(const nn::ModelConfig& model, std::int64_t batch, std::size_t budget,
+                        std::vector<nn::Precision> precisions = {nn::Precision::fp32,
+                                                                 nn::Precision::fp16,
+                                                                 nn::Precision::bf16}) {
+  return {{std::make_shared<planning::MlpPlanned>(model)}, batch, AdamWOptions{}, budget,
+          std::move(precisions)};
+}
+
+/// The step of a plan of the MLP of `model`: fp16 trains with dynamic loss scaling, whose
+/// boundary keeps its pass's 12 bytes (f32 found-inf, f64 squared norm) through every
+/// step; fp32 and bf16 keep none (no clipping is asked here).
+testing::MlpStep plan_step(const nn::ModelConfig& model, const PlanRequest& request,
+                           nn::Precision precision, std::int64_t micro) {
+  nn::ModelConfig config = model;
   config.precision = precision;
   return {config, request.batch, micro, request.optimizer,
           precision == nn::Precision::fp16 ? 12u : 0u};
 }
 
-/// Every (micro-batch, precision, policy) the planner could choose, predicted.
-std::vector<Triple> every_triple(const PlanRequest& request, const CostModel& cost) {
+/// Every (micro-batch, precision, policy) the planner could choose for the MLP of `model`,
+/// predicted.
+std::vector<Triple> every_triple(const nn::ModelConfig& model, const PlanRequest& request,
+                                 const CostModel& cost) {
   std::vector<Triple> all;
-  const std::int64_t depth = request.model.depth;
+  const std::int64_t depth = model.depth;
   for (const nn::Precision precision : request.precisions) {
-    nn::ModelConfig config = request.model;
-    config.precision = precision;
-    for (const std::int64_t micro : planning::micro_batch_candidates(config, request.batch)) {
-      const checkpointing::StepShape step = plan_step(request, precision, micro).shape();
+    for (const std::int64_t micro : planning::micro_batch_candidates(request.batch)) {
+      const checkpointing::StepShape step = plan_step(model, request, precision, micro).shape();
       for (const checkpointing::Policy& policy : checkpointing::checkpoint_candidates(depth)) {
         all.push_back({micro, precision, policy, checkpointing::predict_policy(step, policy).peak(),
                        cost.step_seconds(request.batch, micro, precision,
@@ -114,8 +127,9 @@ TEST(Planner, TheChosenPlanFitsIsMeasuredAsPredictedAndNothingFasterFits) {
         Precisions{nn::Precision::fp32}, Precisions{nn::Precision::fp16},
         Precisions{nn::Precision::bf16}}) {
     for (const std::int64_t depth : {3, 8}) {
-      PlanRequest request{testing::tiny_model(depth, 0.0f), 48, AdamWOptions{}, 0, precisions};
-      const std::vector<Triple> all = every_triple(request, cost);
+      const nn::ModelConfig model = testing::tiny_model(depth, 0.0f);
+      PlanRequest request = mlp_request(model, 48, 0, precisions);
+      const std::vector<Triple> all = every_triple(model, request, cost);
       std::vector<std::size_t> peaks;
       for (const Triple& t : all) peaks.push_back(t.peak);
       std::sort(peaks.begin(), peaks.end());
@@ -123,7 +137,7 @@ TEST(Planner, TheChosenPlanFitsIsMeasuredAsPredictedAndNothingFasterFits) {
       for (const double quantile : {1.0, 0.8, 0.5, 0.2, 0.05, 0.0}) {
         const std::size_t budget = peaks[static_cast<std::size_t>(quantile * (peaks.size() - 1))];
         request.budget = budget;
-        const planning::PlanResult result = planning::make_plan(request, cost);
+        const planning::PlanResult result = planning::make_plan(request, {cost});
         const std::string where = "depth " + std::to_string(depth) + ", budget " +
                                   std::to_string(budget) + ", " +
                                   std::to_string(precisions.size()) + " precision(s) from " +
@@ -141,14 +155,14 @@ TEST(Planner, TheChosenPlanFitsIsMeasuredAsPredictedAndNothingFasterFits) {
         }
         // Run the chosen plan's step: the allocator's peak is the prediction, to the byte.
         const testing::Measured measured = testing::measure(
-            plan_step(request, best.precision, best.micro_batch), best.checkpoint, false,
+            plan_step(model, request, best.precision, best.micro_batch), best.checkpoint, false,
             Device::cpu());
         EXPECT_EQ(measured.stats.peak_total, best.prediction.peak()) << where;
         EXPECT_LE(measured.stats.peak_total, budget) << where;
       }
       // One byte below the smallest peak: nothing fits, and the smallest is the true minimum.
       request.budget = peaks.front() - 1;
-      const planning::PlanResult none = planning::make_plan(request, cost);
+      const planning::PlanResult none = planning::make_plan(request, {cost});
       EXPECT_TRUE(none.feasible.empty());
       ASSERT_TRUE(none.smallest.has_value());
       EXPECT_EQ(none.smallest->prediction.peak(), peaks.front());
@@ -161,9 +175,9 @@ TEST(Planner, TheChosenPlanFitsIsMeasuredAsPredictedAndNothingFasterFits) {
 }
 
 TEST(Planner, OnePrecisionWhenAsked) {
-  PlanRequest request{testing::tiny_model(4, 0.0f), 32, AdamWOptions{}, 1u << 30,
-                      {nn::Precision::fp16}};
-  const planning::PlanResult result = planning::make_plan(request, fixed_cost_model());
+  const PlanRequest request =
+      mlp_request(testing::tiny_model(4, 0.0f), 32, 1u << 30, {nn::Precision::fp16});
+  const planning::PlanResult result = planning::make_plan(request, {fixed_cost_model()});
   ASSERT_FALSE(result.feasible.empty());
   for (const Plan& plan : result.feasible) EXPECT_EQ(plan.precision, nn::Precision::fp16);
   // Room for everything: the whole batch at once, no recomputation.
@@ -173,7 +187,7 @@ TEST(Planner, OnePrecisionWhenAsked) {
 
 TEST(Planner, TheCalibrationIsMeasuredOnceAndReused) {
   testing::TemporaryPath path("calibration.json");
-  const nn::ModelConfig model = testing::tiny_model(2, 0.0f);
+  const planning::MlpPlanned model(testing::tiny_model(2, 0.0f));
   bool measured = false;
   const CostModel first =
       planning::calibration_for(path.str(), model, AdamWOptions{}, Device::cpu(), 32, false, &measured);
@@ -189,8 +203,8 @@ TEST(Planner, TheCalibrationIsMeasuredOnceAndReused) {
   EXPECT_FALSE(measured);
   EXPECT_EQ(again.to_json(), first.to_json());
   // Another model gets its own entry; the first stays.
-  planning::calibration_for(path.str(), testing::tiny_model(3, 0.0f), AdamWOptions{},
-                            Device::cpu(), 32, false, &measured);
+  planning::calibration_for(path.str(), planning::MlpPlanned(testing::tiny_model(3, 0.0f)),
+                            AdamWOptions{}, Device::cpu(), 32, false, &measured);
   EXPECT_TRUE(measured);
   planning::calibration_for(path.str(), model, AdamWOptions{}, Device::cpu(), 32, false, &measured);
   EXPECT_FALSE(measured);
@@ -229,11 +243,18 @@ struct GptTriple {
 };
 
 TEST(GptPlanner, TheChosenPlanFitsIsMeasuredAsPredictedAndNothingFasterFits) {
-  const planning::GptCostModels costs = {{nn::AttentionKernel::plain, fixed_cost_model()},
-                                         {nn::AttentionKernel::efficient, efficient_cost_model()}};
+  const std::vector<CostModel> costs = {fixed_cost_model(), efficient_cost_model()};
   const nn::GptConfig model{.vocabulary = 256, .context = 16, .layers = 4, .width = 16,
                             .heads = 2, .dropout = 0.1f};
-  planning::GptPlanRequest request{model, 12, 16, AdamWOptions{}, 0};
+  const std::int64_t length = 16;
+  const std::vector<nn::AttentionKernel> kernels = {nn::AttentionKernel::plain,
+                                                    nn::AttentionKernel::efficient};
+  const auto planned = [&](nn::AttentionKernel kernel) {
+    nn::GptConfig config = model;
+    config.attention = kernel;
+    return std::make_shared<planning::GptPlanned>(config, length);
+  };
+  PlanRequest request{{planned(kernels[0]), planned(kernels[1])}, 12, AdamWOptions{}, 0};
   // Every plan the planner could choose: the attention kernels, the micro-batches, the
   // precisions and the policies that keep whole blocks, with plain attention each also
   // with the probabilities rebuilt (A = 4 blocks rebuild them in each micro-batch).
@@ -243,13 +264,14 @@ TEST(GptPlanner, TheChosenPlanFitsIsMeasuredAsPredictedAndNothingFasterFits) {
     nn::GptConfig config = model;
     config.precision = precision;
     config.attention = kernel;
-    return testing::GptStep{config, request.batch, micro, request.length, request.optimizer,
+    return testing::GptStep{config, request.batch, micro, length, request.optimizer,
                             precision == nn::Precision::fp16 ? 12u : 0u};
   };
-  for (const nn::AttentionKernel kernel : request.kernels) {
-    const CostModel& cost = costs.at(kernel);
+  for (std::size_t k = 0; k < kernels.size(); ++k) {
+    const nn::AttentionKernel kernel = kernels[k];
+    const CostModel& cost = costs[k];
     for (const nn::Precision precision : request.precisions) {
-      for (const std::int64_t micro : planning::micro_batch_candidates(nn::ModelConfig{}, 12)) {
+      for (const std::int64_t micro : planning::micro_batch_candidates(12)) {
         for (checkpointing::Policy policy : checkpointing::checkpoint_candidates(4)) {
           if (policy.keep != nn::BlockKeep::all) continue;
           const double recompute = checkpointing::recompute_cost(policy, 4);
@@ -326,18 +348,17 @@ TEST(GptPlanner, TheChosenPlanFitsIsMeasuredAsPredictedAndNothingFasterFits) {
         << planning::describe(**found, request.batch);
   }
   // Memory-efficient attention alone keeps no probabilities: nothing rebuilds them.
-  planning::GptPlanRequest only_efficient = request;
-  only_efficient.kernels = {nn::AttentionKernel::efficient};
+  PlanRequest only_efficient = request;
+  only_efficient.models = {planned(nn::AttentionKernel::efficient)};
   for (const std::size_t budget : peaks) {
     only_efficient.budget = budget;
-    for (const Plan& plan : planning::make_plan(only_efficient, costs).feasible) {
+    for (const Plan& plan : planning::make_plan(only_efficient, {costs[1]}).feasible) {
       EXPECT_EQ(plan.checkpoint.keep, nn::BlockKeep::all) << plan.checkpoint.text();
       EXPECT_EQ(plan.attention, nn::AttentionKernel::efficient);
     }
   }
-  // A kernel without a cost model is refused.
-  EXPECT_THROW(planning::make_plan(request, {{nn::AttentionKernel::plain, fixed_cost_model()}}),
-               std::invalid_argument);
+  // A model without a cost model is refused.
+  EXPECT_THROW(planning::make_plan(request, {fixed_cost_model()}), std::invalid_argument);
   request.budget = peaks.front() - 1;
   const planning::PlanResult none = planning::make_plan(request, costs);
   EXPECT_TRUE(none.feasible.empty());
@@ -349,33 +370,35 @@ TEST(GptPlanner, TheCalibrationHasItsOwnKeyAndIsReused) {
   testing::TemporaryPath path("calibration.json");
   const nn::GptConfig model{.vocabulary = 256, .context = 16, .layers = 1, .width = 16,
                             .heads = 2};
+  const planning::GptPlanned plain(model, 16);
   bool measured = false;
-  const CostModel first = planning::calibration_for(path.str(), model, 16, AdamWOptions{},
+  const CostModel first = planning::calibration_for(path.str(), plain, AdamWOptions{},
                                                     Device::cpu(), 8, false, &measured);
   EXPECT_TRUE(measured);
-  EXPECT_EQ(first.key, planning::cost_key(model, 16, AdamWOptions{}, Device::cpu()));
+  EXPECT_EQ(first.key, planning::cost_key(plain, AdamWOptions{}, Device::cpu()));
   for (const auto* c : {&first.fp32, &first.fp16, &first.bf16}) {
     EXPECT_GT(c->micro_batch.fixed + 8 * c->micro_batch.per_row, 0);  // a step takes time
     EXPECT_GT(c->optimizer, 0);
     EXPECT_GT(c->probabilities.fixed + c->probabilities.per_row, 0);  // and rebuilding P
   }
-  planning::calibration_for(path.str(), model, 16, AdamWOptions{}, Device::cpu(), 8, false,
+  planning::calibration_for(path.str(), plain, AdamWOptions{}, Device::cpu(), 8, false,
                             &measured);
   EXPECT_FALSE(measured);
   // Another sequence length is another step: measured apart.
-  planning::calibration_for(path.str(), model, 8, AdamWOptions{}, Device::cpu(), 8, false,
-                            &measured);
+  planning::calibration_for(path.str(), planning::GptPlanned(model, 8), AdamWOptions{},
+                            Device::cpu(), 8, false, &measured);
   EXPECT_TRUE(measured);
   // So is memory-efficient attention: other kernels, another cost.
   nn::GptConfig efficient = model;
   efficient.attention = nn::AttentionKernel::efficient;
-  const CostModel without_p = planning::calibration_for(
-      path.str(), efficient, 16, AdamWOptions{}, Device::cpu(), 8, false, &measured);
+  const CostModel without_p =
+      planning::calibration_for(path.str(), planning::GptPlanned(efficient, 16), AdamWOptions{},
+                                Device::cpu(), 8, false, &measured);
   EXPECT_TRUE(measured);
   // It keeps no probabilities, so none are rebuilt: that cost is not measured.
   EXPECT_EQ(without_p.fp32.probabilities.fixed + without_p.fp32.probabilities.per_row, 0);
   // The MLP's entries and the GPT's do not meet.
-  EXPECT_EQ(planning::cost_key(model, 16, AdamWOptions{}, Device::cpu()).rfind("gpt, ", 0), 0u);
+  EXPECT_EQ(planning::cost_key(plain, AdamWOptions{}, Device::cpu()).rfind("gpt, ", 0), 0u);
 }
 
 }  // namespace

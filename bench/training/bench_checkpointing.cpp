@@ -106,8 +106,8 @@ BENCHMARK(BM_CheckpointedStep)->Apply(arguments);
 /// The planner's cost model for chapter 01's model, measured at its first use.
 const planning::CostModel& chapter_01_cost_model() {
   static const planning::CostModel cost =
-      planning::calibrate(baseline::model_config(), baseline::adamw_options(), Device::cpu(),
-                          baseline::kWantedBatch);
+      planning::calibrate(planning::MlpPlanned(baseline::model_config()),
+                          baseline::adamw_options(), Device::cpu(), baseline::kWantedBatch);
   return cost;
 }
 
@@ -115,8 +115,9 @@ const planning::CostModel& chapter_01_cost_model() {
 void BM_PlannedStep(benchmark::State& state) {
   const std::size_t budget = static_cast<std::size_t>(state.range(0)) << 20;
   const planning::PlanResult result = planning::make_plan(
-      {baseline::model_config(), baseline::kWantedBatch, baseline::adamw_options(), budget},
-      chapter_01_cost_model());
+      {{std::make_shared<planning::MlpPlanned>(baseline::model_config())},
+       baseline::kWantedBatch, baseline::adamw_options(), budget},
+      {chapter_01_cost_model()});
   if (result.feasible.empty()) {
     state.SkipWithError("no plan fits this budget");
     return;

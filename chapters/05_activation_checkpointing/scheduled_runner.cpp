@@ -3,7 +3,6 @@
 #include "chapters/05_activation_checkpointing/scheduled_runner.hpp"
 
 #include <stdexcept>
-#include <type_traits>
 #include <utility>
 
 #include "chapters/05_activation_checkpointing/schedule_execution.hpp"
@@ -86,17 +85,14 @@ template <class Net>
 ScheduledRunnerFor<Net>::ScheduledRunnerFor(Schedule schedule, nn::BlockKeep keep)
     : schedule_(std::move(schedule)), keep_(keep) {
   validate(schedule_);
-  if constexpr (std::is_same_v<Net, nn::Gpt>) {
-    if (keep_ == nn::BlockKeep::gemm_outputs) {
-      throw std::invalid_argument(
-          "selective recomputation keeps the MLP block's GEMM outputs; a transformer block "
-          "recomputes whole blocks (every:K, sqrt, optimal:SLOTS) or its attention's "
-          "probabilities (attention, POLICY+attention)");
-    }
-  } else if (keep_ == nn::BlockKeep::all_but_probabilities) {
+  if (!Net::keeps(keep_)) {  // what each BlockKeep is, and which blocks have it
     throw std::invalid_argument(
-        "attention recomputes a transformer block's attention probabilities; the MLP's blocks "
-        "have none (its selective recomputation: selective, POLICY+selective)");
+        keep_ == nn::BlockKeep::gemm_outputs
+            ? "selective recomputation keeps the MLP block's GEMM outputs; a transformer block "
+              "recomputes whole blocks (every:K, sqrt, optimal:SLOTS) or its attention's "
+              "probabilities (attention, POLICY+attention)"
+            : "attention recomputes a transformer block's attention probabilities; the MLP's "
+              "blocks have none (its selective recomputation: selective, POLICY+selective)");
   }
   execution_ = std::make_unique<ScheduleExecution<NetworkExecutor<Net>>>(schedule_, keep_);
 }

@@ -89,9 +89,9 @@ void on_a_modelled_gpu(bb::SelfCheck& report, const planning::PlanRequest& reque
   const planning::DeviceSpec spec = planning::h200_spec();
   report.section("(c) The same question on a GPU this machine is not: " + spec.name +
                  ", modelled, not measured");
-  const planning::CostModel cost = planning::roofline_cost_model(
-      request.model, request.optimizer, spec, request.batch);
-  const planning::PlanResult there = planning::make_plan(request, cost);
+  const planning::CostModel cost =
+      *request.models.front()->modelled_cost(request.optimizer, spec, request.batch);
+  const planning::PlanResult there = planning::make_plan(request, {cost});
   report.note("roofline: FP32 " + fixed(spec.fp32_flops / 1e12, 0) +
               " TFLOP/s, FP16/BF16 tensor cores " + fixed(spec.fp16_flops / 1e12, 0) +
               " TFLOP/s dense, " + fixed(spec.bytes_per_second / 1e12, 1) +
@@ -134,7 +134,8 @@ int main(int argc, char** argv) {
   report.section("(a) The question: batch " + std::to_string(base::kWantedBatch) + " on a " +
                  bb::format_bytes(base::kDeviceBytes) + " device");
   const bb::nn::ModelConfig model = base::model_config();
-  const planning::PlanRequest request{model, base::kWantedBatch, base::adamw_options(),
+  const auto mlp = std::make_shared<planning::MlpPlanned>(model);
+  const planning::PlanRequest request{{mlp}, base::kWantedBatch, base::adamw_options(),
                                       base::kDeviceBytes};
   const bb::checkpointing::StepShape whole{std::make_shared<bb::nn::ModelLedger>(model),
                                            base::kWantedBatch, base::kWantedBatch,
@@ -144,9 +145,9 @@ int main(int argc, char** argv) {
                "in one piece, fp32, no checkpointing, the step would peak at " +
                    bb::format_bytes(whole_peak) + ": it does not fit (chapter 01)");
   const planning::CostModel cost =
-      planning::calibrate(model, base::adamw_options(), bb::Device::cpu(), base::kWantedBatch);
+      planning::calibrate(*mlp, base::adamw_options(), bb::Device::cpu(), base::kWantedBatch);
   report.note("cost model measured on this machine (" + cost.key + ")");
-  const planning::PlanResult result = planning::make_plan(request, cost);
+  const planning::PlanResult result = planning::make_plan(request, {cost});
   std::printf("   %-34s %-10s %-20s %11s %10s\n", "micro-batch (per step)", "precision",
               "checkpoint", "peak", "step time");
   for (const planning::Plan& p : result.feasible) {

@@ -8,6 +8,7 @@
 #include <variant>
 
 #include "chapters/05_activation_checkpointing/memory_plan.hpp"
+#include "chapters/06_planner/roofline.hpp"
 #include "common/cuda_runtime.hpp"
 #include "common/format.hpp"
 #include "common/integer_math.hpp"
@@ -76,9 +77,13 @@ PrecisionCost measure_costs(nn::Network& model, nn::Optimizer& optimizer, const 
   return cost;
 }
 
-PrecisionCost measure_precision(const nn::ModelConfig& config,
-                                const nn::Optimizer::Options& options, Device device,
-                                std::int64_t batch, int repeats) {
+}  // namespace
+
+PrecisionCost MlpPlanned::measure(nn::Precision precision,
+                                  const nn::Optimizer::Options& options, Device device,
+                                  std::int64_t batch, int repeats) const {
+  nn::ModelConfig config = model_;
+  config.precision = precision;
   const std::int64_t r2 = calibration_rows(batch).second;
   nn::Model model(config, device);
   nn::Optimizer optimizer(model.parameters(), options);
@@ -95,11 +100,14 @@ PrecisionCost measure_precision(const nn::ModelConfig& config,
   return measure_costs(model, optimizer, x, y, device, batch, repeats);
 }
 
-/// The GPT's: rows are sequences of `length` random tokens, each position's target the next
-/// token (no padding: a sequence's cost does not depend on its token values).
-PrecisionCost measure_precision(const nn::GptConfig& config, std::int64_t length,
-                                const nn::Optimizer::Options& options, Device device,
-                                std::int64_t batch, int repeats) {
+// The GPT's: rows are sequences of `length` random tokens, each position's target the next
+// token (no padding: a sequence's cost does not depend on its token values).
+PrecisionCost GptPlanned::measure(nn::Precision precision,
+                                  const nn::Optimizer::Options& options, Device device,
+                                  std::int64_t batch, int repeats) const {
+  nn::GptConfig config = model_;
+  config.precision = precision;
+  const std::int64_t length = length_;
   const std::int64_t r2 = calibration_rows(batch).second;
   nn::Gpt model(config, device);
   nn::Optimizer optimizer(model.parameters(), options);
@@ -133,8 +141,6 @@ PrecisionCost measure_precision(const nn::GptConfig& config, std::int64_t length
   }
   return cost;
 }
-
-}  // namespace
 
 const PrecisionCost& CostModel::of(nn::Precision precision) const {
   switch (precision) {
@@ -172,95 +178,94 @@ std::string optimizer_word(const nn::Optimizer::Options& optimizer) {
 
 }  // namespace
 
-std::string shape_key(const nn::ModelConfig& model, const nn::Optimizer::Options& optimizer) {
+std::string MlpPlanned::shape_key(const nn::Optimizer::Options& optimizer) const {
   std::ostringstream key;
-  key << "inputs " << model.inputs << ", classes " << model.classes << ", hidden "
-      << model.hidden << ", expansion " << model.expansion << ", depth " << model.depth
-      << ", norm " << nn::norm_name(model.norm) << ", activation "
-      << (model.activation == nn::Activation::gelu ? "gelu" : "relu") << ", dropout "
-      << model.dropout << ", optimizer " << optimizer_word(optimizer);
+  key << "inputs " << model_.inputs << ", classes " << model_.classes << ", hidden "
+      << model_.hidden << ", expansion " << model_.expansion << ", depth " << model_.depth
+      << ", norm " << nn::norm_name(model_.norm) << ", activation "
+      << (model_.activation == nn::Activation::gelu ? "gelu" : "relu") << ", dropout "
+      << model_.dropout << ", optimizer " << optimizer_word(optimizer);
   return key.str();
 }
 
-namespace {
-
-/// ", device NAME, threads N": the part of a cost key that names where it was measured.
-std::string device_key(Device device) {
-  return ", device " + (device.is_cuda() ? cuda_rt::device_name() : std::string("cpu")) +
-         ", threads " + std::to_string(device.is_cuda() ? 0 : cpu::max_threads());
+std::string GptPlanned::shape_key(const nn::Optimizer::Options& optimizer) const {
+  std::ostringstream key;
+  key << "gpt, vocabulary " << model_.vocabulary << ", context " << model_.context
+      << ", length " << length_ << ", layers " << model_.layers << ", width " << model_.width
+      << ", heads " << model_.heads << ", attention " << nn::attention_kernel_name(model_.attention)
+      << ", dropout " << model_.dropout << ", optimizer " << optimizer_word(optimizer);
+  return key.str();
 }
 
-}  // namespace
-
-std::string cost_key(const nn::ModelConfig& model, const nn::Optimizer::Options& optimizer,
+std::string cost_key(const PlannedModel& model, const nn::Optimizer::Options& optimizer,
                      Device device) {
-  return shape_key(model, optimizer) + device_key(device);
+  // Where it was measured: the device, and the CPU's threads.
+  return model.shape_key(optimizer) + ", device " +
+         (device.is_cuda() ? cuda_rt::device_name() : std::string("cpu")) + ", threads " +
+         std::to_string(device.is_cuda() ? 0 : cpu::max_threads());
 }
 
-std::string shape_key(const nn::GptConfig& model, std::int64_t length,
-                      const nn::Optimizer::Options& optimizer) {
-  std::ostringstream key;
-  key << "gpt, vocabulary " << model.vocabulary << ", context " << model.context
-      << ", length " << length << ", layers " << model.layers << ", width " << model.width
-      << ", heads " << model.heads << ", attention " << nn::attention_kernel_name(model.attention)
-      << ", dropout " << model.dropout << ", optimizer " << optimizer_word(optimizer);
-  return key.str();
-}
-
-std::string cost_key(const nn::GptConfig& model, std::int64_t length,
-                     const nn::Optimizer::Options& optimizer, Device device) {
-  return shape_key(model, length, optimizer) + device_key(device);
-}
-
-namespace {
-
-/// Every precision's costs, measured by `measure(config of that precision)`.
-template <class Config, class Measure>
-CostModel calibrate_each(std::string key, const Config& model, Measure&& measure) {
+CostModel calibrate(const PlannedModel& model, const nn::Optimizer::Options& optimizer,
+                    Device device, std::int64_t batch, int repeats) {
   CostModel cost;
-  cost.key = std::move(key);
-  Config config = model;
-  config.precision = nn::Precision::fp32;
-  cost.fp32 = measure(config);
-  config.precision = nn::Precision::fp16;
-  cost.fp16 = measure(config);
-  config.precision = nn::Precision::bf16;
-  cost.bf16 = measure(config);
+  cost.key = cost_key(model, optimizer, device);
+  cost.fp32 = model.measure(nn::Precision::fp32, optimizer, device, batch, repeats);
+  cost.fp16 = model.measure(nn::Precision::fp16, optimizer, device, batch, repeats);
+  cost.bf16 = model.measure(nn::Precision::bf16, optimizer, device, batch, repeats);
   return cost;
 }
 
-}  // namespace
-
-CostModel calibrate(const nn::ModelConfig& model, const nn::Optimizer::Options& optimizer,
-                    Device device, std::int64_t batch, int repeats) {
-  return calibrate_each(cost_key(model, optimizer, device), model,
-                        [&](const nn::ModelConfig& config) {
-                          return measure_precision(config, optimizer, device, batch, repeats);
-                        });
-}
-
-CostModel calibrate(const nn::GptConfig& model, std::int64_t length,
-                    const nn::Optimizer::Options& optimizer, Device device, std::int64_t batch,
-                    int repeats) {
-  return calibrate_each(cost_key(model, length, optimizer, device), model,
-                        [&](const nn::GptConfig& config) {
-                          return measure_precision(config, length, optimizer, device, batch,
-                                                   repeats);
-                        });
-}
-
-CostModel calibration_for(const std::string& path, const nn::ModelConfig& model,
+CostModel calibration_for(const std::string& path, const PlannedModel& model,
                           const nn::Optimizer::Options& optimizer, Device device,
                           std::int64_t batch, bool fresh, bool* measured) {
   return cached_cost_model(path, cost_key(model, optimizer, device), fresh, measured,
                            [&] { return calibrate(model, optimizer, device, batch); });
 }
 
-CostModel calibration_for(const std::string& path, const nn::GptConfig& model,
-                          std::int64_t length, const nn::Optimizer::Options& optimizer,
-                          Device device, std::int64_t batch, bool fresh, bool* measured) {
-  return cached_cost_model(path, cost_key(model, length, optimizer, device), fresh, measured,
-                           [&] { return calibrate(model, length, optimizer, device, batch); });
+std::optional<CostModel> PlannedModel::modelled_cost(const nn::Optimizer::Options&,
+                                                     const DeviceSpec&, std::int64_t) const {
+  return std::nullopt;
+}
+
+std::optional<CostModel> MlpPlanned::modelled_cost(const nn::Optimizer::Options& optimizer,
+                                                   const DeviceSpec& spec,
+                                                   std::int64_t batch) const {
+  return roofline_cost_model(model_, optimizer, spec, batch);
+}
+
+std::vector<checkpointing::Policy> PlannedModel::policies() const {
+  const std::shared_ptr<nn::NetworkLedger> model = ledger(nn::Precision::fp32);
+  std::vector<checkpointing::Policy> policies;
+  for (checkpointing::Policy policy : checkpointing::checkpoint_candidates(model->depth())) {
+    if (!model->keeps(policy.keep)) continue;  // the MLP block's selective, for the GPT
+    policies.push_back(policy);
+    if (policy.keep == nn::BlockKeep::all && model->keeps(nn::BlockKeep::all_but_probabilities)) {
+      policy.keep = nn::BlockKeep::all_but_probabilities;
+      policies.push_back(policy);
+    }
+  }
+  return policies;
+}
+
+std::shared_ptr<nn::NetworkLedger> MlpPlanned::ledger(nn::Precision precision) const {
+  nn::ModelConfig config = model_;
+  config.precision = precision;
+  return std::make_shared<nn::ModelLedger>(config);
+}
+
+std::shared_ptr<nn::NetworkLedger> GptPlanned::ledger(nn::Precision precision) const {
+  nn::GptConfig config = model_;
+  config.precision = precision;
+  return std::make_shared<nn::GptLedger>(config, length_);
+}
+
+std::vector<std::int64_t> MlpPlanned::micro_batches(std::int64_t batch) const {
+  if (model_.norm == nn::Norm::batch) return {batch};
+  return micro_batch_candidates(batch);
+}
+
+std::vector<std::int64_t> GptPlanned::micro_batches(std::int64_t batch) const {
+  return micro_batch_candidates(batch);
 }
 
 const Plan& PlanResult::best() const {
@@ -268,9 +273,7 @@ const Plan& PlanResult::best() const {
   return feasible.front();
 }
 
-std::vector<std::int64_t> micro_batch_candidates(const nn::ModelConfig& model,
-                                                 std::int64_t batch) {
-  if (model.norm == nn::Norm::batch) return {batch};
+std::vector<std::int64_t> micro_batch_candidates(std::int64_t batch) {
   std::vector<std::int64_t> sizes;
   for (std::int64_t parts = 1;; parts *= 2) {
     const std::int64_t m = ceil_div(batch, parts);
@@ -291,28 +294,6 @@ bool faster(const Plan& a, const Plan& b) {
 
 namespace {
 
-std::int64_t depth_of(const nn::ModelConfig& model) { return model.depth; }
-std::int64_t depth_of(const nn::GptConfig& model) { return model.layers; }
-
-/// The policies a request weighs: chapter 05's candidates for the MLP; for the GPT those
-/// that keep whole blocks, and with plain attention each of them again with the attention's
-/// probabilities rebuilt (`attention`, POLICY+attention).
-std::vector<checkpointing::Policy> policies_of(const nn::ModelConfig& model) {
-  return checkpointing::checkpoint_candidates(model.depth);
-}
-std::vector<checkpointing::Policy> policies_of(const nn::GptConfig& model) {
-  std::vector<checkpointing::Policy> policies;
-  for (checkpointing::Policy policy : checkpointing::checkpoint_candidates(model.layers)) {
-    if (policy.keep != nn::BlockKeep::all) continue;  // the MLP block's selective
-    policies.push_back(policy);
-    if (model.attention == nn::AttentionKernel::plain) {
-      policy.keep = nn::BlockKeep::all_but_probabilities;
-      policies.push_back(policy);
-    }
-  }
-  return policies;
-}
-
 /// R and A of the cost model for `policy` on `depth` blocks: the block forwards its
 /// whole-block schedule recomputes, and the blocks that rebuild their probabilities.
 std::pair<double, std::int64_t> recomputation_of(checkpointing::Policy policy,
@@ -325,49 +306,21 @@ std::pair<double, std::int64_t> recomputation_of(checkpointing::Policy policy,
   return {checkpointing::recompute_cost(policy, depth), rebuilt};
 }
 
-std::vector<std::int64_t> micro_batches_of(const nn::ModelConfig& model, std::int64_t batch) {
-  return micro_batch_candidates(model, batch);
-}
-std::vector<std::int64_t> micro_batches_of(const nn::GptConfig&, std::int64_t batch) {
-  return micro_batch_candidates(nn::ModelConfig{}, batch);  // LayerNorm: every size
-}
-
-/// The step a plan of micro-batch `micro` runs, as chapter 05's memory model takes it.
-checkpointing::StepShape step_of(const PlanRequest& request, const nn::ModelConfig& config,
-                                 std::int64_t micro, std::size_t boundary_bytes) {
-  return {std::make_shared<nn::ModelLedger>(config), request.batch, micro, request.optimizer,
-          boundary_bytes, request.held};
-}
-checkpointing::StepShape step_of(const GptPlanRequest& request, const nn::GptConfig& config,
-                                 std::int64_t micro, std::size_t boundary_bytes) {
-  return {std::make_shared<nn::GptLedger>(config, request.length), request.batch, micro,
-          request.optimizer, boundary_bytes};
-}
-
-/// A model to plan (the GPT's with one attention kernel) and its cost model.
-template <class Config>
-struct Variant {
-  Config model;
-  const CostModel* cost;
-  std::optional<nn::AttentionKernel> attention;  // the GPT's kernel, for the plans
-};
-
-/// The plans of one variant, added to `result`: for each precision and micro-batch the
+/// The plans of one model, added to `result`: for each precision and micro-batch the
 /// fastest policy that fits.
-template <class Request, class Config>
 // snippet: search
-void add_plans(const Request& request, const Variant<Config>& variant, PlanResult& result) {
-  const CostModel& cost = *variant.cost;
-  const std::int64_t depth = depth_of(variant.model);
-  const std::vector<checkpointing::Policy> policies = policies_of(variant.model);
+void add_plans(const PlanRequest& request, const PlannedModel& model, const CostModel& cost,
+               PlanResult& result) {
+  const std::int64_t depth = model.depth();
+  const std::vector<checkpointing::Policy> policies = model.policies();
   for (const nn::Precision precision : request.precisions) {
-    auto config = variant.model;
-    config.precision = precision;
-    for (const std::int64_t micro : micro_batches_of(config, request.batch)) {
+    for (const std::int64_t micro : model.micro_batches(request.batch)) {
       const loss_scaling::BoundaryOptions boundary{.rule = plan_loss_scale(precision),
                                                    .clip_grad_norm = request.clip_grad_norm};
-      const auto step =
-          step_of(request, config, micro, loss_scaling::boundary_workspace_bytes(boundary));
+      const checkpointing::StepShape step{model.ledger(precision), request.batch, micro,
+                                          request.optimizer,
+                                          loss_scaling::boundary_workspace_bytes(boundary),
+                                          request.held};
       // The fastest policy that fits, the smaller peak on a tie (chapter 05's order on
       // ties of both).
       std::optional<Plan> chosen;
@@ -377,7 +330,7 @@ void add_plans(const Request& request, const Variant<Config>& variant, PlanResul
             cost.step_seconds(request.batch, micro, precision, recompute, depth, rebuilt);
         if (chosen && seconds > chosen->seconds) continue;  // slower than one that fits
         Plan plan{micro, precision, policy, checkpointing::predict_policy(step, policy),
-                  recompute, seconds, variant.attention};
+                  recompute, seconds, model.attention()};
         ++result.weighed;
         if (!result.smallest || plan.prediction.peak() < result.smallest->prediction.peak()) {
           result.smallest = plan;
@@ -394,10 +347,15 @@ void add_plans(const Request& request, const Variant<Config>& variant, PlanResul
 }
 // snippet end: search
 
-template <class Request, class Config>
-PlanResult search(const Request& request, const std::vector<Variant<Config>>& variants) {
+}  // namespace
+
+PlanResult make_plan(const PlanRequest& request, const std::vector<CostModel>& costs) {
+  BIGBATCH_CHECK(costs.size() == request.models.size(), "make_plan: ", costs.size(),
+                 " cost models for ", request.models.size(), " models");
   PlanResult result;
-  for (const Variant<Config>& variant : variants) add_plans(request, variant, result);
+  for (std::size_t i = 0; i < costs.size(); ++i) {
+    add_plans(request, *request.models[i], costs[i], result);
+  }
   std::stable_sort(result.feasible.begin(), result.feasible.end(), faster);
   if (!result.feasible.empty()) {
     result.smallest.reset();
@@ -410,25 +368,6 @@ PlanResult search(const Request& request, const std::vector<Variant<Config>>& va
     }
   }
   return result;
-}
-
-}  // namespace
-
-PlanResult make_plan(const PlanRequest& request, const CostModel& cost) {
-  return search(request, std::vector<Variant<nn::ModelConfig>>{{request.model, &cost, {}}});
-}
-
-PlanResult make_plan(const GptPlanRequest& request, const GptCostModels& costs) {
-  std::vector<Variant<nn::GptConfig>> variants;
-  for (const nn::AttentionKernel kernel : request.kernels) {
-    const auto cost = costs.find(kernel);
-    BIGBATCH_CHECK(cost != costs.end(), "make_plan: no cost model for ",
-                   nn::attention_kernel_name(kernel), " attention");
-    nn::GptConfig model = request.model;
-    model.attention = kernel;
-    variants.push_back({model, &cost->second, kernel});
-  }
-  return search(request, variants);
 }
 
 std::string describe(const Plan& plan, std::int64_t batch) {

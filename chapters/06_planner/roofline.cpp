@@ -150,7 +150,8 @@ CostModel roofline_cost_model(const nn::ModelConfig& model,
                          LinearCost{}};  // the MLP rebuilds no attention probabilities
   };
   CostModel cost;
-  cost.key = "modelled, not measured: " + shape_key(model, optimizer) + ", device " + spec.name;
+  cost.key = "modelled, not measured: " + MlpPlanned(model).shape_key(optimizer) + ", device " +
+             spec.name;
   cost.fp32 = costs(nn::Precision::fp32);
   cost.fp16 = costs(nn::Precision::fp16);
   cost.bf16 = costs(nn::Precision::bf16);

@@ -4,17 +4,10 @@
 // Each rank runs its share of the batch as chapter 06 plans a batch: the micro-batch, the
 // precision and the checkpoint policy that fit its memory, fastest first. Rank 0's share is
 // the largest (collectives::share_of), so its plan is the one that must fit; its memory is
-// predict_rank_step's (at ZeRO stage 1 the optimizer state and f32 masters of its shard
-// alone). Every plan's
-// step time gains the gradient sum on the cluster (comm_model.hpp), which no plan changes:
-// the sum's bytes are the gradients' (f32 in every precision), so accumulation over more
-// micro-batches is what makes it a small share of the step. At stage 1 the sum is a
-// reduce-scatter of the gradients and an all-gather of the parameters (the f32 values but,
-// in fp16 or bf16, of the Linear weights only their 16-bit working copies: each rank keeps
-// its shard of the masters), each half an all-reduce of its bytes. Stage 2
-// reduce-scatters after every micro-batch: M of them and one all-gather, so there the plan
-// changes the sum, and accumulation no longer makes it a smaller share of the step (each
-// micro-batch brings its own).
+// predict_rank_step's. Every plan's step time gains the gradient sum on the cluster
+// (comm_model.hpp).
+//
+// Why and how: docs/internals.md#chapters07_data_parallelrank_planhpp
 #pragma once
 
 #include <cstdint>
@@ -39,14 +32,16 @@ struct RankPlans {
   double seconds_per_further_micro_batch = 0;
 };
 
-/// The seconds of one step's communication of `config`'s model over `ranks` of `cluster`
-/// at `zero` (above), for a step of `micro_batches` micro-batches (which only stage 2's
-/// sum depends on).
-double step_communication_seconds(const nn::ModelConfig& config, int ranks, ZeroStage zero,
+/// The seconds of one step's communication of `model` (any model's ledger, in its
+/// precision) over `ranks` of `cluster` at `zero`: an all-reduce of the f32 gradients at
+/// stage 0; at stages 1 and 2 a reduce-scatter of them (at stage 2 one per micro-batch of
+/// the `micro_batches`) and an all-gather of what the optimizer writes, each half an
+/// all-reduce of its bytes.
+double step_communication_seconds(const nn::NetworkLedger& model, int ranks, ZeroStage zero,
                                   const Cluster& cluster, std::int64_t micro_batches = 1);
 
-/// Plans rank 0's step of request.batch over `ranks` (>= 1, <= the batch): chapter 06's
-/// plans of its share, with the optimizer state of its shard at `zero`, the sum not priced
+/// Plans rank 0's step of request.batch over `ranks` (>= 1, <= the batch) for the request's
+/// one model: chapter 06's plans of its share, with the optimizer state of its shard at `zero`, the sum not priced
 /// (the sums are 0 in the answer). What `bigbatch train --plan auto` plans on ranks of this
 /// machine, whose links the planner does not know: at stage 0 the sum is the same for
 /// every plan. std::invalid_argument for ranks outside that range.

@@ -15,6 +15,7 @@
 
 #include "chapters/05_activation_checkpointing/memory_plan.hpp"
 #include "chapters/05_activation_checkpointing/scheduled_runner.hpp"
+#include "chapters/06_planner/planner.hpp"
 #include "chapters/cli/options.hpp"
 #include "chapters/cli/parallel.hpp"
 #include "chapters/cli/setup.hpp"
@@ -35,6 +36,10 @@ class ModelRun {
   /// ranks refuse of this run before anything is planned (RunRanks::check_run).
   virtual void check_ranks(const TrainOptions& options, const Splits& splits,
                            const RunRanks& ranks) = 0;
+  /// The model as chapter 06's planner weighs it (the GPT once for each attention kernel
+  /// weighed), from the options and the data: what `bigbatch plan` and --plan auto plan.
+  virtual planning::PlannedModels planned(const TrainOptions& options,
+                                          const Splits& splits) const = 0;
   /// --plan auto: the plan every rank trains (RunRanks::agreed_plan), printed and applied
   /// to `options`.
   virtual void plan(TrainOptions& options, const Splits& splits, Device device,
@@ -123,6 +128,8 @@ class ModelRunOf : public ModelRun {
 /// "S steps (E per epoch) on DEVICE": the end of every model's describe().
 std::string steps_and_device(const train::Trainer& trainer, Device device);
 
+/// The run of --model's model (one of the two below).
+std::unique_ptr<ModelRun> model_run(const TrainOptions& options);
 /// The residual MLP's run (train_mlp.cpp).
 std::unique_ptr<ModelRun> mlp_run();
 /// Chapter 08's GPT on byte tokens (train_gpt.cpp).

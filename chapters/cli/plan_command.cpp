@@ -12,6 +12,7 @@
 
 #include "chapters/06_planner/roofline.hpp"
 #include "chapters/07_data_parallel/rank_plan.hpp"
+#include "chapters/cli/model_run.hpp"
 #include "chapters/cli/setup.hpp"
 #include "chapters/cli/train_command.hpp"
 #include "common/format.hpp"
@@ -175,35 +176,55 @@ std::size_t plan_budget(const TrainOptions& options) {
 
 }  // namespace
 
-planning::PlanResult plan_for(const TrainOptions& options, const nn::ModelConfig& model,
+planning::PlanResult plan_for(const TrainOptions& options, const planning::PlannedModels& models,
                               Device device, std::optional<int> train_ranks) {
   const std::int64_t batch = options.train.batch;
-  planning::PlanRequest request{model, batch, optimizer_options(options), plan_budget(options)};
+  planning::PlanRequest request{models, batch, optimizer_options(options), plan_budget(options)};
   request.clip_grad_norm = options.train.clip_grad_norm;
-  if (options.was_given("--precision")) request.precisions = {model.precision};
+  if (options.was_given("--precision")) request.precisions = {options.model.precision};
   const bool modelled = options.plan.modelled != ModelledDevice::none;
   if (modelled && (options.was_given("--calibration") || options.plan.recalibrate)) {
     throw UsageError("--device-model prices the plans from a spec sheet: it measures "
                      "nothing, so --calibration and --recalibrate do not apply");
   }
+  // Each model's cost model: from the spec sheet, or measured here (and kept in the
+  // calibration file). The report names the first; with attention kernels, the JSON all.
   CostSource source;
-  if (modelled) {
-    source.where = planning::h200_spec().name;
-    source.modelled = true;
-    source.cost =
-        planning::roofline_cost_model(model, request.optimizer, planning::h200_spec(), batch);
-  } else {
-    source = measured_costs(options, device, [&](const std::string& path, bool* measured) {
-      return planning::calibration_for(path, model, request.optimizer, device, batch,
-                                       options.plan.recalibrate, measured);
-    });
+  std::vector<planning::CostModel> costs;
+  Json cost_models = Json::object();
+  for (const auto& model : models) {
+    CostSource one;
+    if (modelled) {
+      const std::optional<planning::CostModel> cost =
+          model->modelled_cost(request.optimizer, planning::h200_spec(), batch);
+      if (!cost) {
+        throw UsageError("--device-model prices a step from a spec sheet, which has no model "
+                         "of this one's: it is planned on this machine's measurements");
+      }
+      one = {planning::h200_spec().name, true, "", false, *cost};
+    } else {
+      try {  // the calibration builds the model: a shape it refuses is the flags'
+        one = measured_costs(options, device, [&](const std::string& path, bool* measured) {
+          return planning::calibration_for(path, *model, request.optimizer, device, batch,
+                                           options.plan.recalibrate, measured);
+        });
+      } catch (const std::invalid_argument& e) {
+        throw UsageError(std::string("--model: ") + e.what());
+      }
+    }
+    if (costs.empty()) source = one;
+    source.measured = source.measured || one.measured;
+    costs.push_back(one.cost);
+    if (model->attention()) {
+      cost_models[nn::attention_kernel_name(*model->attention())] = one.cost.to_json();
+    }
   }
   // Chapter 07: rank 0's step of R on the modelled cluster, or the whole batch on one device.
   std::optional<data_parallel::RankPlans> rank_plans;
   int ranks = 1;
   if (train_ranks) {  // this machine's ranks, whose links the planner does not know
     ranks = *train_ranks;
-    rank_plans = data_parallel::plan_share(request, source.cost, ranks, options.parallel.zero);
+    rank_plans = data_parallel::plan_share(request, costs.front(), ranks, options.parallel.zero);
   } else if (options.plan.ranks > 1 || options.was_given("--zero")) {
     if (!modelled) {
       throw UsageError("--ranks prices the gradient sum on a modelled cluster (chapter 07's "
@@ -221,13 +242,14 @@ planning::PlanResult plan_for(const TrainOptions& options, const nn::ModelConfig
                        "whole nodes only (a multiple of " + std::to_string(cluster.per_node) + ")");
     }
     rank_plans =
-        data_parallel::plan_ranks(request, source.cost, ranks, options.parallel.zero, cluster);
+        data_parallel::plan_ranks(request, costs.front(), ranks, options.parallel.zero, cluster);
   }
   const planning::PlanResult result =
-      rank_plans ? rank_plans->result : planning::make_plan(request, source.cost);
+      rank_plans ? rank_plans->result : planning::make_plan(request, costs);
   // The samples each plan's micro-batches split: rank 0's share, or the batch.
   const std::int64_t samples = rank_plans ? rank_plans->share : batch;
   const auto extend = [&](Json& answer) {
+    if (!cost_models.empty()) answer["cost_models"] = cost_models;
     if (!rank_plans) return;
     answer["ranks"] = ranks;
     answer["zero"] = data_parallel::setting_text(options.parallel.zero);
@@ -269,45 +291,6 @@ planning::PlanResult plan_for(const TrainOptions& options, const nn::ModelConfig
   return report_plans(options, result, request.budget, samples, source, extend, header);
 }
 
-planning::PlanResult plan_for_gpt(const TrainOptions& options, const nn::GptConfig& model,
-                                  std::int64_t length, Device device) {
-  for (const char* flag : {"--device-model", "--ranks", "--zero"}) {
-    if (options.was_given(flag)) {
-      throw UsageError(std::string(flag) + " plans the MLP's step on a modelled device or "
-                       "cluster; the GPT's is planned on this machine's measurements");
-    }
-  }
-  const std::int64_t batch = options.train.batch;
-  planning::GptPlanRequest request{model, batch, length, optimizer_options(options),
-                                   plan_budget(options)};
-  request.clip_grad_norm = options.train.clip_grad_norm;
-  if (options.was_given("--precision")) request.precisions = {model.precision};
-  if (options.was_given("--attention")) request.kernels = {model.attention};
-  // One cost model for each kernel weighed; the report names the first (the file holds all).
-  CostSource source;
-  planning::GptCostModels costs;
-  Json cost_models = Json::object();
-  for (const nn::AttentionKernel kernel : request.kernels) {
-    nn::GptConfig shape = model;
-    shape.attention = kernel;
-    try {  // the calibration builds the model: a shape it refuses is the flags'
-      const CostSource measured =
-          measured_costs(options, device, [&](const std::string& path, bool* now) {
-            return planning::calibration_for(path, shape, length, request.optimizer, device,
-                                             batch, options.plan.recalibrate, now);
-          });
-      if (costs.empty()) source = measured;
-      source.measured = source.measured || measured.measured;
-      costs[kernel] = measured.cost;
-      cost_models[nn::attention_kernel_name(kernel)] = measured.cost.to_json();
-    } catch (const std::invalid_argument& e) {
-      throw UsageError(std::string("--model gpt: ") + e.what());
-    }
-  }
-  return report_plans(options, planning::make_plan(request, costs), request.budget, batch, source,
-                      [&](Json& answer) { answer["cost_models"] = cost_models; });
-}
-
 int run_plan(TrainOptions options) {
   if (options.model_kind == ModelKind::gpt) {
     check_gpt_flags(options);
@@ -319,9 +302,7 @@ int run_plan(TrainOptions options) {
   const Device device = available_device(options);
   check_model_fits(options, splits, device, /*planned=*/true);
   const planning::Plan best =
-      options.model_kind == ModelKind::gpt
-          ? plan_for_gpt(options, gpt_config(options), splits.train.feature_dim(), device).best()
-          : plan_for(options, model_config(options, splits), device).best();
+      plan_for(options, model_run(options)->planned(options, splits), device).best();
   if (options.plan.json) return 0;
   if (options.plan.ranks > 1) {
     std::cout << "train it with: mpirun -np " << options.plan.ranks << " bigbatch train ... "

@@ -48,9 +48,12 @@ std::string steps_and_device(const train::Trainer& trainer, Device device) {
          std::to_string(trainer.batches_per_epoch()) + " per epoch) on " + device.name();
 }
 
+std::unique_ptr<ModelRun> model_run(const TrainOptions& options) {
+  return options.model_kind == ModelKind::gpt ? gpt_run() : mlp_run();
+}
+
 int run_train(TrainOptions options) {
-  const std::unique_ptr<ModelRun> run =
-      options.model_kind == ModelKind::gpt ? gpt_run() : mlp_run();
+  const std::unique_ptr<ModelRun> run = model_run(options);
   run->check_flags(options);
   if (options.plan.automatic) check_plan_flags(options);
   RunRanks ranks(options);  // chapter 07; under MPI, rank 0 alone prints and writes files

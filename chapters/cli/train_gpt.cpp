@@ -11,6 +11,7 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "chapters/05_activation_checkpointing/memory_plan.hpp"
 #include "chapters/05_activation_checkpointing/scheduled_runner.hpp"
@@ -74,6 +75,23 @@ class GptRun final : public ModelRunOf<nn::Gpt, nn::GptConfig> {
     ranks.check_run(options, splits.train.size());
   }
 
+  planning::PlannedModels planned(const TrainOptions& options,
+                                  const Splits& splits) const override {
+    // Each attention kernel computes its own bits and has its own costs: both are weighed
+    // unless --attention names one.
+    nn::GptConfig config = gpt_config(options);
+    std::vector<nn::AttentionKernel> kernels = {nn::AttentionKernel::plain,
+                                                nn::AttentionKernel::efficient};
+    if (options.was_given("--attention")) kernels = {config.attention};
+    planning::PlannedModels models;
+    for (const nn::AttentionKernel kernel : kernels) {
+      config.attention = kernel;
+      models.push_back(
+          std::make_shared<planning::GptPlanned>(config, splits.train.feature_dim()));
+    }
+    return models;
+  }
+
   void plan(TrainOptions& options, const Splits& splits, Device device,
             const RunRanks& ranks) override {
     // On ranks: rank 0's share, planned by rank 0 for all. The sum over ranks costs every
@@ -83,7 +101,7 @@ class GptRun final : public ModelRunOf<nn::Gpt, nn::GptConfig> {
     const planning::Plan best = ranks.agreed_plan([&] {
       TrainOptions share = options;
       share.train.batch = rank_batch;
-      return plan_for_gpt(share, gpt_config(options), splits.train.feature_dim(), device).best();
+      return plan_for(share, planned(options, splits), device).best();
     });
     std::cout << "plan auto: " << planning::describe(best, rank_batch) << "\n";
     apply_plan(best, options);

@@ -41,11 +41,17 @@ class MlpRun final : public ModelRunOf<nn::Model, nn::ModelConfig> {
     ranks.check_run(options, shape_, splits.train.size());
   }
 
-  void plan(TrainOptions& options, const Splits&, Device device,
+  planning::PlannedModels planned(const TrainOptions& options,
+                                  const Splits& splits) const override {
+    return {std::make_shared<planning::MlpPlanned>(model_config(options, splits))};
+  }
+
+  void plan(TrainOptions& options, const Splits& splits, Device device,
             const RunRanks& ranks) override {
     // On ranks: rank 0's share, planned by rank 0 for all.
-    const planning::Plan best = ranks.agreed_plan(
-        [&] { return plan_for(options, shape_, device, ranks.planned_ranks()).best(); });
+    const planning::Plan best = ranks.agreed_plan([&] {
+      return plan_for(options, planned(options, splits), device, ranks.planned_ranks()).best();
+    });
     const std::int64_t planned =
         ranks.planned_ranks()
             ? collectives::share_of(options.train.batch, ranks.count(), 0).size
