@@ -32,8 +32,7 @@ NOISE_FACTOR below). Per case it prints, per tensor, the max abs and max relativ
 difference (relative to the tensor's largest magnitude) and the bound.
 
 Run (TensorFlow's CPU build with Keras 3 in a virtual environment):
-    python3 -m venv build-keras-venv
-    build-keras-venv/bin/pip install tensorflow-cpu==2.21.0 keras==3.15.1 numpy==2.4.6
+    scripts/keras-venv.sh    # build-keras-venv: tensorflow-cpu 2.21.0, keras 3.15.1, numpy
     build-keras-venv/bin/python scripts/compare_with_keras.py [--bigbatch build/chapters/cli/bigbatch]
 or as the CTest test compare_with_keras (label "keras"), which runs build-keras-venv's
 Python (.ci/run makes it; tests/CMakeLists.txt's BIGBATCH_KERAS_PYTHON names another).
@@ -68,7 +67,7 @@ try:
 except ImportError as error:
     print(f"SKIPPED: compare_with_keras.py needs numpy, tensorflow and keras, which "
           f"{sys.executable} cannot import ({error}); install them in a venv: python3 -m venv "
-          "build-keras-venv && build-keras-venv/bin/pip install tensorflow-cpu keras numpy")
+          "build-keras-venv with scripts/keras-venv.sh")
     sys.exit(EXIT_SKIPPED)
 if int(keras.__version__.split(".")[0]) < 3:
     print(f"SKIPPED: compare_with_keras.py needs Keras 3 (gradient_accumulation_steps, "

@@ -966,6 +966,142 @@ SENTENCES = [
 ]
 
 
+def keras_findings():
+    """keras-recipes.json (scripts/keras-recipes.sh): its header and its findings by id."""
+    path = RESULTS / "keras-recipes.json"
+    data = json.loads(path.read_text())
+    source = (f"`{path.relative_to(ROOT)}` (TensorFlow {data['tensorflow']}, Keras "
+              f"{data['keras']}, one thread; `scripts/keras-recipes.sh`)")
+    return source, {f["id"]: f["measured"] for f in data["findings"]}
+
+
+def times_noise(value):
+    """A distance in units of NOISE: 0.59 x NOISE, 2,418 x NOISE; 8.9e9 x past ten million."""
+    if value >= 1e7:
+        text = f"{value:.1e}".replace("e+0", "e").replace("e+", "e")
+    else:
+        text = f"{value:,.0f}" if value >= 100 else f"{value:.2f}"
+    return text + " x NOISE"
+
+
+def listed(numbers):
+    """1; 1 and 2; 1, 2 and 3."""
+    if len(numbers) == 1:
+        return str(numbers[0])
+    return ", ".join(str(n) for n in numbers[:-1]) + " and " + str(numbers[-1])
+
+
+def keras_recipes_accumulation():
+    """Chapter 02: the recipes' accumulation, run (keras_recipes.py's Q1 to Q4 and Q7)."""
+    source, m = keras_findings()
+    loop, short, left = (m["000-loop-mean-of-equal-micro-batches"],
+                         m["000-loop-short-micro-batch-unweighted"], m["000-loop-leftover-carried"])
+    fires, sum001 = m["000-decorator-fires-once"], m["001-sum-not-mean"]
+    short001, left001 = m["001-short-micro-batch-unweighted"], m["001-leftover-carried"]
+    when004, sum004 = (m["004-schedule-first-update-after-one-micro-batch"],
+                       m["004-sum-of-per-sample-gradients"])
+    left004 = m["004-leftover-carried-short-micro-batch-weighted"]
+    crash = m["000-decorator-short-micro-batch-crash"]
+    uneven, leftover = m["corrected-vs-large-batch-uneven"], m["corrected-vs-large-batch-leftover"]
+    ours = m["corrected-vs-bigbatch-micro-batch"]
+    items = [
+        f"{source}: each recipe's loop on this chapter's MLP beside the large batch, the "
+        f"parameters' distance from it in units of NOISE (Keras's own fp32-to-float64 "
+        f"distance; within 10 is the large batch's).",
+        f"- 000's `GradientTape` loop applies the mean of its micro-batches' mean gradients: "
+        f"with equal micro-batches it is the large batch ({times_noise(loop['x_noise'])}). "
+        f"But the epoch's short window ({short['short_window_rows'][0]} + "
+        f"{short['short_window_rows'][1]} rows) weights its short micro-batch "
+        f"{short['short_micro_batch_weight_applied']:g} where the large batch gives it "
+        f"{short['short_micro_batch_weight_large_batch']:.3f} "
+        f"({times_noise(short['x_noise'])} after an epoch), and the micro-batches left at an "
+        f"epoch's end are carried into the next epoch's first update "
+        f"({left['epoch2_first_update_micro_batches']} micro-batches in it; "
+        f"{left['updates_per_epoch'][0]} updates an epoch where the large batch takes "
+        f"{left['large_batch_steps_per_epoch']}; {times_noise(left['x_noise'])}).",
+        f"- 000's decorator fails on its first call with an optimizer that has slot variables "
+        f"(Adam, SGD with momentum). With the optimizer built first it updates "
+        f"{fires['updates']} time in {fires['micro_batches']} micro-batches where "
+        f"{fires['intended_updates']} are meant (`optimizer.iterations` advances only when it "
+        f"updates, so `iterations % 2` is never 0 again), that update is the first "
+        f"micro-batch's gradient halved (the buffer set on the function while tracing starts "
+        f"every call from zeros), and the epoch's short micro-batch fails it (call "
+        f"{crash['calls_completed'] + 1}).",
+        f"- 001 applies the sum: its first update is "
+        f"{sum001['first_update_norm_over_large_batch_gradient']:.1f} times the large batch's "
+        f"gradient ({times_noise(sum001['x_noise'])} with SGD; "
+        f"{times_noise(sum001['adam_x_noise'])} with the recipe's Adam, where the factor "
+        f"survives only through epsilon). Its short micro-batch weighs "
+        f"{short001['short_micro_batch_weight_applied']:g} where "
+        f"{short001['short_micro_batch_weight_large_batch']:.3f} is meant, and "
+        f"{left001['epoch2_first_update_micro_batches']} micro-batches go into the second "
+        f"epoch's first update.",
+        f"- 004 as written does not run (its `tf.function` reassigns a global Python list); "
+        f"with `tf.Variable` buffers it updates after micro-batches "
+        f"{listed(when004['update_at_micro_batch'])} where "
+        f"{listed(when004['intended_update_at_micro_batch'])} are meant, applies the sum of "
+        f"per-sample gradients ({sum004['second_update_norm_over_large_batch_mean']:.1f} "
+        f"times the mean for a window of 100 rows; with SGD "
+        f"{times_noise(sum004['sgd_x_noise'])}), and carries "
+        f"{left004['epoch_end_window_micro_batches']} micro-batches across the epoch's end.",
+        f"- The corrected loop (each micro-batch's mean gradient weighted by its rows over "
+        f"the window's, an explicit counter, the epoch's leftover applied as its short last "
+        f"step) is the large batch's: {times_noise(uneven['x_noise'])} with uneven "
+        f"micro-batches, {times_noise(leftover['x_noise'])} across an epoch's leftover; "
+        f"`bigbatch train --micro-batch 25` lies {times_noise(ours['x_noise'])} from it.",
+    ]
+    bullets = ["- " + wrap(item[2:], width=88).replace("\n", "\n  ") for item in items[1:]]
+    return wrap(items[0]) + "\n\n" + "\n".join(bullets)
+
+
+def keras_recipes_loss_scale():
+    """Chapter 04: where each recipe updates its loss scale (keras_recipes.py's Q6)."""
+    source, m = keras_findings()
+    rule = m["corrected-loss-scale-once-per-step"]
+    loop, decorator = m["000-loop-loss-scale-per-step"], m["000-decorator-loss-scale-per-micro-batch"]
+    builtin, vector = (m["keras3-builtin-accumulation-loss-scale-per-micro-batch"],
+                       m["004-per-sample-loss-overflows"]["start_2_15_no_poison"])
+    ours = rule["bigbatch_fp16_poisoned_micro_batch_6"]
+    return wrap(
+        f"{source}, windows of 4 micro-batches from a scale of 2^20, where steps overflow "
+        f"until the scale is low enough: the corrected loop halves once per optimizer step, "
+        f"after micro-batches {listed(rule['start_2^20']['halved_at_micro_batch'])}, and "
+        f"000's loop does the same ({listed(loop['start_2^20']['halved_at_micro_batch'])}). "
+        f"000's decorator halves after micro-batches "
+        f"{listed(decorator['start_2^20']['halved_at_micro_batch'])}, once per micro-batch "
+        f"(a skipped step leaves `optimizer.iterations` at 0), and so does Keras 3's own "
+        f"`gradient_accumulation_steps` under `LossScaleOptimizer` "
+        f"({listed(builtin['start_2^20']['halved_at_micro_batch'])}); with the 6th "
+        f"micro-batch made to overflow, the latter drops that micro-batch alone and shifts "
+        f"every later window (updates after micro-batches "
+        f"{listed(builtin['poisoned_micro_batch_6']['parameters_moved_at_micro_batch'])} where "
+        f"the rule, skipping the whole step, updates after "
+        f"{listed(rule['poisoned_micro_batch_6']['parameters_moved_at_micro_batch'])}). 004 "
+        f"scales its per-sample loss vector, 25 times the mean's gradient for a micro-batch "
+        f"of 25, so at the default 2^15 it overflows with no bad input: halvings after "
+        f"micro-batches {listed(vector['halved_at_micro_batch'])}, "
+        f"{vector['updates_applied']} updates of 5 applied. On the same poisoned data "
+        f"`bigbatch train --precision fp16` skips step {listed(ours['skipped_steps'])} and "
+        f"goes from 2^{ours['log2_scale_per_step'][0]:.0f} to "
+        f"2^{ours['log2_scale_per_step'][-1]:.0f}.")
+
+
+def keras_recipes_checkpointing():
+    """Chapter 05: 001's checkpointing by attribute (keras_recipes.py's Q5)."""
+    source, m = keras_findings()
+    q = m["001-checkpointing-attribute-is-a-no-op"]
+    same = "the same bits" if q["gradients_rel_attribute_vs_plain"] == 0 else "other bits"
+    return wrap(
+        f"{source}: recipe 001's \"selective gradient checkpointing\", an attribute set on "
+        f"layers, recomputes nothing. The gradient's graph has {q['ops_with_attribute']} "
+        f"operations with it and {q['ops_plain']} without ({q['matmuls_with_attribute']} "
+        f"matrix products each), and the gradients are {same}; `tf.recompute_grad` around "
+        f"each block gives {q['ops_tf_recompute_grad_per_block']} operations "
+        f"({q['matmuls_tf_recompute_grad_per_block']} matrix products) and "
+        f"`keras.RematScope(\"full\")` {q['ops_keras_remat_scope_full']} "
+        f"({q['matmuls_keras_remat_scope_full']}): recomputation shows in the graph.")
+
+
 # (README, marker name, the function that writes the text between the markers)
 PARAGRAPHS = [
     ("bench/README.md", "bench", kernel_table),
@@ -991,6 +1127,9 @@ PARAGRAPHS = [
     ("chapters/01_large_batch_baseline/README.md", "opening", lambda: opening("01")),
     ("chapters/02_gradient_accumulation/README.md", "opening", lambda: opening("02")),
     ("chapters/02_gradient_accumulation/README.md", "lr-study", learning_rate_study),
+    ("chapters/02_gradient_accumulation/README.md", "keras-recipes", keras_recipes_accumulation),
+    ("chapters/04_dynamic_loss_scaling/README.md", "keras-recipes", keras_recipes_loss_scale),
+    ("chapters/05_activation_checkpointing/README.md", "keras-recipes", keras_recipes_checkpointing),
     ("chapters/03_fp16_static_loss_scaling/README.md", "opening", lambda: opening("03")),
     ("chapters/03_fp16_static_loss_scaling/README.md", "try-adamw", lambda: opening("03-try")),
     ("chapters/04_dynamic_loss_scaling/README.md", "opening", lambda: opening("04")),

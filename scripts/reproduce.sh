@@ -9,6 +9,7 @@
 #   scripts/large-batch-learning-rate.sh  fashion-mnist-large-batch-16-epochs.json
 #   scripts/techniques-table.sh           fashion-mnist-techniques.md, gpt-techniques.md
 #   scripts/gpt-vs-pytorch.sh             gpt-fortunes-vs-pytorch.json (chapter 08 beside PyTorch)
+#   scripts/keras-recipes.sh              keras-recipes.json (the Keras recipes' faults, measured)
 #   scripts/fp16-loss-curves.sh           chapter03-loss-curves.json
 #   scripts/fashion-mnist-curves.sh       fashion-mnist-curves.json
 #   scripts/planner-frontier.sh           planner-frontier.json
@@ -27,7 +28,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 for step in run-benchmarks.sh fashion-mnist-equivalence.sh large-batch-learning-rate.sh \
-            techniques-table.sh gpt-vs-pytorch.sh fp16-loss-curves.sh fashion-mnist-curves.sh planner-frontier.sh \
+            techniques-table.sh gpt-vs-pytorch.sh keras-recipes.sh fp16-loss-curves.sh fashion-mnist-curves.sh planner-frontier.sh \
             data-parallel-bench.sh chapter-openings.sh chapter-reports.sh chapter-figures.sh; do
   echo "== scripts/$step"
   "scripts/$step"
