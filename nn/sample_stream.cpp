@@ -120,6 +120,13 @@ MicroBatchBuffer::MicroBatchBuffer(std::int64_t rows, const Dataset& like, Devic
       labels_(like.holds_tokens() ? Shape{rows, like.targets_per_sample()} : Shape{rows},
               DType::i32, device, MemoryCategory::data) {}
 
+bool MicroBatchBuffer::holds(const Dataset& data) const {
+  const Shape labels = data.holds_tokens() ? Shape{rows(), data.targets_per_sample()}
+                                           : Shape{rows()};
+  return x_.dim(1) == data.feature_dim() && x_.dtype() == data.features.dtype() &&
+         labels_.shape() == labels;
+}
+
 std::pair<Tensor, Tensor> MicroBatchBuffer::first(std::int64_t rows) const {
   BIGBATCH_CHECK(rows > 0 && rows <= x_.dim(0), "MicroBatchBuffer: a micro-batch of ", rows,
                  " rows does not fit a buffer of ", x_.dim(0));
@@ -154,14 +161,21 @@ EvaluationResult evaluate(Network& model, const Dataset& data, std::int64_t batc
   BIGBATCH_CHECK(batch > 0, "evaluate: batch must be positive, got ", batch);
   BIGBATCH_CHECK(data.size() > 0, "evaluate: the data set '", data.name, "' is empty");
   model.check_data(data);
-  const std::int64_t n = data.size();
+  MicroBatchBuffer buffer(std::min(batch, data.size()), data, model.device());
+  return evaluate(model, data, buffer);
+}
+
+EvaluationResult evaluate(Network& model, const Dataset& data, MicroBatchBuffer& buffer) {
+  BIGBATCH_CHECK(data.size() > 0, "evaluate: the data set '", data.name, "' is empty");
+  model.check_data(data);
+  BIGBATCH_CHECK(buffer.holds(data), "evaluate: the samples of '", data.name,
+                 "' do not fit the buffer's rows");
+  const std::int64_t n = data.size(), batch = buffer.rows();
   const std::int64_t targets = count_targets(data);
   BIGBATCH_CHECK(targets > 0, "evaluate: the data set '", data.name, "' has no target that is "
                  "not ignored");
-  const Device device = model.device();
   // Every batch adds its share of the mean (global count: the targets) into one float.
-  const Tensor loss = Tensor::zeros({1}, DType::f32, device, MemoryCategory::workspace);
-  MicroBatchBuffer buffer(std::min(batch, n), data, device);
+  const Tensor loss = Tensor::zeros({1}, DType::f32, model.device(), MemoryCategory::workspace);
   EvaluationResult result;
   result.samples = n;
   result.targets = targets;

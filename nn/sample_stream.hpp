@@ -94,6 +94,9 @@ class MicroBatchBuffer {
   MicroBatchBuffer(std::int64_t rows, const Dataset& like, Device device);
   /// The rows it holds at most.
   std::int64_t rows() const { return x_.dim(0); }
+  /// Whether samples of `data` fit its rows (the same features, or sequences of the same
+  /// length, of the same dtype).
+  bool holds(const Dataset& data) const;
   /// Micro-batch rows [begin, end) of step k's batch in `stream`, copied in; returns
   /// accumulate_gradients' source of micro-batches (nn/training.hpp's BatchRows), which
   /// refers to this buffer and to `stream`: use it while both live.
@@ -127,5 +130,10 @@ struct EvaluationResult {
 /// first), in inference mode (no dropout, BatchNorm with running statistics), in
 /// consecutive batches of `batch` samples.
 EvaluationResult evaluate(Network& model, const Dataset& data, std::int64_t batch);
+/// The same in batches of `buffer`'s rows, gathered into it: a run evaluates in its
+/// trainer's staging buffer (train::Trainer::staging), so that an evaluation needs no
+/// data bytes beside the step's, and its forward in inference mode no more than a training
+/// step's forward holds. std::invalid_argument unless buffer.holds(data).
+EvaluationResult evaluate(Network& model, const Dataset& data, MicroBatchBuffer& buffer);
 
 }  // namespace bigbatch::nn

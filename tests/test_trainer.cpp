@@ -417,5 +417,30 @@ TEST(TrainerEvaluate, MatchesAHandCountOfTheLogits) {
   EXPECT_GT(correct, 0);
 }
 
+// A run evaluates in its trainer's staging buffer: the same batches, so the same bits as a
+// buffer of its own, and no data bytes beside the step's. A buffer of other samples (other
+// features) is refused before anything is copied.
+TEST(TrainerEvaluate, InTheTrainersStagingBufferGivesTheSameBitsAndNoNewData) {
+  Fixture f(23, tiny_model(1, 0.0f));
+  TrainConfig config;
+  config.batch = 10;
+  config.micro_batch = 5;
+  config.steps = 2;
+  train::Trainer trainer(f.model, f.optimizer, f.data, config);
+  trainer.run();
+  const nn::EvaluationResult own = nn::evaluate(f.model, f.data, 5);
+  TrackingAllocator& allocator = allocator_for(Device::cpu());
+  const std::size_t data_before = allocator.stats().live_of(MemoryCategory::data);
+  allocator.reset_peak();
+  const nn::EvaluationResult staged = nn::evaluate(f.model, f.data, trainer.staging());
+  EXPECT_EQ(allocator.stats().peak_of(MemoryCategory::data), data_before);
+  EXPECT_EQ(staged.loss, own.loss);
+  EXPECT_EQ(staged.correct, own.correct);
+  EXPECT_EQ(staged.samples, own.samples);
+  nn::MicroBatchBuffer other(5, f.data.feature_dim() + 1, Device::cpu());
+  EXPECT_FALSE(other.holds(f.data));
+  EXPECT_THROW(nn::evaluate(f.model, f.data, other), std::invalid_argument);
+}
+
 }  // namespace
 }  // namespace bigbatch

@@ -131,11 +131,18 @@ double Progress::elapsed() const {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
 }
 
+nn::EvaluationResult evaluate_in_run(nn::Network& model, const Dataset& data,
+                                     train::Trainer& trainer) {
+  nn::MicroBatchBuffer& staging = trainer.staging();
+  if (staging.holds(data)) return nn::evaluate(model, data, staging);
+  return nn::evaluate(model, data, staging.rows());
+}
+
 void evaluate_at_step(nn::Network& model, const Splits& splits, std::int64_t eval_every,
-                      std::int64_t micro_batch, const train::StepRecord& record,
+                      train::Trainer& trainer, const train::StepRecord& record,
                       const char* accuracy, Progress& progress, Json& line) {
   if (eval_every <= 0 || !splits.test || record.step % eval_every != 0) return;
-  const nn::EvaluationResult test = nn::evaluate(model, *splits.test, micro_batch);
+  const nn::EvaluationResult test = evaluate_in_run(model, *splits.test, trainer);
   progress.break_line();
   std::cout << "step " << record.step << ": " << splits.evaluated() << " loss " << test.loss
             << ", " << accuracy << " " << test.accuracy << "\n";

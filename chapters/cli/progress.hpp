@@ -51,12 +51,19 @@ class Progress {
   bool printed_ = false;
 };
 
+/// The model's loss and accuracy on `data` in the batches the run was sized for: gathered
+/// into the trainer's staging buffer (Trainer::staging), so that an evaluation fits
+/// wherever the run's steps fit; a buffer of its own, as many rows, for samples of another
+/// shape.
+nn::EvaluationResult evaluate_in_run(nn::Network& model, const Dataset& data,
+                                     train::Trainer& trainer);
+
 /// --eval-every N: after every N-th step, the model's loss and accuracy on the held-out split
-/// (in batches of `micro_batch`, the memory the run was sized for), printed as
-/// "step S: test loss L, <accuracy> A" and added to the step's log line as test_loss and
-/// test_accuracy (validation_... for --validation's split). Nothing at other steps.
+/// (evaluate_in_run), printed as "step S: test loss L, <accuracy> A" and added to the step's
+/// log line as test_loss and test_accuracy (validation_... for --validation's split).
+/// Nothing at other steps.
 void evaluate_at_step(nn::Network& model, const Splits& splits, std::int64_t eval_every,
-                      std::int64_t micro_batch, const train::StepRecord& record,
+                      train::Trainer& trainer, const train::StepRecord& record,
                       const char* accuracy, Progress& progress, Json& line);
 
 /// The memory of the training step with the highest peak, by category at that moment

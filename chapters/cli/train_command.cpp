@@ -97,7 +97,7 @@ int run_train(TrainOptions options) {
                  .complete_line =
                      [&](const train::StepRecord& record, Progress& progress, Json& line) {
                        if (run->logs_targets()) line["targets"] = record.batch_targets;
-                       evaluate_at_step(model, splits, output.eval_every, micro_batch, record,
+                       evaluate_at_step(model, splits, output.eval_every, trainer, record,
                                         run->accuracy_name().c_str(), progress, line);
                      },
                  .any_rank = [&](bool mine) { return ranks.any(mine); },
@@ -130,7 +130,7 @@ int run_train(TrainOptions options) {
     std::cout << "saved the parameters to " << output.save << "\n";
   }
   if (splits.test && ranks.writes()) {
-    const nn::EvaluationResult test = nn::evaluate(model, *splits.test, micro_batch);
+    const nn::EvaluationResult test = evaluate_in_run(model, *splits.test, trainer);
     std::printf("%s (%s, %s): loss %.4f, %s %.4f\n", splits.evaluated(),
                 splits.test->name.c_str(), run->counted(test).c_str(), test.loss,
                 run->accuracy_name().c_str(), test.accuracy);

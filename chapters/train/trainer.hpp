@@ -178,6 +178,10 @@ class Trainer {
   /// results, with a loss scaler or clipping): live in every step beside the model's step,
   /// loss_scaling::boundary_workspace_bytes(boundary_options(config)).
   std::size_t boundary_bytes() const { return boundary_.workspace_bytes(); }
+  /// The device buffer each micro-batch is copied into, live for the whole run. An
+  /// evaluation between steps or after the run gathers its samples here too
+  /// (nn::evaluate's buffer overload), so it needs no data bytes beside the step's.
+  nn::MicroBatchBuffer& staging() { return *staging_; }
 
  private:
   GradientSync& sync() { return sync_ ? *sync_ : one_process_; }

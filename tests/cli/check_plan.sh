@@ -11,7 +11,7 @@
 # `bigbatch plan --json` gives the same answer as one JSON object: its fastest plan is the
 # one --plan auto trains, with the same predicted peak in bytes; when nothing fits it exits
 # with 3 too and holds the smallest plan. --ranks R plans rank 0's share on chapter 07's
-# modelled cluster.
+# modelled cluster. A run's evaluations fit wherever its steps fit.
 set -u
 bigbatch=$1
 shape="--data synthetic --samples 600 --depth 8 --hidden 64 --batch 256 --calibration plan-calibration.json"
@@ -105,4 +105,16 @@ for refusal in "--ranks 2|--ranks prices the gradient sum on a modelled cluster"
   [ "$code" -eq 2 ] && grep -q -- "$expected" ranks.err ||
     fail "plan $flags: exit code $code, not 2 saying '$expected' ($(cat ranks.err))"
 done
-echo "bigbatch plan and train --plan auto: the plan fits 6 MiB and its peak is measured as predicted"
+# A plan at the budget's edge: its evaluations (--eval-every, and the test after the run) use
+# the step's staging buffer, so they fit wherever its steps fit. Micro-batch 2048 of 4096 in
+# fp16 under optimal:1+selective peaks at 46.92 MiB of 48: an evaluation with a buffer of its
+# own beside the step's would need 6 MiB more.
+edge="--data synthetic --samples 60000 --depth 2 --hidden 256 --batch 4096 --micro-batch 2048
+      --precision fp16 --loss-scale dynamic --checkpoint optimal:1+selective --steps 2
+      --eval-every 1 --device-memory 48MiB"
+"$bigbatch" train $edge > edge.txt 2>&1 ||
+  fail "a plan at the budget's edge did not train and evaluate under it: $(tail -n 2 edge.txt)"
+grep -q '^step 2: test loss' edge.txt || fail "no evaluation after step 2: $(tail -n 3 edge.txt)"
+grep -q '^test (' edge.txt || fail "no test after the run: $(tail -n 3 edge.txt)"
+echo "bigbatch plan and train --plan auto: the plan fits 6 MiB and its peak is measured as predicted;"
+echo "a plan at its budget's edge evaluates under the budget too"
