@@ -1,5 +1,5 @@
-// training.hpp: one training step's pieces on top of the Model: the gradient of a batch
-// accumulated over micro-batches, and the optimizer over every parameter.
+// training.hpp: one training step's pieces on top of any model (nn::Network): the gradient
+// of a batch accumulated over micro-batches, and the optimizer over every parameter.
 //
 //   model.zero_grad();
 //   const float loss = accumulate_gradients(model, x, labels, micro_batch, context);
@@ -20,7 +20,6 @@
 #include <variant>
 #include <vector>
 
-#include "nn/model.hpp"
 #include "nn/network.hpp"
 #include "kernels/optimizer.hpp"
 

@@ -15,6 +15,7 @@
 #include "common/data/text_corpus.hpp"
 #include "common/memory.hpp"
 #include "nn/gpt.hpp"
+#include "nn/model.hpp"
 #include "nn/sample_stream.hpp"
 #include "nn/training.hpp"
 #include "tests/labelled_batch.hpp"

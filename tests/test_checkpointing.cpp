@@ -22,6 +22,7 @@
 #include "chapters/train/trainer.hpp"
 #include "common/data/text_corpus.hpp"
 #include "nn/gpt.hpp"
+#include "nn/model.hpp"
 #include "nn/training.hpp"
 #include "tests/harness.hpp"
 #include "tests/labelled_batch.hpp"

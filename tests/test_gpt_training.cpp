@@ -33,6 +33,7 @@
 #include "common/data/text_corpus.hpp"
 #include "kernels/cross_entropy.hpp"
 #include "nn/gpt.hpp"
+#include "nn/model.hpp"
 #include "nn/sample_stream.hpp"
 #include "nn/training.hpp"
 #include "tests/harness.hpp"

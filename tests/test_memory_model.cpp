@@ -20,6 +20,7 @@
 #include "chapters/05_activation_checkpointing/scheduled_runner.hpp"
 #include "chapters/train/trainer.hpp"
 #include "nn/memory_model.hpp"
+#include "nn/model.hpp"
 #include "nn/training.hpp"
 #include "tests/harness.hpp"
 #include "tests/labelled_batch.hpp"

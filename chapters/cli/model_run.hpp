@@ -36,6 +36,12 @@ class ModelRun {
   /// ranks refuse of this run before anything is planned (RunRanks::check_run).
   virtual void check_ranks(const TrainOptions& options, const Splits& splits,
                            const RunRanks& ranks) = 0;
+  /// The bytes of the parameters of the model the flags and the data describe
+  /// (nn::parameter_bytes, from formulas; UsageError for sizes the model refuses); when
+  /// `planned` (bigbatch plan, --plan auto), at 16 bits: the fewest bytes a plan can give
+  /// them. check_parameters_fit holds them against the device before any step is predicted.
+  virtual std::size_t parameter_bytes(const TrainOptions& options, const Splits& splits,
+                                      bool planned) const = 0;
   /// The model as chapter 06's planner weighs it (the GPT once for each attention kernel
   /// weighed), from the options and the data: what `bigbatch plan` and --plan auto plan.
   virtual planning::PlannedModels planned(const TrainOptions& options,

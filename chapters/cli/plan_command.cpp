@@ -292,17 +292,14 @@ planning::PlanResult plan_for(const TrainOptions& options, const planning::Plann
 }
 
 int run_plan(TrainOptions options) {
-  if (options.model_kind == ModelKind::gpt) {
-    check_gpt_flags(options);
-  } else {
-    check_mlp_flags(options);
-  }
+  const std::unique_ptr<ModelRun> run = model_run(options);
+  run->check_flags(options);
   check_outputs(options);
   const Splits splits = load_data(options);
   const Device device = available_device(options);
-  check_model_fits(options, splits, device, /*planned=*/true);
-  const planning::Plan best =
-      plan_for(options, model_run(options)->planned(options, splits), device).best();
+  check_parameters_fit(options, run->parameter_bytes(options, splits, /*planned=*/true), device,
+                       /*against_cap=*/false);
+  const planning::Plan best = plan_for(options, run->planned(options, splits), device).best();
   if (options.plan.json) return 0;
   if (options.plan.ranks > 1) {
     std::cout << "train it with: mpirun -np " << options.plan.ranks << " bigbatch train ... "

@@ -382,26 +382,6 @@ void check_parameters_fit(const TrainOptions& options, std::size_t parameter_byt
                              "no micro-batch or checkpointing makes them fit", "", against_cap);
 }
 
-void check_model_fits(const TrainOptions& options, const Splits& splits, Device device,
-                      bool planned) {
-  std::size_t bytes = 0;
-  if (options.model_kind == ModelKind::gpt) {
-    nn::GptConfig shape = gpt_config(options);
-    try {
-      nn::check_gpt_config(shape);
-    } catch (const std::invalid_argument& e) {
-      throw UsageError(std::string("--model gpt: ") + e.what());
-    }
-    if (planned) shape.precision = nn::Precision::fp16;  // the fewest bytes a plan gives them
-    bytes = nn::parameter_bytes(shape);
-  } else {
-    nn::ModelConfig shape = model_config(options, splits);
-    if (planned) shape.precision = nn::Precision::fp16;
-    bytes = nn::parameter_bytes(shape);
-  }
-  check_parameters_fit(options, bytes, device, /*against_cap=*/!planned);
-}
-
 void cap_device_memory(const TrainOptions& options, const nn::StepPrediction& plain,
                        Device device) {
   check_held_before_any_step(options, device, plain.stats.live_total,

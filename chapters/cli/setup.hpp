@@ -124,13 +124,6 @@ void check_outputs(TrainOptions& options);
 void check_parameters_fit(const TrainOptions& options, std::size_t parameter_bytes,
                           Device device, bool against_cap);
 
-/// check_parameters_fit for the model the flags describe (--model gpt's sizes checked
-/// first, UsageError), before any plan or step is predicted. When `planned` (bigbatch plan,
-/// --plan auto) at 16 bits, the fewest bytes a plan can give them, and against the device
-/// alone: a cap that no plan fits is the planner's to report, with what would fit.
-void check_model_fits(const TrainOptions& options, const Splits& splits, Device device,
-                      bool planned);
-
 /// What is live before any step (parameters, gradients, optimizer state and one
 /// micro-batch's samples: `plain`, the step predicted without checkpointing, holds them
 /// after it) held against the device before anything is allocated: past the device's own

@@ -65,7 +65,11 @@ int run_train(TrainOptions options) {
   // where the device is missing. Ranks sharing a machine take a GPU each.
   options.source.device = ranks.device_of_this_rank(options.source.device);
   const Device device = available_device(options);
-  check_model_fits(options, splits, device, options.plan.automatic);
+  // The parameters alone first, before any plan or step is predicted: when planned, the
+  // fewest bytes a plan gives them, against the device alone (a cap no plan fits is the
+  // planner's to report, with what would fit).
+  const bool planned = options.plan.automatic;
+  check_parameters_fit(options, run->parameter_bytes(options, splits, planned), device, !planned);
   if (options.plan.automatic) run->plan(options, splits, device, ranks);
   // Rows per forward pass, in training and in evaluation: what the memory was sized for.
   const std::int64_t micro_batch = checked_micro_batch(options, splits.train);

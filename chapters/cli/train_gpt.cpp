@@ -75,6 +75,18 @@ class GptRun final : public ModelRunOf<nn::Gpt, nn::GptConfig> {
     ranks.check_run(options, splits.train.size());
   }
 
+  std::size_t parameter_bytes(const TrainOptions& options, const Splits&,
+                              bool planned) const override {
+    nn::GptConfig shape = gpt_config(options);
+    try {
+      nn::check_gpt_config(shape);
+    } catch (const std::invalid_argument& e) {
+      throw UsageError(std::string("--model gpt: ") + e.what());
+    }
+    if (planned) shape.precision = nn::Precision::fp16;
+    return nn::parameter_bytes(shape);
+  }
+
   planning::PlannedModels planned(const TrainOptions& options,
                                   const Splits& splits) const override {
     // Each attention kernel computes its own bits and has its own costs: both are weighed
@@ -111,7 +123,7 @@ class GptRun final : public ModelRunOf<nn::Gpt, nn::GptConfig> {
                      const RunRanks& ranks, std::int64_t micro_batch,
                      const nn::Optimizer::Options& optimizer,
                      const train::TrainConfig& config) override {
-    shape_ = gpt_config(options);  // checked by check_model_fits
+    shape_ = gpt_config(options);  // checked by parameter_bytes
     // The step as nn::predict_step sees it (sequences of the data's length; under MPI,
     // rank 0's share): checked against the device and the cap before the model takes a
     // byte, budget:BYTES chosen by it, --explain prints it.

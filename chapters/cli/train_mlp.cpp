@@ -41,6 +41,13 @@ class MlpRun final : public ModelRunOf<nn::Model, nn::ModelConfig> {
     ranks.check_run(options, shape_, splits.train.size());
   }
 
+  std::size_t parameter_bytes(const TrainOptions& options, const Splits& splits,
+                              bool planned) const override {
+    nn::ModelConfig shape = model_config(options, splits);
+    if (planned) shape.precision = nn::Precision::fp16;
+    return nn::parameter_bytes(shape);
+  }
+
   planning::PlannedModels planned(const TrainOptions& options,
                                   const Splits& splits) const override {
     return {std::make_shared<planning::MlpPlanned>(model_config(options, splits))};
